@@ -1,0 +1,238 @@
+// Package testenv gives tests real servers: a PostgreSQL database, a Redis
+// logical database and a Redis Cluster of their own.
+//
+// Servers start lazily, once per test binary, on free loopback ports
+// (package devserver), and stop when Main returns; if the binary dies
+// instead, the kernel kills them and the next start removes their files.
+// Set TEST_DATABASE_URL, TEST_REDIS_URL or TEST_REDIS_CLUSTER (comma-separated
+// host:port list) to use servers that already run instead.
+//
+// A package that uses it has
+//
+//	func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate/internal/devserver"
+)
+
+// env is the lazily started servers of one test binary.
+type env struct {
+	mu      sync.Mutex
+	pg      *devserver.Postgres
+	pgURL   string // admin URL (TEST_DATABASE_URL or the throwaway server's)
+	pgErr   error
+	redis   *devserver.Redis
+	rdOpts  *redis.Options
+	rdErr   error
+	cluster *devserver.Cluster
+	clAddrs []string
+	clErr   error
+
+	nextDB atomic.Int64
+	nextRD atomic.Int64
+}
+
+// The servers of this test binary. A package-level value is the one
+// exception to "no globals": a test binary has exactly one set of servers.
+var servers env
+
+// Main runs the tests and then stops every server this binary started.
+func Main(m *testing.M) int {
+	defer servers.stop()
+	return m.Run()
+}
+
+func (e *env) stop() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.pg != nil {
+		e.pg.Stop()
+	}
+	if e.redis != nil {
+		e.redis.Stop()
+	}
+	if e.cluster != nil {
+		e.cluster.Stop()
+	}
+}
+
+// unavailable fails the test, or skips it under -short, when a server
+// cannot be had.
+func unavailable(t testing.TB, what string, err error) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("testenv: -short and no %s: %v", what, err)
+	}
+	if errors.Is(err, devserver.ErrMissing) {
+		t.Fatalf("testenv: %s needed: %v\n(or set the TEST_* URL of a running server; -short skips real-server tests)", what, err)
+	}
+	t.Fatalf("testenv: %s: %v", what, err)
+}
+
+// PostgresDSN returns the connection string of a new, empty database that
+// is dropped when the test ends.
+func PostgresDSN(t testing.TB) string {
+	t.Helper()
+	admin := postgresAdminURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		t.Fatalf("testenv: connect to postgres: %v", err)
+	}
+	defer conn.Close(ctx)
+	name := fmt.Sprintf("idemgate_test_%d_%d", os.Getpid(), servers.nextDB.Add(1))
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("testenv: create database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, admin)
+		if err != nil {
+			t.Errorf("testenv: connect to drop database: %v", err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			t.Errorf("testenv: drop database: %v", err)
+		}
+	})
+	cfg, err := pgx.ParseConfig(admin)
+	if err != nil {
+		t.Fatalf("testenv: parse %q: %v", admin, err)
+	}
+	return replaceDatabase(admin, cfg.Database, name)
+}
+
+// replaceDatabase swaps the database in a postgres:// URL or key=value DSN.
+func replaceDatabase(dsn, old, name string) string {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		head, query, _ := strings.Cut(dsn, "?")
+		if i := strings.LastIndex(head, "/"); i > strings.Index(head, "//")+1 {
+			head = head[:i]
+		}
+		out := head + "/" + name
+		if query != "" {
+			out += "?" + query
+		}
+		return out
+	}
+	return dsn + " dbname=" + name
+}
+
+// PostgresServer returns the throwaway server itself (nil when
+// TEST_DATABASE_URL is set), for tests that restart or inspect it.
+func PostgresServer(t testing.TB) *devserver.Postgres {
+	t.Helper()
+	postgresAdminURL(t)
+	servers.mu.Lock()
+	defer servers.mu.Unlock()
+	return servers.pg
+}
+
+func postgresAdminURL(t testing.TB) string {
+	t.Helper()
+	servers.mu.Lock()
+	defer servers.mu.Unlock()
+	if servers.pgURL == "" && servers.pgErr == nil {
+		if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
+			servers.pgURL = u
+		} else {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			servers.pg, servers.pgErr = devserver.StartPostgres(ctx)
+			if servers.pgErr == nil {
+				servers.pgURL = servers.pg.DSN("postgres")
+			}
+		}
+	}
+	if servers.pgErr != nil {
+		unavailable(t, "PostgreSQL", servers.pgErr)
+	}
+	return servers.pgURL
+}
+
+// Redis returns options for a real redis-server and a logical database of
+// this test's own, flushed when the test ends. With TEST_REDIS_URL the
+// URL's database is shared and not flushed.
+func Redis(t testing.TB) *redis.Options {
+	t.Helper()
+	servers.mu.Lock()
+	if servers.rdOpts == nil && servers.rdErr == nil {
+		if u := os.Getenv("TEST_REDIS_URL"); u != "" {
+			servers.rdOpts, servers.rdErr = redis.ParseURL(u)
+		} else {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			servers.redis, servers.rdErr = devserver.StartRedis(ctx, 4096)
+			cancel()
+			if servers.rdErr == nil {
+				servers.rdOpts = &redis.Options{Addr: servers.redis.Addr}
+			}
+		}
+	}
+	base, err, own := servers.rdOpts, servers.rdErr, servers.redis != nil
+	servers.mu.Unlock()
+	if err != nil {
+		unavailable(t, "redis-server", err)
+	}
+	opts := *base
+	if own {
+		opts.DB = int(servers.nextRD.Add(1) % 4096)
+		t.Cleanup(func() {
+			c := redis.NewClient(&opts)
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = c.FlushDB(ctx).Err()
+		})
+	}
+	return &opts
+}
+
+// RedisServer returns the throwaway redis-server (nil with TEST_REDIS_URL).
+func RedisServer(t testing.TB) *devserver.Redis {
+	t.Helper()
+	Redis(t)
+	servers.mu.Lock()
+	defer servers.mu.Unlock()
+	return servers.redis
+}
+
+// RedisCluster returns the addresses of a real 3-node Redis Cluster, shared
+// by the tests of this binary (a cluster has one database: use distinct keys).
+func RedisCluster(t testing.TB) []string {
+	t.Helper()
+	servers.mu.Lock()
+	defer servers.mu.Unlock()
+	if servers.clAddrs == nil && servers.clErr == nil {
+		if s := os.Getenv("TEST_REDIS_CLUSTER"); s != "" {
+			servers.clAddrs = strings.Split(s, ",")
+		} else {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			servers.cluster, servers.clErr = devserver.StartCluster(ctx, 3)
+			if servers.clErr == nil {
+				servers.clAddrs = servers.cluster.Addrs()
+			}
+		}
+	}
+	if servers.clErr != nil {
+		unavailable(t, "Redis Cluster (redis-server and redis-cli)", servers.clErr)
+	}
+	return append([]string(nil), servers.clAddrs...)
+}

@@ -1,0 +1,79 @@
+package testenv_test
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate/internal/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+
+func TestPostgresDSNGivesEachTestItsOwnDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	a, b := testenv.PostgresDSN(t), testenv.PostgresDSN(t)
+	if a == b {
+		t.Fatalf("two calls gave the same DSN %q", a)
+	}
+	connA, err := pgx.Connect(ctx, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer connA.Close(ctx)
+	if _, err := connA.Exec(ctx, "CREATE TABLE only_in_a (x int)"); err != nil {
+		t.Fatal(err)
+	}
+	connB, err := pgx.Connect(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer connB.Close(ctx)
+	var n int
+	if err := connB.QueryRow(ctx, "SELECT count(*) FROM pg_tables WHERE tablename = 'only_in_a'").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("table created in one test database is visible in another")
+	}
+}
+
+func TestRedisGivesEachTestItsOwnDB(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	optsA, optsB := testenv.Redis(t), testenv.Redis(t)
+	a, b := redis.NewClient(optsA), redis.NewClient(optsB)
+	defer a.Close()
+	defer b.Close()
+	if err := a.Set(ctx, "k", "from-a", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if testenv.RedisServer(t) != nil {
+		if err := b.Get(ctx, "k").Err(); err != redis.Nil {
+			t.Fatalf("key set in one test DB is visible in another: %v", err)
+		}
+	}
+	got, err := a.Get(ctx, "k").Result()
+	if err != nil || got != "from-a" {
+		t.Fatalf("Get = %q, %v; want from-a", got, err)
+	}
+}
+
+func TestRedisClusterRejectsCrossSlotScripts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisCluster(t)})
+	defer c.Close()
+	if err := c.Set(ctx, "testenv-a", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// "a" and "b" hash to different slots; a real cluster refuses the script.
+	err := c.Eval(ctx, "return redis.call('MGET', KEYS[1], KEYS[2])", []string{"a", "b"}).Err()
+	if err == nil {
+		t.Fatal("cross-slot script succeeded; this is not a real cluster")
+	}
+}
