@@ -2,105 +2,183 @@ package fingerprint
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"net/http"
-	"strconv"
-	"strings"
 )
 
-// ErrInvalid reports a body or a Spec that cannot be fingerprinted: malformed
-// JSON, a duplicate member name, invalid UTF-8, a lone surrogate, a number
-// outside the double range, nesting deeper than MaxDepth, or a malformed JSON
-// Pointer. Errors returned by this package wrap it with the reason.
+// ErrInvalid is wrapped by every error about input: a body that is not
+// strict JSON (see Canonicalize), a form or multipart body that does not
+// parse, a malformed Content-Type, or a malformed JSON Pointer in a Spec.
 var ErrInvalid = errors.New("fingerprint: invalid input")
 
-// Fingerprint identifies a set of request parameters: "v1:" followed by 64
-// lowercase hex digits of a SHA-256 digest.
+// A Fingerprint identifies a set of request parameters: "v1:" followed by
+// the 64 lowercase hex digits of a SHA-256 digest. Compare fingerprints
+// with ==.
 type Fingerprint string
 
-// Spec selects the parts of a request body that take part in a fingerprint.
-// The zero Spec fingerprints the whole body.
+// A Spec says which parts of a request body take part in its fingerprint.
+// The zero Spec takes the whole body.
 type Spec struct {
-	// Fields lists RFC 6901 JSON Pointers whose values take part. Empty means
+	// Fields lists the RFC 6901 JSON Pointers ("/prompt", "/size/0",
+	// "/a~1b" for the member "a/b") whose values take part. A selected
+	// field that is absent differs from one present with null. Empty means
 	// the whole body.
 	Fields []string
-	// Exclude lists RFC 6901 JSON Pointers removed before hashing (trace ids,
-	// client notes).
+	// Exclude lists JSON Pointers removed before anything is selected or
+	// hashed: trace ids, client notes. An array index removes that element
+	// of the array as received.
 	Exclude []string
 }
 
-// Validate reports a malformed JSON Pointer in s. Call it once when building
-// the middleware: a bad pointer is a configuration error, not a per-request one.
+// Validate reports a malformed JSON Pointer in s, wrapping ErrInvalid. Call
+// it when building the middleware: a bad pointer is a configuration error,
+// not a per-request one.
 func (s Spec) Validate() error {
-	for _, p := range s.Fields {
-		if _, err := parsePointer(p); err != nil {
-			return fmt.Errorf("fingerprint: field %q: %w", p, err)
-		}
-	}
-	for _, p := range s.Exclude {
-		if _, err := parsePointer(p); err != nil {
-			return fmt.Errorf("fingerprint: exclude %q: %w", p, err)
-		}
-	}
-	return nil
+	st := getState()
+	defer putState(st)
+	return st.prog.compile(s)
 }
 
-// parsePointer splits an RFC 6901 JSON Pointer into unescaped reference tokens.
-func parsePointer(p string) ([]string, error) {
-	if p == "" {
-		return nil, nil
-	}
-	if p[0] != '/' {
-		return nil, fmt.Errorf("%w: json pointer must be empty or start with '/'", ErrInvalid)
-	}
-	toks := strings.Split(p[1:], "/")
-	for i, t := range toks {
-		if !strings.Contains(t, "~") {
-			continue
-		}
-		var b strings.Builder
-		for j := 0; j < len(t); j++ {
-			if t[j] != '~' {
-				b.WriteByte(t[j])
-				continue
-			}
-			if j+1 < len(t) && t[j+1] == '0' {
-				b.WriteByte('~')
-			} else if j+1 < len(t) && t[j+1] == '1' {
-				b.WriteByte('/')
-			} else {
-				return nil, fmt.Errorf("%w: json pointer has '~' not followed by '0' or '1'", ErrInvalid)
-			}
-			j++
-		}
-		toks[i] = b.String()
-	}
-	return toks, nil
-}
-
-// Canonicalize returns the RFC 8785 canonical form of a JSON text.
+// Canonicalize returns the RFC 8785 (JSON Canonicalization Scheme) form of
+// a JSON text: no insignificant whitespace, object members sorted by the
+// UTF-16 code units of their names, strings with minimal escaping, numbers
+// as IEEE-754 doubles written the way ECMAScript writes them.
+//
+// The input must be strict JSON: one value, valid UTF-8, no duplicate
+// member names at any depth, no lone surrogate escapes, no number beyond
+// the range of a double, nesting at most 512 deep. Anything else is an
+// error wrapping ErrInvalid that names the problem and its byte offset.
 func Canonicalize(json []byte) ([]byte, error) {
-	return nil, fmt.Errorf("%w: not implemented yet", ErrInvalid)
+	st := getState()
+	defer putState(st)
+	st.out = st.out[:0]
+	if err := st.scan(json, numbersDouble); err != nil {
+		return nil, err
+	}
+	return append([]byte(nil), st.out...), nil
 }
 
-// Sum fingerprints a JSON body.
+// Sum returns the fingerprint of a JSON body, as SumRequest does for the
+// media type application/json. Numbers are compared exactly (see the
+// package documentation); the body must be acceptable to Canonicalize.
 func (s Spec) Sum(body []byte) (Fingerprint, error) {
-	if err := s.Validate(); err != nil {
+	st := getState()
+	defer putState(st)
+	if err := st.prog.compile(s); err != nil {
 		return "", err
 	}
-	return sumBytes("application/json", body), nil
+	return st.sumJSON(mediaJSON, body)
 }
 
-// SumRequest fingerprints a request body according to its Content-Type.
+// SumRequest returns the fingerprint of a request body by the media type of
+// r's Content-Type (lower-cased, parameters ignored), which takes part in
+// the fingerprint:
+//
+//   - application/json and any */*+json: as Sum;
+//   - application/x-www-form-urlencoded: the fields (Spec pointer "/prompt"
+//     names the field "prompt"), names sorted, repeated values in order;
+//   - multipart/form-data: the same, and each file part by its field name
+//     and the SHA-256 of its bytes, whatever the boundary and the order of
+//     differently named parts;
+//   - anything else, a missing Content-Type included: the raw bytes.
+//
+// body is the request body, already read; r.Body is not touched.
 func (s Spec) SumRequest(r *http.Request, body []byte) (Fingerprint, error) {
-	return s.Sum(body)
+	st := getState()
+	defer putState(st)
+	if err := st.prog.compile(s); err != nil {
+		return "", err
+	}
+	mt, params, err := parseMediaType(r.Header.Get("Content-Type"))
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case isJSON(mt):
+		return st.sumJSON(mt, body)
+	case mt == "application/x-www-form-urlencoded":
+		f, err := parseURLEncoded(body)
+		if err != nil {
+			return "", err
+		}
+		return st.sumForm(mt, f), nil
+	case mt == "multipart/form-data":
+		f, err := parseMultipart(body, params["boundary"])
+		if err != nil {
+			return "", err
+		}
+		return st.sumForm(mt, f), nil
+	default:
+		st.out = appendHeader(st.out[:0], mt, 'R')
+		st.out = append(st.out, body...)
+		return st.finish(st.out), nil
+	}
 }
 
-func sumBytes(mediaType string, body []byte) Fingerprint {
-	h := sha256.New()
-	h.Write([]byte(strconv.Itoa(len(mediaType)) + ":" + mediaType))
-	h.Write(body)
-	return Fingerprint("v1:" + hex.EncodeToString(h.Sum(nil)))
+const mediaJSON = "application/json"
+
+// The hash input of version 1 is
+//
+//	"idemgate fingerprint v1" 0x00 str(media type) kind payload
+//
+// where str(x) is the uvarint length of x followed by x. The kind byte
+// fixes how the payload reads, and every payload is prefix-free:
+//
+//	'J' canonical body (RFC 8785, numbers exact); the rest of the input
+//	'S' uvarint(n), then per selected pointer, sorted:
+//	    str(pointer) then 0x00 (absent) or 0x01 str(canonical value)
+//	'A' form, all fields: uvarint(n), then per name, sorted: str(name) values
+//	'F' form, selected: uvarint(n), then per pointer, sorted: str(pointer) values
+//	    where values = uvarint(count) then per value 't' str(text) or
+//	    'f' 32-byte SHA-256 of a file's bytes; count 0 means absent
+//	'R' raw body; the rest of the input
+const version = "idemgate fingerprint v1\x00"
+
+func appendHeader(b []byte, mediaType string, kind byte) []byte {
+	b = append(b, version...)
+	b = appendStr(b, mediaType)
+	return append(b, kind)
+}
+
+func appendStr[T string | []byte](b []byte, s T) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+func (st *state) sumJSON(mediaType string, body []byte) (Fingerprint, error) {
+	if len(st.prog.fields) == 0 {
+		st.out = appendHeader(st.out[:0], mediaType, 'J')
+		if err := st.scan(body, numbersExact); err != nil {
+			return "", err
+		}
+		return st.finish(st.out), nil
+	}
+	st.out = st.out[:0]
+	if err := st.scan(body, numbersExact); err != nil {
+		return "", err
+	}
+	b := appendHeader(st.tmp[:0], mediaType, 'S')
+	b = binary.AppendUvarint(b, uint64(len(st.prog.fields)))
+	for slot, f := range st.prog.fields {
+		b = appendStr(b, f)
+		v := st.selVal[slot]
+		if v.start < 0 {
+			b = append(b, 0)
+			continue
+		}
+		b = append(b, 1)
+		b = appendStr(b, st.sel[v.start:v.end])
+	}
+	st.tmp = b
+	return st.finish(b), nil
+}
+
+func (st *state) finish(input []byte) Fingerprint {
+	sum := sha256.Sum256(input)
+	var b [3 + 2*sha256.Size]byte
+	copy(b[:], "v1:")
+	hex.Encode(b[3:], sum[:])
+	return Fingerprint(b[:])
 }

@@ -1,0 +1,660 @@
+package fingerprint
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"sync"
+	"unicode/utf8"
+)
+
+// maxDepth is the deepest nesting of arrays and objects a body may have.
+const maxDepth = 512
+
+// numberMode chooses how numbers are written.
+type numberMode uint8
+
+const (
+	numbersDouble numberMode = iota // RFC 8785: IEEE-754 doubles in ES6 form
+	numbersExact                    // decimal, exact: see appendExact
+)
+
+// A syntaxError is a body that is not strict JSON, with the byte offset of
+// the problem. It wraps ErrInvalid.
+type syntaxError struct {
+	msg string
+	off int
+}
+
+func (e *syntaxError) Error() string {
+	return fmt.Sprintf("fingerprint: invalid JSON: %s at offset %d", e.msg, e.off)
+}
+
+func (e *syntaxError) Unwrap() error { return ErrInvalid }
+
+// A member is one member of the object being scanned.
+type member struct {
+	nameOff, nameLen int  // the decoded name: in the input, or in state.names when escaped
+	escaped          bool // the name is in state.names
+	start, end       int  // the member's canonical bytes in state.out; start < 0 when not written
+	keyOff           int  // offset of the name in the input, for errors
+}
+
+// span is a range of state.sel.
+type span struct{ start, end int }
+
+// state is everything one pass needs. It is pooled: a pass allocates nothing
+// once the buffers have grown to the size of the bodies seen.
+type state struct {
+	data []byte
+	pos  int
+	mode numberMode
+
+	out     []byte   // canonical output
+	tmp     []byte   // reordering of object members
+	names   []byte   // decoded member names that held escapes
+	members []member // members of the open objects, innermost last
+
+	prog     program
+	active   []int  // indexes into prog.ptrs still matching, per open level
+	sel      []byte // canonical values of selected fields
+	selVal   []span // per field slot; start < 0 when absent
+	selDepth int    // number of selected values being scanned
+}
+
+var statePool = sync.Pool{New: func() any { return new(state) }}
+
+// maxPooled bounds the buffers kept for reuse, so one huge body does not pin
+// its memory in the pool.
+const maxPooled = 4 << 20
+
+func getState() *state {
+	s := statePool.Get().(*state)
+	s.prog.reset()
+	return s
+}
+
+func putState(s *state) {
+	if cap(s.out) > maxPooled || cap(s.tmp) > maxPooled || cap(s.sel) > maxPooled || cap(s.names) > maxPooled {
+		return
+	}
+	s.data = nil
+	statePool.Put(s)
+}
+
+// scan checks that data is one strict JSON text and writes its canonical
+// form after the bytes already in s.out. With a compiled program it also
+// applies exclusions and, when Fields are set, collects the selected values
+// in s.sel instead of writing the whole body.
+func (s *state) scan(data []byte, mode numberMode) error {
+	s.data, s.pos, s.mode = data, 0, mode
+	s.members = s.members[:0]
+	s.names = s.names[:0]
+	s.active = s.active[:0]
+	s.sel = s.sel[:0]
+	s.selVal = s.selVal[:0]
+	s.selDepth = 0
+	for range s.prog.fields {
+		s.selVal = append(s.selVal, span{-1, -1})
+	}
+	for i, p := range s.prog.ptrs {
+		if p.n > 0 {
+			s.active = append(s.active, i)
+		}
+	}
+	emit := len(s.prog.fields) == 0
+	s.skipSpace()
+	if err := s.child(0, emit, 0, len(s.active), s.prog.root); err != nil {
+		return err
+	}
+	s.skipSpace()
+	if s.pos != len(s.data) {
+		return s.errorf("data after the top-level value")
+	}
+	return nil
+}
+
+func (s *state) errorf(format string, args ...any) error {
+	return &syntaxError{msg: fmt.Sprintf(format, args...), off: s.pos}
+}
+
+func (s *state) skipSpace() {
+	for s.pos < len(s.data) {
+		switch s.data[s.pos] {
+		case ' ', '\n', '\r', '\t':
+			s.pos++
+		default:
+			return
+		}
+	}
+}
+
+// child scans the value at depth depth (0 for the top level). Pointers
+// s.active[a0:a1] have matched the path so far and go deeper; slot is the
+// field slot the value itself is selected by, or -1.
+func (s *state) child(depth int, emit bool, a0, a1, slot int) error {
+	if slot < 0 {
+		return s.value(depth, emit, a0, a1)
+	}
+	start := len(s.out)
+	s.selDepth++
+	err := s.value(depth, true, a0, a1)
+	s.selDepth--
+	if err != nil {
+		return err
+	}
+	n := len(s.sel)
+	s.sel = append(s.sel, s.out[start:]...)
+	s.selVal[slot] = span{n, len(s.sel)}
+	if !emit {
+		// Nothing around this value is written: drop it from out.
+		s.out = s.out[:start]
+	}
+	return nil
+}
+
+func (s *state) value(depth int, emit bool, a0, a1 int) error {
+	if s.pos >= len(s.data) {
+		return s.errorf("unexpected end of input")
+	}
+	switch c := s.data[s.pos]; c {
+	case '{':
+		return s.object(depth+1, emit, a0, a1)
+	case '[':
+		return s.array(depth+1, emit, a0, a1)
+	case '"':
+		_, _, _, err := s.str(emit, false)
+		return err
+	case 't':
+		return s.literal("true", emit)
+	case 'f':
+		return s.literal("false", emit)
+	case 'n':
+		return s.literal("null", emit)
+	default:
+		if c == '-' || '0' <= c && c <= '9' {
+			return s.number(emit)
+		}
+		return s.errorf("unexpected %s", quoteByte(c))
+	}
+}
+
+func quoteByte(c byte) string {
+	if c < 0x20 || c >= 0x7f {
+		return fmt.Sprintf("byte 0x%02x", c)
+	}
+	return fmt.Sprintf("character %q", c)
+}
+
+func (s *state) literal(lit string, emit bool) error {
+	if len(s.data)-s.pos < len(lit) || string(s.data[s.pos:s.pos+len(lit)]) != lit {
+		return s.errorf("invalid literal, want %s", lit)
+	}
+	s.pos += len(lit)
+	if emit {
+		s.out = append(s.out, lit...)
+	}
+	return nil
+}
+
+// match narrows the pointers s.active[a0:a1] to those whose token at depth
+// equals the member name (or the array index when index >= 0). It appends
+// the ones that go deeper to s.active and reports whether one ends here as
+// an exclusion, and the field slot of one that ends here as a field.
+func (s *state) match(a0, a1, depth int, name []byte, index int) (excluded bool, slot int) {
+	slot = -1
+	for _, pi := range s.active[a0:a1] {
+		p := s.prog.ptrs[pi]
+		t := s.prog.toks[p.first+depth]
+		if index >= 0 {
+			if t.index != index {
+				continue
+			}
+		} else if t.name != string(name) {
+			continue
+		}
+		switch {
+		case p.n > depth+1:
+			s.active = append(s.active, pi)
+		case p.field < 0:
+			excluded = true
+		default:
+			slot = p.field
+		}
+	}
+	return excluded, slot
+}
+
+func (s *state) object(depth int, emit bool, a0, a1 int) error {
+	if depth > maxDepth {
+		return s.errorf("nesting deeper than %d", maxDepth)
+	}
+	open := s.pos
+	s.pos++
+	objStart := len(s.out)
+	if emit {
+		s.out = append(s.out, '{')
+	}
+	mbase, nbase := len(s.members), len(s.names)
+	written := 0
+	s.skipSpace()
+	if s.pos < len(s.data) && s.data[s.pos] == '}' {
+		s.pos++
+		if emit {
+			s.out = append(s.out, '}')
+		}
+		return nil
+	}
+	for {
+		if s.pos >= len(s.data) || s.data[s.pos] != '"' {
+			return s.errorf("want a member name")
+		}
+		keyOff := s.pos
+		mark := len(s.out)
+		if emit && written > 0 {
+			s.out = append(s.out, ',')
+		}
+		mstart := len(s.out)
+		off, n, esc, err := s.str(emit, true)
+		if err != nil {
+			return err
+		}
+		s.skipSpace()
+		if s.pos >= len(s.data) || s.data[s.pos] != ':' {
+			return s.errorf("want ':' after a member name")
+		}
+		s.pos++
+		s.skipSpace()
+		if emit {
+			s.out = append(s.out, ':')
+		}
+
+		c0 := len(s.active)
+		excluded, slot := false, -1
+		if a0 < a1 {
+			name := s.data[off : off+n]
+			if esc {
+				name = s.names[off : off+n]
+			}
+			excluded, slot = s.match(a0, a1, depth-1, name, -1)
+		}
+		m := member{nameOff: off, nameLen: n, escaped: esc, start: -1, keyOff: keyOff}
+		if excluded {
+			s.out = s.out[:mark]
+			err = s.value(depth, false, c0, c0)
+		} else {
+			err = s.child(depth, emit, c0, len(s.active), slot)
+			if emit {
+				m.start, m.end = mstart, len(s.out)
+				written++
+			}
+		}
+		s.active = s.active[:c0]
+		if err != nil {
+			return err
+		}
+		s.members = append(s.members, m)
+
+		s.skipSpace()
+		if s.pos >= len(s.data) {
+			return s.errorf("unexpected end of input in an object")
+		}
+		if c := s.data[s.pos]; c == ',' {
+			s.pos++
+			s.skipSpace()
+			continue
+		} else if c != '}' {
+			return s.errorf("want ',' or '}' in an object")
+		}
+		s.pos++
+		break
+	}
+	if err := s.sortMembers(s.members[mbase:], objStart+1, open, emit); err != nil {
+		return err
+	}
+	if emit {
+		s.out = append(s.out, '}')
+	}
+	s.members = s.members[:mbase]
+	s.names = s.names[:nbase]
+	return nil
+}
+
+func (s *state) name(m *member) []byte {
+	if m.escaped {
+		return s.names[m.nameOff : m.nameOff+m.nameLen]
+	}
+	return s.data[m.nameOff : m.nameOff+m.nameLen]
+}
+
+// sortMembers orders the members of one object by their names in UTF-16
+// code units, rejects a repeated name, and rewrites the members written at
+// out[first:] in that order.
+func (s *state) sortMembers(ms []member, first, open int, emit bool) error {
+	if len(ms) < 2 {
+		return nil
+	}
+	sorted := true
+	for i := 1; i < len(ms); i++ {
+		c := compareUTF16(s.name(&ms[i-1]), s.name(&ms[i]))
+		if c == 0 {
+			return &syntaxError{msg: fmt.Sprintf("duplicate member name %q", s.name(&ms[i])), off: ms[i].keyOff}
+		}
+		if c > 0 {
+			sorted = false
+			break
+		}
+	}
+	if sorted {
+		return nil
+	}
+	slices.SortFunc(ms, func(a, b member) int { return compareUTF16(s.name(&a), s.name(&b)) })
+	for i := 1; i < len(ms); i++ {
+		if compareUTF16(s.name(&ms[i-1]), s.name(&ms[i])) == 0 {
+			return &syntaxError{msg: fmt.Sprintf("duplicate member name %q", s.name(&ms[i])), off: open}
+		}
+	}
+	if !emit {
+		return nil
+	}
+	s.tmp = s.tmp[:0]
+	for i := range ms {
+		if ms[i].start < 0 {
+			continue
+		}
+		if len(s.tmp) > 0 {
+			s.tmp = append(s.tmp, ',')
+		}
+		s.tmp = append(s.tmp, s.out[ms[i].start:ms[i].end]...)
+	}
+	copy(s.out[first:], s.tmp)
+	return nil
+}
+
+func (s *state) array(depth int, emit bool, a0, a1 int) error {
+	if depth > maxDepth {
+		return s.errorf("nesting deeper than %d", maxDepth)
+	}
+	s.pos++
+	if emit {
+		s.out = append(s.out, '[')
+	}
+	s.skipSpace()
+	if s.pos < len(s.data) && s.data[s.pos] == ']' {
+		s.pos++
+		if emit {
+			s.out = append(s.out, ']')
+		}
+		return nil
+	}
+	written := 0
+	for index := 0; ; index++ {
+		c0 := len(s.active)
+		excluded, slot := false, -1
+		if a0 < a1 {
+			excluded, slot = s.match(a0, a1, depth-1, nil, index)
+		}
+		var err error
+		if excluded {
+			err = s.value(depth, false, c0, c0)
+		} else {
+			if emit && written > 0 {
+				s.out = append(s.out, ',')
+			}
+			err = s.child(depth, emit, c0, len(s.active), slot)
+			written++
+		}
+		s.active = s.active[:c0]
+		if err != nil {
+			return err
+		}
+		s.skipSpace()
+		if s.pos >= len(s.data) {
+			return s.errorf("unexpected end of input in an array")
+		}
+		if c := s.data[s.pos]; c == ',' {
+			s.pos++
+			s.skipSpace()
+			continue
+		} else if c != ']' {
+			return s.errorf("want ',' or ']' in an array")
+		}
+		s.pos++
+		break
+	}
+	if emit {
+		s.out = append(s.out, ']')
+	}
+	return nil
+}
+
+// plain marks the bytes a string may hold as they are: printable ASCII
+// other than '"' and '\\'.
+var plain = func() (t [256]bool) {
+	for c := 0x20; c < 0x80; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
+// special reports whether any of the 8 bytes in x is a control character,
+// '"', '\\' or not ASCII. Lanes borrow only from a lane that is special, so
+// the answer is exact.
+func special(x uint64) bool {
+	const lo, hi = 0x0101010101010101, 0x8080808080808080
+	return ((x-lo*0x20)|((x^lo*'"')-lo)|((x^lo*'\\')-lo)|x)&hi != 0
+}
+
+// str scans the string at s.pos. When emit is set it writes the string's
+// canonical form to s.out. It returns where the decoded contents are: in
+// s.data, or in s.names when the string held escapes and key is set.
+func (s *state) str(emit, key bool) (off, n int, escaped bool, err error) {
+	data := s.data
+	i := s.pos + 1
+	for i < len(data) {
+		if i+8 <= len(data) && !special(binary.LittleEndian.Uint64(data[i:])) {
+			i += 8
+			continue
+		}
+		c := data[i]
+		if plain[c] {
+			i++
+			continue
+		}
+		switch {
+		case c == '"':
+			if emit {
+				s.out = append(s.out, data[s.pos:i+1]...)
+			}
+			off, n = s.pos+1, i-s.pos-1
+			s.pos = i + 1
+			return off, n, false, nil
+		case c == '\\':
+			return s.escapedStr(i, emit, key)
+		case c < 0x20:
+			s.pos = i
+			return 0, 0, false, s.errorf("control character 0x%02x in a string", c)
+		default:
+			r, size := utf8.DecodeRune(data[i:])
+			if r == utf8.RuneError && size == 1 {
+				s.pos = i
+				return 0, 0, false, s.errorf("invalid UTF-8 in a string")
+			}
+			i += size
+		}
+	}
+	s.pos = len(data)
+	return 0, 0, false, s.errorf("unterminated string")
+}
+
+// escapedStr finishes a string whose first escape is at i: it decodes the
+// string into s.names and writes its canonical form from there.
+func (s *state) escapedStr(i int, emit, key bool) (off, n int, escaped bool, err error) {
+	data := s.data
+	off = len(s.names)
+	s.names = append(s.names, data[s.pos+1:i]...)
+	for i < len(data) {
+		c := data[i]
+		switch {
+		case plain[c]:
+			start := i
+			for i < len(data) && plain[data[i]] {
+				i++
+			}
+			s.names = append(s.names, data[start:i]...)
+		case c == '"':
+			s.pos = i + 1
+			n = len(s.names) - off
+			if emit {
+				s.out = appendQuoted(s.out, s.names[off:])
+			}
+			if !key {
+				s.names = s.names[:off]
+			}
+			return off, n, true, nil
+		case c == '\\':
+			s.pos = i
+			if i+1 >= len(data) {
+				return 0, 0, false, s.errorf("unterminated string")
+			}
+			i += 2
+			switch e := data[i-1]; e {
+			case '"', '\\', '/':
+				s.names = append(s.names, e)
+			case 'b':
+				s.names = append(s.names, '\b')
+			case 'f':
+				s.names = append(s.names, '\f')
+			case 'n':
+				s.names = append(s.names, '\n')
+			case 'r':
+				s.names = append(s.names, '\r')
+			case 't':
+				s.names = append(s.names, '\t')
+			case 'u':
+				r, ok := hex4(data[i:])
+				if !ok {
+					return 0, 0, false, s.errorf("invalid \\u escape")
+				}
+				i += 4
+				if 0xDC00 <= r && r <= 0xDFFF {
+					return 0, 0, false, s.errorf("lone surrogate \\u%04x", r)
+				}
+				if 0xD800 <= r && r <= 0xDBFF {
+					lo, ok := rune(0), false
+					if len(data)-i >= 6 && data[i] == '\\' && data[i+1] == 'u' {
+						lo, ok = hex4(data[i+2:])
+					}
+					if !ok || lo < 0xDC00 || lo > 0xDFFF {
+						return 0, 0, false, s.errorf("lone surrogate \\u%04x", r)
+					}
+					i += 6
+					r = 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00)
+				}
+				s.names = utf8.AppendRune(s.names, r)
+			default:
+				return 0, 0, false, s.errorf("invalid escape %s", quoteByte(e))
+			}
+		case c < 0x20:
+			s.pos = i
+			return 0, 0, false, s.errorf("control character 0x%02x in a string", c)
+		default:
+			r, size := utf8.DecodeRune(data[i:])
+			if r == utf8.RuneError && size == 1 {
+				s.pos = i
+				return 0, 0, false, s.errorf("invalid UTF-8 in a string")
+			}
+			s.names = append(s.names, data[i:i+size]...)
+			i += size
+		}
+	}
+	s.pos = len(data)
+	return 0, 0, false, s.errorf("unterminated string")
+}
+
+func hex4(b []byte) (rune, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[:4] {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c -= 'a' - 10
+		case 'A' <= c && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, true
+}
+
+// appendQuoted writes the RFC 8785 form of the valid UTF-8 string v: only
+// '"', '\\' and control characters are escaped, with the short escapes where
+// JSON has them and lowercase \u00xx otherwise.
+func appendQuoted(b, v []byte) []byte {
+	const hexdig = "0123456789abcdef"
+	b = append(b, '"')
+	start := 0
+	for i, c := range v {
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		b = append(b, v[start:i]...)
+		start = i + 1
+		switch c {
+		case '"', '\\':
+			b = append(b, '\\', c)
+		case '\b':
+			b = append(b, '\\', 'b')
+		case '\f':
+			b = append(b, '\\', 'f')
+		case '\n':
+			b = append(b, '\\', 'n')
+		case '\r':
+			b = append(b, '\\', 'r')
+		case '\t':
+			b = append(b, '\\', 't')
+		default:
+			b = append(b, '\\', 'u', '0', '0', hexdig[c>>4], hexdig[c&0xf])
+		}
+	}
+	b = append(b, v[start:]...)
+	return append(b, '"')
+}
+
+// compareUTF16 compares two valid UTF-8 strings by their UTF-16 code units,
+// the order RFC 8785 sorts member names in. It differs from byte order only
+// where U+E000..U+FFFF meets a character beyond U+FFFF.
+func compareUTF16(a, b []byte) int {
+	n := min(len(a), len(b))
+	i := 0
+	for i < n && a[i] == b[i] {
+		i++
+	}
+	if i == n {
+		return len(a) - len(b)
+	}
+	if a[i] < 0x80 || b[i] < 0x80 {
+		return int(a[i]) - int(b[i])
+	}
+	for i > 0 && a[i]&0xC0 == 0x80 { // back to the start of the character
+		i--
+	}
+	ra, _ := utf8.DecodeRune(a[i:])
+	rb, _ := utf8.DecodeRune(b[i:])
+	return int(utf16Order(ra)) - int(utf16Order(rb))
+}
+
+// utf16Order maps a code point so that the mapped values sort like UTF-16:
+// U+E000..U+FFFF come after every surrogate pair.
+func utf16Order(r rune) rune {
+	if r >= 0xE000 && r <= 0xFFFF {
+		return r + 0x110000
+	}
+	return r
+}
