@@ -1,0 +1,59 @@
+// Package pgstore is idemgate's Postgres task store: the truth behind the
+// Redis accelerator. Whatever Redis forgets, a task is never created twice
+// and an accepted task is never lost, because uniqueness lives in the
+// database: a unique index on (tenant, idempotency_key, runtime, network)
+// is the final arbiter of every Submit.
+//
+// # Tasks
+//
+// Store.Submit inserts a task or returns the one already holding its key
+// (Task.Duplicate), in one statement; a key held with another owner, kind
+// or fingerprint is ErrConflict. Store.Get reads a task for its owner
+// only. Project turns a task into what a client may see.
+//
+// A task moves through these states:
+//
+//	            Submit
+//	              │
+//	              ▼           claim (attempt+1, lease)
+//	          pending ───────────────────────────┐
+//	                                             ▼
+//	        ┌──────────── retrying ◀──────── running ────────▶ succeeded
+//	        │  claim         ▲      Retry / lease   │  │
+//	        └────────────────┼──────  expired       │  └──────────────▶ failed
+//	                         │    (tries < Max)     │  Failed, or tries ≥ Max
+//	                         │                      │
+//	             Recover     │                      ▼ Uncertain
+//	   failed with partial ──┘                 uncertain ──Reconcile──▶ succeeded,
+//	   results (≤ MaxRecoveries)                                        failed, retrying
+//
+// # Workers
+//
+// A Worker claims runnable tasks in batches (a FOR UPDATE SKIP LOCKED CTE
+// feeding one UPDATE … RETURNING), runs its Handler on each, and records
+// the Outcome. Each claim increments Task.Attempt and gives the attempt a
+// lease, which the worker extends while the handler runs. Every transition
+// is fenced by WHERE id = $1 AND attempt = $2, so a worker that lost its
+// lease (it hung, or was partitioned away) cannot overwrite a newer
+// attempt. Expired leases are requeued as retrying with exponential
+// backoff and jitter by any worker's rescuer, up to MaxAttempts.
+//
+// Workers wake on LISTEN/NOTIFY (a trigger notifies in the inserting
+// transaction) and poll as a fallback, so they also work behind a
+// transaction pooler. Run any number of them, in any number of processes,
+// against one database.
+//
+// Time: leases and schedules are computed by the database's now() inside
+// the SQL, so every node fences against one clock; Go passes durations
+// only.
+//
+// # Migrations
+//
+// Store.Migrate applies versioned migrations compiled into the package,
+// serialized across nodes by an advisory lock that is polled, never waited
+// on. Version 1 creates the table with the narrow unique index
+// (tenant, idempotency_key); version 2 builds the wide index
+// CONCURRENTLY, reads it back from pg_index (indisvalid AND indisready),
+// and only then drops the narrow one. Killed at any point, the table keeps
+// a valid unique index on the key, and a rerun finishes the job.
+package pgstore

@@ -1,0 +1,271 @@
+package pgstore
+
+// Every SQL statement of the package lives in this file.
+//
+// Times that fence work (leases, run_after) are computed by the database
+// (now()), never by a node's clock: one clock for every node, so a skewed
+// host cannot steal a live lease. Go passes only durations, as microseconds.
+
+// Names of the objects the schema creates, in the pool's current schema.
+const (
+	tableTasks      = "idemgate_tasks"
+	tableMigrations = "idemgate_schema_migrations"
+	// indexKeyNarrow is v1's unique index on (tenant, idempotency_key).
+	indexKeyNarrow = "idemgate_tasks_key_v1"
+	// indexKeyWide is v2's unique index on (tenant, idempotency_key,
+	// runtime, network): the arbiter of Submit.
+	indexKeyWide = "idemgate_tasks_key_v2"
+	// notifyChannel carries a task's kind whenever it becomes runnable.
+	notifyChannel = "idemgate_tasks"
+)
+
+// taskColumns is the column list of Task, in the order of its fields.
+const taskColumns = `id::text AS id, tenant, owner, kind, runtime, network, idempotency_key,
+	fingerprint, params, state, attempt, recoveries, results, error, run_after,
+	created_at, updated_at`
+
+// tTaskColumns is taskColumns qualified by the alias t.
+const tTaskColumns = `t.id::text AS id, t.tenant, t.owner, t.kind, t.runtime, t.network,
+	t.idempotency_key, t.fingerprint, t.params, t.state, t.attempt, t.recoveries,
+	t.results, t.error, t.run_after, t.created_at, t.updated_at`
+
+// Migrations.
+const (
+	// sqlMigrationsTable records applied versions. It is created only while
+	// the advisory lock is held.
+	sqlMigrationsTable = `CREATE TABLE IF NOT EXISTS idemgate_schema_migrations (
+	version    integer     PRIMARY KEY,
+	name       text        NOT NULL,
+	applied_at timestamptz NOT NULL DEFAULT now()
+)`
+	sqlAppliedVersions = `SELECT version FROM idemgate_schema_migrations ORDER BY version`
+	sqlRecordVersion   = `INSERT INTO idemgate_schema_migrations (version, name) VALUES ($1, $2)
+ON CONFLICT (version) DO NOTHING`
+
+	// The lock is (class, hashtext(schema)): one migrator per schema.
+	sqlTryMigrationLock = `SELECT pg_try_advisory_lock(8191, hashtext(current_schema()))`
+	sqlMigrationUnlock  = `SELECT pg_advisory_unlock(8191, hashtext(current_schema()))`
+
+	// Bounded waits: a migration never queues behind a long transaction
+	// holding the table for ever, and never runs unbounded.
+	sqlMigrationTimeouts = `SET lock_timeout = '5s'; SET statement_timeout = '15min'`
+
+	// sqlV1 is the seed's schema: the narrow unique index.
+	sqlV1 = `
+CREATE TABLE idemgate_tasks (
+	id              uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
+	tenant          text        NOT NULL,
+	owner           text        NOT NULL,
+	kind            text        NOT NULL,
+	runtime         text        NOT NULL,
+	network         text        NOT NULL,
+	idempotency_key text        NOT NULL,
+	fingerprint     text        NOT NULL,
+	params          jsonb,
+	state           text        NOT NULL DEFAULT 'pending' CHECK (state IN
+		('pending', 'running', 'retrying', 'uncertain', 'succeeded', 'failed')),
+	attempt         integer     NOT NULL DEFAULT 0,
+	tries           integer     NOT NULL DEFAULT 0,
+	recoveries      integer     NOT NULL DEFAULT 0,
+	results         jsonb       NOT NULL DEFAULT '[]',
+	error           text        NOT NULL DEFAULT '',
+	run_after       timestamptz NOT NULL DEFAULT now(),
+	lease_until     timestamptz,
+	locked_by       text,
+	created_at      timestamptz NOT NULL DEFAULT now(),
+	updated_at      timestamptz NOT NULL DEFAULT now(),
+	finished_at     timestamptz
+);
+CREATE UNIQUE INDEX idemgate_tasks_key_v1 ON idemgate_tasks (tenant, idempotency_key);
+CREATE INDEX idemgate_tasks_runnable ON idemgate_tasks (run_after)
+	WHERE state IN ('pending', 'retrying');
+CREATE INDEX idemgate_tasks_leased ON idemgate_tasks (lease_until) WHERE state = 'running';
+CREATE INDEX idemgate_tasks_uncertain ON idemgate_tasks (run_after) WHERE state = 'uncertain';
+CREATE INDEX idemgate_tasks_finished ON idemgate_tasks (finished_at)
+	WHERE state IN ('succeeded', 'failed');
+CREATE FUNCTION idemgate_tasks_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM pg_notify('idemgate_tasks', NEW.kind);
+	RETURN NULL;
+END $$;
+-- Fires in the inserting (or requeueing) statement, so the notification is
+-- sent exactly when that transaction commits, never for a rolled-back task.
+CREATE TRIGGER idemgate_tasks_notify AFTER INSERT OR UPDATE OF state ON idemgate_tasks
+	FOR EACH ROW WHEN (NEW.state IN ('pending', 'retrying'))
+	EXECUTE FUNCTION idemgate_tasks_notify();
+`
+
+	// v2: widen the key. No IF NOT EXISTS: a leftover of a killed build is
+	// invalid and must be dropped, never trusted.
+	sqlCreateWideIndex = `CREATE UNIQUE INDEX CONCURRENTLY idemgate_tasks_key_v2
+	ON idemgate_tasks (tenant, idempotency_key, runtime, network)`
+	sqlDropWideIndex   = `DROP INDEX CONCURRENTLY IF EXISTS idemgate_tasks_key_v2`
+	sqlDropNarrowIndex = `DROP INDEX CONCURRENTLY IF EXISTS idemgate_tasks_key_v1`
+
+	// sqlIndexState reads an index of idemgate_tasks back from the catalog.
+	// No row: the index does not exist.
+	sqlIndexState = `SELECT i.indisvalid AND i.indisready AS usable, i.indisunique AS is_unique,
+	array_agg(a.attname::text ORDER BY k.ord) AS columns
+FROM pg_index i
+JOIN pg_class c ON c.oid = i.indexrelid
+CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = to_regclass('idemgate_tasks') AND c.relname = $1
+GROUP BY i.indisvalid, i.indisready, i.indisunique`
+
+	sqlTableExists = `SELECT to_regclass('idemgate_tasks') IS NOT NULL`
+)
+
+// Submit and reads.
+const (
+	// sqlSubmit inserts the task, or returns the row that holds its key,
+	// in one statement. DO NOTHING instead of river's DO UPDATE: a
+	// duplicate writes nothing (no dead tuple, no row lock, no WAL) and
+	// is still one round trip. The lookup runs on the statement's
+	// snapshot, so a winner that committed after it began is not seen:
+	// then no row comes back and the caller runs the statement again.
+	sqlSubmit = `WITH ins AS (
+	INSERT INTO idemgate_tasks AS t
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+	ON CONFLICT (tenant, idempotency_key, runtime, network) DO NOTHING
+	RETURNING ` + tTaskColumns + `
+)
+SELECT *, false AS duplicate FROM ins
+UNION ALL
+SELECT ` + taskColumns + `, true AS duplicate FROM idemgate_tasks
+WHERE tenant = $1 AND idempotency_key = $6 AND runtime = $4 AND network = $5
+	AND NOT EXISTS (SELECT FROM ins)`
+
+	// sqlSubmitPlain is Submit while the wide index is not (yet) valid, as
+	// during the v2 build: a conflict surfaces as a unique violation whose
+	// constraint name tells which index caught it.
+	sqlSubmitPlain = `INSERT INTO idemgate_tasks
+	(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+RETURNING ` + taskColumns + `, false AS duplicate`
+
+	// sqlByKey reads a task back by its full key.
+	sqlByKey = `SELECT ` + taskColumns + `, true AS duplicate FROM idemgate_tasks
+WHERE tenant = $1 AND idempotency_key = $2 AND runtime = $3 AND network = $4`
+
+	// sqlGet scopes the lookup to the caller: anyone else's task is absent.
+	sqlGet = `SELECT ` + taskColumns + `, false AS duplicate FROM idemgate_tasks
+WHERE id = $1::uuid AND tenant = $2 AND owner = $3`
+
+	// sqlRecover puts a failed task that kept partial results back in line,
+	// on the same row. tries restarts (a fresh attempt budget); attempt,
+	// the fencing token, never goes back.
+	sqlRecover = `UPDATE idemgate_tasks SET state = 'retrying', tries = 0,
+	recoveries = recoveries + 1, error = '', run_after = now(), finished_at = NULL,
+	updated_at = now()
+WHERE id = $1::uuid AND tenant = $2 AND owner = $3 AND state = 'failed'
+	AND jsonb_array_length(results) > 0 AND recoveries < $4
+RETURNING ` + taskColumns + `, false AS duplicate`
+
+	// sqlPrune deletes one batch of finished tasks; SKIP LOCKED keeps it
+	// out of the way of anything touching those rows.
+	sqlPrune = `WITH doomed AS (
+	SELECT id FROM idemgate_tasks
+	WHERE state IN ('succeeded', 'failed') AND finished_at < now() - $1::bigint * interval '1 microsecond'
+	ORDER BY finished_at
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED
+)
+DELETE FROM idemgate_tasks t USING doomed WHERE t.id = doomed.id`
+)
+
+// Workers. Every transition of a claimed task is fenced by
+// WHERE id = $1 AND attempt = $2 AND state = <the state it was claimed in>.
+const (
+	// sqlClaim takes up to $1 runnable tasks: river's shape, a SKIP LOCKED
+	// CTE feeding one UPDATE … RETURNING.
+	sqlClaim = `WITH picked AS (
+	SELECT id FROM idemgate_tasks
+	WHERE state IN ('pending', 'retrying') AND run_after <= now()
+		AND (cardinality($3::text[]) = 0 OR kind = ANY($3::text[]))
+	ORDER BY run_after
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED
+)
+UPDATE idemgate_tasks t SET state = 'running', attempt = t.attempt + 1, tries = t.tries + 1,
+	lease_until = now() + $2::bigint * interval '1 microsecond', locked_by = $4,
+	updated_at = now()
+FROM picked WHERE t.id = picked.id
+RETURNING ` + tTaskColumns + `, false AS duplicate`
+
+	// sqlClaimUncertain takes uncertain tasks due for reconciliation. The
+	// state stays uncertain; run_after moves past the lease so no other
+	// worker reconciles the task meanwhile, and attempt is the fence.
+	sqlClaimUncertain = `WITH picked AS (
+	SELECT id FROM idemgate_tasks
+	WHERE state = 'uncertain' AND run_after <= now()
+		AND (cardinality($3::text[]) = 0 OR kind = ANY($3::text[]))
+	ORDER BY run_after
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED
+)
+UPDATE idemgate_tasks t SET attempt = t.attempt + 1,
+	run_after = now() + $2::bigint * interval '1 microsecond', locked_by = $4,
+	updated_at = now()
+FROM picked WHERE t.id = picked.id
+RETURNING ` + tTaskColumns + `, false AS duplicate`
+
+	// sqlFinish ends a task: succeeded or failed ($4), with results and error.
+	sqlFinish = `UPDATE idemgate_tasks SET state = $4, results = $5, error = $6,
+	lease_until = NULL, locked_by = NULL, finished_at = now(), updated_at = now()
+WHERE id = $1::uuid AND attempt = $2 AND state = $3`
+
+	// sqlUncertain parks a task until a reconcile check in $4 µs.
+	sqlUncertain = `UPDATE idemgate_tasks SET state = 'uncertain', error = $5,
+	run_after = now() + $4::bigint * interval '1 microsecond',
+	lease_until = NULL, locked_by = NULL, updated_at = now()
+WHERE id = $1::uuid AND attempt = $2 AND state = $3`
+
+	// sqlRetry requeues a task after $4 µs, or after the backoff when $4 < 0;
+	// past $5 tries it fails instead. $6 is the error; $7, $8, $9 the
+	// backoff base and cap (µs) and the jitter fraction.
+	sqlRetry = `UPDATE idemgate_tasks SET
+	state = CASE WHEN tries >= $5::int THEN 'failed' ELSE 'retrying' END,
+	error = CASE WHEN tries >= $5::int THEN 'gave up after ' || tries || ' attempts: ' || $6::text
+		ELSE $6::text END,
+	run_after = now() + (CASE WHEN $4::bigint >= 0 THEN $4::bigint::float8
+		ELSE least($8::float8, $7::float8 * power(2, least(greatest(tries - 1, 0), 40)))
+			* (1 - $9::float8 * random()) END) * interval '1 microsecond',
+	finished_at = CASE WHEN tries >= $5::int THEN now() END,
+	lease_until = NULL, locked_by = NULL, updated_at = now()
+WHERE id = $1::uuid AND attempt = $2 AND state = $3`
+
+	// sqlRelease hands a task back at shutdown; the attempt does not count.
+	sqlRelease = `UPDATE idemgate_tasks SET state = 'retrying', tries = greatest(tries - 1, 0),
+	run_after = now(), lease_until = NULL, locked_by = NULL, updated_at = now()
+WHERE id = $1::uuid AND attempt = $2 AND state = 'running'`
+
+	// sqlHeartbeat extends the leases of every task a worker holds and
+	// returns those it still holds.
+	sqlHeartbeat = `UPDATE idemgate_tasks t
+SET lease_until = now() + $3::bigint * interval '1 microsecond'
+FROM unnest($1::text[], $2::int[]) AS x(id, attempt)
+WHERE t.id = x.id::uuid AND t.attempt = x.attempt AND t.state = 'running'
+RETURNING t.id::text, t.attempt`
+
+	// sqlRescue requeues tasks whose lease ran out (their worker died or
+	// hung) with exponential backoff and jitter, or fails them past $2
+	// tries. $3, $4, $5: backoff base and cap (µs), jitter fraction.
+	sqlRescue = `WITH expired AS (
+	SELECT id FROM idemgate_tasks
+	WHERE state = 'running' AND lease_until < now()
+	ORDER BY lease_until
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED
+)
+UPDATE idemgate_tasks t SET
+	state = CASE WHEN t.tries >= $2::int THEN 'failed' ELSE 'retrying' END,
+	error = CASE WHEN t.tries >= $2::int THEN 'lease expired on attempt ' || t.tries || ' of ' || $2::int
+		ELSE 'lease expired' END,
+	run_after = now() + least($4::float8, $3::float8 * power(2, least(greatest(t.tries - 1, 0), 40)))
+		* (1 - $5::float8 * random()) * interval '1 microsecond',
+	finished_at = CASE WHEN t.tries >= $2::int THEN now() END,
+	lease_until = NULL, locked_by = NULL, updated_at = now()
+FROM expired WHERE t.id = expired.id`
+)
