@@ -1,0 +1,363 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/keyspace"
+	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/pgstore"
+)
+
+// Task kinds. Each route has its own kind, so the same request id under
+// /v1/images and /v1/music names two different actions: kinds never share keys.
+const (
+	kindImages = "images"
+	kindMusic  = "music"
+)
+
+// Every task of this service runs on the stand-in generator in one
+// network; real deployments would put the model runtime and region here.
+const (
+	taskRuntime = "standin-v1"
+	taskNetwork = "local"
+)
+
+// api is the HTTP side of the service.
+type api struct {
+	store  *pgstore.Store
+	pool   *pgxpool.Pool
+	redis  redis.UniversalClient
+	secret []byte
+	logger *slog.Logger
+	// ready is set once migrations ran; /healthz answers 503 before.
+	ready *atomic.Bool
+}
+
+// handler returns the echo instance serving the routes.
+func (a *api) handler() *echo.Echo {
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.HTTPErrorHandler = errorHandler(a.logger)
+
+	e.GET("/healthz", a.healthz)
+
+	idem := func(kind string, fields ...string) echo.MiddlewareFunc {
+		return middleware.New(middleware.Config{
+			Store:       middleware.NewRedisStore(a.redis),
+			Scope:       identity,
+			Kind:        kind,
+			Fingerprint: fingerprint.Spec{Fields: fields},
+			Required:    true,
+			Logger:      a.logger,
+		})
+	}
+	v1 := e.Group("/v1", authMiddleware(a.secret))
+	v1.POST("/images", a.submitImages,
+		idem(kindImages, "/prompt", "/aspect_ratio", "/n", "/reference_image"))
+	v1.POST("/music", a.submitMusic, idem(kindMusic, "/prompt", "/seconds"))
+	v1.GET("/tasks/:id", a.getTask)
+	v1.POST("/tasks/:id/recover", a.recoverTask)
+	return e
+}
+
+func (a *api) healthz(c echo.Context) error {
+	if !a.ready.Load() {
+		return &problem{Status: http.StatusServiceUnavailable, Code: "not_ready", Detail: "migrations have not run yet"}
+	}
+	ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
+	defer cancel()
+	if err := a.pool.Ping(ctx); err != nil {
+		return &problem{Status: http.StatusServiceUnavailable, Code: "not_ready", Detail: "postgres: " + err.Error()}
+	}
+	if err := a.redis.Ping(ctx).Err(); err != nil {
+		return &problem{Status: http.StatusServiceUnavailable, Code: "not_ready", Detail: "redis: " + err.Error()}
+	}
+	return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// imageRequest is the body of POST /v1/images. N is a pointer so that an
+// explicit 0 is refused rather than taken for "absent".
+type imageRequest struct {
+	Prompt         string  `json:"prompt"`
+	AspectRatio    *string `json:"aspect_ratio"`
+	N              *int    `json:"n"`
+	ReferenceImage string  `json:"reference_image"`
+	ClientNote     string  `json:"client_note"`
+}
+
+const (
+	maxPrompt     = 2000
+	maxImages     = 4
+	maxClientNote = 500
+	maxReference  = 512 << 10
+)
+
+// validate checks r and returns the task parameters it asks for.
+func (r imageRequest) validate() (imageParams, error) {
+	p := imageParams{Prompt: r.Prompt, AspectRatio: "1:1", N: 1, ReferenceImage: r.ReferenceImage}
+	if err := checkPrompt(r.Prompt); err != nil {
+		return p, err
+	}
+	if r.AspectRatio != nil {
+		if _, ok := aspectSizes[*r.AspectRatio]; !ok {
+			return p, invalid("aspect_ratio must be one of 1:1, 16:9, 9:16, 4:3, 3:4")
+		}
+		p.AspectRatio = *r.AspectRatio
+	}
+	if r.N != nil {
+		if *r.N < 1 || *r.N > maxImages {
+			return p, invalid("n must be between 1 and %d", maxImages)
+		}
+		p.N = *r.N
+	}
+	if ref := r.ReferenceImage; ref != "" {
+		if len(ref) > maxReference {
+			return p, invalid("reference_image is longer than %d bytes", maxReference)
+		}
+		if !strings.HasPrefix(ref, "https://") && !strings.HasPrefix(ref, "http://") && !strings.HasPrefix(ref, "data:image/") {
+			return p, invalid("reference_image must be an http(s) URL or a data:image/ URL")
+		}
+	}
+	if utf8.RuneCountInString(r.ClientNote) > maxClientNote {
+		return p, invalid("client_note is longer than %d characters", maxClientNote)
+	}
+	return p, nil
+}
+
+func checkPrompt(s string) error {
+	switch {
+	case strings.TrimSpace(s) == "":
+		return invalid("prompt is required")
+	case !utf8.ValidString(s):
+		return invalid("prompt is not valid UTF-8")
+	case utf8.RuneCountInString(s) > maxPrompt:
+		return invalid("prompt is longer than %d characters", maxPrompt)
+	}
+	return nil
+}
+
+// decodeStrict decodes one JSON object into v, refusing unknown fields and
+// trailing data.
+func decodeStrict(c echo.Context, v any) error {
+	if ct := c.Request().Header.Get(echo.HeaderContentType); !strings.HasPrefix(strings.ToLower(ct), echo.MIMEApplicationJSON) {
+		return &problem{Status: http.StatusUnsupportedMediaType, Code: "unsupported_media_type",
+			Detail: "send the body as application/json"}
+	}
+	body, err := io.ReadAll(io.LimitReader(c.Request().Body, 2<<20))
+	if err != nil {
+		return fmt.Errorf("read body: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return invalid("body: %v", err)
+	}
+	if dec.More() {
+		return invalid("body: data after the JSON object")
+	}
+	return nil
+}
+
+func (a *api) submitImages(c echo.Context) error {
+	var req imageRequest
+	if err := decodeStrict(c, &req); err != nil {
+		return err
+	}
+	params, err := req.validate()
+	if err != nil {
+		return err
+	}
+	return a.submit(c, params)
+}
+
+// musicRequest is the body of POST /v1/music.
+type musicRequest struct {
+	Prompt  string `json:"prompt"`
+	Seconds *int   `json:"seconds"`
+}
+
+func (a *api) submitMusic(c echo.Context) error {
+	var req musicRequest
+	if err := decodeStrict(c, &req); err != nil {
+		return err
+	}
+	if err := checkPrompt(req.Prompt); err != nil {
+		return err
+	}
+	p := musicParams{Prompt: req.Prompt, Seconds: 1}
+	if req.Seconds != nil {
+		if *req.Seconds < 1 || *req.Seconds > maxSeconds {
+			return invalid("seconds must be between 1 and %d", maxSeconds)
+		}
+		p.Seconds = *req.Seconds
+	}
+	return a.submit(c, p)
+}
+
+// submit stores the task under the request's idempotency key and answers
+// 202 with where to poll. A row already held by other parameters is
+// ErrKeyReused: the middleware turns it into 409 key_reused. That happens
+// when Redis lost its record (flushed, failed over) but Postgres still has
+// the task: Postgres is the last word.
+func (a *api) submit(c echo.Context, params any) error {
+	req, ok := middleware.FromContext(c)
+	if !ok {
+		return errors.New("submit: no idempotency key in context (middleware missing)")
+	}
+	raw, err := json.Marshal(params)
+	if err != nil {
+		return fmt.Errorf("submit: encode params: %w", err)
+	}
+	task, err := a.store.Submit(c.Request().Context(), pgstore.NewTask{
+		Tenant:         req.Key.Tenant(),
+		Owner:          req.Key.Owner(),
+		Kind:           req.Key.Kind(),
+		Runtime:        taskRuntime,
+		Network:        taskNetwork,
+		IdempotencyKey: req.Key.Task(),
+		Fingerprint:    string(req.Fingerprint),
+		Params:         raw,
+	})
+	if errors.Is(err, pgstore.ErrConflict) {
+		return middleware.ErrKeyReused
+	}
+	if err != nil {
+		return fmt.Errorf("submit: %w", err)
+	}
+	pr := pgstore.Project(task)
+	poll := pr.PollAfter
+	if poll <= 0 {
+		poll = time.Second // already finished (read back after a Redis loss): poll once to get it
+	}
+	h := c.Response().Header()
+	h.Set(echo.HeaderLocation, "/v1/tasks/"+task.ID)
+	h.Set("Retry-After", strconv.Itoa(retrySeconds(poll)))
+	return c.JSON(http.StatusAccepted, accepted{TaskID: task.ID, Status: string(task.State), PollAfterMS: poll.Milliseconds()})
+}
+
+// accepted is the body of a 202 answer to a submit.
+type accepted struct {
+	TaskID      string `json:"task_id"`
+	Status      string `json:"status"`
+	PollAfterMS int64  `json:"poll_after_ms"`
+}
+
+// taskView is the body of GET /v1/tasks/{id}.
+type taskView struct {
+	TaskID      string   `json:"task_id"`
+	Status      string   `json:"status"`
+	PollAfterMS int64    `json:"poll_after_ms,omitempty"`
+	Images      []string `json:"images,omitempty"`
+	Tracks      []string `json:"tracks,omitempty"`
+	Error       string   `json:"error,omitempty"`
+}
+
+// viewOf turns a task's projection into the API's answer: results as data
+// URLs only on success, a poll interval only while not finished, an error
+// only on failure.
+func viewOf(t pgstore.Task) (taskView, error) {
+	pr := pgstore.Project(t)
+	v := taskView{TaskID: pr.TaskID, Status: string(pr.State), Error: pr.Error}
+	if pr.PollAfter > 0 {
+		v.PollAfterMS = max(pr.PollAfter.Milliseconds(), 1)
+	}
+	if pr.Results != nil {
+		urls := make([]string, 0, len(pr.Results))
+		for _, r := range pr.Results {
+			var u string
+			if err := json.Unmarshal(r, &u); err != nil {
+				return v, fmt.Errorf("task %s: result is not a data URL: %w", t.ID, err)
+			}
+			urls = append(urls, u)
+		}
+		if t.Kind == kindMusic {
+			v.Tracks = urls
+		} else {
+			v.Images = urls
+		}
+	}
+	return v, nil
+}
+
+// owner returns the tenant segment and owner digest that tasks of the
+// caller are stored under: the same values the idempotency key carries.
+func owner(c echo.Context) (tenant, ownerID string, err error) {
+	t, u, err := identity(c)
+	if err != nil {
+		return "", "", err
+	}
+	k, err := keyspace.Derive(kindImages, keyspace.Scope{Tenant: t, User: u, Request: "-"})
+	if err != nil {
+		return "", "", &problem{Status: http.StatusUnauthorized, Code: "unauthorized", Detail: "token identity: " + err.Error()}
+	}
+	return k.Tenant(), k.Owner(), nil
+}
+
+var errTaskNotFound = &problem{Status: http.StatusNotFound, Code: "not_found", Detail: "no such task"}
+
+func (a *api) getTask(c echo.Context) error {
+	tenant, ownerID, err := owner(c)
+	if err != nil {
+		return err
+	}
+	t, err := a.store.Get(c.Request().Context(), tenant, ownerID, c.Param("id"))
+	if errors.Is(err, pgstore.ErrNotFound) {
+		return errTaskNotFound
+	}
+	if err != nil {
+		return fmt.Errorf("get task: %w", err)
+	}
+	v, err := viewOf(t)
+	if err != nil {
+		return err
+	}
+	c.Response().Header().Set("Cache-Control", "no-store")
+	if v.PollAfterMS > 0 {
+		c.Response().Header().Set("Retry-After", strconv.Itoa(retrySeconds(time.Duration(v.PollAfterMS)*time.Millisecond)))
+	}
+	return c.JSON(http.StatusOK, v)
+}
+
+func (a *api) recoverTask(c echo.Context) error {
+	tenant, ownerID, err := owner(c)
+	if err != nil {
+		return err
+	}
+	t, err := a.store.Recover(c.Request().Context(), tenant, ownerID, c.Param("id"))
+	switch {
+	case errors.Is(err, pgstore.ErrNotFound):
+		return errTaskNotFound
+	case errors.Is(err, pgstore.ErrNotRecoverable):
+		return &problem{Status: http.StatusConflict, Code: "not_recoverable", Detail: err.Error()}
+	case err != nil:
+		return fmt.Errorf("recover task: %w", err)
+	}
+	v, err := viewOf(t)
+	if err != nil {
+		return err
+	}
+	c.Response().Header().Set(echo.HeaderLocation, "/v1/tasks/"+t.ID)
+	return c.JSON(http.StatusAccepted, v)
+}
+
+// retrySeconds rounds d up to whole seconds, at least 1, for Retry-After.
+func retrySeconds(d time.Duration) int {
+	return max(1, int((d+time.Second-1)/time.Second))
+}

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate/internal/devserver"
+	"github.com/idemgate/idemgate/pgstore"
+)
+
+// backends are the stores a process uses, and how to let go of them.
+type backends struct {
+	pool  *pgxpool.Pool
+	store *pgstore.Store
+	redis redis.UniversalClient // nil for processes that need none
+
+	// pgInfo and redisInfo say, for the startup lines, what is used.
+	pgInfo, redisInfo string
+
+	closers []func() // run in reverse order by close
+}
+
+// close releases everything, the throwaway cluster last.
+func (b *backends) close() {
+	for i := len(b.closers) - 1; i >= 0; i-- {
+		b.closers[i]()
+	}
+	b.closers = nil
+}
+
+// openBackends connects to Postgres (DATABASE_URL, or a throwaway cluster
+// when embedded is allowed) and, with withRedis, to Redis (REDIS_URL, or an
+// in-process miniredis), then migrates the schema.
+func openBackends(ctx context.Context, s settings, withRedis, embedded bool) (b *backends, err error) {
+	b = &backends{}
+	defer func() {
+		if err != nil {
+			b.close()
+		}
+	}()
+
+	dsn := s.databaseURL
+	if dsn == "" {
+		if !embedded {
+			return nil, errors.New("DATABASE_URL (or -database-url) is required: several processes must share one database")
+		}
+		pg, err := devserver.StartPostgres(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("start a throwaway PostgreSQL (set DATABASE_URL to use yours): %w", err)
+		}
+		b.closers = append(b.closers, func() { _ = pg.Stop() })
+		dsn = pg.DSN("postgres")
+		b.pgInfo = fmt.Sprintf("throwaway cluster on %s in %s, removed on exit (set DATABASE_URL to keep data)", pg.Addr, pg.Dir)
+	} else {
+		b.pgInfo = redactURL(dsn)
+	}
+	b.pool, err = pgxpool.New(ctx, dsn)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	b.closers = append(b.closers, b.pool.Close)
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := b.pool.Ping(pingCtx); err != nil {
+		return nil, fmt.Errorf("postgres %s: %w", redactURL(dsn), err)
+	}
+	if b.store, err = pgstore.New(ctx, b.pool); err != nil {
+		return nil, err
+	}
+	if err := b.store.Migrate(ctx); err != nil {
+		return nil, err
+	}
+
+	if !withRedis {
+		return b, nil
+	}
+	if s.redisURL == "" {
+		mr := miniredis.NewMiniRedis()
+		// Let TTLs run on the wall clock: leases and retention must expire
+		// as they would on a real Redis (miniredis otherwise only moves
+		// time with FastForward).
+		mr.ClockTTL(true)
+		if err := mr.Start(); err != nil {
+			return nil, fmt.Errorf("start miniredis: %w", err)
+		}
+		b.closers = append(b.closers, mr.Close)
+		b.redis = redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		b.redisInfo = fmt.Sprintf("in-process miniredis on %s (set REDIS_URL for a real Redis)", mr.Addr())
+	} else {
+		opts, err := redis.ParseURL(s.redisURL)
+		if err != nil {
+			return nil, fmt.Errorf("REDIS_URL: %w", err)
+		}
+		b.redis = redis.NewClient(opts)
+		b.redisInfo = redactURL(s.redisURL)
+	}
+	b.closers = append(b.closers, func() { _ = b.redis.Close() })
+	if err := b.redis.Ping(pingCtx).Err(); err != nil {
+		return nil, fmt.Errorf("redis %s: %w", b.redisInfo, err)
+	}
+	return b, nil
+}
+
+// redactURL hides a password in a URL for printing.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme == "" {
+		return "(configured)"
+	}
+	return u.Redacted()
+}

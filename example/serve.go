@@ -1,0 +1,177 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+)
+
+// shutdownBudget bounds a graceful shutdown: in-flight requests finish,
+// workers hand back their tasks, the stores close.
+const shutdownBudget = 10 * time.Second
+
+func cmdServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("serve", "Serves the API with in-process workers. Without DATABASE_URL / REDIS_URL it\n"+
+		"starts a throwaway PostgreSQL cluster and an in-process miniredis, removed on exit.", stderr)
+	var s settings
+	addr := getenv("ADDR")
+	if addr == "" {
+		addr = ":8080"
+	}
+	fs.StringVar(&s.addr, "addr", addr, "listen address (env ADDR)")
+	s.addStoreFlags(fs, getenv, true)
+	s.addWorkerFlags(fs, getenv, 2)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	n, err := startNode(ctx, s, logger, stderr)
+	if err != nil {
+		return err
+	}
+	n.printStartup(stdout)
+	select {
+	case <-ctx.Done():
+		fmt.Fprintln(stdout, "shutting down")
+	case err = <-n.served:
+	}
+	if serr := n.shutdown(); err == nil {
+		err = serr
+	}
+	return err
+}
+
+// node is one serving process: HTTP API, in-process workers, stores.
+type node struct {
+	settings settings
+	b        *backends
+	ln       net.Listener
+	srv      *http.Server
+	served   chan error // receives the HTTP server's exit error
+	workers  *workerPool
+	devToken string // a token to print, only when the dev secret is used
+}
+
+// startNode opens the stores, starts the workers and listens.
+func startNode(ctx context.Context, s settings, logger *slog.Logger, stderr io.Writer) (*node, error) {
+	secret := secretOrDev(s.jwtSecret, stderr)
+	n := &node{settings: s, served: make(chan error, 1)}
+	if s.jwtSecret == "" {
+		tok, err := mintToken(secret, "acme", "alice", time.Now(), 24*time.Hour)
+		if err != nil {
+			return nil, err
+		}
+		n.devToken = tok
+	}
+	b, err := openBackends(ctx, s, true, true)
+	if err != nil {
+		return nil, err
+	}
+	n.b = b
+	ready := new(atomic.Bool)
+	ready.Store(true) // openBackends migrated
+	a := &api{store: b.store, pool: b.pool, redis: b.redis, secret: secret, logger: logger, ready: ready}
+
+	n.ln, err = net.Listen("tcp", s.addr)
+	if err != nil {
+		b.close()
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	n.workers = startWorkers(b.store, s.workers, generator{took: s.genTime}, logger)
+	n.srv = &http.Server{Handler: a.handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		err := n.srv.Serve(n.ln)
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		n.served <- err
+	}()
+	return n, nil
+}
+
+// url is the base URL to reach the node from this machine.
+func (n *node) url() string {
+	tcp := n.ln.Addr().(*net.TCPAddr)
+	host := tcp.IP.String()
+	if tcp.IP.IsUnspecified() {
+		host = "localhost"
+	}
+	return "http://" + net.JoinHostPort(host, fmt.Sprint(tcp.Port))
+}
+
+// printStartup says where the node listens, what it uses, and how to try it.
+func (n *node) printStartup(w io.Writer) {
+	u := n.url()
+	fmt.Fprintf(w, "idemgate example listening on %s (%d workers)\n", u, n.settings.workers)
+	fmt.Fprintf(w, "  postgres: %s\n", n.b.pgInfo)
+	fmt.Fprintf(w, "  redis:    %s\n", n.b.redisInfo)
+	if n.devToken != "" {
+		fmt.Fprintf(w, "Try it (dev token: tenant acme, user alice, 24h):\n  TOKEN=%s\n", n.devToken)
+	} else {
+		fmt.Fprintf(w, "Try it:\n  TOKEN=$(go run ./example token -tenant acme -user alice)\n")
+	}
+	fmt.Fprintf(w, "  curl -si %s/v1/images -H \"Authorization: Bearer $TOKEN\" -H 'Idempotency-Key: poster:launch:1' "+
+		"-H 'Content-Type: application/json' -d '{\"prompt\":\"a lighthouse at dawn\",\"aspect_ratio\":\"16:9\",\"n\":2}'\n", u)
+	fmt.Fprintf(w, "  curl -s %s/v1/tasks/TASK_ID -H \"Authorization: Bearer $TOKEN\"\n", u)
+	fmt.Fprintln(w, "Ctrl-C stops it.")
+}
+
+// shutdown stops accepting requests, lets in-flight ones and the workers'
+// current tasks end (or hand them back), and closes the stores, within
+// shutdownBudget.
+func (n *node) shutdown() error {
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownBudget-2*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- n.srv.Shutdown(ctx) }()
+	n.workers.stop(ctx)
+	err := <-done
+	n.b.close()
+	return err
+}
+
+func cmdWorker(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("worker", "Runs workers only, against a shared DATABASE_URL (the API runs elsewhere).", stderr)
+	var s settings
+	s.addStoreFlags(fs, getenv, false)
+	s.addWorkerFlags(fs, getenv, 2)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	b, err := openBackends(ctx, s, false, false)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	w := startWorkers(b.store, s.workers, generator{took: s.genTime}, logger)
+	fmt.Fprintf(stdout, "idemgate example worker running (%d workers)\n  postgres: %s\n", s.workers, b.pgInfo)
+	<-ctx.Done()
+	fmt.Fprintln(stdout, "shutting down")
+	stopCtx, cancel := context.WithTimeout(context.Background(), shutdownBudget-2*time.Second)
+	defer cancel()
+	w.stop(stopCtx)
+	return nil
+}
+
+func cmdMigrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("migrate", "Creates or upgrades the task schema in DATABASE_URL; safe to run from many nodes at once.", stderr)
+	var s settings
+	s.addStoreFlags(fs, getenv, false)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	b, err := openBackends(ctx, s, false, false)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	fmt.Fprintf(stdout, "migrated %s\n", b.pgInfo)
+	return nil
+}
