@@ -1,0 +1,389 @@
+// Package storetest is a conformance suite for middleware.Store
+// implementations: every store (Redis, miniredis, a Redis Cluster, or a
+// Postgres or DynamoDB one written later) runs the same cases.
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/middleware"
+)
+
+// Harness is one store under test.
+type Harness struct {
+	// Store is the store under test; each case gets a new harness.
+	Store middleware.Store
+	// Advance moves the store's clock forward by d: miniredis FastForward,
+	// or a real sleep for a real server.
+	Advance func(d time.Duration)
+	// Lease is the lease (and unit of time) the cases use: tiny for a
+	// fake clock, long enough for real servers to answer within it.
+	Lease time.Duration
+}
+
+// Run runs every case, each on a fresh harness from newHarness.
+func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
+	cases := []struct {
+		name string
+		run  func(t *testing.T, h Harness)
+	}{
+		{"ClaimThenRunning", testClaimThenRunning},
+		{"MismatchRunning", testMismatchRunning},
+		{"CompleteThenReplay", testCompleteThenReplay},
+		{"MismatchFinishedHidesResponse", testMismatchFinished},
+		{"ReleaseLetsRetryClaim", testRelease},
+		{"WrongTokenChangesNothing", testWrongToken},
+		{"LeaseExpiryAndFencing", testLeaseExpiry},
+		{"ExtendKeepsClaim", testExtend},
+		{"RetentionExpires", testRetention},
+		{"KeysAreIndependent", testIndependent},
+		{"ConcurrentClaimsOneWinner", testConcurrentClaims},
+		{"CanceledContext", testCanceled},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.run(t, newHarness(t))
+		})
+	}
+}
+
+// Key returns a fresh key; random so that a shared server (or a cluster's
+// slots) sees different keys per case and per run.
+func Key(t *testing.T) string {
+	t.Helper()
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return "idem:storetest:test:" + hex.EncodeToString(b[:])
+}
+
+func token() middleware.Token {
+	var tok middleware.Token
+	_, _ = rand.Read(tok[:])
+	return tok
+}
+
+func claimReq(h Harness) middleware.ClaimRequest {
+	return middleware.ClaimRequest{
+		Fingerprint: "v1:" + fingerprint.Fingerprint(hex.EncodeToString(make([]byte, 32))),
+		Owner:       "owner-a",
+		Kind:        "image",
+		Lease:       h.Lease,
+		Token:       token(),
+	}
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func claim(t *testing.T, h Harness, key string, req middleware.ClaimRequest, want middleware.ClaimStatus) middleware.ClaimResult {
+	t.Helper()
+	res, err := h.Store.Claim(ctx(t), key, req)
+	if err != nil {
+		t.Fatalf("Claim: %v", err)
+	}
+	if res.Status != want {
+		t.Fatalf("Claim = %v, want %v", res.Status, want)
+	}
+	return res
+}
+
+func sampleResponse() middleware.Response {
+	return middleware.Response{
+		Status: http.StatusCreated,
+		Header: http.Header{
+			"Content-Type": {"application/json"},
+			"Location":     {"/v1/tasks/42"},
+			"X-Multi":      {"one", "", "two, three"},
+		},
+		// Binary, with NUL and invalid UTF-8: replay is byte for byte.
+		Body: []byte("{\"id\":42}\x00\xff\xfe\r\n"),
+	}
+}
+
+func testClaimThenRunning(t *testing.T, h Harness) {
+	key, req := Key(t), claimReq(h)
+	claim(t, h, key, req, middleware.Claimed)
+	again := req
+	again.Token = token()
+	res := claim(t, h, key, again, middleware.Running)
+	if res.RetryAfter <= 0 || res.RetryAfter > h.Lease {
+		t.Errorf("RetryAfter = %v, want in (0, %v]", res.RetryAfter, h.Lease)
+	}
+	if res.Response.Status != 0 || res.Response.Body != nil {
+		t.Errorf("a running result carries a response: %+v", res.Response)
+	}
+}
+
+// mismatches are requests that differ from claimReq in exactly one of the
+// three compared fields, including by case or trailing bytes.
+func mismatches(req middleware.ClaimRequest) map[string]middleware.ClaimRequest {
+	out := map[string]middleware.ClaimRequest{}
+	fp := req
+	fp.Fingerprint = "v1:" + fingerprint.Fingerprint(hex.EncodeToString(bytes.Repeat([]byte{1}, 32)))
+	out["fingerprint"] = fp
+	owner := req
+	owner.Owner = "owner-b"
+	out["owner"] = owner
+	ownerCase := req
+	ownerCase.Owner = "OWNER-A"
+	out["owner case"] = ownerCase
+	kind := req
+	kind.Kind = "image2"
+	out["kind"] = kind
+	kindPrefix := req
+	kindPrefix.Kind = "imag"
+	out["kind prefix"] = kindPrefix
+	for name, r := range out {
+		r.Token = token()
+		out[name] = r
+	}
+	return out
+}
+
+func testMismatchRunning(t *testing.T, h Harness) {
+	key, req := Key(t), claimReq(h)
+	claim(t, h, key, req, middleware.Claimed)
+	for name, other := range mismatches(req) {
+		t.Run(name, func(t *testing.T) {
+			res := claim(t, h, key, other, middleware.Mismatch)
+			if res.RetryAfter != 0 {
+				t.Errorf("mismatch carries RetryAfter %v", res.RetryAfter)
+			}
+		})
+	}
+	// The holder still holds it.
+	if err := h.Store.Extend(ctx(t), key, req.Token, h.Lease); err != nil {
+		t.Errorf("Extend by the holder after mismatches: %v", err)
+	}
+}
+
+func testCompleteThenReplay(t *testing.T, h Harness) {
+	for name, resp := range map[string]middleware.Response{
+		"sample":     sampleResponse(),
+		"empty body": {Status: http.StatusNoContent},
+		"big body":   {Status: 200, Header: http.Header{"Content-Type": {"application/octet-stream"}}, Body: bytes.Repeat([]byte{0, 1, 2, 0xff}, 64<<10)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			key, req := Key(t), claimReq(h)
+			claim(t, h, key, req, middleware.Claimed)
+			if err := h.Store.Complete(ctx(t), key, req.Token, resp, time.Hour); err != nil {
+				t.Fatalf("Complete: %v", err)
+			}
+			again := req
+			again.Token = token()
+			got := claim(t, h, key, again, middleware.Finished).Response
+			if got.Status != resp.Status || !bytes.Equal(got.Body, resp.Body) {
+				t.Errorf("replay = %d %q, want %d %q", got.Status, trunc(got.Body), resp.Status, trunc(resp.Body))
+			}
+			if len(got.Header) != len(resp.Header) || (len(resp.Header) > 0 && !reflect.DeepEqual(got.Header, resp.Header)) {
+				t.Errorf("replay header = %v, want %v", got.Header, resp.Header)
+			}
+			// Finished: neither the old nor the new token can change it.
+			if err := h.Store.Release(ctx(t), key, req.Token); !errors.Is(err, middleware.ErrLeaseLost) {
+				t.Errorf("Release after Complete = %v, want ErrLeaseLost", err)
+			}
+			if err := h.Store.Complete(ctx(t), key, again.Token, middleware.Response{Status: 500}, time.Hour); !errors.Is(err, middleware.ErrLeaseLost) {
+				t.Errorf("Complete by a non-holder = %v, want ErrLeaseLost", err)
+			}
+			claim(t, h, key, again, middleware.Finished)
+		})
+	}
+}
+
+func trunc(b []byte) []byte {
+	if len(b) > 40 {
+		return b[:40]
+	}
+	return b
+}
+
+func testMismatchFinished(t *testing.T, h Harness) {
+	key, req := Key(t), claimReq(h)
+	claim(t, h, key, req, middleware.Claimed)
+	if err := h.Store.Complete(ctx(t), key, req.Token, sampleResponse(), time.Hour); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	for name, other := range mismatches(req) {
+		t.Run(name, func(t *testing.T) {
+			res := claim(t, h, key, other, middleware.Mismatch)
+			if res.Response.Status != 0 || res.Response.Header != nil || res.Response.Body != nil {
+				t.Errorf("mismatch leaks the stored response: %+v", res.Response)
+			}
+		})
+	}
+}
+
+func testRelease(t *testing.T, h Harness) {
+	key, req := Key(t), claimReq(h)
+	claim(t, h, key, req, middleware.Claimed)
+	if err := h.Store.Release(ctx(t), key, req.Token); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if err := h.Store.Release(ctx(t), key, req.Token); !errors.Is(err, middleware.ErrLeaseLost) {
+		t.Errorf("second Release = %v, want ErrLeaseLost", err)
+	}
+	if err := h.Store.Complete(ctx(t), key, req.Token, sampleResponse(), time.Hour); !errors.Is(err, middleware.ErrLeaseLost) {
+		t.Errorf("Complete after Release = %v, want ErrLeaseLost", err)
+	}
+	// After a release even other parameters may claim the key.
+	other := mismatches(req)["fingerprint"]
+	claim(t, h, key, other, middleware.Claimed)
+}
+
+func testWrongToken(t *testing.T, h Harness) {
+	key, req := Key(t), claimReq(h)
+	claim(t, h, key, req, middleware.Claimed)
+	wrong := token()
+	if err := h.Store.Extend(ctx(t), key, wrong, h.Lease); !errors.Is(err, middleware.ErrLeaseLost) {
+		t.Errorf("Extend with a wrong token = %v, want ErrLeaseLost", err)
+	}
+	if err := h.Store.Complete(ctx(t), key, wrong, sampleResponse(), time.Hour); !errors.Is(err, middleware.ErrLeaseLost) {
+		t.Errorf("Complete with a wrong token = %v, want ErrLeaseLost", err)
+	}
+	if err := h.Store.Release(ctx(t), key, wrong); !errors.Is(err, middleware.ErrLeaseLost) {
+		t.Errorf("Release with a wrong token = %v, want ErrLeaseLost", err)
+	}
+	again := req
+	again.Token = token()
+	claim(t, h, key, again, middleware.Running)
+	// Operations on a key that never existed.
+	missing := Key(t)
+	if err := h.Store.Extend(ctx(t), missing, wrong, h.Lease); !errors.Is(err, middleware.ErrLeaseLost) {
+		t.Errorf("Extend of a missing key = %v, want ErrLeaseLost", err)
+	}
+	if err := h.Store.Release(ctx(t), missing, wrong); !errors.Is(err, middleware.ErrLeaseLost) {
+		t.Errorf("Release of a missing key = %v, want ErrLeaseLost", err)
+	}
+}
+
+// testLeaseExpiry: an abandoned claim is claimable after its lease, and the
+// stale holder can neither complete nor release the new holder's claim.
+func testLeaseExpiry(t *testing.T, h Harness) {
+	key, stale := Key(t), claimReq(h)
+	claim(t, h, key, stale, middleware.Claimed)
+	h.Advance(h.Lease + h.Lease/2)
+	fresh := stale
+	fresh.Token = token()
+	claim(t, h, key, fresh, middleware.Claimed)
+	if err := h.Store.Extend(ctx(t), key, stale.Token, h.Lease); !errors.Is(err, middleware.ErrLeaseLost) {
+		t.Errorf("stale Extend = %v, want ErrLeaseLost", err)
+	}
+	if err := h.Store.Complete(ctx(t), key, stale.Token, middleware.Response{Status: 418}, time.Hour); !errors.Is(err, middleware.ErrLeaseLost) {
+		t.Errorf("stale Complete = %v, want ErrLeaseLost", err)
+	}
+	if err := h.Store.Release(ctx(t), key, stale.Token); !errors.Is(err, middleware.ErrLeaseLost) {
+		t.Errorf("stale Release = %v, want ErrLeaseLost", err)
+	}
+	third := stale
+	third.Token = token()
+	claim(t, h, key, third, middleware.Running)
+	want := sampleResponse()
+	if err := h.Store.Complete(ctx(t), key, fresh.Token, want, time.Hour); err != nil {
+		t.Fatalf("fresh Complete: %v", err)
+	}
+	if got := claim(t, h, key, third, middleware.Finished).Response; got.Status != want.Status || !bytes.Equal(got.Body, want.Body) {
+		t.Errorf("replay = %d %q, want the fresh holder's %d", got.Status, got.Body, want.Status)
+	}
+}
+
+func testExtend(t *testing.T, h Harness) {
+	key, req := Key(t), claimReq(h)
+	claim(t, h, key, req, middleware.Claimed)
+	for range 3 {
+		h.Advance(h.Lease * 2 / 3)
+		if err := h.Store.Extend(ctx(t), key, req.Token, h.Lease); err != nil {
+			t.Fatalf("Extend: %v", err)
+		}
+	}
+	again := req
+	again.Token = token()
+	claim(t, h, key, again, middleware.Running)
+	if err := h.Store.Complete(ctx(t), key, req.Token, sampleResponse(), time.Hour); err != nil {
+		t.Errorf("Complete after extends: %v", err)
+	}
+}
+
+func testRetention(t *testing.T, h Harness) {
+	key, req := Key(t), claimReq(h)
+	claim(t, h, key, req, middleware.Claimed)
+	retention := 2 * h.Lease
+	if err := h.Store.Complete(ctx(t), key, req.Token, sampleResponse(), retention); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	again := req
+	again.Token = token()
+	claim(t, h, key, again, middleware.Finished)
+	h.Advance(retention + h.Lease/2)
+	claim(t, h, key, again, middleware.Claimed)
+}
+
+func testIndependent(t *testing.T, h Harness) {
+	req := claimReq(h)
+	keys := []string{Key(t), Key(t), Key(t)}
+	for _, k := range keys {
+		claim(t, h, k, req, middleware.Claimed)
+	}
+	if err := h.Store.Complete(ctx(t), keys[0], req.Token, sampleResponse(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Store.Release(ctx(t), keys[1], req.Token); err != nil {
+		t.Fatal(err)
+	}
+	again := req
+	again.Token = token()
+	claim(t, h, keys[0], again, middleware.Finished)
+	claim(t, h, keys[1], again, middleware.Claimed)
+	claim(t, h, keys[2], again, middleware.Running)
+}
+
+func testConcurrentClaims(t *testing.T, h Harness) {
+	key, req := Key(t), claimReq(h)
+	const n = 50
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		statuses = map[middleware.ClaimStatus]int{}
+	)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := req
+			r.Token = token()
+			res, err := h.Store.Claim(ctx(t), key, r)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				t.Errorf("Claim: %v", err)
+				return
+			}
+			statuses[res.Status]++
+		}()
+	}
+	wg.Wait()
+	if statuses[middleware.Claimed] != 1 || statuses[middleware.Running] != n-1 {
+		t.Errorf("statuses = %v, want 1 claimed and %d running", statuses, n-1)
+	}
+}
+
+func testCanceled(t *testing.T, h Harness) {
+	c, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := h.Store.Claim(c, Key(t), claimReq(h)); err == nil {
+		t.Errorf("Claim with a canceled context succeeded")
+	}
+}

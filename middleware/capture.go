@@ -1,0 +1,144 @@
+package middleware
+
+import (
+	"bufio"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+)
+
+// captureWriter passes a response through to the client and keeps a copy
+// (status, the replayable headers as they were when the status was written,
+// and up to max body bytes) for the store. It keeps Flush, Hijack and the
+// rest of http.ResponseController working through Unwrap.
+type captureWriter struct {
+	http.ResponseWriter
+	filter      *headerFilter
+	max         int64
+	status      int
+	header      http.Header
+	body        *[]byte // pooled; nil once the body overflowed max
+	wroteHeader bool
+	overflow    bool
+	hijacked    bool
+}
+
+func (w *captureWriter) reset(rw http.ResponseWriter, f *headerFilter, max int64) {
+	*w = captureWriter{ResponseWriter: rw, filter: f, max: max}
+	w.body = bodyPool.Get().(*[]byte)
+	*w.body = (*w.body)[:0]
+}
+
+// release returns the body buffer to its pool; the captured body must not
+// be used afterwards.
+func (w *captureWriter) release() {
+	if w.body != nil && cap(*w.body) <= maxPooledBlob {
+		bodyPool.Put(w.body)
+	}
+	w.body = nil
+}
+
+func (w *captureWriter) WriteHeader(code int) {
+	// 1xx (103 Early Hints) may precede the final status; 101 is final.
+	if !w.wroteHeader && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		w.wroteHeader = true
+		w.status = code
+		w.header = w.filter.snapshot(w.ResponseWriter.Header())
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *captureWriter) Write(b []byte) (int, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.body != nil {
+		if int64(len(*w.body))+int64(len(b)) > w.max {
+			w.overflow = true
+			w.release()
+		} else {
+			*w.body = append(*w.body, b...)
+		}
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// FlushError is what http.ResponseController.Flush looks for first.
+func (w *captureWriter) FlushError() error {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Flush implements http.Flusher for code that type-asserts it.
+func (w *captureWriter) Flush() { _ = w.FlushError() }
+
+// Hijack hands the connection over; a hijacked response is never stored.
+func (w *captureWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	w.hijacked = true
+	return http.NewResponseController(w.ResponseWriter).Hijack()
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *captureWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+var bodyPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+// headerFilter picks the headers a replay repeats.
+type headerFilter struct {
+	allow map[string]bool // canonical names; nil means the default deny list
+}
+
+// Never replayed by default: hop-by-hop headers (RFC 9110 section 7.6.1),
+// Date and Content-Length (recomputed), Set-Cookie (a session is not an
+// idempotent result), and our own marker.
+var deniedHeaders = map[string]bool{
+	"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true,
+	"Proxy-Authorization": true, "Proxy-Connection": true, "Te": true,
+	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+	"Date": true, "Content-Length": true, "Set-Cookie": true,
+	replayedHeader: true,
+}
+
+func (f *headerFilter) keep(name string, h http.Header) bool {
+	if f.allow != nil {
+		return f.allow[name]
+	}
+	if deniedHeaders[name] {
+		return false
+	}
+	// Headers named in Connection are hop-by-hop too.
+	for _, v := range h["Connection"] {
+		for v != "" {
+			var tok string
+			tok, v, _ = strings.Cut(v, ",")
+			if http.CanonicalHeaderKey(strings.TrimSpace(tok)) == name {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// snapshot returns the replayable headers of h. Value slices are shared:
+// handlers replace header values (Set) rather than edit them in place.
+func (f *headerFilter) snapshot(h http.Header) http.Header {
+	n := 0
+	for name := range h {
+		if f.keep(name, h) {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	out := make(http.Header, n)
+	for name, v := range h {
+		if f.keep(name, h) {
+			out[name] = v[:len(v):len(v)]
+		}
+	}
+	return out
+}

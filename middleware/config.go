@@ -1,0 +1,290 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
+
+	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/keyspace"
+)
+
+// Config configures the idempotency middleware.
+type Config struct {
+	// Skipper defines a function to skip middleware.
+	// Optional. Default: never skip.
+	Skipper middleware.Skipper
+
+	// Store keeps the claims and the stored responses, e.g. NewRedisStore.
+	// Required.
+	Store Store
+
+	// Scope reads the tenant and user from the auth context (set by the
+	// auth middleware that runs before this one). An error is returned to
+	// echo as is, normally a 401 from the auth layer.
+	// Required.
+	Scope func(c echo.Context) (tenant, user string, err error)
+
+	// Kind names the business action, e.g. "image". It matches
+	// [a-z0-9][a-z0-9_-]{0,63}; keys of different kinds never collide.
+	// Optional. Default: derived from the method and route path,
+	// e.g. "post-v1-images".
+	Kind string
+
+	// Fingerprint selects the body fields that take part in the parameter
+	// fingerprint. The method and route template always take part.
+	// Optional. Default: the whole body.
+	Fingerprint fingerprint.Spec
+
+	// Header is the request header that carries the idempotency key.
+	// Optional. Default "Idempotency-Key".
+	Header string
+
+	// Required answers 400 key_missing to a request without the header.
+	// Optional. Default false: such a request passes through unprotected.
+	Required bool
+
+	// Methods are the request methods the middleware protects; others
+	// pass through.
+	// Optional. Default POST, PATCH.
+	Methods []string
+
+	// Retention is how long a finished response is kept for replay.
+	// Optional. Default 24h.
+	Retention time.Duration
+
+	// Lease is how long a claim lives without renewal. It is renewed every
+	// Lease/3 while the handler runs, so it bounds how long a crashed
+	// holder blocks retries.
+	// Optional. Default 30s.
+	Lease time.Duration
+
+	// WaitInFlight is how long a request waits for another one holding its
+	// key before answering 409 request_in_progress; when the other one
+	// finishes in time, its response is replayed.
+	// Optional. Default 0: answer 409 at once.
+	WaitInFlight time.Duration
+
+	// MismatchStatus is the status of a key_reused answer (a key used
+	// again with other parameters). It must be a 4xx.
+	// Optional. Default 409; 422 for the IETF draft's choice.
+	MismatchStatus int
+
+	// Cacheable reports whether a response with this status is stored for
+	// replay. Others release the claim so that a retry runs the handler.
+	// Optional. Default: every status except 5xx, 408, 409, 425 and 429.
+	Cacheable func(status int) bool
+
+	// MaxBodyBytes bounds the request body read for the fingerprint; a
+	// larger body is answered 413 body_too_large.
+	// Optional. Default 1 MiB.
+	MaxBodyBytes int64
+
+	// MaxResponseBytes bounds the response body stored for replay; a larger
+	// one is streamed through to the client, not stored, and the claim
+	// released.
+	// Optional. Default 1 MiB.
+	MaxResponseBytes int64
+
+	// ReplayHeaders, when not empty, is the allowlist of response headers
+	// stored and replayed.
+	// Optional. Default: every header the handler set except hop-by-hop
+	// ones, Date, Content-Length and Set-Cookie.
+	ReplayHeaders []string
+
+	// FailOpen runs the handler unprotected when the store is unreachable,
+	// instead of answering 503 store_unavailable.
+	// Optional. Default false (fail closed).
+	FailOpen bool
+
+	// OnEvent receives an Event for each step of each protected request,
+	// for metrics and logs. It runs on the request's goroutine (or the
+	// lease renewal's) and must be fast and safe for concurrent use.
+	// Optional.
+	OnEvent func(Event)
+
+	// Logger receives warnings: store errors and lost leases. It never
+	// sees a raw key, user or body.
+	// Optional. Default: no logging.
+	Logger *slog.Logger
+
+	// now is the clock; tests inject one. Default time.Now.
+	now func() time.Time
+}
+
+// Defaults of Config.
+const (
+	defaultHeader           = "Idempotency-Key"
+	defaultRetention        = 24 * time.Hour
+	defaultLease            = 30 * time.Second
+	defaultMismatchStatus   = http.StatusConflict
+	defaultMaxBodyBytes     = 1 << 20
+	defaultMaxResponseBytes = 1 << 20
+)
+
+// DefaultCacheable is the default Config.Cacheable: every status except
+// 5xx (server trouble), 408 (timeout), 409 (conflict), 425 (too early) and
+// 429 (rate limited) — outcomes a retry may change.
+func DefaultCacheable(status int) bool {
+	switch {
+	case status >= 500:
+		return false
+	case status == http.StatusRequestTimeout, status == http.StatusConflict,
+		status == http.StatusTooEarly, status == http.StatusTooManyRequests:
+		return false
+	}
+	return true
+}
+
+// New returns the idempotency middleware for cfg. It panics with
+// "idemgate: …" on a bad config; ToMiddleware returns the error instead.
+func New(cfg Config) echo.MiddlewareFunc {
+	mw, err := cfg.ToMiddleware()
+	if err != nil {
+		panic(err)
+	}
+	return mw
+}
+
+// ToMiddleware validates cfg, applies the defaults to a copy, and returns
+// the middleware.
+func (cfg Config) ToMiddleware() (echo.MiddlewareFunc, error) {
+	m, err := newIdem(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error { return m.serve(c, next) }
+	}, nil
+}
+
+func newIdem(cfg Config) (*idem, error) {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("idemgate: "+format, args...))
+	}
+	if cfg.Store == nil {
+		bad("Store is required")
+	}
+	if cfg.Scope == nil {
+		bad("Scope is required")
+	}
+	if cfg.Skipper == nil {
+		cfg.Skipper = middleware.DefaultSkipper
+	}
+	if cfg.Kind != "" {
+		if _, err := keyspace.Derive(cfg.Kind, keyspace.Scope{Tenant: "t", User: "u", Request: "r"}); err != nil {
+			bad("Kind %q: %w", cfg.Kind, err)
+		}
+	}
+	if err := cfg.Fingerprint.Validate(); err != nil {
+		bad("Fingerprint: %w", err)
+	}
+	if cfg.Header == "" {
+		cfg.Header = defaultHeader
+	}
+	if !isToken(cfg.Header) {
+		bad("Header %q is not a header name", cfg.Header)
+	}
+	if len(cfg.Methods) == 0 {
+		cfg.Methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	for _, method := range cfg.Methods {
+		if !isToken(method) {
+			bad("Methods: %q is not a method", method)
+		}
+	}
+	durations := []struct {
+		name string
+		d    *time.Duration
+		def  time.Duration
+	}{
+		{"Retention", &cfg.Retention, defaultRetention},
+		{"Lease", &cfg.Lease, defaultLease},
+		{"WaitInFlight", &cfg.WaitInFlight, 0},
+	}
+	for _, d := range durations {
+		switch {
+		case *d.d < 0:
+			bad("%s must not be negative, got %v", d.name, *d.d)
+		case *d.d == 0:
+			*d.d = d.def
+		case *d.d < time.Millisecond:
+			bad("%s must be at least 1ms, got %v", d.name, *d.d)
+		}
+	}
+	if cfg.MismatchStatus == 0 {
+		cfg.MismatchStatus = defaultMismatchStatus
+	}
+	if cfg.MismatchStatus < 400 || cfg.MismatchStatus > 499 {
+		bad("MismatchStatus must be a 4xx, got %d", cfg.MismatchStatus)
+	}
+	if cfg.Cacheable == nil {
+		cfg.Cacheable = DefaultCacheable
+	}
+	for _, n := range []struct {
+		name string
+		v    *int64
+		def  int64
+	}{
+		{"MaxBodyBytes", &cfg.MaxBodyBytes, defaultMaxBodyBytes},
+		{"MaxResponseBytes", &cfg.MaxResponseBytes, defaultMaxResponseBytes},
+	} {
+		switch {
+		case *n.v < 0:
+			bad("%s must not be negative, got %d", n.name, *n.v)
+		case *n.v == 0:
+			*n.v = n.def
+		}
+	}
+	filter := &headerFilter{}
+	for _, h := range cfg.ReplayHeaders {
+		if !isToken(h) {
+			bad("ReplayHeaders: %q is not a header name", h)
+			continue
+		}
+		if filter.allow == nil {
+			filter.allow = make(map[string]bool, len(cfg.ReplayHeaders))
+		}
+		filter.allow[http.CanonicalHeaderKey(h)] = true
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.now == nil {
+		cfg.now = time.Now
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return &idem{
+		cfg:    cfg,
+		header: http.CanonicalHeaderKey(cfg.Header),
+		filter: filter,
+		routes: make(map[routeKey]*route),
+	}, nil
+}
+
+// isToken reports whether s is an RFC 9110 token (header names, methods).
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' {
+			continue
+		}
+		switch c {
+		case '!', '#', '$', '%', '&', '\'', '*', '+', '-', '.', '^', '_', '`', '|', '~':
+			continue
+		}
+		return false
+	}
+	return true
+}

@@ -1,0 +1,526 @@
+package middleware
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/keyspace"
+)
+
+// ErrKeyReused is returned by a handler whose own store (e.g. pgstore)
+// found the key held by other parameters. The middleware releases its claim
+// and answers the same key_reused problem as for a mismatch it found itself.
+var ErrKeyReused = errors.New("idemgate: idempotency key reused with other parameters")
+
+// Request is what the middleware knows about a protected request.
+type Request struct {
+	// Key is the derived idempotency key (tenant, kind, user, request id).
+	Key keyspace.Key
+	// Fingerprint covers the method, route template and selected body fields.
+	Fingerprint fingerprint.Fingerprint
+}
+
+// FromContext returns the Request of a protected request, for handlers that
+// hand the key and fingerprint on to their own store. It reports false when
+// the middleware let the request pass through (no key, skipped, other method).
+func FromContext(c echo.Context) (Request, bool) {
+	st, ok := c.Get(contextKey).(*call)
+	if !ok || st == nil {
+		return Request{}, false
+	}
+	return st.req, true
+}
+
+const (
+	contextKey     = "idemgate.request"
+	replayedHeader = "Idempotent-Replayed"
+)
+
+// idem is a validated Config with its caches.
+type idem struct {
+	cfg    Config
+	header string // canonical
+	filter *headerFilter
+
+	last   atomic.Pointer[route] // per-route use: always the same route
+	mu     sync.Mutex
+	routes map[routeKey]*route
+}
+
+type routeKey struct{ method, path string }
+
+// route is what the middleware derives once per method and route template.
+type route struct {
+	routeKey
+	name  string // "POST /v1/images"
+	kind  string
+	frame []byte // fingerprint prefix naming the route
+}
+
+func (m *idem) route(c echo.Context) *route {
+	k := routeKey{c.Request().Method, c.Path()}
+	if rt := m.last.Load(); rt != nil && rt.routeKey == k {
+		return rt
+	}
+	m.mu.Lock()
+	rt := m.routes[k]
+	if rt == nil {
+		rt = &route{routeKey: k, name: k.method + " " + k.path, kind: m.cfg.Kind}
+		if rt.kind == "" {
+			rt.kind = deriveKind(k.method, k.path)
+		}
+		f := append([]byte(nil), "idemgate-route-v1"...)
+		f = binary.AppendUvarint(f, uint64(len(k.method)))
+		f = append(f, k.method...)
+		f = binary.AppendUvarint(f, uint64(len(k.path)))
+		f = append(f, k.path...)
+		rt.frame = f
+		m.routes[k] = rt
+	}
+	m.mu.Unlock()
+	m.last.Store(rt)
+	return rt
+}
+
+// deriveKind makes a kind from a method and route path: "POST /v1/images"
+// becomes "post-v1-images". When that mapping would lose information
+// (other characters, too long) a digest of the route is appended, so
+// different routes get different kinds.
+func deriveKind(method, path string) string {
+	b := make([]byte, 0, 64)
+	exact := true
+	dash := false
+	put := func(c byte) {
+		switch {
+		case c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_':
+			b = append(b, c)
+			dash = false
+		case c >= 'A' && c <= 'Z':
+			b = append(b, c+'a'-'A')
+			dash = false
+		default:
+			if !dash && len(b) > 0 {
+				b = append(b, '-')
+			}
+			dash = true
+		}
+	}
+	for i := 0; i < len(method); i++ {
+		if c := method[i]; c < 'A' || c > 'Z' {
+			exact = false
+		}
+		put(method[i])
+	}
+	put('/')
+	for i := 0; i < len(path); i++ {
+		c := path[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '/') || c == '/' && i > 0 && path[i-1] == '/' {
+			exact = false
+		}
+		put(c)
+	}
+	b = bytes.TrimRight(b, "-")
+	if len(b) == 0 || b[0] == '_' {
+		b = append([]byte("route"), b...)
+		exact = false
+	}
+	if !exact || len(b) > 64 {
+		sum := sha256.Sum256([]byte(method + " " + path))
+		if len(b) > 64-9 {
+			b = bytes.TrimRight(b[:64-9], "-")
+		}
+		b = append(b, '-')
+		b = hex.AppendEncode(b, sum[:4])
+	}
+	return string(b)
+}
+
+// call is the state of one protected request, allocated once.
+type call struct {
+	m     *idem
+	rt    *route
+	req   Request
+	key   string // req.Key.String()
+	token Token
+	start time.Time
+	ctx   context.Context // the request's, without its cancellation
+	body  bodyReader
+	cw    captureWriter
+
+	renewMu   sync.Mutex
+	renewer   *time.Timer
+	renewDone bool
+	leaseLost atomic.Bool
+}
+
+// bodyReader restores the request body for the handler.
+type bodyReader struct{ bytes.Reader }
+
+func (*bodyReader) Close() error { return nil }
+
+func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
+	if m.cfg.Skipper(c) {
+		return next(c)
+	}
+	r := c.Request()
+	if !m.protects(r.Method) {
+		return next(c)
+	}
+	values := r.Header[m.header]
+	if len(values) == 0 {
+		if m.cfg.Required {
+			return writeProblem(c, http.StatusBadRequest, codeKeyMissing,
+				"This request needs an "+m.cfg.Header+" header.", 0)
+		}
+		return next(c)
+	}
+	if len(values) > 1 {
+		return writeProblem(c, http.StatusBadRequest, codeKeyInvalid,
+			"The "+m.cfg.Header+" header must appear once.", 0)
+	}
+	id, ok := parseKey(values[0])
+	if !ok {
+		return writeProblem(c, http.StatusBadRequest, codeKeyInvalid,
+			"The "+m.cfg.Header+" header must be 1 to 255 bytes of visible ASCII, or a quoted string.", 0)
+	}
+	tenant, user, err := m.cfg.Scope(c)
+	if err != nil {
+		return err
+	}
+	st := &call{m: m, rt: m.route(c), start: m.cfg.now()}
+	st.req.Key, err = keyspace.Derive(st.rt.kind, keyspace.Scope{Tenant: tenant, User: user, Request: id})
+	if err != nil {
+		// The request id passed parseKey, so tenant or user is unusable:
+		// the auth layer's Scope answered nonsense.
+		return echo.NewHTTPError(http.StatusInternalServerError).SetInternal(err)
+	}
+	st.key = st.req.Key.String()
+
+	body, err := readBody(r, m.cfg.MaxBodyBytes)
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.Is(err, errBodyTooLarge) || errors.As(err, &tooLarge) {
+			return writeProblem(c, http.StatusRequestEntityTooLarge, codeBodyTooLarge,
+				"The request body is larger than this endpoint accepts.", 0)
+		}
+		return writeProblem(c, http.StatusBadRequest, codeBodyInvalid, "The request body could not be read.", 0)
+	}
+	st.body.Reset(body)
+	r.Body = &st.body
+	inner, err := m.cfg.Fingerprint.SumRequest(r, body)
+	if err != nil {
+		return writeProblem(c, http.StatusBadRequest, codeBodyInvalid, err.Error(), 0)
+	}
+	st.req.Fingerprint = routeFingerprint(st.rt.frame, inner)
+	c.Set(contextKey, st)
+
+	st.token = newToken()
+	claim := ClaimRequest{
+		Fingerprint: st.req.Fingerprint,
+		Owner:       st.req.Key.Owner(),
+		Kind:        st.req.Key.Kind(),
+		Lease:       m.cfg.Lease,
+		Token:       st.token,
+	}
+	res, err := m.cfg.Store.Claim(r.Context(), st.key, claim)
+	if err == nil && res.Status == Running && m.cfg.WaitInFlight > 0 {
+		res, err = st.wait(r.Context(), claim, res)
+	}
+	if err != nil {
+		return st.storeDown(c, next, err)
+	}
+	switch res.Status {
+	case Claimed:
+		st.emit(Event{Type: EventClaimed})
+		return st.run(c, next)
+	case Finished:
+		st.emit(Event{Type: EventReplayed, Status: res.Response.Status})
+		return replay(c, res.Response)
+	case Running:
+		st.emit(Event{Type: EventInProgress, Status: http.StatusConflict})
+		return writeProblem(c, http.StatusConflict, codeRequestInProgress,
+			"A request with this idempotency key is still running; retry later.", retrySeconds(res.RetryAfter))
+	case Mismatch:
+		st.emit(Event{Type: EventReused, Status: m.cfg.MismatchStatus})
+		return m.reused(c)
+	}
+	return st.storeDown(c, next, errors.New("idemgate: store answered an unknown claim status "+res.Status.String()))
+}
+
+func (m *idem) protects(method string) bool {
+	for _, x := range m.cfg.Methods {
+		if x == method {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *idem) reused(c echo.Context) error {
+	return writeProblem(c, m.cfg.MismatchStatus, codeKeyReused,
+		"This idempotency key was already used with other request parameters. Send a new key for new parameters.", 0)
+}
+
+// routeFingerprint binds the body fingerprint to the route: "v1:" + hex
+// SHA-256 of the route frame and the body fingerprint.
+func routeFingerprint(frame []byte, inner fingerprint.Fingerprint) fingerprint.Fingerprint {
+	var buf [256]byte
+	b := append(append(buf[:0], frame...), inner...)
+	sum := sha256.Sum256(b)
+	var out [3 + 64]byte
+	copy(out[:], "v1:")
+	hex.Encode(out[3:], sum[:])
+	return fingerprint.Fingerprint(out[:])
+}
+
+var errBodyTooLarge = errors.New("body too large")
+
+// readBody reads at most limit bytes of the request body.
+func readBody(r *http.Request, limit int64) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	if r.ContentLength > limit {
+		return nil, errBodyTooLarge
+	}
+	if r.ContentLength >= 0 {
+		// One byte more than declared proves the body really ends there.
+		buf := make([]byte, r.ContentLength+1)
+		n, err := io.ReadFull(r.Body, buf)
+		switch {
+		case err == nil:
+			return nil, errBodyTooLarge
+		case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
+			if int64(n) > limit {
+				return nil, errBodyTooLarge
+			}
+			return buf[:n:n], nil
+		default:
+			return nil, err
+		}
+	}
+	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, errBodyTooLarge
+	}
+	return b, nil
+}
+
+// wait polls the store until the holder of the key finishes, releases it,
+// or WaitInFlight runs out.
+func (st *call) wait(ctx context.Context, claim ClaimRequest, res ClaimResult) (ClaimResult, error) {
+	deadline := st.start.Add(st.m.cfg.WaitInFlight)
+	delay := 5 * time.Millisecond
+	var err error
+	for res.Status == Running {
+		left := deadline.Sub(st.m.cfg.now())
+		if left <= 0 {
+			break
+		}
+		t := time.NewTimer(min(delay, left))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			st.emit(Event{Type: EventWaited, Reason: "canceled"})
+			return res, nil
+		case <-t.C:
+		}
+		delay = min(2*delay, 200*time.Millisecond)
+		res, err = st.m.cfg.Store.Claim(ctx, st.key, claim)
+		if err != nil {
+			return res, err
+		}
+	}
+	st.emit(Event{Type: EventWaited, Reason: res.Status.String()})
+	return res, nil
+}
+
+// replay writes a stored response byte for byte.
+func replay(c echo.Context, resp Response) error {
+	h := c.Response().Header()
+	for name, v := range resp.Header {
+		h[name] = v
+	}
+	h[replayedHeader] = []string{"true"}
+	c.Response().WriteHeader(resp.Status)
+	_, err := c.Response().Write(resp.Body)
+	return err
+}
+
+// run runs the handler under the claim, then stores or releases it.
+func (st *call) run(c echo.Context, next echo.HandlerFunc) (err error) {
+	m := st.m
+	res := c.Response()
+	orig := res.Writer
+	st.cw.reset(orig, m.filter, m.cfg.MaxResponseBytes)
+	res.Writer = &st.cw
+	st.ctx = context.WithoutCancel(c.Request().Context())
+	st.startRenewal()
+
+	finished := false
+	defer func() {
+		if finished {
+			return
+		}
+		// The handler panicked (or called runtime.Goexit): release the
+		// claim so a retry can run, then panic on.
+		st.stopRenewal()
+		res.Writer = orig
+		st.cw.release()
+		st.release("panic", 0)
+		if p := recover(); p != nil {
+			panic(p)
+		}
+	}()
+	err = next(c)
+	if err == nil && !res.Committed && !st.cw.hijacked {
+		// What net/http would send: 200 with the headers set so far.
+		res.WriteHeader(http.StatusOK)
+	}
+	finished = true
+	st.stopRenewal()
+	res.Writer = orig
+	defer st.cw.release()
+
+	switch {
+	case err != nil:
+		st.release("handler_error", 0)
+		if errors.Is(err, ErrKeyReused) {
+			st.emit(Event{Type: EventReused, Status: m.cfg.MismatchStatus})
+			if !res.Committed {
+				return m.reused(c)
+			}
+			return nil
+		}
+		return err
+	case st.cw.hijacked:
+		st.release("hijacked", 0)
+	case st.cw.overflow:
+		st.release("response_too_large", st.cw.status)
+	case !m.cfg.Cacheable(st.cw.status):
+		st.release("not_cacheable", st.cw.status)
+	default:
+		st.complete()
+	}
+	return nil
+}
+
+// storeCtx bounds a store call made after the handler: it survives a
+// disconnected client but not a dead store.
+func (st *call) storeCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(st.ctx, st.m.cfg.Lease)
+}
+
+func (st *call) complete() {
+	ctx, cancel := st.storeCtx()
+	defer cancel()
+	resp := Response{Status: st.cw.status, Header: st.cw.header, Body: *st.cw.body}
+	err := st.m.cfg.Store.Complete(ctx, st.key, st.token, resp, st.m.cfg.Retention)
+	if err != nil {
+		st.storeFailed("complete", err)
+	}
+}
+
+func (st *call) release(reason string, status int) {
+	ctx, cancel := st.storeCtx()
+	defer cancel()
+	err := st.m.cfg.Store.Release(ctx, st.key, st.token)
+	if err != nil {
+		st.storeFailed("release", err)
+		return
+	}
+	st.emit(Event{Type: EventReleased, Reason: reason, Status: status})
+}
+
+// storeFailed reports a failed extend, complete or release.
+func (st *call) storeFailed(op string, err error) {
+	if errors.Is(err, ErrLeaseLost) {
+		if st.leaseLost.Swap(true) && op == "extend" {
+			return
+		}
+		st.emit(Event{Type: EventLeaseLost, Reason: op})
+		st.warn("idemgate: lease lost; the key may run again", op, nil)
+		return
+	}
+	st.emit(Event{Type: EventStoreError, Reason: op, Err: err})
+	st.warn("idemgate: store error", op, err)
+}
+
+func (st *call) storeDown(c echo.Context, next echo.HandlerFunc, err error) error {
+	st.emit(Event{Type: EventStoreError, Reason: "claim", Err: err})
+	st.warn("idemgate: store unavailable", "claim", err)
+	if st.m.cfg.FailOpen {
+		st.emit(Event{Type: EventFailOpen, Err: err})
+		return next(c)
+	}
+	return writeProblem(c, http.StatusServiceUnavailable, codeStoreUnavailable,
+		"The idempotency store is unavailable; retry later.", 1)
+}
+
+// startRenewal extends the lease every Lease/3 while the handler runs.
+func (st *call) startRenewal() {
+	every := st.m.cfg.Lease / 3
+	st.renewMu.Lock()
+	defer st.renewMu.Unlock()
+	st.renewer = time.AfterFunc(every, func() {
+		st.renewMu.Lock()
+		defer st.renewMu.Unlock()
+		if st.renewDone {
+			return
+		}
+		ctx, cancel := context.WithTimeout(st.ctx, every)
+		err := st.m.cfg.Store.Extend(ctx, st.key, st.token, st.m.cfg.Lease)
+		cancel()
+		if err != nil {
+			st.storeFailed("extend", err)
+		}
+		st.renewer.Reset(every)
+	})
+}
+
+// stopRenewal stops the renewals and waits for one in progress.
+func (st *call) stopRenewal() {
+	st.renewMu.Lock()
+	st.renewDone = true
+	st.renewer.Stop()
+	st.renewMu.Unlock()
+}
+
+func (st *call) emit(e Event) {
+	if st.m.cfg.OnEvent == nil {
+		return
+	}
+	e.Route = st.rt.name
+	e.Kind = st.rt.kind
+	e.Tenant = st.req.Key.Tenant()
+	e.Latency = st.m.cfg.now().Sub(st.start)
+	st.m.cfg.OnEvent(e)
+}
+
+func (st *call) warn(msg, op string, err error) {
+	l := st.m.cfg.Logger
+	if !l.Enabled(context.Background(), slog.LevelWarn) {
+		return
+	}
+	attrs := []any{"op", op, "route", st.rt.name, "kind", st.rt.kind, "tenant", st.req.Key.Tenant()}
+	if err != nil {
+		attrs = append(attrs, "err", err)
+	}
+	l.Warn(msg, attrs...)
+}

@@ -1,0 +1,265 @@
+package middleware
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisStore is a Store on Redis: a single server, Sentinel or Cluster,
+// through redis.UniversalClient.
+//
+// Each record is one hash under the key itself, with fields f (fingerprint),
+// o (owner), k (kind), t (fencing token, while claimed) and r (the encoded
+// response, once finished). Every transition is one Lua script touching only
+// that key, so Redis Cluster needs no hash tags and never answers CROSSSLOT.
+// A claimed record expires with its lease, a finished one after the
+// retention: nothing lives forever.
+//
+// Round trips: a miss costs two (claim, complete), a replay one, a conflict
+// one, plus one extend per Lease/3 of handler time.
+type RedisStore struct {
+	client redis.UniversalClient
+}
+
+var _ Store = (*RedisStore)(nil)
+
+// NewRedisStore returns a Store on client. The caller keeps ownership of
+// client (and closes it).
+func NewRedisStore(client redis.UniversalClient) *RedisStore {
+	return &RedisStore{client: client}
+}
+
+// The claim script returns -1 when it claimed the key, -2 on a mismatch
+// (without sending the record back), the milliseconds left on the lease
+// (>= 0) when the record is running, and the encoded response when finished.
+// The comparison happens here, inside Redis, so a mismatching caller never
+// receives the stored response.
+var claimScript = redis.NewScript(`
+local r = redis.call('HMGET', KEYS[1], 'f', 'o', 'k', 'r')
+if not r[1] then
+  redis.call('HSET', KEYS[1], 'f', ARGV[1], 'o', ARGV[2], 'k', ARGV[3], 't', ARGV[4])
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  return -1
+end
+if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] or r[3] ~= ARGV[3] then
+  return -2
+end
+if r[4] then
+  return r[4]
+end
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl < 0 then ttl = 0 end
+return ttl
+`)
+
+var extendScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+`)
+
+var completeScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then return 0 end
+redis.call('HDEL', KEYS[1], 't')
+redis.call('HSET', KEYS[1], 'r', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+`)
+
+var releaseScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+`)
+
+// Claim implements Store.
+func (s *RedisStore) Claim(ctx context.Context, key string, req ClaimRequest) (ClaimResult, error) {
+	v, err := claimScript.Run(ctx, s.client, []string{key},
+		string(req.Fingerprint), req.Owner, req.Kind, req.Token[:], millis(req.Lease)).Result()
+	if err != nil {
+		return ClaimResult{}, fmt.Errorf("idemgate: redis claim: %w", err)
+	}
+	switch v := v.(type) {
+	case int64:
+		switch {
+		case v == -1:
+			return ClaimResult{Status: Claimed}, nil
+		case v == -2:
+			return ClaimResult{Status: Mismatch}, nil
+		case v >= 0:
+			return ClaimResult{Status: Running, RetryAfter: time.Duration(v) * time.Millisecond}, nil
+		}
+	case string:
+		resp, err := decodeResponse(v)
+		if err != nil {
+			return ClaimResult{}, fmt.Errorf("idemgate: redis claim: %w", err)
+		}
+		return ClaimResult{Status: Finished, Response: resp}, nil
+	}
+	return ClaimResult{}, fmt.Errorf("idemgate: redis claim: unexpected reply %v", v)
+}
+
+// Extend implements Store.
+func (s *RedisStore) Extend(ctx context.Context, key string, token Token, lease time.Duration) error {
+	return s.fenced(ctx, "extend", extendScript, key, token[:], millis(lease))
+}
+
+// Complete implements Store.
+func (s *RedisStore) Complete(ctx context.Context, key string, token Token, resp Response, retention time.Duration) error {
+	bp := blobPool.Get().(*[]byte)
+	blob := appendResponse((*bp)[:0], resp)
+	err := s.fenced(ctx, "complete", completeScript, key, token[:], blob, millis(retention))
+	*bp = blob
+	if cap(blob) <= maxPooledBlob {
+		blobPool.Put(bp)
+	}
+	return err
+}
+
+// Release implements Store.
+func (s *RedisStore) Release(ctx context.Context, key string, token Token) error {
+	return s.fenced(ctx, "release", releaseScript, key, token[:])
+}
+
+// fenced runs a compare-and-set script that answers 1 (done) or 0 (the
+// token no longer holds).
+func (s *RedisStore) fenced(ctx context.Context, op string, script *redis.Script, key string, args ...any) error {
+	n, err := script.Run(ctx, s.client, []string{key}, args...).Int64()
+	if err != nil {
+		return fmt.Errorf("idemgate: redis %s: %w", op, err)
+	}
+	if n != 1 {
+		return ErrLeaseLost
+	}
+	return nil
+}
+
+// millis rounds d up to whole milliseconds, at least 1, for PEXPIRE.
+func millis(d time.Duration) int64 {
+	ms := int64((d + time.Millisecond - 1) / time.Millisecond)
+	if ms < 1 {
+		ms = 1
+	}
+	return ms
+}
+
+const maxPooledBlob = 64 << 10
+
+var blobPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+// Stored response encoding, version 1:
+//
+//	0x01 uvarint(status) uvarint(#names)
+//	  { uvarint(len) name uvarint(#values) { uvarint(len) value } }
+//	body (the rest, byte for byte)
+const responseVersion = 1
+
+var errCorrupt = errors.New("corrupt stored response")
+
+// appendResponse appends the encoding of r to b.
+func appendResponse(b []byte, r Response) []byte {
+	b = append(b, responseVersion)
+	b = binary.AppendUvarint(b, uint64(r.Status))
+	b = binary.AppendUvarint(b, uint64(len(r.Header)))
+	for name, values := range r.Header {
+		b = appendString(b, name)
+		b = binary.AppendUvarint(b, uint64(len(values)))
+		for _, v := range values {
+			b = appendString(b, v)
+		}
+	}
+	return append(b, r.Body...)
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// decodeResponse decodes an encoded response. Header names and values are
+// substrings of s, so decoding costs a map, one values slice and the body.
+func decodeResponse(s string) (Response, error) {
+	if len(s) == 0 || s[0] != responseVersion {
+		return Response{}, errCorrupt
+	}
+	d := decoder{s: s, i: 1}
+	status := d.uvarint()
+	names := d.uvarint()
+	if d.err || status > 999 || names > uint64(len(s)) {
+		return Response{}, errCorrupt
+	}
+	// First pass counts the values so that they share one backing array.
+	start, total := d.i, 0
+	for range names {
+		d.str()
+		n := d.uvarint()
+		if d.err || n > uint64(len(s)) {
+			return Response{}, errCorrupt
+		}
+		total += int(n)
+		for range n {
+			d.str()
+		}
+	}
+	if d.err {
+		return Response{}, errCorrupt
+	}
+	body := []byte(s[d.i:])
+	d.i = start
+	var header http.Header
+	if names > 0 {
+		header = make(http.Header, names)
+	}
+	all := make([]string, total)
+	for range names {
+		name := d.str()
+		n := int(d.uvarint())
+		for j := range n {
+			all[j] = d.str()
+		}
+		header[name], all = all[:n:n], all[n:]
+	}
+	return Response{Status: int(status), Header: header, Body: body}, nil
+}
+
+type decoder struct {
+	s   string
+	i   int
+	err bool
+}
+
+func (d *decoder) uvarint() uint64 {
+	var x uint64
+	for shift := uint(0); shift < 64; shift += 7 {
+		if d.i >= len(d.s) {
+			d.err = true
+			return 0
+		}
+		c := d.s[d.i]
+		d.i++
+		x |= uint64(c&0x7f) << shift
+		if c < 0x80 {
+			return x
+		}
+	}
+	d.err = true
+	return 0
+}
+
+func (d *decoder) str() string {
+	n := d.uvarint()
+	if d.err || n > uint64(len(d.s)-d.i) {
+		d.err = true
+		return ""
+	}
+	v := d.s[d.i : d.i+int(n)]
+	d.i += int(n)
+	return v
+}

@@ -1,0 +1,140 @@
+package middleware
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/idemgate/idemgate/fingerprint"
+)
+
+// Store keeps one record per idempotency key. A record is either claimed
+// (a request holds it under a lease and a fencing token) or finished (it
+// holds the stored response). The middleware makes exactly one Store call
+// per state transition, so every method must be atomic on its own: a
+// read-then-write across two round trips lets two requests both run.
+//
+// Implementations must be safe for concurrent use. Context first: every
+// method honours ctx for cancellation and deadlines. An error other than
+// ErrLeaseLost means "the store could not be reached or answered
+// nonsense"; the middleware then fails closed (503) or open (Config.FailOpen).
+//
+// A Postgres store, for example, is one table keyed by key with columns
+// fingerprint, owner, kind, token, lease_until, expires_at, status, headers,
+// body: Claim is one INSERT … ON CONFLICT … DO UPDATE … WHERE the old row is
+// expired (lease_until or expires_at in the past) RETURNING the row, and
+// Extend, Complete and Release are single UPDATE/DELETE statements with
+// "WHERE key = $1 AND token = $2". A DynamoDB store does the same with
+// conditional writes (attribute_not_exists(pk) OR lease_until < :now, and
+// token = :token).
+type Store interface {
+	// Claim atomically claims key for a request, or reports what holds it.
+	//
+	// If no live record exists (none ever, or its lease or retention ran
+	// out), Claim creates a claimed record holding req's Fingerprint,
+	// Owner, Kind and Token that lives for req.Lease, and returns Claimed.
+	//
+	// If a live record exists, Claim compares its fingerprint, owner and
+	// kind with req's ordinally (byte for byte, ==). Any difference returns
+	// Mismatch, and the result must carry nothing of the stored record —
+	// ideally the store never even sends it to the caller. Otherwise it
+	// returns Running (with the time left on the lease in RetryAfter) or
+	// Finished (with the stored Response).
+	Claim(ctx context.Context, key string, req ClaimRequest) (ClaimResult, error)
+
+	// Extend pushes the lease of a claimed record to lease from now, if and
+	// only if the record is still claimed with token. Otherwise it returns
+	// ErrLeaseLost and changes nothing.
+	Extend(ctx context.Context, key string, token Token, lease time.Duration) error
+
+	// Complete turns a claimed record into a finished one holding resp for
+	// retention from now, if and only if the record is still claimed with
+	// token. Otherwise it returns ErrLeaseLost and changes nothing.
+	// Complete must not retain resp or its slices after it returns.
+	Complete(ctx context.Context, key string, token Token, resp Response, retention time.Duration) error
+
+	// Release deletes a claimed record so that a retry can run, if and only
+	// if it is still claimed with token. Otherwise (expired, re-claimed by
+	// another token, or finished) it returns ErrLeaseLost and changes nothing.
+	Release(ctx context.Context, key string, token Token) error
+}
+
+// ErrLeaseLost reports that a record is no longer claimed with the caller's
+// fencing token: its lease ran out and perhaps another request claimed it,
+// it was released, finished, or the store lost it. The caller must not
+// assume it still owns the key.
+var ErrLeaseLost = errors.New("idemgate: lease lost")
+
+// Token is a random 128-bit fencing token. Each claim gets a fresh one, and
+// only its holder can extend, complete or release the claim.
+type Token [16]byte
+
+// newToken returns a token from crypto/rand.
+func newToken() Token {
+	var t Token
+	_, _ = rand.Read(t[:]) // crypto/rand.Read never fails (Go 1.24+).
+	return t
+}
+
+// String returns the token as 32 lowercase hex digits.
+func (t Token) String() string { return hex.EncodeToString(t[:]) }
+
+// ClaimRequest is what a claim records and compares.
+type ClaimRequest struct {
+	// Fingerprint of the request parameters (including method and route).
+	Fingerprint fingerprint.Fingerprint
+	// Owner is the digest of the user (keyspace.Key.Owner).
+	Owner string
+	// Kind is the business action kind (keyspace.Key.Kind).
+	Kind string
+	// Lease is how long the claim lives unless extended.
+	Lease time.Duration
+	// Token fences the claim.
+	Token Token
+}
+
+// ClaimStatus is the outcome of Store.Claim.
+type ClaimStatus int
+
+const (
+	// Claimed: the caller now holds the key and must run the request.
+	Claimed ClaimStatus = iota + 1
+	// Running: another request with the same parameters holds the key.
+	Running
+	// Finished: a request with the same parameters finished; the result
+	// carries its Response.
+	Finished
+	// Mismatch: the key is held (running or finished) by a request whose
+	// fingerprint, owner or kind differs.
+	Mismatch
+)
+
+var claimStatusNames = [...]string{"invalid", "claimed", "running", "finished", "mismatch"}
+
+// String returns the lower-case name of s.
+func (s ClaimStatus) String() string {
+	if s < 0 || int(s) >= len(claimStatusNames) {
+		return "invalid"
+	}
+	return claimStatusNames[s]
+}
+
+// ClaimResult is the answer of Store.Claim.
+type ClaimResult struct {
+	Status ClaimStatus
+	// Response is the stored response; set only when Status is Finished.
+	Response Response
+	// RetryAfter is the time left on the holder's lease; set only when
+	// Status is Running (zero if the store cannot tell).
+	RetryAfter time.Duration
+}
+
+// Response is a stored response: replayed byte for byte.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
