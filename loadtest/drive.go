@@ -1,0 +1,411 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// scenario is one kind of traffic.
+type scenario struct {
+	name string
+	// seed is true when the keys are submitted once, unmeasured, first.
+	seed bool
+	// body is the request body for the measured requests.
+	body []byte
+	// group is true when clients send the same key in groups at once.
+	group bool
+}
+
+var (
+	baseBody  = []byte(`{"prompt":"a lighthouse at dusk, oil on canvas","aspect_ratio":"16:9","n":1,"client_note":"loadtest"}`)
+	driftBody = []byte(`{"prompt":"a lighthouse at dawn, oil on canvas","aspect_ratio":"16:9","n":1,"client_note":"loadtest"}`)
+
+	scenarioByName = map[string]scenario{
+		"miss":     {name: "miss", body: baseBody},
+		"replay":   {name: "replay", seed: true, body: baseBody},
+		"conflict": {name: "conflict", seed: true, body: driftBody},
+		"dup":      {name: "dup", body: baseBody, group: true},
+	}
+)
+
+// bench runs scenarios against the stacks of one env.
+type bench struct {
+	env    *env
+	o      options
+	log    io.Writer
+	tty    bool
+	runID  int64
+	stacks []*stack
+	client *http.Client
+}
+
+func newBench(e *env, o options, log io.Writer) *bench {
+	tty := false
+	if f, ok := log.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil {
+			tty = fi.Mode()&os.ModeCharDevice != 0
+		}
+	}
+	return &bench{
+		env: e, o: o, log: log, tty: tty, runID: time.Now().Unix(),
+		client: &http.Client{
+			Timeout: 30 * time.Second,
+			Transport: &http.Transport{
+				MaxIdleConns:        4 * o.concurrency,
+				MaxIdleConnsPerHost: 4 * o.concurrency,
+				IdleConnTimeout:     time.Minute,
+				DisableCompression:  true,
+			},
+		},
+	}
+}
+
+// start builds both stacks; the idemgate one first, since its migrations
+// create the table the floor copies.
+func (b *bench) start(ctx context.Context) error {
+	idem, err := newIdemgate(ctx, b.env, b.o)
+	if err != nil {
+		return err
+	}
+	b.env.closers = append(b.env.closers, idem.close)
+	fl, err := newFloor(ctx, b.env, b.o)
+	if err != nil {
+		return err
+	}
+	b.env.closers = append(b.env.closers, fl.close)
+	b.stacks = []*stack{fl, idem}
+	return nil
+}
+
+// outcome is what one client saw.
+type outcome struct {
+	lat      []time.Duration
+	status   map[int]int64
+	errors   int64
+	accepted map[string]string // key → task id of a 2xx
+	mismatch int64             // a 2xx for a key with another task id than before
+}
+
+func newOutcome() *outcome {
+	return &outcome{status: map[int]int64{}, accepted: map[string]string{}}
+}
+
+func (o *outcome) merge(p *outcome) {
+	o.lat = append(o.lat, p.lat...)
+	for s, n := range p.status {
+		o.status[s] += n
+	}
+	o.errors += p.errors
+	o.mismatch += p.mismatch
+	for k, id := range p.accepted {
+		o.note(k, id)
+	}
+}
+
+func (o *outcome) note(key, id string) {
+	if prev, ok := o.accepted[key]; ok && prev != id {
+		o.mismatch++
+		return
+	}
+	o.accepted[key] = id
+}
+
+// do sends one POST /v1/images and records it.
+func (b *bench) do(ctx context.Context, st *stack, tenant, key string, body []byte, slow bool, out *outcome) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, st.url+"/v1/images", bytes.NewReader(body))
+	if err != nil {
+		out.errors++
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("X-Tenant", tenant)
+	req.Header.Set("X-User", "user-1")
+	if slow {
+		req.Header.Set(slowHeader, b.o.slow.String())
+	}
+	start := time.Now()
+	resp, err := b.client.Do(req)
+	if err != nil {
+		if ctx.Err() == nil {
+			out.errors++
+		}
+		return
+	}
+	respBody, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	out.lat = append(out.lat, time.Since(start))
+	if err != nil {
+		out.errors++
+		return
+	}
+	out.status[resp.StatusCode]++
+	if resp.StatusCode/100 == 2 {
+		out.note(key, taskID(respBody))
+	}
+}
+
+// taskID extracts "task_id":"…" without a JSON decode, to keep the client cheap.
+func taskID(body []byte) string {
+	const field = `"task_id":"`
+	i := bytes.Index(body, []byte(field))
+	if i < 0 {
+		return ""
+	}
+	rest := body[i+len(field):]
+	if j := bytes.IndexByte(rest, '"'); j >= 0 {
+		return string(rest[:j])
+	}
+	return ""
+}
+
+// warm sends new keys for -warmup, unmeasured.
+func (b *bench) warm(ctx context.Context, st *stack) error {
+	if b.o.warmup <= 0 {
+		return nil
+	}
+	tenant := fmt.Sprintf("lt-warm-%s-%d", st.name, b.runID)
+	b.drive(ctx, st, scenarioByName["miss"], tenant, b.o.warmup, "warm-up")
+	st.execs.reset()
+	return ctx.Err()
+}
+
+// seedKey names the k-th prepared key.
+func seedKey(k int) string { return "seed-" + strconv.Itoa(k) }
+
+// seed submits each prepared key once with the base body.
+func (b *bench) seed(ctx context.Context, st *stack, tenant string) *outcome {
+	out := newOutcome()
+	var mu sync.Mutex
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < b.o.concurrency; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mine := newOutcome()
+			for {
+				k := int(next.Add(1)) - 1
+				if k >= b.o.keys || ctx.Err() != nil {
+					break
+				}
+				b.do(ctx, st, tenant, seedKey(k), baseBody, false, mine)
+			}
+			mu.Lock()
+			out.merge(mine)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// drive runs the scenario's clients against st for d and returns what they saw.
+func (b *bench) drive(ctx context.Context, st *stack, sc scenario, tenant string, d time.Duration, label string) (*outcome, time.Duration) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	deadline := time.Now().Add(d)
+	var done atomic.Int64
+	out := newOutcome()
+	var mu sync.Mutex
+	finish := func(mine *outcome) {
+		mu.Lock()
+		out.merge(mine)
+		mu.Unlock()
+	}
+	stopProgress := b.progress(label, st.name, d, &done)
+	start := time.Now()
+	var wg sync.WaitGroup
+	if sc.group {
+		groups := b.o.concurrency / b.o.dupGroup
+		for g := 0; g < groups; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				b.group(ctx, st, sc, tenant, g, deadline, &done, finish)
+			}()
+		}
+	} else {
+		for w := 0; w < b.o.concurrency; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				mine := newOutcome()
+				mine.lat = make([]time.Duration, 0, 4096)
+				for i := 0; time.Now().Before(deadline) && ctx.Err() == nil; i++ {
+					var key string
+					if sc.seed {
+						key = seedKey((w*7919 + i) % b.o.keys)
+					} else {
+						key = "k-" + strconv.Itoa(w) + "-" + strconv.Itoa(i)
+					}
+					b.do(ctx, st, tenant, key, sc.body, false, mine)
+					done.Add(1)
+				}
+				finish(mine)
+			}()
+		}
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	stopProgress()
+	return out, elapsed
+}
+
+// group sends one new key from dupGroup clients at the same instant, round
+// after round, to a handler slowed by -slow.
+func (b *bench) group(ctx context.Context, st *stack, sc scenario, tenant string, g int, deadline time.Time, done *atomic.Int64, finish func(*outcome)) {
+	mine := make([]*outcome, b.o.dupGroup)
+	for i := range mine {
+		mine[i] = newOutcome()
+	}
+	for round := 0; time.Now().Before(deadline) && ctx.Err() == nil; round++ {
+		key := "dup-" + strconv.Itoa(g) + "-" + strconv.Itoa(round)
+		release := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range mine {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-release
+				b.do(ctx, st, tenant, key, sc.body, true, mine[i])
+				done.Add(1)
+			}()
+		}
+		close(release)
+		wg.Wait()
+	}
+	for _, m := range mine {
+		finish(m)
+	}
+}
+
+// progress prints a progress line every half second until stopped.
+func (b *bench) progress(label, stack string, d time.Duration, done *atomic.Int64) (stop func()) {
+	start := time.Now()
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	line := func() string {
+		el := time.Since(start)
+		n := done.Load()
+		return fmt.Sprintf("%-9s %-9s %5.1fs/%-5s %9d req %9.0f req/s", label, stack,
+			el.Seconds(), d, n, float64(n)/el.Seconds())
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(500 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+				if b.tty {
+					fmt.Fprintf(b.log, "\r%s", line())
+				}
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		wg.Wait()
+		if b.tty {
+			fmt.Fprintf(b.log, "\r%s\n", line())
+		} else {
+			fmt.Fprintln(b.log, line())
+		}
+	}
+}
+
+// run measures one scenario on one stack.
+func (b *bench) run(ctx context.Context, sc scenario, st *stack) (*result, error) {
+	tenant := fmt.Sprintf("lt-%s-%s-%d", sc.name, st.name, b.runID)
+	seen := newOutcome()
+	if sc.seed {
+		seen = b.seed(ctx, st, tenant)
+		if ok := seen.status[202]; ok != int64(b.o.keys) {
+			return nil, fmt.Errorf("%s %s: seeding %d keys got statuses %v, %d transport errors",
+				sc.name, st.name, b.o.keys, seen.status, seen.errors)
+		}
+	}
+	st.execs.reset()
+	rtBefore := st.rt.n.Load()
+	before, err := commandStats(ctx, b.env.admin)
+	if err != nil {
+		return nil, err
+	}
+	out, elapsed := b.drive(ctx, st, sc, tenant, b.o.duration, sc.name)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	after, err := commandStats(ctx, b.env.admin)
+	if err != nil {
+		return nil, err
+	}
+	rt := st.rt.n.Load() - rtBefore
+	execs, created, dupExecs := st.execs.reset()
+
+	res := &result{
+		Scenario: sc.name, Stack: st.name,
+		Requests: int64(len(out.lat)), TransportErrors: out.errors,
+		Seconds:             elapsed.Seconds(),
+		Status:              map[string]int64{},
+		HandlerExecutions:   execs,
+		DuplicateExecutions: dupExecs,
+		RowsCreated:         created,
+		TaskIDMismatches:    out.mismatch,
+		RedisCommands:       map[string]float64{},
+	}
+	res.ReqPerSec = float64(res.Requests) / elapsed.Seconds()
+	for s, n := range out.status {
+		res.Status[strconv.Itoa(s)] = n
+	}
+	slices.Sort(out.lat)
+	res.P50ms, res.P99ms, res.P999ms = pct(out.lat, 0.50), pct(out.lat, 0.99), pct(out.lat, 0.999)
+	if res.Requests > 0 {
+		n := float64(res.Requests)
+		res.RedisRoundTripsPerReq = float64(rt) / n
+		var calls int64
+		for cmd, c := range after {
+			if d := c - before[cmd]; d > 0 && cmd != "info" {
+				calls += d
+				res.RedisCommands[cmd] = float64(d) / n
+			}
+		}
+		res.RedisCallsPerReq = float64(calls) / n
+	}
+
+	seen.merge(out)
+	res.TaskIDMismatches = seen.mismatch
+	res.AcceptedKeys = int64(len(seen.accepted))
+	if err := b.env.db.QueryRow(ctx,
+		`SELECT count(*), count(*) - count(DISTINCT idempotency_key) FROM `+st.table+` WHERE tenant = $1`,
+		tenant).Scan(&res.Rows, &res.DuplicateRows); err != nil {
+		return nil, fmt.Errorf("count rows: %w", err)
+	}
+	if res.AcceptedKeys > 0 {
+		res.RowsPerAcceptedKey = float64(res.Rows) / float64(res.AcceptedKeys)
+	}
+	return res, nil
+}
+
+func pct(sorted []time.Duration, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p * float64(len(sorted)))
+	if i >= len(sorted) {
+		i = len(sorted) - 1
+	}
+	return float64(sorted[i].Microseconds()) / 1000
+}

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate/internal/devserver"
+)
+
+// env is the Redis and Postgres of one run.
+type env struct {
+	redisOpts    *redis.Options
+	admin        *redis.Client // reads INFO commandstats; its own calls are not counted
+	databaseURL  string
+	db           *pgxpool.Pool // counts rows, prepares the floor table
+	redisVersion string
+	pgVersion    string
+
+	closers []func()
+}
+
+func (e *env) close() {
+	for i := len(e.closers) - 1; i >= 0; i-- {
+		e.closers[i]()
+	}
+}
+
+// startEnv connects to the given servers or starts throwaway ones.
+func startEnv(ctx context.Context, o options, log io.Writer) (_ *env, err error) {
+	e := &env{}
+	defer func() {
+		if err != nil {
+			e.close()
+		}
+	}()
+	if o.redisURL != "" {
+		if e.redisOpts, err = redis.ParseURL(o.redisURL); err != nil {
+			return nil, fmt.Errorf("parse -redis-url: %w", err)
+		}
+	} else {
+		srv, err := devserver.StartRedis(ctx, 0)
+		if err != nil {
+			return nil, fmt.Errorf("start redis-server: %w", err)
+		}
+		e.closers = append(e.closers, func() { srv.Stop() })
+		e.redisOpts = &redis.Options{Addr: srv.Addr}
+		fmt.Fprintf(log, "redis-server: throwaway on %s\n", srv.Addr)
+	}
+	e.admin = redis.NewClient(e.redisOpts)
+	e.closers = append(e.closers, func() { e.admin.Close() })
+	if e.redisVersion, err = redisVersion(ctx, e.admin); err != nil {
+		return nil, err
+	}
+
+	e.databaseURL = o.databaseURL
+	if e.databaseURL == "" {
+		pg, err := devserver.StartPostgres(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("start postgres: %w", err)
+		}
+		e.closers = append(e.closers, func() { pg.Stop() })
+		e.databaseURL = pg.DSN("postgres")
+		fmt.Fprintf(log, "postgres: throwaway on %s\n", pg.Addr)
+	}
+	if e.db, err = pgxpool.New(ctx, e.databaseURL); err != nil {
+		return nil, fmt.Errorf("connect to postgres: %w", err)
+	}
+	e.closers = append(e.closers, e.db.Close)
+	if err := e.db.QueryRow(ctx, "SHOW server_version").Scan(&e.pgVersion); err != nil {
+		return nil, fmt.Errorf("postgres version: %w", err)
+	}
+	return e, nil
+}
+
+// newPool opens a pool of n connections for one stack.
+func (e *env) newPool(ctx context.Context, n int) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(e.databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	cfg.MaxConns = int32(n)
+	cfg.MinConns = int32(n)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to postgres: %w", err)
+	}
+	e.closers = append(e.closers, pool.Close)
+	return pool, nil
+}
+
+// newRedis opens a client for one stack whose round trips are counted.
+func (e *env) newRedis(n int, rt *roundTrips) *redis.Client {
+	opts := *e.redisOpts
+	opts.PoolSize = n
+	opts.MinIdleConns = n
+	opts.DisableIdentity = true
+	c := redis.NewClient(&opts)
+	c.AddHook(rt)
+	e.closers = append(e.closers, func() { c.Close() })
+	return c
+}
+
+func redisVersion(ctx context.Context, c *redis.Client) (string, error) {
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return "", fmt.Errorf("redis INFO server: %w", err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+			return v, nil
+		}
+	}
+	return "unknown", nil
+}
+
+// commandStats returns calls per command from INFO commandstats.
+func commandStats(ctx context.Context, c *redis.Client) (map[string]int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, fmt.Errorf("redis INFO commandstats: %w", err)
+	}
+	return parseCommandStats(info), nil
+}
+
+// parseCommandStats parses lines like
+// "cmdstat_evalsha:calls=3,usec=40,usec_per_call=13.33,rejected_calls=0,failed_calls=0".
+func parseCommandStats(info string) map[string]int64 {
+	out := map[string]int64{}
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		name, rest, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
+		name, isStat := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !isStat {
+			continue
+		}
+		for _, kv := range strings.Split(rest, ",") {
+			if v, ok := strings.CutPrefix(kv, "calls="); ok {
+				var n int64
+				fmt.Sscan(v, &n)
+				out[name] = n
+			}
+		}
+	}
+	return out
+}
+
+// roundTrips counts what a client sends: one per command, one per pipeline.
+type roundTrips struct {
+	n atomic.Int64
+}
+
+func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		r.n.Add(1)
+		return next(ctx, cmds)
+	}
+}

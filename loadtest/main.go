@@ -1,0 +1,190 @@
+// Command loadtest measures idemgate against its floor.
+//
+// In one run it starts a throwaway redis-server and PostgreSQL (or uses
+// -redis-url / -database-url), serves two stacks on loopback and drives each
+// with concurrent keep-alive HTTP clients for a fixed duration per scenario:
+//
+//   - floor: a bare echo handler that does by hand the same Redis round trips
+//     (one claim-or-read script, one SET to complete) and the same INSERT of
+//     the same row as the real handler, with a naive SHA-256 of the body as
+//     its fingerprint and no key derivation;
+//   - idemgate: echo + middleware.New (RedisStore) + a handler that calls
+//     pgstore.Submit like the example's POST /v1/images, in this process.
+//
+// Scenarios: miss (a new key per request), replay (the same request again),
+// conflict (a known key with other parameters) and dup (groups of clients
+// sending the same new key at the same instant to a slow handler).
+//
+// Usage:
+//
+//	go run ./loadtest [-duration 5s] [-concurrency 32] [-slow 50ms] [-json]
+//
+// Both stacks read the tenant and user from trusted X-Tenant / X-User headers
+// (no JWT on either side), so the ratio measures idempotency, not auth.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// options are the command line flags.
+type options struct {
+	duration    time.Duration
+	concurrency int
+	dupGroup    int
+	slow        time.Duration
+	keys        int
+	pgConns     int
+	scenarios   []string
+	redisURL    string
+	databaseURL string
+	jsonOut     bool
+	cpuprofile  string
+	warmup      time.Duration
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "loadtest:", err)
+		os.Exit(1)
+	}
+}
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, `loadtest measures idemgate against a hand-written floor that does the same
+Redis round trips and the same INSERT, in one run on one Redis and one Postgres.
+
+usage: go run ./loadtest [flags]
+
+`)
+		fs.PrintDefaults()
+	}
+	var scen string
+	fs.DurationVar(&o.duration, "duration", 5*time.Second, "measured time per scenario and stack")
+	fs.IntVar(&o.concurrency, "concurrency", 32, "concurrent keep-alive HTTP clients")
+	fs.IntVar(&o.dupGroup, "dup-group", 8, "clients sending the same key at once in the dup scenario")
+	fs.DurationVar(&o.slow, "slow", 50*time.Millisecond, "handler latency added in the dup scenario")
+	fs.IntVar(&o.keys, "keys", 512, "keys prepared for the replay and conflict scenarios")
+	fs.IntVar(&o.pgConns, "pg-conns", 16, "Postgres pool size of each stack")
+	fs.StringVar(&scen, "scenarios", "miss,replay,conflict,dup", "comma-separated scenarios to run")
+	fs.StringVar(&o.redisURL, "redis-url", "", "use this Redis (redis://…) instead of a throwaway redis-server; use a dedicated one: INFO commandstats is server-wide")
+	fs.StringVar(&o.databaseURL, "database-url", "", "use this Postgres instead of a throwaway cluster")
+	fs.BoolVar(&o.jsonOut, "json", false, "print the results as JSON instead of a table")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	fs.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured warm-up per stack before the scenarios")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	for _, s := range strings.Split(scen, ",") {
+		s = strings.TrimSpace(s)
+		if _, ok := scenarioByName[s]; !ok {
+			return o, fmt.Errorf("unknown scenario %q (want miss, replay, conflict, dup)", s)
+		}
+		o.scenarios = append(o.scenarios, s)
+	}
+	switch {
+	case o.duration <= 0:
+		return o, errors.New("-duration must be positive")
+	case o.concurrency < 1:
+		return o, errors.New("-concurrency must be at least 1")
+	case o.dupGroup < 2 || o.dupGroup > o.concurrency:
+		return o, errors.New("-dup-group must be between 2 and -concurrency")
+	case o.keys < 1:
+		return o, errors.New("-keys must be at least 1")
+	case o.pgConns < 1:
+		return o, errors.New("-pg-conns must be at least 1")
+	}
+	return o, nil
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if o.cpuprofile != "" {
+		f, err := os.Create(o.cpuprofile)
+		if err != nil {
+			return fmt.Errorf("create cpu profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("start cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	env, err := startEnv(ctx, o, stderr)
+	if err != nil {
+		return err
+	}
+	defer env.close()
+
+	b := newBench(env, o, stderr)
+	if err := b.start(ctx); err != nil {
+		return err
+	}
+	rep := report{
+		Machine: machine{
+			GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, CPUs: runtime.NumCPU(),
+			GOMAXPROCS: runtime.GOMAXPROCS(0), Go: runtime.Version(),
+			Redis: env.redisVersion, Postgres: env.pgVersion,
+		},
+		Duration:    o.duration.String(),
+		Concurrency: o.concurrency,
+		Slow:        o.slow.String(),
+		DupGroup:    o.dupGroup,
+	}
+	for _, st := range b.stacks {
+		if err := b.warm(ctx, st); err != nil {
+			return err
+		}
+	}
+	for _, name := range o.scenarios {
+		sc := scenarioByName[name]
+		var floor *result
+		for _, st := range b.stacks {
+			res, err := b.run(ctx, sc, st)
+			if err != nil {
+				return err
+			}
+			if st.name == floorName {
+				floor = res
+			} else if floor != nil && floor.ReqPerSec > 0 {
+				res.RatioToFloor = res.ReqPerSec / floor.ReqPerSec
+			}
+			rep.Results = append(rep.Results, res)
+		}
+	}
+	if o.jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	rep.writeTable(stdout)
+	return nil
+}

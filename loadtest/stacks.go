@@ -1,0 +1,357 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/pgstore"
+)
+
+const (
+	floorName    = "floor"
+	idemgateName = "idemgate"
+	// slowHeader asks either stack's handler to take this long (dup scenario).
+	slowHeader = "X-Loadtest-Slow"
+	retention  = time.Hour
+	lease      = 30 * time.Second
+	maxBody    = 1 << 20
+	// The example service's runtime and network columns.
+	taskRuntime = "standin-v1"
+	taskNetwork = "local"
+)
+
+// imageRequest is the body of POST /v1/images, as in the example service.
+type imageRequest struct {
+	Prompt         string `json:"prompt"`
+	AspectRatio    string `json:"aspect_ratio"`
+	N              int    `json:"n"`
+	ReferenceImage string `json:"reference_image,omitempty"`
+	ClientNote     string `json:"client_note,omitempty"`
+}
+
+func (r imageRequest) validate() error {
+	switch {
+	case r.Prompt == "":
+		return errors.New("prompt is required")
+	case r.N < 1 || r.N > 4:
+		return errors.New("n must be between 1 and 4")
+	}
+	switch r.AspectRatio {
+	case "1:1", "16:9", "9:16", "4:3", "3:4":
+		return nil
+	}
+	return errors.New("aspect_ratio must be one of 1:1, 16:9, 9:16, 4:3, 3:4")
+}
+
+type accepted struct {
+	TaskID      string `json:"task_id"`
+	Status      string `json:"status"`
+	PollAfterMS int64  `json:"poll_after_ms"`
+}
+
+// stack is one server under test.
+type stack struct {
+	name  string
+	url   string
+	table string // where its rows go
+	rt    *roundTrips
+	execs *executions
+	close func()
+}
+
+// executions counts handler runs per key and rows created.
+type executions struct {
+	mu      sync.Mutex
+	perKey  map[string]int
+	total   atomic.Int64
+	created atomic.Int64 // rows newly inserted (pgstore: Duplicate == false)
+}
+
+func newExecutions() *executions { return &executions{perKey: map[string]int{}} }
+
+func (x *executions) ran(key string) {
+	x.total.Add(1)
+	x.mu.Lock()
+	x.perKey[key]++
+	x.mu.Unlock()
+}
+
+// reset starts a new scenario and returns the previous counts.
+func (x *executions) reset() (total, created, duplicates int64) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for _, n := range x.perKey {
+		if n > 1 {
+			duplicates += int64(n - 1)
+		}
+	}
+	x.perKey = map[string]int{}
+	return x.total.Swap(0), x.created.Swap(0), duplicates
+}
+
+func slowdown(ctx context.Context, r *http.Request) {
+	d, err := time.ParseDuration(r.Header.Get(slowHeader))
+	if err != nil || d <= 0 {
+		return
+	}
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
+}
+
+func serve(e *echo.Echo) (url string, stop func(), err error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(l)
+	return "http://" + l.Addr().String(), func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	}, nil
+}
+
+func newEcho() *echo.Echo {
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	return e
+}
+
+// ---- idemgate ----
+
+// newIdemgate serves echo + the idempotency middleware on a RedisStore + a
+// handler that submits a pgstore task, like the example's POST /v1/images.
+func newIdemgate(ctx context.Context, e *env, o options) (*stack, error) {
+	pool, err := e.newPool(ctx, o.pgConns)
+	if err != nil {
+		return nil, err
+	}
+	store, err := pgstore.New(ctx, pool)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %w", err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return nil, fmt.Errorf("pgstore migrate: %w", err)
+	}
+	st := &stack{name: idemgateName, table: "idemgate_tasks", rt: &roundTrips{}, execs: newExecutions()}
+	rdb := e.newRedis(2*o.concurrency, st.rt)
+
+	idem, err := middleware.Config{
+		Store:       middleware.NewRedisStore(rdb),
+		Scope:       headerScope,
+		Kind:        "images",
+		Fingerprint: fingerprint.Spec{Fields: []string{"/prompt", "/aspect_ratio", "/n", "/reference_image"}},
+		Required:    true,
+		Retention:   retention,
+		Lease:       lease,
+	}.ToMiddleware()
+	if err != nil {
+		return nil, fmt.Errorf("middleware: %w", err)
+	}
+	h := &idemHandler{store: store, execs: st.execs}
+	ec := newEcho()
+	ec.POST("/v1/images", h.submit, idem)
+	if st.url, st.close, err = serve(ec); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+func headerScope(c echo.Context) (tenant, user string, err error) {
+	tenant, user = c.Request().Header.Get("X-Tenant"), c.Request().Header.Get("X-User")
+	if tenant == "" || user == "" {
+		return "", "", echo.ErrUnauthorized
+	}
+	return tenant, user, nil
+}
+
+type idemHandler struct {
+	store *pgstore.Store
+	execs *executions
+}
+
+func (h *idemHandler) submit(c echo.Context) error {
+	req, ok := middleware.FromContext(c)
+	if !ok {
+		return echo.NewHTTPError(http.StatusInternalServerError, "idempotency middleware missing")
+	}
+	h.execs.ran(req.Key.String())
+	body, err := io.ReadAll(io.LimitReader(c.Request().Body, maxBody))
+	if err != nil {
+		return err
+	}
+	var in imageRequest
+	if err := json.Unmarshal(body, &in); err != nil {
+		return echo.NewHTTPError(http.StatusBadRequest, "body: "+err.Error())
+	}
+	if err := in.validate(); err != nil {
+		return echo.NewHTTPError(http.StatusBadRequest, err.Error())
+	}
+	slowdown(c.Request().Context(), c.Request())
+	task, err := h.store.Submit(c.Request().Context(), pgstore.NewTask{
+		Tenant:         req.Key.Tenant(),
+		Owner:          req.Key.Owner(),
+		Kind:           req.Key.Kind(),
+		Runtime:        taskRuntime,
+		Network:        taskNetwork,
+		IdempotencyKey: req.Key.Task(),
+		Fingerprint:    string(req.Fingerprint),
+		Params:         body,
+	})
+	if errors.Is(err, pgstore.ErrConflict) {
+		return middleware.ErrKeyReused
+	}
+	if err != nil {
+		return err
+	}
+	if !task.Duplicate {
+		h.execs.created.Add(1)
+	}
+	return acceptedResponse(c, task.ID, string(task.State))
+}
+
+func acceptedResponse(c echo.Context, id, state string) error {
+	c.Response().Header().Set("Location", "/v1/tasks/"+id)
+	c.Response().Header().Set("Retry-After", "1")
+	return c.JSON(http.StatusAccepted, accepted{TaskID: id, Status: state, PollAfterMS: 1000})
+}
+
+// ---- floor ----
+
+// floorClaim reads the record or claims the key, in one round trip.
+var floorClaimScript = `
+local v = redis.call('GET', KEYS[1])
+if v then return v end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return false`
+
+// newFloor serves the floor: a bare echo handler that does by hand what the
+// idemgate stack does, with the fewest steps: one claim-or-read script, the
+// INSERT of the same row (plain, into a table LIKE idemgate_tasks INCLUDING
+// ALL, with the same notify trigger), one SET of the response.
+func newFloor(ctx context.Context, e *env, o options) (*stack, error) {
+	pool, err := e.newPool(ctx, o.pgConns)
+	if err != nil {
+		return nil, err
+	}
+	const table = "loadtest_floor_tasks"
+	// Same columns, defaults, indexes and notify trigger as idemgate_tasks:
+	// the same INSERT costs the same.
+	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS `+table+`;
+		CREATE TABLE `+table+` (LIKE idemgate_tasks INCLUDING ALL);
+		CREATE TRIGGER `+table+`_notify AFTER INSERT ON `+table+`
+			FOR EACH ROW EXECUTE FUNCTION idemgate_tasks_notify()`); err != nil {
+		return nil, fmt.Errorf("create floor table: %w", err)
+	}
+	st := &stack{name: floorName, table: table, rt: &roundTrips{}, execs: newExecutions()}
+	f := &floor{
+		rdb:   e.newRedis(2*o.concurrency, st.rt),
+		claim: redis.NewScript(floorClaimScript),
+		db:    pool,
+		execs: st.execs,
+		insert: `INSERT INTO ` + table + ` (tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id::text, state::text`,
+	}
+	ec := newEcho()
+	ec.POST("/v1/images", f.submit)
+	if st.url, st.close, err = serve(ec); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+type floor struct {
+	rdb    *redis.Client
+	claim  *redis.Script
+	db     *pgxpool.Pool
+	execs  *executions
+	insert string
+}
+
+func (f *floor) submit(c echo.Context) error {
+	r := c.Request()
+	ctx := r.Context()
+	tenant, user, err := headerScope(c)
+	if err != nil {
+		return err
+	}
+	reqID := r.Header.Get("Idempotency-Key")
+	if reqID == "" {
+		return echo.NewHTTPError(http.StatusBadRequest, "Idempotency-Key required")
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		return err
+	}
+	if len(body) > maxBody {
+		return echo.NewHTTPError(http.StatusRequestEntityTooLarge)
+	}
+	fp := sha256.Sum256(body)
+	fpHex := hex.EncodeToString(fp[:])
+	key := "floor:" + tenant + ":" + user + ":" + reqID
+
+	v, err := f.claim.Run(ctx, f.rdb, []string{key}, "p"+fpHex, lease.Milliseconds()).Text()
+	switch {
+	case errors.Is(err, redis.Nil): // claimed
+	case err != nil:
+		return echo.NewHTTPError(http.StatusServiceUnavailable, "store unavailable")
+	case len(v) < 1+64 || v[1:65] != fpHex:
+		return echo.NewHTTPError(http.StatusConflict, "key reused with other parameters")
+	case v[0] == 'p':
+		c.Response().Header().Set("Retry-After", "1")
+		return echo.NewHTTPError(http.StatusConflict, "request in progress")
+	default: // "c" + fingerprint + 3-digit status + body
+		status, _ := strconv.Atoi(v[65:68])
+		c.Response().Header().Set("Idempotent-Replayed", "true")
+		return c.Blob(status, echo.MIMEApplicationJSON, []byte(v[68:]))
+	}
+
+	f.execs.ran(key)
+	var in imageRequest
+	err = json.Unmarshal(body, &in)
+	if err == nil {
+		err = in.validate()
+	}
+	if err != nil {
+		f.rdb.Del(context.WithoutCancel(ctx), key)
+		return echo.NewHTTPError(http.StatusBadRequest, err.Error())
+	}
+	slowdown(ctx, r)
+	userSum := sha256.Sum256([]byte(user))
+	keySum := sha256.Sum256([]byte(key))
+	var id, state string
+	err = f.db.QueryRow(ctx, f.insert, tenant, hex.EncodeToString(userSum[:]), "images",
+		taskRuntime, taskNetwork, "images:"+hex.EncodeToString(keySum[:]), "v1:"+fpHex, body).Scan(&id, &state)
+	if err != nil {
+		f.rdb.Del(context.WithoutCancel(ctx), key)
+		return err
+	}
+	f.execs.created.Add(1)
+	out, _ := json.Marshal(accepted{TaskID: id, Status: state, PollAfterMS: 1000})
+	if err := f.rdb.Set(context.WithoutCancel(ctx), key, "c"+fpHex+"202"+string(out), retention).Err(); err != nil {
+		return echo.NewHTTPError(http.StatusServiceUnavailable, "store unavailable")
+	}
+	c.Response().Header().Set("Location", "/v1/tasks/"+id)
+	c.Response().Header().Set("Retry-After", "1")
+	return c.JSONBlob(http.StatusAccepted, out)
+}
