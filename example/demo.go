@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -78,7 +79,7 @@ func demoStory(ctx context.Context, w io.Writer, baseURL, token, dir string) err
 		first.TaskID, first.Status, first.PollAfter, first.Location)
 
 	step(2, "The client timed out before it read that answer, so it retries the same\n"+
-		"   request under the same key (client_note, not a fingerprinted field, now says \"retry\")")
+		"   request under the same key (only client_note, which is not fingerprinted, changed)")
 	retry := req
 	retry.ClientNote = "retry after timeout"
 	again, err := c.SubmitImages(ctx, id, retry)
@@ -99,8 +100,9 @@ func demoStory(ctx context.Context, w io.Writer, baseURL, token, dir string) err
 	var p *client.Problem
 	switch {
 	case errors.Is(err, client.ErrKeyReused) && errors.As(err, &p):
-		fmt.Fprintf(w, "   → %d %s: the key names another action's parameters. Nothing was generated,\n"+
-			"     nothing of the first answer was replayed, and the client does not retry.\n\n", p.Status, p.Code)
+		fmt.Fprintf(w, "   → %d %s, code %s: the key belongs to other parameters. Nothing was generated,\n"+
+			"     nothing of the first answer was replayed, and the client does not retry.\n\n",
+			p.Status, http.StatusText(p.Status), p.Code)
 	case err == nil:
 		return errors.New("step 3: a reworded prompt under the same key was accepted")
 	default:

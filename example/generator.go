@@ -55,15 +55,23 @@ type generator struct {
 	took time.Duration
 }
 
-// generate renders p.N images after g.took, or fails as the prompt's
-// markers ask.
-func (g generator) generate(ctx context.Context, p imageParams) ([][]byte, error) {
+// wait takes the generator's time, or less if ctx ends.
+func (g generator) wait(ctx context.Context) error {
 	t := time.NewTimer(g.took)
 	defer t.Stop()
 	select {
 	case <-t.C:
+		return nil
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return ctx.Err()
+	}
+}
+
+// generate renders images from..p.N-1 of p after g.took (from > 0 resumes
+// a task that kept partial results), or fails as the prompt's markers ask.
+func (g generator) generate(ctx context.Context, p imageParams, from int) ([][]byte, error) {
+	if err := g.wait(ctx); err != nil {
+		return nil, err
 	}
 	switch {
 	case strings.Contains(p.Prompt, markerFail):
@@ -74,13 +82,15 @@ func (g generator) generate(ctx context.Context, p imageParams) ([][]byte, error
 		return nil, nil
 	}
 	out := make([][]byte, 0, p.N)
-	for i := range p.N {
+	for i := from; i < p.N; i++ {
 		b, err := renderPNG(p, i)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, b)
-		if strings.Contains(p.Prompt, markerPartial) {
+		// #partial fails once, after the first image; a recovered task
+		// (from > 0) then completes.
+		if from == 0 && strings.Contains(p.Prompt, markerPartial) {
 			return nil, &partialError{made: out}
 		}
 	}

@@ -83,7 +83,12 @@ func startNode(ctx context.Context, s settings, logger *slog.Logger, stderr io.W
 		b.close()
 		return nil, fmt.Errorf("listen: %w", err)
 	}
-	n.workers = startWorkers(b.store, s.workers, generator{took: s.genTime}, logger)
+	n.workers, err = startWorkers(b.store, s.workers, generator{took: s.genTime}, logger)
+	if err != nil {
+		n.ln.Close()
+		b.close()
+		return nil, err
+	}
 	n.srv = &http.Server{Handler: a.handler(), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		err := n.srv.Serve(n.ln)
@@ -150,7 +155,10 @@ func cmdWorker(ctx context.Context, args []string, getenv func(string) string, s
 		return err
 	}
 	defer b.close()
-	w := startWorkers(b.store, s.workers, generator{took: s.genTime}, logger)
+	w, err := startWorkers(b.store, s.workers, generator{took: s.genTime}, logger)
+	if err != nil {
+		return err
+	}
 	fmt.Fprintf(stdout, "idemgate example worker running (%d workers)\n  postgres: %s\n", s.workers, b.pgInfo)
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "shutting down")
