@@ -32,12 +32,13 @@ func (e *syntaxError) Error() string {
 
 func (e *syntaxError) Unwrap() error { return ErrInvalid }
 
-// A member is one member of the object being scanned.
+// A member is one member of an object being scanned.
 type member struct {
-	nameOff, nameLen int  // the decoded name: in the input, or in state.names when escaped
-	escaped          bool // the name is in state.names
-	start, end       int  // the member's canonical bytes in state.out; start < 0 when not written
-	keyOff           int  // offset of the name in the input, for errors
+	key        uint64 // sortKey of the name
+	nameOff    int    // the decoded name: in the input, or in state.names when escaped
+	nameLen    int
+	escaped    bool
+	start, end int // the member's canonical bytes in state.out; start < 0 when not written
 }
 
 // span is a range of state.sel.
@@ -249,7 +250,6 @@ func (s *state) object(depth int, emit bool, a0, a1 int) error {
 		if s.pos >= len(s.data) || s.data[s.pos] != '"' {
 			return s.errorf("want a member name")
 		}
-		keyOff := s.pos
 		mark := len(s.out)
 		if emit && written > 0 {
 			s.out = append(s.out, ',')
@@ -269,16 +269,16 @@ func (s *state) object(depth int, emit bool, a0, a1 int) error {
 			s.out = append(s.out, ':')
 		}
 
+		name := s.data[off : off+n]
+		if esc {
+			name = s.names[off : off+n]
+		}
 		c0 := len(s.active)
 		excluded, slot := false, -1
 		if a0 < a1 {
-			name := s.data[off : off+n]
-			if esc {
-				name = s.names[off : off+n]
-			}
 			excluded, slot = s.match(a0, a1, depth-1, name, -1)
 		}
-		m := member{nameOff: off, nameLen: n, escaped: esc, start: -1, keyOff: keyOff}
+		m := member{key: sortKey(name), nameOff: off, nameLen: n, escaped: esc, start: -1}
 		if excluded {
 			s.out = s.out[:mark]
 			err = s.value(depth, false, c0, c0)
@@ -327,20 +327,23 @@ func (s *state) name(m *member) []byte {
 	return s.data[m.nameOff : m.nameOff+m.nameLen]
 }
 
-// sortMembers orders the members of one object by their names in UTF-16
-// code units, rejects a repeated name, and rewrites the members written at
-// out[first:] in that order.
-func (s *state) sortMembers(ms []member, first, open int, emit bool) error {
-	if len(ms) < 2 {
-		return nil
+func (s *state) compare(a, b *member) int {
+	if a.key != b.key {
+		if a.key < b.key {
+			return -1
+		}
+		return 1
 	}
+	return compareUTF16(s.name(a), s.name(b))
+}
+
+// sortMembers orders the members of one object by their names in UTF-16
+// code units, rejects a repeated name, and, when emit is set, rewrites the
+// members written at out[first:] in that order.
+func (s *state) sortMembers(ms []member, first, open int, emit bool) error {
 	sorted := true
 	for i := 1; i < len(ms); i++ {
-		c := compareUTF16(s.name(&ms[i-1]), s.name(&ms[i]))
-		if c == 0 {
-			return &syntaxError{msg: fmt.Sprintf("duplicate member name %q", s.name(&ms[i])), off: ms[i].keyOff}
-		}
-		if c > 0 {
+		if c := s.compare(&ms[i-1], &ms[i]); c >= 0 {
 			sorted = false
 			break
 		}
@@ -348,10 +351,22 @@ func (s *state) sortMembers(ms []member, first, open int, emit bool) error {
 	if sorted {
 		return nil
 	}
-	slices.SortFunc(ms, func(a, b member) int { return compareUTF16(s.name(&a), s.name(&b)) })
+	if len(ms) <= 12 {
+		for i := 1; i < len(ms); i++ {
+			for j := i; j > 0 && s.compare(&ms[j-1], &ms[j]) > 0; j-- {
+				ms[j-1], ms[j] = ms[j], ms[j-1]
+			}
+		}
+	} else {
+		slices.SortFunc(ms, func(a, b member) int { return s.compare(&a, &b) })
+	}
 	for i := 1; i < len(ms); i++ {
-		if compareUTF16(s.name(&ms[i-1]), s.name(&ms[i])) == 0 {
-			return &syntaxError{msg: fmt.Sprintf("duplicate member name %q", s.name(&ms[i])), off: open}
+		if s.compare(&ms[i-1], &ms[i]) == 0 {
+			off := open
+			if !ms[i].escaped {
+				off = ms[i].nameOff - 1
+			}
+			return &syntaxError{msg: fmt.Sprintf("duplicate member name %q", s.name(&ms[i])), off: off}
 		}
 	}
 	if !emit {
@@ -627,34 +642,42 @@ func appendQuoted(b, v []byte) []byte {
 	return append(b, '"')
 }
 
-// compareUTF16 compares two valid UTF-8 strings by their UTF-16 code units,
-// the order RFC 8785 sorts member names in. It differs from byte order only
-// where U+E000..U+FFFF meets a character beyond U+FFFF.
+// utf16Byte maps the bytes of valid UTF-8 so that byte order becomes the
+// order of UTF-16 code units, the order RFC 8785 sorts member names in.
+// The two orders differ only where U+E000..U+FFFF (lead bytes 0xEE, 0xEF)
+// meets a character beyond U+FFFF (lead bytes 0xF0..0xF4, a surrogate pair
+// in UTF-16), and lead bytes never occur as continuation bytes; so mapping
+// 0xEE and 0xEF above 0xF4 is enough.
+var utf16Byte = func() (t [256]byte) {
+	for i := range t {
+		t[i] = byte(i)
+	}
+	t[0xEE], t[0xEF] = 0xF5, 0xF6
+	return t
+}()
+
+// compareUTF16 compares two valid UTF-8 strings by their UTF-16 code units.
 func compareUTF16(a, b []byte) int {
 	n := min(len(a), len(b))
-	i := 0
-	for i < n && a[i] == b[i] {
-		i++
+	for i := 0; i < n; i++ {
+		if a[i] != b[i] {
+			return int(utf16Byte[a[i]]) - int(utf16Byte[b[i]])
+		}
 	}
-	if i == n {
-		return len(a) - len(b)
-	}
-	if a[i] < 0x80 || b[i] < 0x80 {
-		return int(a[i]) - int(b[i])
-	}
-	for i > 0 && a[i]&0xC0 == 0x80 { // back to the start of the character
-		i--
-	}
-	ra, _ := utf8.DecodeRune(a[i:])
-	rb, _ := utf8.DecodeRune(b[i:])
-	return int(utf16Order(ra)) - int(utf16Order(rb))
+	return len(a) - len(b)
 }
 
-// utf16Order maps a code point so that the mapped values sort like UTF-16:
-// U+E000..U+FFFF come after every surrogate pair.
-func utf16Order(r rune) rune {
-	if r >= 0xE000 && r <= 0xFFFF {
-		return r + 0x110000
+// sortKey packs the first 8 bytes of a name, mapped by utf16Byte, so that
+// most comparisons of member names are one integer comparison. Equal keys
+// say nothing (the name may be longer, or hold zero bytes): compare the
+// names then.
+func sortKey(name []byte) uint64 {
+	var k uint64
+	for i := 0; i < 8; i++ {
+		k <<= 8
+		if i < len(name) {
+			k |= uint64(utf16Byte[name[i]])
+		}
 	}
-	return r
+	return k
 }

@@ -1,0 +1,199 @@
+package fingerprint
+
+import (
+	"bytes"
+	"errors"
+	"mime/multipart"
+	"net/http/httptest"
+	"net/textproto"
+	"testing"
+)
+
+// A body is a request body and its Content-Type.
+type body struct {
+	contentType string
+	data        string
+}
+
+func sumRequest(t *testing.T, spec Spec, b body) Fingerprint {
+	t.Helper()
+	r := httptest.NewRequest("POST", "/v1/images", nil)
+	if b.contentType != "" {
+		r.Header.Set("Content-Type", b.contentType)
+	}
+	fp, err := spec.SumRequest(r, []byte(b.data))
+	if err != nil {
+		t.Fatalf("SumRequest(%q, %q): %v", b.contentType, b.data, err)
+	}
+	return fp
+}
+
+// part is one part of a multipart body; a file when filename is set.
+type part struct{ name, filename, data string }
+
+func multipartBody(t *testing.T, boundary string, parts ...part) body {
+	t.Helper()
+	var buf bytes.Buffer
+	w := multipart.NewWriter(&buf)
+	if err := w.SetBoundary(boundary); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range parts {
+		h := textproto.MIMEHeader{}
+		if p.filename != "" {
+			h.Set("Content-Disposition", `form-data; name="`+p.name+`"; filename="`+p.filename+`"`)
+			h.Set("Content-Type", "image/png")
+		} else {
+			h.Set("Content-Disposition", `form-data; name="`+p.name+`"`)
+		}
+		pw, err := w.CreatePart(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pw.Write([]byte(p.data))
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return body{w.FormDataContentType(), buf.String()}
+}
+
+func TestSumRequestJSONIsSum(t *testing.T) {
+	t.Parallel()
+	spec := Spec{Fields: []string{"/prompt"}}
+	want := mustSum(t, spec, `{"prompt":"cat"}`)
+	for _, ct := range []string{"application/json", "application/json; charset=utf-8", "Application/JSON ; charset=UTF-8"} {
+		if got := sumRequest(t, spec, body{ct, `{"prompt":"cat"}`}); got != want {
+			t.Errorf("Content-Type %q: %s, want %s as from Sum", ct, got, want)
+		}
+	}
+}
+
+func TestSumRequestSame(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		spec Spec
+		a, b body
+	}{
+		{"+json key order", Spec{}, body{"application/vnd.api+json", `{"a":1,"b":2}`}, body{"application/vnd.api+json", `{"b":2,"a":1.0}`}},
+		{"form field order", Spec{}, body{"application/x-www-form-urlencoded", "a=1&b=2"}, body{"application/x-www-form-urlencoded", "b=2&a=1"}},
+		{"form spellings of a space", Spec{}, body{"application/x-www-form-urlencoded", "p=a+cat"}, body{"application/x-www-form-urlencoded", "p=a%20cat"}},
+		{"form unselected field", Spec{Fields: []string{"/prompt"}}, body{"application/x-www-form-urlencoded", "prompt=cat&note=x"}, body{"application/x-www-form-urlencoded", "note=y&prompt=cat"}},
+		{"form excluded field", Spec{Exclude: []string{"/note"}}, body{"application/x-www-form-urlencoded", "prompt=cat&note=x"}, body{"application/x-www-form-urlencoded", "prompt=cat"}},
+		{"form charset ignored", Spec{}, body{"application/x-www-form-urlencoded; charset=utf-8", "a=1"}, body{"application/x-www-form-urlencoded", "a=1"}},
+		{
+			"multipart boundary and part order",
+			Spec{},
+			multipartBody(t, "b1", part{"prompt", "", "cat"}, part{"n", "", "2"}, part{"image", "ref.png", "\x89PNG1"}),
+			multipartBody(t, "another-boundary", part{"image", "ref.png", "\x89PNG1"}, part{"n", "", "2"}, part{"prompt", "", "cat"}),
+		},
+		{
+			"multipart file by its bytes, not its file name",
+			Spec{},
+			multipartBody(t, "b1", part{"image", "a.png", "\x89PNG1"}),
+			multipartBody(t, "b1", part{"image", "b.png", "\x89PNG1"}),
+		},
+		{
+			"multipart unselected part",
+			Spec{Fields: []string{"/prompt", "/image"}},
+			multipartBody(t, "b1", part{"prompt", "", "cat"}, part{"image", "a.png", "x"}, part{"note", "", "1"}),
+			multipartBody(t, "b2", part{"image", "a.png", "x"}, part{"prompt", "", "cat"}),
+		},
+		{"raw bytes", Spec{}, body{"text/plain", "hello"}, body{"text/plain; charset=utf-8", "hello"}},
+		{"no Content-Type", Spec{}, body{"", "hello"}, body{"", "hello"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if a, b := sumRequest(t, tt.spec, tt.a), sumRequest(t, tt.spec, tt.b); a != b {
+				t.Errorf("%+v and %+v: different fingerprints %s and %s", tt.a, tt.b, a, b)
+			}
+		})
+	}
+}
+
+func TestSumRequestDifferent(t *testing.T) {
+	t.Parallel()
+	form := "application/x-www-form-urlencoded"
+	tests := []struct {
+		name string
+		spec Spec
+		a, b body
+	}{
+		{"JSON and text", Spec{}, body{"application/json", `{"a":1}`}, body{"text/plain", `{"a":1}`}},
+		{"JSON and another JSON type", Spec{}, body{"application/json", `{"a":1}`}, body{"application/merge-patch+json", `{"a":1}`}},
+		{"text and no Content-Type", Spec{}, body{"text/plain", "x"}, body{"", "x"}},
+		{"raw bytes differ", Spec{}, body{"application/octet-stream", "x"}, body{"application/octet-stream", "y"}},
+		{"form value", Spec{}, body{form, "n=1"}, body{form, "n=2"}},
+		{"form repeated values in order", Spec{}, body{form, "a=1&a=2"}, body{form, "a=2&a=1"}},
+		{"form value holding a separator", Spec{}, body{form, "a=1%26b%3D2"}, body{form, "a=1&b=2"}},
+		{"form name holding a separator", Spec{}, body{form, "a%3D1=2"}, body{form, "a=1%3D2"}},
+		{"form absent and empty", Spec{Fields: []string{"/prompt"}}, body{form, "note=1"}, body{form, "prompt="}},
+		{"form value moved", Spec{Fields: []string{"/a", "/b"}}, body{form, "a=1"}, body{form, "b=1"}},
+		{"form and JSON of the same field", Spec{Fields: []string{"/n"}}, body{form, "n=1"}, body{"application/json", `{"n":"1"}`}},
+		{
+			"multipart file bytes",
+			Spec{},
+			multipartBody(t, "b", part{"image", "ref.png", "\x89PNG1"}),
+			multipartBody(t, "b", part{"image", "ref.png", "\x89PNG2"}),
+		},
+		{
+			"multipart file and text of the same bytes",
+			Spec{},
+			multipartBody(t, "b", part{"image", "ref.png", "abc"}),
+			multipartBody(t, "b", part{"image", "", "abc"}),
+		},
+		{
+			"multipart order of parts of one name",
+			Spec{},
+			multipartBody(t, "b", part{"image", "1.png", "one"}, part{"image", "2.png", "two"}),
+			multipartBody(t, "b", part{"image", "2.png", "two"}, part{"image", "1.png", "one"}),
+		},
+		{
+			"multipart selected text",
+			Spec{Fields: []string{"/prompt"}},
+			multipartBody(t, "b", part{"prompt", "", "a cat"}),
+			multipartBody(t, "b", part{"prompt", "", "a  cat"}),
+		},
+		{"multipart and form", Spec{}, multipartBody(t, "b", part{"a", "", "1"}), body{form, "a=1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if a, b := sumRequest(t, tt.spec, tt.a), sumRequest(t, tt.spec, tt.b); a == b {
+				t.Errorf("%+v and %+v share the fingerprint %s", tt.a, tt.b, a)
+			}
+		})
+	}
+}
+
+func TestSumRequestInvalid(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		spec Spec
+		when body
+	}{
+		{"invalid JSON", Spec{}, body{"application/json", `{"a":}`}},
+		{"empty JSON body", Spec{}, body{"application/json", ``}},
+		{"invalid +json", Spec{}, body{"application/problem+json", `{"a":1,"a":2}`}},
+		{"bad form escape", Spec{}, body{"application/x-www-form-urlencoded", "a=%zz"}},
+		{"form with semicolons", Spec{}, body{"application/x-www-form-urlencoded", "a=1;b=2"}},
+		{"multipart without a boundary", Spec{}, body{"multipart/form-data", "--x\r\n\r\n"}},
+		{"truncated multipart", Spec{}, body{"multipart/form-data; boundary=b", "--b\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\n1"}},
+		{"malformed Content-Type", Spec{}, body{"application/", "x"}},
+		{"malformed pointer", Spec{Fields: []string{"prompt"}}, body{"text/plain", "x"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := httptest.NewRequest("POST", "/", nil)
+			r.Header.Set("Content-Type", tt.when.contentType)
+			fp, err := tt.spec.SumRequest(r, []byte(tt.when.data))
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("SumRequest = %q, %v; want an error wrapping ErrInvalid", fp, err)
+			}
+		})
+	}
+}
