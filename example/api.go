@@ -65,7 +65,10 @@ func (a *api) handler() *echo.Echo {
 			Kind:        kind,
 			Fingerprint: fingerprint.Spec{Fields: fields},
 			Required:    true,
-			Logger:      a.logger,
+			// A duplicate that arrives while the first is still being
+			// stored waits for its answer instead of getting a 409.
+			WaitInFlight: 2 * time.Second,
+			Logger:       a.logger,
 		})
 	}
 	v1 := e.Group("/v1", authMiddleware(a.secret))
