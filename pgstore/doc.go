@@ -13,19 +13,19 @@
 //
 // A task moves through these states:
 //
-//	            Submit
-//	              │
-//	              ▼           claim (attempt+1, lease)
-//	          pending ───────────────────────────┐
-//	                                             ▼
-//	        ┌──────────── retrying ◀──────── running ────────▶ succeeded
-//	        │  claim         ▲      Retry / lease   │  │
-//	        └────────────────┼──────  expired       │  └──────────────▶ failed
-//	                         │    (tries < Max)     │  Failed, or tries ≥ Max
-//	                         │                      │
-//	             Recover     │                      ▼ Uncertain
-//	   failed with partial ──┘                 uncertain ──Reconcile──▶ succeeded,
-//	   results (≤ MaxRecoveries)                                        failed, retrying
+//	         Submit
+//	           │
+//	           ▼           claim (attempt+1, lease)
+//	       pending ───────────────────────────┐
+//	                                          ▼
+//	     ┌──────────── retrying ◀──────── running ────────▶ succeeded
+//	     │  claim         ▲      Retry / lease   │  │
+//	     └────────────────┼──────  expired       │  └──────────────▶ failed
+//	                      │    (tries < Max)     │  Failed, or tries ≥ Max
+//	                      │                      │
+//	          Recover     │                      ▼ Uncertain
+//	failed with partial ──┘                 uncertain ──Reconcile──▶ succeeded,
+//	results (≤ MaxRecoveries)                                        failed, retrying
 //
 // # Workers
 //

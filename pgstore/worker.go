@@ -138,7 +138,7 @@ type Worker struct {
 	tasks    sync.WaitGroup       // handler and reconcile goroutines
 
 	// Tests.
-	crashOnStop bool                                // stop without waiting or releasing, like a killed process
+	crashOnStop bool                                  // stop without waiting or releasing, like a killed process
 	onFinish    func(t Task, o Outcome, applied bool) // after each attempt's transition
 }
 
@@ -521,11 +521,13 @@ func (w *Worker) releaseAll(ctx context.Context) {
 		held[id] = f
 	}
 	w.mu.Unlock()
+	// Release before canceling: a handler that returns the moment it is
+	// canceled must find its task gone, not overwrite the release.
 	for id, f := range held {
-		f.cancel(context.Canceled)
 		if _, err := w.store.pool.Exec(ctx, sqlRelease, id, f.attempt); err != nil {
 			w.cfg.Logger.Error("pgstore: worker: release", "task", id, "err", err)
 		}
+		f.cancel(context.Canceled)
 	}
 }
 

@@ -1,0 +1,346 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// keyIndex is a unique index of the tasks table as the catalog has it.
+type keyIndex struct {
+	Name    string   `db:"name"`
+	Usable  bool     `db:"usable"`
+	Columns []string `db:"columns"`
+}
+
+func keyIndexes(t testing.TB, pool *pgxpool.Pool) []keyIndex {
+	t.Helper()
+	rows, _ := pool.Query(context.Background(), `SELECT c.relname::text AS name,
+	i.indisvalid AND i.indisready AS usable,
+	array_agg(a.attname::text ORDER BY k.ord) AS columns
+FROM pg_index i
+JOIN pg_class c ON c.oid = i.indexrelid
+CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = to_regclass('idemgate_tasks') AND i.indisunique AND NOT i.indisprimary
+GROUP BY c.relname, i.indisvalid, i.indisready ORDER BY 1`)
+	idx, err := pgx.CollectRows(rows, pgx.RowToStructByName[keyIndex])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return idx
+}
+
+// assertKeyGuarded checks the invariant that holds whenever a migration
+// dies: if the table exists, a valid unique index covers
+// (tenant, idempotency_key), and the database refuses a second row with
+// the same full key.
+func assertKeyGuarded(t testing.TB, pool *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	var exists bool
+	if err := pool.QueryRow(ctx, sqlTableExists).Scan(&exists); err != nil {
+		t.Fatal(err)
+	}
+	if !exists {
+		return
+	}
+	idx := keyIndexes(t, pool)
+	guarded := slices.ContainsFunc(idx, func(k keyIndex) bool {
+		return k.Usable && slices.Contains(k.Columns, "tenant") && slices.Contains(k.Columns, "idempotency_key") &&
+			!slices.ContainsFunc(k.Columns, func(c string) bool {
+				return !slices.Contains([]string{"tenant", "idempotency_key", "runtime", "network"}, c)
+			})
+	})
+	if !guarded {
+		t.Fatalf("no valid unique index covers (tenant, idempotency_key): %+v", idx)
+	}
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		for range 2 {
+			if _, err := tx.Exec(ctx, `INSERT INTO idemgate_tasks
+				(tenant, owner, kind, runtime, network, idempotency_key, fingerprint)
+				VALUES ('guard', 'o', 'k', 'r', 'n', 'guard-key', 'f')`); err != nil {
+				return err
+			}
+		}
+		return errors.New("second insert of one key succeeded")
+	})
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+		t.Fatalf("inserting one key twice: %v; want a unique violation", err)
+	}
+}
+
+// assertFinalSchema checks the schema after a complete migration.
+func assertFinalSchema(t testing.TB, pool *pgxpool.Pool) {
+	t.Helper()
+	want := []keyIndex{{Name: indexKeyWide, Usable: true, Columns: []string{"tenant", "idempotency_key", "runtime", "network"}}}
+	if got := keyIndexes(t, pool); !slicesEqualFunc(got, want) {
+		t.Fatalf("unique indexes = %+v; want %+v", got, want)
+	}
+	rows, _ := pool.Query(context.Background(), sqlAppliedVersions)
+	versions, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(versions, []int{1, 2}) {
+		t.Fatalf("applied versions = %v; want [1 2]", versions)
+	}
+	var invalid int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_index
+		WHERE indrelid = to_regclass('idemgate_tasks') AND NOT (indisvalid AND indisready)`).Scan(&invalid); err != nil {
+		t.Fatal(err)
+	}
+	if invalid != 0 {
+		t.Fatalf("%d invalid indexes left on the table", invalid)
+	}
+}
+
+func slicesEqualFunc(a, b []keyIndex) bool {
+	return slices.EqualFunc(a, b, func(x, y keyIndex) bool {
+		return x.Name == y.Name && x.Usable == y.Usable && slices.Equal(x.Columns, y.Columns)
+	})
+}
+
+func TestMigrateIsIdempotentAndSafeConcurrently(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		s, err := New(ctx, db.pool(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() { errs[i] = s.Migrate(ctx) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	pool := db.pool(t)
+	assertFinalSchema(t, pool)
+	s, _ := New(ctx, pool)
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("second Migrate: %v", err)
+	}
+	assertFinalSchema(t, pool)
+}
+
+// migrationSteps returns the hook points of a full migration, in order.
+func migrationSteps(t *testing.T) []string {
+	t.Helper()
+	db := newTestDB(t)
+	var steps []string
+	s := &Store{pool: db.pool(t), migrateHook: func(_ context.Context, step string, _ uint32) { steps = append(steps, step) }}
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return steps
+}
+
+// terminate kills a backend and waits until it is gone.
+func terminate(t testing.TB, pool *pgxpool.Pool, pid uint32) {
+	t.Helper()
+	var ok bool
+	if err := pool.QueryRow(context.Background(), "SELECT pg_terminate_backend($1, 10000)", int(pid)).Scan(&ok); err != nil || !ok {
+		t.Errorf("pg_terminate_backend(%d) = %v, %v", pid, ok, err)
+	}
+}
+
+func TestMigrateSurvivesBeingKilledAtEveryStep(t *testing.T) {
+	t.Parallel()
+	steps := migrationSteps(t)
+	if len(steps) < 7 {
+		t.Fatalf("only %d hook points: %v", len(steps), steps)
+	}
+	for i, step := range steps {
+		t.Run(fmt.Sprintf("%d %s", i, step), func(t *testing.T) {
+			t.Parallel()
+			db := newTestDB(t)
+			admin := db.pool(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			// Kill after the steps before this one have run.
+			s := &Store{pool: db.pool(t), migrateHook: func(_ context.Context, got string, pid uint32) {
+				if got == step {
+					terminate(t, admin, pid)
+				}
+			}}
+			if err := s.Migrate(ctx); err == nil {
+				t.Fatal("Migrate succeeded on a killed connection")
+			}
+			assertKeyGuarded(t, admin)
+			s.migrateHook = nil
+			if err := s.Migrate(ctx); err != nil {
+				t.Fatalf("rerun: %v", err)
+			}
+			assertFinalSchema(t, admin)
+			assertKeyGuarded(t, admin)
+		})
+	}
+}
+
+// TestMigrateKilledMidBuildWhileSubmitting kills the migrating connection
+// while CREATE INDEX CONCURRENTLY waits for a writer, with Submits running
+// all along, then reruns the migration under the same load.
+func TestMigrateKilledMidBuildWhileSubmitting(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	admin := db.pool(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+
+	// Submitters start once v1 exists and run until the end.
+	var (
+		stop      = make(chan struct{})
+		submitted atomic.Int64
+		wg        sync.WaitGroup
+		mu        sync.Mutex
+		ids       = map[string]map[string]bool{} // key → IDs seen
+		errs      []error
+		startOnce sync.Once
+	)
+	startSubmitters := func() {
+		for g := range 8 {
+			s := &Store{pool: db.pool(t)}
+			wg.Go(func() {
+				for n := 0; ; n++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					nt := newTask(fmt.Sprintf("key-%d", (n+g)%6))
+					nt.Runtime = fmt.Sprintf("rt-%d", ((n+g)%6)%2) // v2 lets a key exist per runtime
+					if ((n+g)%6)%2 == 1 {
+						nt.IdempotencyKey += "-odd" // under v1, another runtime cannot share the key
+					}
+					got, err := s.Submit(ctx, nt)
+					mu.Lock()
+					if err != nil {
+						errs = append(errs, err)
+					} else {
+						k := nt.IdempotencyKey + "/" + nt.Runtime
+						if ids[k] == nil {
+							ids[k] = map[string]bool{}
+						}
+						ids[k][got.ID] = true
+					}
+					mu.Unlock()
+					submitted.Add(1)
+				}
+			})
+		}
+	}
+
+	killed := make(chan struct{})
+	var blocker pgx.Tx
+	s := &Store{pool: db.pool(t)}
+	s.migrateHook = func(hctx context.Context, step string, pid uint32) {
+		switch step {
+		case "v2: drop an invalid leftover of the wide index":
+			startOnce.Do(startSubmitters)
+			waitFor(t, func() bool { return submitted.Load() > 50 })
+		case "v2: build the wide index concurrently":
+			// A writer that started before the build makes it wait
+			// between its catalog entry and the table scan.
+			var err error
+			if blocker, err = admin.Begin(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := blocker.Exec(ctx, `INSERT INTO idemgate_tasks
+				(tenant, owner, kind, runtime, network, idempotency_key, fingerprint)
+				VALUES ('blocker', 'o', 'k', 'r', 'n', 'blocker', 'f')`); err != nil {
+				t.Fatal(err)
+			}
+			go func() {
+				defer close(killed)
+				ok := eventually(func() bool {
+					var waiting bool
+					err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_class WHERE relname = $1)
+						AND EXISTS (SELECT FROM pg_stat_activity WHERE pid = $2 AND wait_event_type = 'Lock')`,
+						indexKeyWide, int(pid)).Scan(&waiting)
+					return err == nil && waiting
+				})
+				before := submitted.Load()
+				ok = ok && eventually(func() bool { return submitted.Load() > before+50 }) // submits run during the build
+				if !ok {
+					t.Error("the build never waited, or submits stalled during it")
+				}
+				terminate(t, admin, pid)
+			}()
+		}
+	}
+	if err := s.Migrate(ctx); err == nil {
+		t.Fatal("Migrate succeeded although killed mid-build")
+	}
+	<-killed
+	if err := blocker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	idx := keyIndexes(t, admin)
+	if !slices.ContainsFunc(idx, func(k keyIndex) bool { return k.Name == indexKeyWide && !k.Usable }) {
+		t.Fatalf("no invalid leftover of the killed build: %+v", idx)
+	}
+	assertKeyGuarded(t, admin)
+
+	before := submitted.Load()
+	s.migrateHook = nil
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("rerun: %v", err)
+	}
+	waitFor(t, func() bool { return submitted.Load() > before+200 })
+	close(stop)
+	wg.Wait()
+	assertFinalSchema(t, admin)
+	if len(errs) > 0 {
+		t.Fatalf("%d submits failed, first: %v", len(errs), errs[0])
+	}
+	for k, seen := range ids {
+		if len(seen) != 1 {
+			t.Errorf("key %s got %d task IDs: %v", k, len(seen), seen)
+		}
+	}
+	var dup int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM (SELECT FROM idemgate_tasks
+		GROUP BY tenant, idempotency_key, runtime, network HAVING count(*) > 1) d`).Scan(&dup); err != nil {
+		t.Fatal(err)
+	}
+	if dup != 0 {
+		t.Fatalf("%d keys have more than one task", dup)
+	}
+}
+
+// waitFor polls cond until it holds, failing the test after a generous
+// deadline; it asserts an event, not a duration.
+func waitFor(t testing.TB, cond func() bool) {
+	t.Helper()
+	if !eventually(cond) {
+		t.Fatal("condition not reached in 30s")
+	}
+}
+
+// eventually polls cond for up to 30s and reports whether it held; for
+// goroutines, which must not call t.Fatal.
+func eventually(cond func() bool) bool {
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
+}

@@ -1,0 +1,607 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// runWorker starts w and returns a stop function that cancels it and
+// waits for Run to return; the test's cleanup stops it too.
+func runWorker(t testing.TB, w *Worker) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func newWorker(t testing.TB, s *Store, cfg WorkerConfig) *Worker {
+	t.Helper()
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = 50 * time.Millisecond
+	}
+	w, err := NewWorker(s, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// calls counts handler invocations by task ID.
+type calls struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *calls) add(id string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[id]++
+	return c.n[id]
+}
+
+func (c *calls) get(id string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[id]
+}
+
+// state reads a task's state straight from the table.
+func state(t testing.TB, s *Store, id string) State {
+	t.Helper()
+	var st State
+	if err := s.pool.QueryRow(context.Background(), "SELECT state FROM idemgate_tasks WHERE id = $1::uuid", id).Scan(&st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func waitState(t testing.TB, s *Store, id string, want State) {
+	t.Helper()
+	if !eventually(func() bool { return state(t, s, id) == want }) {
+		t.Fatalf("task %s is %s; want %s", id, state(t, s, id), want)
+	}
+}
+
+func mustSubmit(t testing.TB, s *Store, nt NewTask) Task {
+	t.Helper()
+	got, err := s.Submit(context.Background(), nt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+func TestWorkersRunEachTaskOnce(t *testing.T) {
+	t.Parallel()
+	s, db := setup(t)
+	const total = 5000
+	var (
+		running sync.Map
+		overlap atomic.Int64
+		c       calls
+	)
+	handler := func(ctx context.Context, task Task) Outcome {
+		if _, busy := running.LoadOrStore(task.ID, true); busy {
+			overlap.Add(1)
+		}
+		c.add(task.ID)
+		running.Delete(task.ID)
+		return Succeeded(json.RawMessage(`{"ok":true}`))
+	}
+	for p := range 2 {
+		ps := &Store{pool: db.pool(t)}
+		for i := range 2 {
+			runWorker(t, newWorker(t, ps, WorkerConfig{Handler: handler, Name: fmt.Sprintf("w%d%d", p, i), Concurrency: 16}))
+		}
+	}
+	for b := range 5 {
+		if _, err := s.pool.Exec(context.Background(), `INSERT INTO idemgate_tasks
+			(tenant, owner, kind, runtime, network, idempotency_key, fingerprint)
+			SELECT 'acme', 'o', 'image', 'gpu', 'main', 'bulk-' || $1::int || '-' || g, 'f'
+			FROM generate_series(1, $2::int) g`, b, total/5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool { return countRows(t, s.pool, "state = 'succeeded'") == total })
+	if n := overlap.Load(); n != 0 {
+		t.Errorf("%d times a task was running twice at once", n)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.n) != total {
+		t.Errorf("handler saw %d tasks; want %d", len(c.n), total)
+	}
+	for id, n := range c.n {
+		if n != 1 {
+			t.Errorf("handler ran %d times for %s", n, id)
+		}
+	}
+	if n := countRows(t, s.pool, "attempt <> 1"); n != 0 {
+		t.Errorf("%d tasks were claimed more than once", n)
+	}
+}
+
+func TestKilledWorkerIsRescuedAndItsCompletionRejected(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	task := mustSubmit(t, s, newTask("killed"))
+	var (
+		c        calls
+		entered  = make(chan struct{})
+		unblock  = make(chan struct{})
+		rejected = make(chan Outcome, 1)
+	)
+	handler := func(ctx context.Context, t Task) Outcome {
+		if c.add(t.ID) == 1 {
+			close(entered)
+			<-unblock // hung: ignores its context
+			return Succeeded(json.RawMessage(`"stale"`))
+		}
+		return Succeeded(json.RawMessage(`"second"`))
+	}
+	cfg := WorkerConfig{Handler: handler, Lease: 500 * time.Millisecond, Heartbeat: 100 * time.Millisecond,
+		RescueInterval: 50 * time.Millisecond, BackoffBase: time.Millisecond}
+	a := newWorker(t, s, cfg)
+	a.crashOnStop = true
+	a.onFinish = func(_ Task, o Outcome, applied bool) {
+		if !applied {
+			rejected <- o
+		}
+	}
+	stopA := runWorker(t, a)
+	<-entered
+	stopA() // dies: no more heartbeats, no release
+
+	b := newWorker(t, s, cfg)
+	runWorker(t, b)
+	waitState(t, s, task.ID, StateSucceeded)
+	close(unblock)
+	select {
+	case <-rejected:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stale completion was neither applied nor rejected")
+	}
+	got, err := s.Get(context.Background(), task.Tenant, task.Owner, task.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != StateSucceeded || got.Attempt != 2 || len(got.Results) != 1 || string(got.Results[0]) != `"second"` {
+		t.Fatalf("got state %s attempt %d results %s; want the second attempt's success", got.State, got.Attempt, got.Results)
+	}
+	if n := c.get(task.ID); n != 2 {
+		t.Fatalf("handler ran %d times; want 2", n)
+	}
+}
+
+func TestStaleTransitionsAreFenced(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	task := mustSubmit(t, s, newTask("fenced"))
+	w := newWorker(t, s, WorkerConfig{Handler: func(context.Context, Task) Outcome { return Outcome{} }, Lease: time.Hour})
+	claimed, err := w.claim(ctx, 10)
+	if err != nil || len(claimed) != 1 || claimed[0].Attempt != 1 {
+		t.Fatalf("claim = %+v, %v; want attempt 1 of the task", claimed, err)
+	}
+	// A newer attempt took the task over.
+	if _, err := s.pool.Exec(ctx, "UPDATE idemgate_tasks SET attempt = 2 WHERE id = $1::uuid", task.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []Outcome{Succeeded(json.RawMessage(`1`)), Failed(errors.New("x")), Retry(0, errors.New("x")), Uncertain(errors.New("x")), {}} {
+		applied, err := w.finish(ctx, claimed[0], StateRunning, o)
+		if err != nil || applied {
+			t.Fatalf("stale finish %+v = %v, %v; want rejected", o, applied, err)
+		}
+	}
+	if _, err := s.pool.Exec(ctx, sqlRelease, task.ID, 1); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := s.Get(ctx, task.Tenant, task.Owner, task.ID)
+	if got.State != StateRunning || got.Attempt != 2 || len(got.Results) != 0 {
+		t.Fatalf("a stale attempt changed the task: %+v", got)
+	}
+}
+
+func TestLostLeaseCancelsTheHandler(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	task := mustSubmit(t, s, newTask("stolen"))
+	cause := make(chan error, 1)
+	var entered = make(chan struct{})
+	w := newWorker(t, s, WorkerConfig{Lease: time.Hour, Heartbeat: 20 * time.Millisecond,
+		Handler: func(ctx context.Context, t Task) Outcome {
+			close(entered)
+			<-ctx.Done()
+			cause <- context.Cause(ctx)
+			return Succeeded(json.RawMessage(`"late"`))
+		}})
+	runWorker(t, w)
+	<-entered
+	if _, err := s.pool.Exec(context.Background(), "UPDATE idemgate_tasks SET attempt = attempt + 1 WHERE id = $1::uuid", task.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-cause:
+		if !errors.Is(err, errLeaseLost) {
+			t.Fatalf("handler canceled by %v; want errLeaseLost", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("handler not canceled after its lease was taken")
+	}
+	if st := state(t, s, task.ID); st != StateRunning {
+		t.Fatalf("state = %s; the late outcome must not apply", st)
+	}
+}
+
+func TestHeartbeatKeepsTheLease(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	task := mustSubmit(t, s, newTask("long"))
+	entered, unblock := make(chan struct{}), make(chan struct{})
+	cfg := WorkerConfig{Lease: 300 * time.Millisecond, Heartbeat: 50 * time.Millisecond, RescueInterval: time.Hour,
+		Handler: func(ctx context.Context, t Task) Outcome {
+			close(entered)
+			<-unblock
+			return Succeeded(json.RawMessage(`"done"`))
+		}}
+	w := newWorker(t, s, cfg)
+	runWorker(t, w)
+	<-entered
+	var first time.Time
+	if err := s.pool.QueryRow(context.Background(), "SELECT lease_until FROM idemgate_tasks WHERE id = $1::uuid", task.ID).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	// Outlive the first lease by a wide margin, watching it move.
+	waitFor(t, func() bool {
+		var expiredOnce bool
+		err := s.pool.QueryRow(context.Background(), "SELECT now() > $2::timestamptz + interval '300 milliseconds' FROM idemgate_tasks WHERE id = $1::uuid", task.ID, first).Scan(&expiredOnce)
+		return err == nil && expiredOnce
+	})
+	rescuer := newWorker(t, s, cfg)
+	if n, err := rescuer.rescue(context.Background()); err != nil || n != 0 {
+		t.Fatalf("rescue = %d, %v; want nothing to rescue while heartbeats run", n, err)
+	}
+	close(unblock)
+	waitState(t, s, task.ID, StateSucceeded)
+}
+
+func TestRescueBacksOffThenFails(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	w := newWorker(t, s, WorkerConfig{Handler: func(context.Context, Task) Outcome { return Outcome{} },
+		MaxAttempts: 4, BackoffBase: time.Hour, BackoffMax: 3 * time.Hour})
+	tests := []struct {
+		name      string
+		tries     int
+		wantState State
+		wantMin   time.Duration // delay window, jitter included
+		wantMax   time.Duration
+	}{
+		{name: "first expiry waits the base", tries: 1, wantState: StateRetrying, wantMin: 30 * time.Minute, wantMax: time.Hour},
+		{name: "second expiry doubles it", tries: 2, wantState: StateRetrying, wantMin: time.Hour, wantMax: 2 * time.Hour},
+		{name: "the cap holds", tries: 3, wantState: StateRetrying, wantMin: 90 * time.Minute, wantMax: 3 * time.Hour},
+		{name: "the last attempt fails", tries: 4, wantState: StateFailed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			task := mustSubmit(t, s, newTask("rescue-"+tt.name))
+			if _, err := s.pool.Exec(ctx, `UPDATE idemgate_tasks SET state = 'running', attempt = $2, tries = $2,
+				lease_until = now() - interval '1 second' WHERE id = $1::uuid`, task.ID, tt.tries); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := w.rescue(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var (
+				st    State
+				delay time.Duration
+				msg   string
+			)
+			if err := s.pool.QueryRow(ctx, `SELECT state, (extract(epoch FROM run_after - now()) * 1e9)::bigint, error
+				FROM idemgate_tasks WHERE id = $1::uuid`, task.ID).Scan(&st, &delay, &msg); err != nil {
+				t.Fatal(err)
+			}
+			if st != tt.wantState {
+				t.Fatalf("state = %s (%s); want %s", st, msg, tt.wantState)
+			}
+			if st == StateFailed {
+				if !strings.Contains(msg, "lease expired") {
+					t.Fatalf("error = %q; want it to say the lease expired", msg)
+				}
+				if p := Project(Task{State: st, Error: msg}); p.Error == "" {
+					t.Fatal("failed task projects without an error")
+				}
+				return
+			}
+			if delay < tt.wantMin-time.Second || delay > tt.wantMax+time.Second {
+				t.Fatalf("delay = %v; want within [%v, %v]", delay, tt.wantMin, tt.wantMax)
+			}
+		})
+	}
+}
+
+func TestRetryOutcomes(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	var c calls
+	handler := func(ctx context.Context, t Task) Outcome {
+		n := c.add(t.ID)
+		switch t.IdempotencyKey {
+		case "flaky":
+			return Retry(0, errors.New("flaky upstream"))
+		case "later":
+			if n == 1 {
+				return Retry(time.Hour, errors.New("rate limited"))
+			}
+		case "panics":
+			panic("boom")
+		case "empty":
+			return Succeeded()
+		}
+		return Succeeded(json.RawMessage(`1`))
+	}
+	runWorker(t, newWorker(t, s, WorkerConfig{Handler: handler, MaxAttempts: 3, BackoffBase: time.Millisecond, BackoffMax: 5 * time.Millisecond}))
+	flaky := mustSubmit(t, s, newTask("flaky"))
+	later := mustSubmit(t, s, newTask("later"))
+	panics := mustSubmit(t, s, newTask("panics"))
+	empty := mustSubmit(t, s, newTask("empty"))
+
+	waitState(t, s, flaky.ID, StateFailed)
+	got, _ := s.Get(context.Background(), flaky.Tenant, flaky.Owner, flaky.ID)
+	if c.get(flaky.ID) != 3 || got.Attempt != 3 || got.Error != "gave up after 3 attempts: flaky upstream" {
+		t.Errorf("flaky: %d runs, attempt %d, error %q; want 3 runs and a give-up error", c.get(flaky.ID), got.Attempt, got.Error)
+	}
+	waitState(t, s, panics.ID, StateFailed)
+	got, _ = s.Get(context.Background(), panics.Tenant, panics.Owner, panics.ID)
+	if !strings.Contains(got.Error, "handler panic: boom") {
+		t.Errorf("panics: error %q; want the panic", got.Error)
+	}
+	waitState(t, s, empty.ID, StateFailed)
+	got, _ = s.Get(context.Background(), empty.Tenant, empty.Owner, empty.ID)
+	if got.Error != "no result items" {
+		t.Errorf("empty success: error %q; want no result items", got.Error)
+	}
+	waitState(t, s, later.ID, StateRetrying)
+	var far bool
+	if err := s.pool.QueryRow(context.Background(), "SELECT run_after > now() + interval '59 minutes' FROM idemgate_tasks WHERE id = $1::uuid", later.ID).Scan(&far); err != nil || !far {
+		t.Errorf("Retry(1h) scheduled the task sooner (%v)", err)
+	}
+}
+
+func TestUncertainWaitsForReconcile(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	var c calls
+	handler := func(ctx context.Context, t Task) Outcome {
+		c.add(t.ID)
+		if t.IdempotencyKey == "canary" {
+			return Succeeded(json.RawMessage(`1`))
+		}
+		return Uncertain(errors.New("upstream timed out after the request was sent"))
+	}
+	cfg := WorkerConfig{Handler: handler, RescueInterval: 10 * time.Millisecond, PollInterval: 10 * time.Millisecond}
+	w := newWorker(t, s, cfg)
+	stop := runWorker(t, w)
+	task := mustSubmit(t, s, newTask("unsure"))
+	waitState(t, s, task.ID, StateUncertain)
+	if p := Project(mustGet(t, s, task)); p.PollAfter <= 0 || p.Results != nil {
+		t.Fatalf("uncertain projects as %+v; want keep polling", p)
+	}
+	// Make it look overdue in every way a buggy claim or rescue could see.
+	if _, err := s.pool.Exec(ctx, "UPDATE idemgate_tasks SET run_after = now() - interval '1 hour', lease_until = now() - interval '1 hour' WHERE id = $1::uuid", task.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.rescue(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A task submitted later gets done: the worker kept claiming.
+	canary := mustSubmit(t, s, newTask("canary"))
+	waitState(t, s, canary.ID, StateSucceeded)
+	stop()
+	if n := c.get(task.ID); n != 1 || state(t, s, task.ID) != StateUncertain {
+		t.Fatalf("uncertain task ran %d times and is %s; want 1 run, still uncertain", n, state(t, s, task.ID))
+	}
+
+	var reconciled calls
+	r := newWorker(t, s, WorkerConfig{Handler: handler, RescueInterval: 10 * time.Millisecond,
+		Reconcile: func(ctx context.Context, t Task) Outcome {
+			reconciled.add(t.ID)
+			return Succeeded(json.RawMessage(`{"found":"upstream had finished"}`))
+		}})
+	runWorker(t, r)
+	waitState(t, s, task.ID, StateSucceeded)
+	got := mustGet(t, s, task)
+	if got.ID != task.ID || c.get(task.ID) != 1 || reconciled.get(task.ID) != 1 {
+		t.Fatalf("handler ran %d, reconcile %d times; want 1 and 1 on task %s", c.get(task.ID), reconciled.get(task.ID), task.ID)
+	}
+	if p := Project(got); p.State != StateSucceeded || string(p.Results[0]) != `{"found": "upstream had finished"}` {
+		t.Fatalf("projection %+v; want the reconciled result", p)
+	}
+}
+
+func mustGet(t testing.TB, s *Store, task Task) Task {
+	t.Helper()
+	got, err := s.Get(context.Background(), task.Tenant, task.Owner, task.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+func TestRecoverStaysOnTheSameTask(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	var c calls
+	sawPartial := make(chan []json.RawMessage, 1)
+	handler := func(ctx context.Context, t Task) Outcome {
+		if c.add(t.ID) == 1 {
+			return Failed(errors.New("quota exceeded"), json.RawMessage(`{"frame":1}`))
+		}
+		sawPartial <- t.Results
+		return Succeeded(json.RawMessage(`{"frame":1}`), json.RawMessage(`{"frame":2}`))
+	}
+	runWorker(t, newWorker(t, s, WorkerConfig{Handler: handler}))
+	task := mustSubmit(t, s, newTask("recoverable"))
+	waitState(t, s, task.ID, StateFailed)
+	if p := Project(mustGet(t, s, task)); p.Error != "quota exceeded" || p.Results != nil {
+		t.Fatalf("failed task projects as %+v; want its error and no results", p)
+	}
+	if _, err := s.Recover(ctx, task.Tenant, "someone-else", task.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Recover by another owner: %v; want ErrNotFound", err)
+	}
+	got, err := s.Recover(ctx, task.Tenant, task.Owner, task.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.ID != task.ID || got.State != StateRetrying || got.Recoveries != 1 {
+		t.Fatalf("Recover = %+v; want the same task, retrying, recovered once", got)
+	}
+	waitState(t, s, task.ID, StateSucceeded)
+	if partial := <-sawPartial; len(partial) != 1 || string(partial[0]) != `{"frame": 1}` {
+		t.Fatalf("the recovered attempt saw results %s; want the partial ones", partial)
+	}
+	if n := countRows(t, s.pool, "idempotency_key = 'recoverable'"); n != 1 {
+		t.Fatalf("%d rows for the key; recovery must not create a task", n)
+	}
+	if _, err := s.Recover(ctx, task.Tenant, task.Owner, task.ID); !errors.Is(err, ErrNotRecoverable) {
+		t.Fatalf("Recover of a succeeded task: %v; want ErrNotRecoverable", err)
+	}
+}
+
+func TestRecoverRefuses(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	tests := []struct {
+		name    string
+		given   string // SQL SET clause applied to a fresh task
+		wantErr error
+		wantMsg string
+	}{
+		{name: "pending", given: "state = 'pending'", wantErr: ErrNotRecoverable, wantMsg: "pending, not failed"},
+		{name: "uncertain", given: "state = 'uncertain'", wantErr: ErrNotRecoverable, wantMsg: "uncertain, not failed"},
+		{name: "failed without partial results", given: "state = 'failed'", wantErr: ErrNotRecoverable, wantMsg: "without partial results"},
+		{name: "recovered too often", given: fmt.Sprintf("state = 'failed', results = '[1]', recoveries = %d", MaxRecoveries),
+			wantErr: ErrNotRecoverable, wantMsg: "recovered 3 times"},
+		{name: "last allowed recovery", given: fmt.Sprintf("state = 'failed', results = '[1]', recoveries = %d", MaxRecoveries-1)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			task := mustSubmit(t, s, newTask("refuse-"+tt.name))
+			if _, err := s.pool.Exec(ctx, "UPDATE idemgate_tasks SET "+tt.given+" WHERE id = $1::uuid", task.ID); err != nil {
+				t.Fatal(err)
+			}
+			got, err := s.Recover(ctx, task.Tenant, task.Owner, task.ID)
+			if !errors.Is(err, tt.wantErr) || (err != nil && !strings.Contains(err.Error(), tt.wantMsg)) {
+				t.Fatalf("Recover err = %v; want %v saying %q", err, tt.wantErr, tt.wantMsg)
+			}
+			if err == nil && (got.ID != task.ID || got.State != StateRetrying) {
+				t.Fatalf("Recover = %+v; want the same task retrying", got)
+			}
+		})
+	}
+}
+
+func TestShutdown(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		handler   func(ctx context.Context, finish <-chan struct{}) Outcome
+		wantState State
+	}{
+		{name: "in-flight work finishes", wantState: StateSucceeded,
+			handler: func(ctx context.Context, finish <-chan struct{}) Outcome {
+				<-finish // returns after shutdown began
+				return Succeeded(json.RawMessage(`"finished"`))
+			}},
+		{name: "work past the deadline is released", wantState: StateRetrying,
+			handler: func(ctx context.Context, finish <-chan struct{}) Outcome {
+				<-ctx.Done()
+				return Succeeded(json.RawMessage(`"too late"`))
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, _ := setup(t)
+			task := mustSubmit(t, s, newTask("shutdown"))
+			entered, finish := make(chan struct{}), make(chan struct{})
+			w := newWorker(t, s, WorkerConfig{ShutdownTimeout: 200 * time.Millisecond,
+				Handler: func(ctx context.Context, t Task) Outcome {
+					close(entered)
+					return tt.handler(ctx, finish)
+				}})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error)
+			go func() { done <- w.Run(ctx) }()
+			<-entered
+			cancel()
+			close(finish)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			got := mustGet(t, s, task)
+			if got.State != tt.wantState {
+				t.Fatalf("after shutdown the task is %s; want %s", got.State, tt.wantState)
+			}
+			if tt.wantState == StateRetrying {
+				var tries int
+				if err := s.pool.QueryRow(context.Background(), "SELECT tries FROM idemgate_tasks WHERE id = $1::uuid", task.ID).Scan(&tries); err != nil || tries != 0 {
+					t.Fatalf("released task has tries %d (%v); a release must not use up an attempt", tries, err)
+				}
+			}
+		})
+	}
+}
+
+func TestPruneDeletesOnlyOldFinishedTasks(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	if _, err := s.pool.Exec(ctx, `INSERT INTO idemgate_tasks
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, state, finished_at)
+		SELECT 'acme', 'o', 'k', 'r', 'n', 'old-' || g, 'f',
+			CASE WHEN g % 2 = 0 THEN 'succeeded' ELSE 'failed' END, now() - interval '2 hours'
+		FROM generate_series(1, 2500) g`); err != nil {
+		t.Fatal(err)
+	}
+	recent := mustSubmit(t, s, newTask("recent"))
+	oldPending := mustSubmit(t, s, newTask("old-pending"))
+	if _, err := s.pool.Exec(ctx, `UPDATE idemgate_tasks SET state = 'succeeded', results = '[1]', finished_at = now() - interval '1 minute' WHERE id = $1::uuid;`, recent.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(ctx, `UPDATE idemgate_tasks SET created_at = now() - interval '1 day', run_after = now() - interval '1 day' WHERE id = $1::uuid`, oldPending.ID); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.Prune(ctx, time.Hour)
+	if err != nil || n != 2500 {
+		t.Fatalf("Prune = %d, %v; want 2500", n, err)
+	}
+	if left := countRows(t, s.pool, "true"); left != 2 {
+		t.Fatalf("%d tasks left; want the recent and the unfinished one", left)
+	}
+}
