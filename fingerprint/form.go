@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 	"mime"
 	"mime/multipart"
@@ -22,7 +21,7 @@ func parseMediaType(ct string) (string, map[string]string, error) {
 	}
 	mt, params, err := mime.ParseMediaType(ct)
 	if err != nil && !errors.Is(err, mime.ErrInvalidMediaParameter) {
-		return "", nil, fmt.Errorf("%w: malformed Content-Type: %v", ErrInvalid, err)
+		return "", nil, invalidf("malformed Content-Type: %v", err)
 	}
 	return mt, params, nil
 }
@@ -43,7 +42,7 @@ type form map[string][]formValue
 func parseURLEncoded(body []byte) (form, error) {
 	q, err := url.ParseQuery(string(body))
 	if err != nil {
-		return nil, fmt.Errorf("%w: form body: %v", ErrInvalid, err)
+		return nil, invalidf("form body: %v", err)
 	}
 	f := make(form, len(q))
 	for name, vs := range q {
@@ -58,7 +57,7 @@ func parseURLEncoded(body []byte) (form, error) {
 
 func parseMultipart(body []byte, boundary string) (form, error) {
 	if boundary == "" {
-		return nil, fmt.Errorf("%w: multipart body without a boundary", ErrInvalid)
+		return nil, invalidf("multipart body without a boundary")
 	}
 	mr := multipart.NewReader(bytes.NewReader(body), boundary)
 	f := make(form)
@@ -68,20 +67,20 @@ func parseMultipart(body []byte, boundary string) (form, error) {
 			return f, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%w: multipart body: %v", ErrInvalid, err)
+			return nil, invalidf("multipart body: %v", err)
 		}
 		var v formValue
 		if p.FileName() != "" {
 			h := sha256.New()
 			if _, err := io.Copy(h, p); err != nil {
-				return nil, fmt.Errorf("%w: multipart body: %v", ErrInvalid, err)
+				return nil, invalidf("multipart body: %v", err)
 			}
 			v.file = true
 			h.Sum(v.digest[:0])
 		} else {
 			b, err := io.ReadAll(p)
 			if err != nil {
-				return nil, fmt.Errorf("%w: multipart body: %v", ErrInvalid, err)
+				return nil, invalidf("multipart body: %v", err)
 			}
 			v.text = string(b)
 		}

@@ -81,8 +81,8 @@ func FuzzPointer(f *testing.F) {
 			t.Fatalf("appendTokens error %v, Validate error %v", err, verr)
 		}
 		if err != nil {
-			if !errors.Is(err, ErrInvalid) {
-				t.Fatalf("error %v does not wrap ErrInvalid", err)
+			if !errors.Is(verr, ErrInvalid) {
+				t.Fatalf("Validate error %v does not wrap ErrInvalid", verr)
 			}
 			return
 		}

@@ -1,7 +1,7 @@
 package fingerprint
 
 import (
-	"fmt"
+	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -48,15 +48,15 @@ func (p *program) compile(s Spec) error {
 			continue
 		}
 		if err := p.add(f, slot); err != nil {
-			return fmt.Errorf("fingerprint: field %q: %w", f, err)
+			return invalidf("field %q: invalid JSON Pointer: %v", f, err)
 		}
 	}
 	for _, x := range s.Exclude {
 		if x == "" {
-			return fmt.Errorf("fingerprint: exclude %q: %w: the whole body cannot be excluded", x, ErrInvalid)
+			return invalidf("exclude %q: the whole body cannot be excluded", x)
 		}
 		if err := p.add(x, -1); err != nil {
-			return fmt.Errorf("fingerprint: exclude %q: %w", x, err)
+			return invalidf("exclude %q: invalid JSON Pointer: %v", x, err)
 		}
 	}
 	return nil
@@ -79,7 +79,7 @@ func appendTokens(toks []token, ptr string) ([]token, error) {
 		return toks, nil
 	}
 	if ptr[0] != '/' {
-		return toks, fmt.Errorf("%w: a JSON Pointer must be empty or start with '/'", ErrInvalid)
+		return toks, errors.New("must be empty or start with '/'")
 	}
 	rest := ptr[1:]
 	for {
@@ -96,7 +96,7 @@ func appendTokens(toks []token, ptr string) ([]token, error) {
 	}
 }
 
-var errTilde = fmt.Errorf("%w: '~' in a JSON Pointer must be followed by '0' or '1'", ErrInvalid)
+var errTilde = errors.New("'~' not followed by '0' or '1'")
 
 // unescapeToken turns "~1" into "/" and "~0" into "~", in one left-to-right
 // pass so that "~01" becomes "~1" as RFC 6901 requires.

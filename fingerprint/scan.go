@@ -19,18 +19,16 @@ const (
 	numbersExact                    // decimal, exact: see appendExact
 )
 
-// A syntaxError is a body that is not strict JSON, with the byte offset of
-// the problem. It wraps ErrInvalid.
-type syntaxError struct {
-	msg string
-	off int
-}
+// An invalidError is an error about input. It wraps ErrInvalid without
+// repeating its text.
+type invalidError struct{ msg string }
 
-func (e *syntaxError) Error() string {
-	return fmt.Sprintf("fingerprint: invalid JSON: %s at offset %d", e.msg, e.off)
-}
+func (e *invalidError) Error() string { return e.msg }
+func (e *invalidError) Unwrap() error { return ErrInvalid }
 
-func (e *syntaxError) Unwrap() error { return ErrInvalid }
+func invalidf(format string, args ...any) error {
+	return &invalidError{msg: fmt.Sprintf("fingerprint: "+format, args...)}
+}
 
 // A member is one member of an object being scanned.
 type member struct {
@@ -115,8 +113,13 @@ func (s *state) scan(data []byte, mode numberMode) error {
 	return nil
 }
 
+// errorf reports that the body is not strict JSON, at the current offset.
 func (s *state) errorf(format string, args ...any) error {
-	return &syntaxError{msg: fmt.Sprintf(format, args...), off: s.pos}
+	return invalidAt(s.pos, format, args...)
+}
+
+func invalidAt(off int, format string, args ...any) error {
+	return invalidf("invalid JSON: %s at offset %d", fmt.Sprintf(format, args...), off)
 }
 
 func (s *state) skipSpace() {
@@ -366,7 +369,7 @@ func (s *state) sortMembers(ms []member, first, open int, emit bool) error {
 			if !ms[i].escaped {
 				off = ms[i].nameOff - 1
 			}
-			return &syntaxError{msg: fmt.Sprintf("duplicate member name %q", s.name(&ms[i])), off: off}
+			return invalidAt(off, "duplicate member name %q", s.name(&ms[i]))
 		}
 	}
 	if !emit {

@@ -1,0 +1,68 @@
+// Package fingerprint decides whether two requests carry the same
+// parameters. An idempotency key says "this is the same business action";
+// the fingerprint says "with the same parameters", so a true retry can be
+// replayed and a retry whose parameters drifted is refused.
+//
+// A false replay (two different parameter sets, one fingerprint) is the
+// worst failure this package could have; a false conflict is safe. Every
+// choice below leans that way.
+//
+// # What counts as the same parameters
+//
+// Only syntax is normalized: member order, whitespace between tokens,
+// escape spelling ("\u0041" is "A") and number spelling (1, 1.0, 1e0 and
+// 10e-1). Values are compared exactly: one more space inside a string,
+// "16:9" against "9:16", n 1 against n 2, another reference image - each
+// is a different fingerprint. A Spec narrows the body to the fields that
+// matter (Fields) or drops the ones that do not (Exclude); a selected field
+// that is absent differs from the same field present with null, and a
+// value moved from one selected field to another changes the fingerprint.
+//
+// # Two choices for numbers
+//
+// Canonicalize follows RFC 8785 to the letter: a number is an IEEE-754
+// double, written as ECMAScript writes it, so 9007199254740993 becomes
+// 9007199254740992 and 0.10000000000000001 becomes 0.1.
+//
+// Sum cannot afford that rounding: two different parameters would share a
+// fingerprint. It writes numbers exactly instead, as a decimal mantissa and
+// exponent without leading or trailing zeros and without rounding. So 1,
+// 1.0, 1e0 and 10e-1 agree, -0 is 0, while 9007199254740993 and
+// 9007199254740992 differ, and so do 0.1 and 0.10000000000000001. Both
+// functions accept the same bodies: a number beyond the range of a double
+// (1e400) is an error for both; a number too small for one (1e-400) is
+// accepted, read as 0 by Canonicalize and kept exact by Sum.
+//
+// # Strict JSON
+//
+// Canonicalize and Sum accept one JSON value (RFC 8259) in UTF-8 and
+// nothing else: no trailing data, no byte order mark, no duplicate member
+// names at any depth (compared after unescaping), no lone surrogate escapes,
+// no invalid UTF-8, and nesting of arrays and objects at most 512 deep. A
+// rejected body yields an error wrapping ErrInvalid that names the problem
+// and its byte offset. No input makes them panic, and the nesting limit
+// bounds their recursion.
+//
+// # Request bodies
+//
+// SumRequest picks the encoding by media type: JSON types go through Sum;
+// urlencoded and multipart forms hash their fields by name (the pointer
+// "/prompt" names the field "prompt"), file parts by the SHA-256 of their
+// bytes; anything else hashes its raw bytes. The media type itself takes
+// part, so the same bytes sent as JSON and as text differ.
+//
+// # Stability
+//
+// A fingerprint is "v1:" and a SHA-256 in hex. The hash input is framed so
+// that no two different parameter sets share it (see the layout in
+// fingerprint.go). The v1 algorithm never changes; golden fingerprints in
+// testdata/golden.json pin it.
+//
+// # Cost
+//
+// Sum makes one pass over the body: a hand-written scanner validates it,
+// writes its canonical form into a pooled buffer (strings that need no
+// change are copied as they are; only the member names of each object are
+// sorted) and hashes that buffer once. It allocates only the returned
+// string. Canonicalize and Sum are safe for concurrent use.
+package fingerprint

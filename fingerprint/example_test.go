@@ -1,0 +1,94 @@
+package fingerprint_test
+
+import (
+	"fmt"
+	"net/http/httptest"
+	"strings"
+
+	"github.com/idemgate/idemgate/fingerprint"
+)
+
+func ExampleCanonicalize() {
+	out, err := fingerprint.Canonicalize([]byte(`{"b": [1.0, 1e21, 0.0000001], "a": "\u00e9\/"}`))
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(string(out))
+
+	_, err = fingerprint.Canonicalize([]byte(`{"a": 1, "a": 2}`))
+	fmt.Println(err)
+	// Output:
+	// {"a":"é/","b":[1,1e+21,1e-7]}
+	// fingerprint: invalid JSON: duplicate member name "a" at offset 9
+}
+
+// A retry whose parameters are the same has the same fingerprint, whatever
+// the member order and whitespace; a changed prompt does not.
+func ExampleSpec_Sum() {
+	spec := fingerprint.Spec{
+		Fields: []string{"/prompt", "/aspect_ratio", "/n", "/reference_image"},
+	}
+	first, _ := spec.Sum([]byte(`{"prompt":"a lighthouse","aspect_ratio":"16:9","n":1,"client_note":"first try"}`))
+	retry, _ := spec.Sum([]byte(`{ "n": 1.0, "aspect_ratio": "16:9", "prompt": "a lighthouse", "client_note": "retry" }`))
+	reworded, _ := spec.Sum([]byte(`{"prompt":"a lighthouse at dusk","aspect_ratio":"16:9","n":1}`))
+	withNull, _ := spec.Sum([]byte(`{"prompt":"a lighthouse","aspect_ratio":"16:9","n":1,"reference_image":null}`))
+
+	fmt.Println("retry:", first == retry)
+	fmt.Println("reworded prompt:", first == reworded)
+	fmt.Println("null instead of absent:", first == withNull)
+	fmt.Println(first)
+	// Output:
+	// retry: true
+	// reworded prompt: false
+	// null instead of absent: false
+	// v1:72dd97d169a7a7912ee00fbc14c9cf2243d117357845914007a2de595e534720
+}
+
+// Sum compares numbers exactly: spellings of one decimal agree, two
+// integers that are the same double do not.
+func ExampleSpec_Sum_numbers() {
+	var spec fingerprint.Spec
+	sum := func(body string) fingerprint.Fingerprint {
+		fp, err := spec.Sum([]byte(body))
+		if err != nil {
+			panic(err)
+		}
+		return fp
+	}
+	fmt.Println(sum(`{"n":1}`) == sum(`{"n":1.0}`), sum(`{"n":1}`) == sum(`{"n":10e-1}`))
+	fmt.Println(sum(`{"id":9007199254740993}`) == sum(`{"id":9007199254740992}`))
+
+	// Canonicalize, being RFC 8785, reads numbers as doubles.
+	a, _ := fingerprint.Canonicalize([]byte(`9007199254740993`))
+	fmt.Println(string(a))
+	// Output:
+	// true true
+	// false
+	// 9007199254740992
+}
+
+func ExampleSpec_SumRequest() {
+	spec := fingerprint.Spec{Exclude: []string{"/trace"}}
+	sum := func(contentType, body string) fingerprint.Fingerprint {
+		r := httptest.NewRequest("POST", "/v1/images", strings.NewReader(body))
+		r.Header.Set("Content-Type", contentType)
+		fp, err := spec.SumRequest(r, []byte(body))
+		if err != nil {
+			panic(err)
+		}
+		return fp
+	}
+	form := "application/x-www-form-urlencoded"
+	fmt.Println(sum(form, "prompt=a+cat&n=2&trace=1") == sum(form, "n=2&prompt=a%20cat&trace=2"))
+	fmt.Println(sum("application/json", `{"n":2}`) == sum("text/plain", `{"n":2}`))
+	// Output:
+	// true
+	// false
+}
+
+func ExampleSpec_Validate() {
+	spec := fingerprint.Spec{Fields: []string{"prompt"}}
+	fmt.Println(spec.Validate())
+	// Output:
+	// fingerprint: field "prompt": invalid JSON Pointer: must be empty or start with '/'
+}

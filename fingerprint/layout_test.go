@@ -1,0 +1,81 @@
+package fingerprint
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// TestHashInputLayout rebuilds the v1 hash input by hand, as documented in
+// fingerprint.go, so the documentation and the code cannot drift apart.
+func TestHashInputLayout(t *testing.T) {
+	t.Parallel()
+	sum := func(parts ...string) Fingerprint {
+		h := sha256.Sum256([]byte(strings.Join(parts, "")))
+		return Fingerprint("v1:" + hex.EncodeToString(h[:]))
+	}
+	str := func(s string) string { return string([]byte{byte(len(s))}) + s } // every length here < 128
+	const head = "idemgate fingerprint v1\x00"
+	req := func(spec Spec, ct, body string) Fingerprint {
+		r := httptest.NewRequest("POST", "/", nil)
+		r.Header.Set("Content-Type", ct)
+		fp, err := spec.SumRequest(r, []byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fp
+	}
+	tests := []struct {
+		name string
+		got  Fingerprint
+		want Fingerprint
+	}{
+		{
+			"whole JSON body",
+			mustSum(t, Spec{}, `{"b":[1.50,true,-0.02],"a":"x"}`),
+			sum(head, str("application/json"), "J", `{"a":"x","b":[1.5e0,true,-2e-2]}`),
+		},
+		{
+			"selected fields",
+			mustSum(t, Spec{Fields: []string{"/b", "/a", "/z"}}, `{"b":[1.50,true],"a":"x"}`),
+			sum(head, str("application/json"), "S", "\x03",
+				str("/a"), "\x01", str(`"x"`),
+				str("/b"), "\x01", str(`[1.5e0,true]`),
+				str("/z"), "\x00"),
+		},
+		{
+			"form",
+			req(Spec{}, "application/x-www-form-urlencoded", "b=2&a=1&a=3"),
+			sum(head, str("application/x-www-form-urlencoded"), "A", "\x02",
+				str("a"), "\x02", "t", str("1"), "t", str("3"),
+				str("b"), "\x01", "t", str("2")),
+		},
+		{
+			"selected form fields",
+			req(Spec{Fields: []string{"/b", "/c"}}, "application/x-www-form-urlencoded", "b=2&a=1"),
+			sum(head, str("application/x-www-form-urlencoded"), "F", "\x02",
+				str("/b"), "\x01", "t", str("2"),
+				str("/c"), "\x00"),
+		},
+		{
+			"multipart file",
+			req(Spec{}, "multipart/form-data; boundary=X", "--X\r\nContent-Disposition: form-data; name=\"f\"; filename=\"a\"\r\n\r\nabc\r\n--X--\r\n"),
+			func() Fingerprint {
+				d := sha256.Sum256([]byte("abc"))
+				return sum(head, str("multipart/form-data"), "A", "\x01", str("f"), "\x01", "f", string(d[:]))
+			}(),
+		},
+		{
+			"raw",
+			req(Spec{}, "Text/Plain; charset=utf-8", "hi"),
+			sum(head, str("text/plain"), "R", "hi"),
+		},
+	}
+	for _, tt := range tests {
+		if tt.got != tt.want {
+			t.Errorf("%s: %s, want %s", tt.name, tt.got, tt.want)
+		}
+	}
+}
