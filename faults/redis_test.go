@@ -1,0 +1,257 @@
+//go:build faults
+
+package faults
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate/internal/devserver"
+	"github.com/idemgate/idemgate/internal/testenv"
+)
+
+// startRedis starts a redis-server of the test's own, to kill or flush.
+func startRedis(t *testing.T) *devserver.Redis {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rs, err := devserver.StartRedis(ctx, 0)
+	if err != nil {
+		t.Fatalf("start redis-server: %v", err)
+	}
+	t.Cleanup(func() { rs.Stop() })
+	return rs
+}
+
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func storeUnavailable(r reply) bool {
+	return r.status == http.StatusServiceUnavailable && r.code == "store_unavailable"
+}
+
+// TestRedisKilled kills redis-server under load: every request is refused
+// with 503 store_unavailable (fail-closed: no handler runs unprotected)
+// until it is back, then the load recovers; nothing ran or was created twice.
+func TestRedisKilled(t *testing.T) {
+	rs := startRedis(t)
+	pool := migratedPool(t, testenv.PostgresDSN(t))
+	n := startNode(t, nodeConfig{redis: &redis.Options{Addr: rs.Addr}, pool: pool, lease: 2 * time.Second})
+	const tenant = "faults-redis-killed"
+	l := startLoad(t, 8, "kill", func(int) target { return headerTarget(n.url, tenant) })
+	l.waitAccepted(t, 30, 20*time.Second)
+
+	if err := rs.Kill(); err != nil {
+		t.Fatalf("kill redis-server: %v", err)
+	}
+	down := time.Now()
+	waitFor(t, 10*time.Second, "8 answers 503 store_unavailable while Redis is down", func() bool {
+		return count(l.since(down), storeUnavailable) >= 8
+	})
+	accepted := l.accepted()
+	time.Sleep(500 * time.Millisecond)
+	// A request already past its claim may finish; nothing new is accepted.
+	if got := l.accepted(); got > accepted+8 {
+		t.Errorf("%d actions accepted while Redis was down: the middleware failed open", got-accepted)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := rs.Restart(ctx); err != nil {
+		t.Fatalf("restart redis-server: %v", err)
+	}
+	up := time.Now()
+	downReplies := l.since(down)
+	l.waitAccepted(t, 30, 20*time.Second)
+	t.Logf("recovered: 30 more actions accepted %v after redis-server came back", time.Since(up).Round(time.Millisecond))
+	l.stop()
+
+	checkReplies(t, l.since(time.Time{}), nil)
+	checkTasks(t, pool, l, tenant)
+	repeats := n.checkRuns(t)
+	t.Logf("while down: %s", summary(downReplies))
+	t.Logf("handler re-runs read back from Postgres (no new task): %d", repeats)
+}
+
+// TestRedisFlushed flushes Redis under load: Postgres is the last word, so
+// every action accepted before the flush, sent again, gets its same task
+// (read back, not created again), and drifted parameters still get 409.
+func TestRedisFlushed(t *testing.T) {
+	rs := startRedis(t)
+	pool := migratedPool(t, testenv.PostgresDSN(t))
+	n := startNode(t, nodeConfig{redis: &redis.Options{Addr: rs.Addr}, pool: pool, lease: 2 * time.Second})
+	const tenant = "faults-redis-flushed"
+	l := startLoad(t, 8, "flush", func(int) target { return headerTarget(n.url, tenant) })
+	l.waitAccepted(t, 40, 20*time.Second)
+
+	admin := redis.NewClient(&redis.Options{Addr: rs.Addr})
+	defer admin.Close()
+	ctx := context.Background()
+	if err := admin.FlushAll(ctx).Err(); err != nil {
+		t.Fatalf("FLUSHALL: %v", err)
+	}
+	before := map[string]string{}
+	l.mu.Lock()
+	for k, id := range l.keys {
+		if id != "" {
+			before[k] = id
+		}
+	}
+	l.mu.Unlock()
+	l.waitAccepted(t, 40, 20*time.Second)
+	l.stop()
+
+	hc := &http.Client{Timeout: 10 * time.Second}
+	tg := headerTarget(n.url, tenant)
+	drift := []byte(`{"prompt":"a lighthouse at dawn","aspect_ratio":"16:9","n":1}`)
+	i := 0
+	for key, id := range before {
+		for pass := 0; pass < 2; pass++ { // read back from Postgres, then replayed from Redis
+			r := send(ctx, hc, tg, key, imageBody)
+			if r.status != http.StatusAccepted || r.taskID != id {
+				t.Errorf("key %s after FLUSHALL (pass %d): %v task %q, want 202 task %s", key, pass, r, r.taskID, id)
+			}
+		}
+		if i%4 == 0 {
+			if r := send(ctx, hc, tg, key, drift); r.status != http.StatusConflict || r.code != "key_reused" {
+				t.Errorf("key %s with drifted parameters after FLUSHALL: %v, want 409 key_reused", key, r)
+			}
+		}
+		i++
+	}
+	checkReplies(t, l.since(time.Time{}), nil)
+	checkTasks(t, pool, l, tenant)
+	repeats := n.checkRuns(t)
+	if repeats < len(before) {
+		t.Errorf("%d handler re-runs for %d flushed keys: the read-back path was not exercised", repeats, len(before))
+	}
+	t.Logf("%d keys accepted before FLUSHALL all kept their task; %d handler re-runs read back", len(before), repeats)
+}
+
+// delayProxy forwards TCP to upstream, holding every reply chunk back by
+// the current delay.
+type delayProxy struct {
+	addr  string
+	delay atomic.Int64 // nanoseconds
+	l     net.Listener
+	wg    sync.WaitGroup
+}
+
+func startDelayProxy(t *testing.T, upstream string) *delayProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &delayProxy{addr: l.Addr().String(), l: l}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				p.pipe(c, upstream)
+			}()
+		}
+	}()
+	t.Cleanup(func() { l.Close(); p.wg.Wait() })
+	return p
+}
+
+func (p *delayProxy) pipe(c net.Conn, upstream string) {
+	defer c.Close()
+	u, err := net.Dial("tcp", upstream)
+	if err != nil {
+		return
+	}
+	defer u.Close()
+	done := make(chan struct{}, 2)
+	go func() { io.Copy(u, c); u.Close(); done <- struct{}{} }()
+	go func() {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := u.Read(buf)
+			if n > 0 {
+				time.Sleep(time.Duration(p.delay.Load()))
+				if _, werr := c.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		c.Close()
+		done <- struct{}{}
+	}()
+	<-done
+	<-done
+}
+
+// TestRedisSlow puts a loopback proxy that delays Redis's replies beyond
+// the client's read timeout: answers stay bounded in time (503
+// store_unavailable or 409 in progress, never a hang), and a claim that
+// Redis executed but whose reply was lost never lets a key run twice.
+func TestRedisSlow(t *testing.T) {
+	rs := startRedis(t)
+	proxy := startDelayProxy(t, rs.Addr)
+	pool := migratedPool(t, testenv.PostgresDSN(t))
+	const readTimeout = 300 * time.Millisecond
+	n := startNode(t, nodeConfig{
+		redis: &redis.Options{Addr: proxy.addr, ReadTimeout: readTimeout, WriteTimeout: readTimeout, DialTimeout: readTimeout},
+		pool:  pool, lease: 2 * time.Second,
+	})
+	const tenant = "faults-redis-slow"
+	l := startLoad(t, 8, "slow", func(int) target { return headerTarget(n.url, tenant) })
+	l.waitAccepted(t, 30, 20*time.Second)
+
+	proxy.delay.Store(int64(time.Second))
+	slow := time.Now()
+	time.Sleep(3 * time.Second)
+	proxy.delay.Store(0)
+	healed := time.Now()
+	l.waitAccepted(t, 30, 30*time.Second)
+	l.stop()
+
+	during := l.since(slow)
+	var slowPhase []reply
+	for _, r := range during {
+		if r.at.Before(healed) {
+			slowPhase = append(slowPhase, r)
+		}
+	}
+	if count(slowPhase, storeUnavailable) == 0 {
+		t.Errorf("no 503 store_unavailable while Redis was slow: %s", summary(slowPhase))
+	}
+	// go-redis retries a timed-out command (3 retries by default) and the
+	// middleware bounds its after-handler calls by the lease: 5s is a
+	// generous bound on any single answer.
+	if m := maxLatency(l.since(time.Time{})); m > 5*time.Second {
+		t.Errorf("slowest answer took %v, want ≤ 5s", m)
+	}
+	checkReplies(t, l.since(time.Time{}), nil)
+	checkTasks(t, pool, l, tenant)
+	repeats := n.checkRuns(t)
+	t.Logf("while slow: %s; slowest answer %v", summary(slowPhase), maxLatency(slowPhase).Round(time.Millisecond))
+	t.Logf("handler re-runs read back from Postgres (no new task): %d", repeats)
+}
