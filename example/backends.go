@@ -38,22 +38,25 @@ func (b *backends) close() {
 // openBackends connects to Postgres (DATABASE_URL, or a throwaway cluster
 // when embedded is allowed) and, with withRedis, to Redis (REDIS_URL, or an
 // in-process miniredis), then migrates the schema.
-func openBackends(ctx context.Context, s settings, withRedis, embedded bool) (b *backends, err error) {
-	b = &backends{}
-	defer func() {
-		if err != nil {
-			b.close()
-		}
-	}()
+func openBackends(ctx context.Context, s settings, withRedis, embedded bool) (*backends, error) {
+	b := &backends{}
+	if err := b.open(ctx, s, withRedis, embedded); err != nil {
+		b.close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *backends) open(ctx context.Context, s settings, withRedis, embedded bool) (err error) {
 
 	dsn := s.databaseURL
 	if dsn == "" {
 		if !embedded {
-			return nil, errors.New("DATABASE_URL (or -database-url) is required: several processes must share one database")
+			return errors.New("DATABASE_URL (or -database-url) is required: several processes must share one database")
 		}
 		pg, err := devserver.StartPostgres(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("start a throwaway PostgreSQL (set DATABASE_URL to use yours): %w", err)
+			return fmt.Errorf("start a throwaway PostgreSQL (set DATABASE_URL to use yours): %w", err)
 		}
 		b.closers = append(b.closers, func() { _ = pg.Stop() })
 		dsn = pg.DSN("postgres")
@@ -63,23 +66,23 @@ func openBackends(ctx context.Context, s settings, withRedis, embedded bool) (b 
 	}
 	b.pool, err = pgxpool.New(ctx, dsn)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: %w", err)
+		return fmt.Errorf("postgres: %w", err)
 	}
 	b.closers = append(b.closers, b.pool.Close)
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := b.pool.Ping(pingCtx); err != nil {
-		return nil, fmt.Errorf("postgres %s: %w", redactURL(dsn), err)
+		return fmt.Errorf("postgres %s: %w", redactURL(dsn), err)
 	}
 	if b.store, err = pgstore.New(ctx, b.pool); err != nil {
-		return nil, err
+		return err
 	}
 	if err := b.store.Migrate(ctx); err != nil {
-		return nil, err
+		return err
 	}
 
 	if !withRedis {
-		return b, nil
+		return nil
 	}
 	if s.redisURL == "" {
 		mr := miniredis.NewMiniRedis()
@@ -88,7 +91,7 @@ func openBackends(ctx context.Context, s settings, withRedis, embedded bool) (b 
 		// time with FastForward).
 		mr.ClockTTL(true)
 		if err := mr.Start(); err != nil {
-			return nil, fmt.Errorf("start miniredis: %w", err)
+			return fmt.Errorf("start miniredis: %w", err)
 		}
 		b.closers = append(b.closers, mr.Close)
 		b.redis = redis.NewClient(&redis.Options{Addr: mr.Addr()})
@@ -96,16 +99,16 @@ func openBackends(ctx context.Context, s settings, withRedis, embedded bool) (b 
 	} else {
 		opts, err := redis.ParseURL(s.redisURL)
 		if err != nil {
-			return nil, fmt.Errorf("REDIS_URL: %w", err)
+			return fmt.Errorf("REDIS_URL: %w", err)
 		}
 		b.redis = redis.NewClient(opts)
 		b.redisInfo = redactURL(s.redisURL)
 	}
 	b.closers = append(b.closers, func() { _ = b.redis.Close() })
 	if err := b.redis.Ping(pingCtx).Err(); err != nil {
-		return nil, fmt.Errorf("redis %s: %w", b.redisInfo, err)
+		return fmt.Errorf("redis %s: %w", b.redisInfo, err)
 	}
-	return b, nil
+	return nil
 }
 
 // redactURL hides a password in a URL for printing.

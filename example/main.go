@@ -52,6 +52,9 @@ Environment (a flag, when given, wins):
   REDIS_URL     Redis URL (-redis-url); unset: an in-process miniredis
   JWT_SECRET    HS256 secret for bearer tokens; unset: a public dev secret
                 (printed with a warning: never use it outside a laptop)
+  WORKERS       in-process workers (-workers); default 2
+  GEN_TIME      stand-in generation time per task (-gen-time); default 1.5s
+  DEMO_URL      server the demo talks to (-url); unset: an embedded one
 
 API (bearer token with claims tenant, sub, exp):
   GET  /healthz
@@ -64,7 +67,7 @@ API (bearer token with claims tenant, sub, exp):
 Prompt markers for the stand-in generator (put them anywhere in the prompt):
   #fail      the upstream refuses             → failed
   #timeout   the upstream times out           → uncertain, then reconciled → succeeded
-  #empty     the upstream returns no images   → failed ("no images")
+  #empty     the upstream returns no images   → failed ("no result items")
   #partial   the upstream fails after 1 image → failed, recoverable via /recover
 
 Run "go run ./example <command> -h" for a command's flags.
@@ -73,7 +76,9 @@ Run "go run ./example <command> -h" for a command's flags.
 // run executes one command line and returns the exit code.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	cmd := "serve"
-	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		cmd = "help"
+	} else if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
 		cmd, args = args[0], args[1:]
 	}
 	var err error

@@ -55,6 +55,9 @@ func TestService(t *testing.T) {
 		if retry.status != http.StatusAccepted {
 			t.Fatalf("retry after flush: %d %s", retry.status, retry.body)
 		}
+		if retry.header.Get("Idempotent-Replayed") != "" {
+			t.Fatalf("the retry was replayed from Redis: the flush did not take")
+		}
 		if got, want := retry.json(t)["task_id"], first.json(t)["task_id"]; got != want {
 			t.Errorf("retry after flush got task %v, want the same task %v", got, want)
 		}
