@@ -1,0 +1,44 @@
+// Package middleware is idemgate's echo v4 idempotency middleware and its
+// stores.
+//
+// The idempotency key says "is this the same business action"; the
+// parameter fingerprint says "are these still the same parameters". A true
+// retry (same key, same parameters) gets the original response back, byte
+// for byte, with Idempotent-Replayed: true, and the handler does not run
+// again. A retry whose parameters drifted (same key, another prompt) gets
+// 409 key_reused before anything runs — never the old answer, never a new
+// run under the old key.
+//
+// Use it per route, with that route's Kind and Fingerprint:
+//
+//	idem := middleware.Config{Store: middleware.NewRedisStore(rdb), Scope: scopeFromJWT}
+//	images := idem
+//	images.Kind = "image"
+//	images.Fingerprint = fingerprint.Spec{Fields: []string{"/prompt", "/aspect_ratio", "/n"}}
+//	e.POST("/v1/images", createImage, middleware.New(images))
+//
+// For each protected request (POST and PATCH by default, carrying the
+// Idempotency-Key header) the middleware derives a key from tenant, user,
+// kind and request id (package keyspace), fingerprints the body together
+// with the method and route template (package fingerprint), and makes one
+// atomic Store.Claim call. Then it replays a finished response, answers 409
+// request_in_progress for a running one (or waits, WaitInFlight), answers
+// key_reused for other parameters, or runs the handler under a renewed lease
+// and stores its response for Retention (statuses Cacheable accepts) or
+// releases the claim so a retry runs (5xx, 408, 409, 425, 429, errors,
+// panics, responses over MaxResponseBytes).
+//
+// Errors are application/problem+json (RFC 9457) with a "code" member:
+//
+//	key_missing          400  no key and Config.Required
+//	key_invalid          400  repeated, empty, over 255 bytes, non-printable
+//	body_too_large       413  body over MaxBodyBytes
+//	body_invalid         400  body the fingerprint cannot parse (reason in detail)
+//	key_reused           409  key used with other parameters (MismatchStatus, e.g. 422)
+//	request_in_progress  409  same request still running; Retry-After
+//	store_unavailable    503  store unreachable (unless FailOpen); Retry-After
+//
+// The Store interface is small enough to implement on Postgres or DynamoDB;
+// RedisStore implements it on a single Redis, Sentinel or Cluster with one
+// Lua script per transition.
+package middleware
