@@ -68,6 +68,7 @@ func (a *api) handler() *echo.Echo {
 			// A duplicate that arrives while the first is still being
 			// stored waits for its answer instead of getting a 409.
 			WaitInFlight: 2 * time.Second,
+			OnEvent:      a.logEvent,
 			Logger:       a.logger,
 		})
 	}
@@ -78,6 +79,19 @@ func (a *api) handler() *echo.Echo {
 	v1.GET("/tasks/:id", a.getTask)
 	v1.POST("/tasks/:id/recover", a.recoverTask)
 	return e
+}
+
+// logEvent logs what the middleware did with a request, so the server's
+// output tells the retry story too. Events never carry a key or a body.
+func (a *api) logEvent(ev middleware.Event) {
+	switch ev.Type {
+	case middleware.EventClaimed:
+		return // the common case; the handler's outcome says enough
+	case middleware.EventStoreError, middleware.EventLeaseLost, middleware.EventFailOpen:
+		a.logger.Warn("idempotency "+ev.Type.String(), "route", ev.Route, "tenant", ev.Tenant, "reason", ev.Reason, "err", ev.Err)
+	default:
+		a.logger.Info("idempotency "+ev.Type.String(), "route", ev.Route, "tenant", ev.Tenant, "status", ev.Status)
+	}
 }
 
 func (a *api) healthz(c echo.Context) error {
