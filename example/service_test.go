@@ -26,6 +26,9 @@ func TestService(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: builds the binary and starts processes")
 	}
+	// The only test of this binary on the shared redis-server, so its
+	// FLUSHALL disturbs no one.
+	t.Parallel()
 	d := startDeployment(t)
 	alice := token(t, "acme", "alice")
 	newClient := func(base string) *client.Client {
@@ -179,6 +182,9 @@ func TestService(t *testing.T) {
 				}
 			}
 			raw := do(t, http.MethodGet, d.a.url+"/v1/tasks/"+task.ID, alice, "", "").json(t)
+			if raw["status"] != "succeeded" || len(raw["images"].([]any)) != 2 {
+				t.Errorf("GET after success: %v", raw)
+			}
 			if _, ok := raw["poll_after_ms"]; ok {
 				t.Errorf("finished task still has poll_after_ms: %v", raw)
 			}
@@ -191,8 +197,14 @@ func TestService(t *testing.T) {
 			t.Parallel()
 			first := submit(t, d.a, "private:1", body)
 			id, _ := first.json(t)["task_id"].(string)
-			if got := do(t, http.MethodGet, d.b.url+"/v1/tasks/"+id, alice, "", ""); got.status != http.StatusOK {
+			got := do(t, http.MethodGet, d.b.url+"/v1/tasks/"+id, alice, "", "")
+			if got.status != http.StatusOK {
 				t.Fatalf("owner's GET: %d %s", got.status, got.body)
+			}
+			if view := got.json(t); view["status"] != "succeeded" {
+				if _, ok := view["images"]; ok || view["poll_after_ms"] == nil {
+					t.Errorf("unfinished task view %v: want poll_after_ms and no images", view)
+				}
 			}
 			for _, tok := range []string{token(t, "acme", "bob"), token(t, "globex", "alice")} {
 				for _, path := range []string{"/v1/tasks/" + id, "/v1/tasks/not-a-uuid"} {
