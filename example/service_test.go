@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -325,6 +327,27 @@ func TestService(t *testing.T) {
 			again := do(t, http.MethodPost, d.a.url+"/v1/tasks/"+task.ID+"/recover", alice, "", "")
 			if again.status != http.StatusConflict || again.json(t)["code"] != "not_recoverable" {
 				t.Errorf("recovering a succeeded task: %d %s, want 409 not_recoverable", again.status, again.body)
+			}
+		})
+
+		t.Run("demo tells the story against a running node", func(t *testing.T) {
+			t.Parallel()
+			out := t.TempDir()
+			cmd := exec.Command(exampleBinary(t), "demo", "-url", d.b.url, "-out", out)
+			cmd.Env = append(os.Environ(), "JWT_SECRET="+testSecret)
+			story, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("demo: %v\n%s", err, story)
+			}
+			for _, want := range []string{"202 Accepted", "the SAME task; Idempotent-Replayed: true", "409 Conflict, code key_reused",
+				"a new task", "→ succeeded"} {
+				if !bytes.Contains(story, []byte(want)) {
+					t.Errorf("demo output lacks %q:\n%s", want, story)
+				}
+			}
+			files, _ := filepath.Glob(filepath.Join(out, "*.png"))
+			if len(files) != 2 {
+				t.Errorf("demo wrote %d PNGs, want 2", len(files))
 			}
 		})
 
