@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -46,8 +45,6 @@ type api struct {
 	redis  redis.UniversalClient
 	secret []byte
 	logger *slog.Logger
-	// ready is set once migrations ran; /healthz answers 503 before.
-	ready *atomic.Bool
 }
 
 // handler returns the echo instance serving the routes.
@@ -95,16 +92,15 @@ func (a *api) logEvent(ev middleware.Event) {
 }
 
 func (a *api) healthz(c echo.Context) error {
-	if !a.ready.Load() {
-		return &problem{Status: http.StatusServiceUnavailable, Code: "not_ready", Detail: "migrations have not run yet"}
-	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
 	defer cancel()
 	if err := a.pool.Ping(ctx); err != nil {
-		return &problem{Status: http.StatusServiceUnavailable, Code: "not_ready", Detail: "postgres: " + err.Error()}
+		a.logger.Warn("healthz: postgres", "err", err)
+		return &problem{Status: http.StatusServiceUnavailable, Code: "not_ready", Detail: "postgres does not answer"}
 	}
 	if err := a.redis.Ping(ctx).Err(); err != nil {
-		return &problem{Status: http.StatusServiceUnavailable, Code: "not_ready", Detail: "redis: " + err.Error()}
+		a.logger.Warn("healthz: redis", "err", err)
+		return &problem{Status: http.StatusServiceUnavailable, Code: "not_ready", Detail: "redis does not answer"}
 	}
 	return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
 }

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"sync/atomic"
 	"time"
 )
 
@@ -69,20 +68,23 @@ func startNode(ctx context.Context, s settings, logger *slog.Logger, stderr io.W
 		}
 		n.devToken = tok
 	}
+	// Listen first: a busy port should fail before a cluster is made.
+	var err error
+	n.ln, err = net.Listen("tcp", s.addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	if s.databaseURL == "" {
+		fmt.Fprintln(stderr, "starting a throwaway PostgreSQL cluster (a few seconds)...")
+	}
 	b, err := openBackends(ctx, s, true, true)
 	if err != nil {
+		n.ln.Close()
 		return nil, err
 	}
 	n.b = b
-	ready := new(atomic.Bool)
-	ready.Store(true) // openBackends migrated
-	a := &api{store: b.store, pool: b.pool, redis: b.redis, secret: secret, logger: logger, ready: ready}
-
-	n.ln, err = net.Listen("tcp", s.addr)
-	if err != nil {
-		b.close()
-		return nil, fmt.Errorf("listen: %w", err)
-	}
+	// Requests are served only after openBackends migrated the schema.
+	a := &api{store: b.store, pool: b.pool, redis: b.redis, secret: secret, logger: logger}
 	n.workers, err = startWorkers(b.store, s.workers, generator{took: s.genTime}, logger)
 	if err != nil {
 		n.ln.Close()
