@@ -1,9 +1,13 @@
 package fingerprint
 
 import (
+	"cmp"
 	"errors"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
+	"unicode/utf16"
 )
 
 func TestCanonicalize(t *testing.T) {
@@ -139,6 +143,33 @@ func TestNestingLimit(t *testing.T) {
 		}
 		if _, err := (Spec{}).Sum([]byte(doc)); err != nil {
 			t.Errorf("Sum of %d levels of %s: %v", maxDepth, open, err)
+		}
+	}
+}
+
+// TestNameOrder checks the order of member names against a reference that
+// sorts by UTF-16 code units directly.
+func TestNameOrder(t *testing.T) {
+	t.Parallel()
+	alphabet := []rune{0, 'a', 'b', 'z', 0x7f, 0xe9, 0x7ff, 0x800, 0xd7ff, 0xe000, 0xfb01, 0xffff, 0x10000, 0x1f600, 0x10ffff}
+	rng := rand.New(rand.NewPCG(1, 2))
+	name := func() string {
+		rs := make([]rune, rng.IntN(12))
+		for i := range rs {
+			rs[i] = alphabet[rng.IntN(len(alphabet))]
+		}
+		return string(rs)
+	}
+	sign := func(c int) int { return min(max(c, -1), 1) }
+	for range 100_000 {
+		a, b := name(), name()
+		want := slices.Compare(utf16.Encode([]rune(a)), utf16.Encode([]rune(b)))
+		got := compareUTF16([]byte(a), []byte(b))
+		if ka, kb := sortKey([]byte(a)), sortKey([]byte(b)); ka != kb {
+			got = cmp.Compare(ka, kb)
+		}
+		if sign(got) != want {
+			t.Fatalf("%+q vs %+q: got %d, want %d", a, b, got, want)
 		}
 	}
 }

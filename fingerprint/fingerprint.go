@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"hash"
 	"net/http"
 )
 
@@ -57,7 +58,7 @@ func Canonicalize(json []byte) ([]byte, error) {
 	if err := st.scan(json, numbersDouble); err != nil {
 		return nil, err
 	}
-	return append([]byte(nil), st.out...), nil
+	return st.canonical(make([]byte, 0, len(st.out)), 0), nil
 }
 
 // Sum returns the fingerprint of a JSON body, as SumRequest does for the
@@ -150,10 +151,20 @@ func appendStr[T string | []byte](b []byte, s T) []byte {
 func (st *state) sumJSON(mediaType string, body []byte) (Fingerprint, error) {
 	if len(st.prog.fields) == 0 {
 		st.out = appendHeader(st.out[:0], mediaType, 'J')
+		header := len(st.out)
 		if err := st.scan(body, numbersExact); err != nil {
 			return "", err
 		}
-		return st.finish(st.out), nil
+		if len(st.nodes) == 0 { // written in canonical order already
+			return st.finish(st.out), nil
+		}
+		h := st.hash()
+		h.Write(st.out[:header])
+		st.stream = h
+		st.tmp = st.canonical(st.tmp[:0], header)
+		st.stream = nil
+		h.Write(st.tmp)
+		return st.fingerprint(h.Sum(st.sum[:0])), nil
 	}
 	st.out = st.out[:0]
 	if err := st.scan(body, numbersExact); err != nil {
@@ -177,8 +188,21 @@ func (st *state) sumJSON(mediaType string, body []byte) (Fingerprint, error) {
 
 func (st *state) finish(input []byte) Fingerprint {
 	sum := sha256.Sum256(input)
+	return st.fingerprint(sum[:])
+}
+
+func (st *state) fingerprint(sum []byte) Fingerprint {
 	var b [3 + 2*sha256.Size]byte
 	copy(b[:], "v1:")
-	hex.Encode(b[3:], sum[:])
+	hex.Encode(b[3:], sum)
 	return Fingerprint(b[:])
+}
+
+// hash returns the state's SHA-256, reset.
+func (st *state) hash() hash.Hash {
+	if st.sha == nil {
+		st.sha = sha256.New()
+	}
+	st.sha.Reset()
+	return st.sha
 }

@@ -3,6 +3,7 @@ package fingerprint
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -73,6 +74,23 @@ func TestHashInputLayout(t *testing.T) {
 			sum(head, str("text/plain"), "R", "hi"),
 		},
 	}
+	// A body large enough for Sum to hash it in chunks as it assembles it:
+	// members in reverse order, values both smaller and larger than a chunk.
+	var big strings.Builder
+	big.WriteString(`{"z":{"y":1,"x":2}`)
+	for i := 99; i >= 0; i-- {
+		fmt.Fprintf(&big, `,"m%02d":{"b":%q,"a":[%d]}`, i, strings.Repeat("x", i*i*4), i)
+	}
+	big.WriteString(`}`)
+	tests = append(tests, struct {
+		name string
+		got  Fingerprint
+		want Fingerprint
+	}{
+		"large reordered body",
+		mustSum(t, Spec{}, big.String()),
+		sum(head, str("application/json"), "J", exactForm(t, big.String())),
+	})
 	for _, tt := range tests {
 		if tt.got != tt.want {
 			t.Errorf("%s: %s, want %s", tt.name, tt.got, tt.want)

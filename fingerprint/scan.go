@@ -3,6 +3,9 @@ package fingerprint
 import (
 	"encoding/binary"
 	"fmt"
+	"hash"
+	"math"
+	"math/bits"
 	"slices"
 	"sync"
 	"unicode/utf8"
@@ -34,9 +37,22 @@ func invalidf(format string, args ...any) error {
 type member struct {
 	key        uint64 // sortKey of the name
 	nameOff    int    // the decoded name: in the input, or in state.names when escaped
-	nameLen    int
+	start, end int    // the member's bytes in state.out; start < 0 when not written
+	nodes      int    // state.nodes[nodes:nodesEnd] lie inside the member
+	nodesEnd   int
+	nameLen    int32 // member names longer than 2 GiB are not supported
 	escaped    bool
-	start, end int // the member's canonical bytes in state.out; start < 0 when not written
+}
+
+// A node is an object written to state.out whose bytes there are not yet
+// canonical: its members are out of order, or a descendant's are. Nodes
+// are listed in the order their objects open; emitRange puts them right.
+// Moving bytes only once, at the end, keeps the cost linear however deep
+// the reordered objects nest.
+type node struct {
+	start, end int // the object in state.out, braces included
+	first, n   int // its written members in canonical order: state.order[first:first+n]
+	next       int // the first node after this one that is not its descendant
 }
 
 // span is a range of state.sel.
@@ -49,16 +65,23 @@ type state struct {
 	pos  int
 	mode numberMode
 
-	out     []byte   // canonical output
-	tmp     []byte   // reordering of object members
+	out     []byte   // the body's canonical tokens, objects' members in input order
+	nodes   []node   // the objects of out whose members need reordering
+	order   []member // members of the nodes, in canonical order
+	tmp     []byte   // the canonical body assembled from out
 	names   []byte   // decoded member names that held escapes
 	members []member // members of the open objects, innermost last
 
-	prog     program
-	active   []int  // indexes into prog.ptrs still matching, per open level
-	sel      []byte // canonical values of selected fields
-	selVal   []span // per field slot; start < 0 when absent
-	selDepth int    // number of selected values being scanned
+	// stream, when set, has emitRange pass what it assembles on to it in
+	// chunks, keeping the assembly buffer small and in cache.
+	stream hash.Hash
+	sha    hash.Hash // reused by Sum
+	sum    [32]byte  // a digest, kept here so it need not be allocated
+
+	prog   program
+	active []int  // indexes into prog.ptrs still matching, per open level
+	sel    []byte // canonical values of selected fields
+	selVal []span // per field slot; start < 0 when absent
 }
 
 var statePool = sync.Pool{New: func() any { return new(state) }}
@@ -81,18 +104,20 @@ func putState(s *state) {
 	statePool.Put(s)
 }
 
-// scan checks that data is one strict JSON text and writes its canonical
-// form after the bytes already in s.out. With a compiled program it also
-// applies exclusions and, when Fields are set, collects the selected values
-// in s.sel instead of writing the whole body.
+// scan checks that data is one strict JSON text and writes its tokens
+// after the bytes already in s.out; canonical then assembles them in
+// canonical order. With a compiled program scan also applies exclusions
+// and, when Fields are set, puts the canonical selected values in s.sel
+// instead of writing the whole body.
 func (s *state) scan(data []byte, mode numberMode) error {
 	s.data, s.pos, s.mode = data, 0, mode
 	s.members = s.members[:0]
+	s.nodes = s.nodes[:0]
+	s.order = s.order[:0]
 	s.names = s.names[:0]
 	s.active = s.active[:0]
 	s.sel = s.sel[:0]
 	s.selVal = s.selVal[:0]
-	s.selDepth = 0
 	for range s.prog.fields {
 		s.selVal = append(s.selVal, span{-1, -1})
 	}
@@ -140,21 +165,58 @@ func (s *state) child(depth int, emit bool, a0, a1, slot int) error {
 	if slot < 0 {
 		return s.value(depth, emit, a0, a1)
 	}
-	start := len(s.out)
-	s.selDepth++
-	err := s.value(depth, true, a0, a1)
-	s.selDepth--
-	if err != nil {
+	start, nodes, order := len(s.out), len(s.nodes), len(s.order)
+	if err := s.value(depth, true, a0, a1); err != nil {
 		return err
 	}
 	n := len(s.sel)
-	s.sel = append(s.sel, s.out[start:]...)
+	s.sel = s.emitRange(s.sel, start, len(s.out), nodes, len(s.nodes))
 	s.selVal[slot] = span{n, len(s.sel)}
 	if !emit {
 		// Nothing around this value is written: drop it from out.
-		s.out = s.out[:start]
+		s.out, s.nodes, s.order = s.out[:start], s.nodes[:nodes], s.order[:order]
 	}
 	return nil
+}
+
+// canonical appends to dst the canonical form of the value written at
+// s.out[start:].
+func (s *state) canonical(dst []byte, start int) []byte {
+	return s.emitRange(dst, start, len(s.out), 0, len(s.nodes))
+}
+
+// emitRange appends s.out[start:end] to dst, with the objects of
+// s.nodes[first:last] inside it in canonical order.
+func (s *state) emitRange(dst []byte, start, end, first, last int) []byte {
+	for i := first; i < last; i = s.nodes[i].next {
+		n := &s.nodes[i]
+		dst = s.put(dst, s.out[start:n.start])
+		dst = append(dst, '{')
+		for k, m := range s.order[n.first : n.first+n.n] {
+			if k > 0 {
+				dst = append(dst, ',')
+			}
+			dst = s.emitRange(dst, m.start, m.end, m.nodes, m.nodesEnd)
+		}
+		dst = append(dst, '}')
+		start = n.end
+	}
+	return s.put(dst, s.out[start:end])
+}
+
+// streamChunk is how much emitRange gathers before passing it to s.stream.
+const streamChunk = 16 << 10
+
+func (s *state) put(dst, p []byte) []byte {
+	if s.stream == nil || len(dst)+len(p) <= streamChunk {
+		return append(dst, p...)
+	}
+	s.stream.Write(dst)
+	if len(p) > streamChunk {
+		s.stream.Write(p)
+		return dst[:0]
+	}
+	return append(dst[:0], p...)
 }
 
 func (s *state) value(depth int, emit bool, a0, a1 int) error {
@@ -235,20 +297,21 @@ func (s *state) object(depth int, emit bool, a0, a1 int) error {
 	}
 	open := s.pos
 	s.pos++
-	objStart := len(s.out)
-	if emit {
-		s.out = append(s.out, '{')
-	}
-	mbase, nbase := len(s.members), len(s.names)
-	written := 0
 	s.skipSpace()
 	if s.pos < len(s.data) && s.data[s.pos] == '}' {
 		s.pos++
 		if emit {
-			s.out = append(s.out, '}')
+			s.out = append(s.out, '{', '}')
 		}
 		return nil
 	}
+	self := len(s.nodes)
+	if emit {
+		s.nodes = append(s.nodes, node{start: len(s.out)})
+		s.out = append(s.out, '{')
+	}
+	mbase, nbase := len(s.members), len(s.names)
+	written := 0
 	for {
 		if s.pos >= len(s.data) || s.data[s.pos] != '"' {
 			return s.errorf("want a member name")
@@ -261,6 +324,9 @@ func (s *state) object(depth int, emit bool, a0, a1 int) error {
 		off, n, esc, err := s.str(emit, true)
 		if err != nil {
 			return err
+		}
+		if n > math.MaxInt32 {
+			return invalidAt(mark, "member name longer than 2 GiB")
 		}
 		s.skipSpace()
 		if s.pos >= len(s.data) || s.data[s.pos] != ':' {
@@ -281,14 +347,15 @@ func (s *state) object(depth int, emit bool, a0, a1 int) error {
 		if a0 < a1 {
 			excluded, slot = s.match(a0, a1, depth-1, name, -1)
 		}
-		m := member{key: sortKey(name), nameOff: off, nameLen: n, escaped: esc, start: -1}
+		m := member{key: sortKey(name), nameOff: off, nameLen: int32(n), escaped: esc, start: -1}
 		if excluded {
 			s.out = s.out[:mark]
 			err = s.value(depth, false, c0, c0)
 		} else {
+			m.nodes = len(s.nodes)
 			err = s.child(depth, emit, c0, len(s.active), slot)
 			if emit {
-				m.start, m.end = mstart, len(s.out)
+				m.start, m.end, m.nodesEnd = mstart, len(s.out), len(s.nodes)
 				written++
 			}
 		}
@@ -312,11 +379,25 @@ func (s *state) object(depth int, emit bool, a0, a1 int) error {
 		s.pos++
 		break
 	}
-	if err := s.sortMembers(s.members[mbase:], objStart+1, open, emit); err != nil {
+	ms := s.members[mbase:]
+	reordered, err := s.sortMembers(ms, open)
+	if err != nil {
 		return err
 	}
 	if emit {
 		s.out = append(s.out, '}')
+		if reordered || len(s.nodes) > self+1 {
+			n := &s.nodes[self]
+			n.end, n.first, n.next = len(s.out), len(s.order), len(s.nodes)
+			for _, m := range ms {
+				if m.start >= 0 {
+					s.order = append(s.order, m)
+				}
+			}
+			n.n = len(s.order) - n.first
+		} else {
+			s.nodes = s.nodes[:self] // canonical as written
+		}
 	}
 	s.members = s.members[:mbase]
 	s.names = s.names[:nbase]
@@ -325,9 +406,9 @@ func (s *state) object(depth int, emit bool, a0, a1 int) error {
 
 func (s *state) name(m *member) []byte {
 	if m.escaped {
-		return s.names[m.nameOff : m.nameOff+m.nameLen]
+		return s.names[m.nameOff : m.nameOff+int(m.nameLen)]
 	}
-	return s.data[m.nameOff : m.nameOff+m.nameLen]
+	return s.data[m.nameOff : m.nameOff+int(m.nameLen)]
 }
 
 func (s *state) compare(a, b *member) int {
@@ -341,9 +422,9 @@ func (s *state) compare(a, b *member) int {
 }
 
 // sortMembers orders the members of one object by their names in UTF-16
-// code units, rejects a repeated name, and, when emit is set, rewrites the
-// members written at out[first:] in that order.
-func (s *state) sortMembers(ms []member, first, open int, emit bool) error {
+// code units and rejects a repeated name. It reports whether the order
+// changed.
+func (s *state) sortMembers(ms []member, open int) (reordered bool, err error) {
 	sorted := true
 	for i := 1; i < len(ms); i++ {
 		if c := s.compare(&ms[i-1], &ms[i]); c >= 0 {
@@ -352,13 +433,16 @@ func (s *state) sortMembers(ms []member, first, open int, emit bool) error {
 		}
 	}
 	if sorted {
-		return nil
+		return false, nil
 	}
 	if len(ms) <= 12 {
 		for i := 1; i < len(ms); i++ {
-			for j := i; j > 0 && s.compare(&ms[j-1], &ms[j]) > 0; j-- {
-				ms[j-1], ms[j] = ms[j], ms[j-1]
+			x := ms[i]
+			j := i
+			for ; j > 0 && s.compare(&ms[j-1], &x) > 0; j-- {
+				ms[j] = ms[j-1]
 			}
+			ms[j] = x
 		}
 	} else {
 		slices.SortFunc(ms, func(a, b member) int { return s.compare(&a, &b) })
@@ -369,24 +453,10 @@ func (s *state) sortMembers(ms []member, first, open int, emit bool) error {
 			if !ms[i].escaped {
 				off = ms[i].nameOff - 1
 			}
-			return invalidAt(off, "duplicate member name %q", s.name(&ms[i]))
+			return false, invalidAt(off, "duplicate member name %q", s.name(&ms[i]))
 		}
 	}
-	if !emit {
-		return nil
-	}
-	s.tmp = s.tmp[:0]
-	for i := range ms {
-		if ms[i].start < 0 {
-			continue
-		}
-		if len(s.tmp) > 0 {
-			s.tmp = append(s.tmp, ',')
-		}
-		s.tmp = append(s.tmp, s.out[ms[i].start:ms[i].end]...)
-	}
-	copy(s.out[first:], s.tmp)
-	return nil
+	return true, nil
 }
 
 func (s *state) array(depth int, emit bool, a0, a1 int) error {
@@ -455,12 +525,13 @@ var plain = func() (t [256]bool) {
 	return t
 }()
 
-// special reports whether any of the 8 bytes in x is a control character,
-// '"', '\\' or not ASCII. Lanes borrow only from a lane that is special, so
-// the answer is exact.
-func special(x uint64) bool {
+// special marks with its high bit each of the 8 bytes of x (little
+// endian) that is a control character, '"', '\\' or not ASCII. A lane may
+// be marked wrongly only above a lane that is special, as subtraction
+// borrows upwards; so the lowest mark is exact.
+func special(x uint64) uint64 {
 	const lo, hi = 0x0101010101010101, 0x8080808080808080
-	return ((x-lo*0x20)|((x^lo*'"')-lo)|((x^lo*'\\')-lo)|x)&hi != 0
+	return ((x - lo*0x20) | ((x ^ lo*'"') - lo) | ((x ^ lo*'\\') - lo) | x) & hi
 }
 
 // str scans the string at s.pos. When emit is set it writes the string's
@@ -470,9 +541,13 @@ func (s *state) str(emit, key bool) (off, n int, escaped bool, err error) {
 	data := s.data
 	i := s.pos + 1
 	for i < len(data) {
-		if i+8 <= len(data) && !special(binary.LittleEndian.Uint64(data[i:])) {
-			i += 8
-			continue
+		if i+8 <= len(data) {
+			m := special(binary.LittleEndian.Uint64(data[i:]))
+			if m == 0 {
+				i += 8
+				continue
+			}
+			i += bits.TrailingZeros64(m) >> 3
 		}
 		c := data[i]
 		if plain[c] {
@@ -676,11 +751,19 @@ func compareUTF16(a, b []byte) int {
 // names then.
 func sortKey(name []byte) uint64 {
 	var k uint64
-	for i := 0; i < 8; i++ {
-		k <<= 8
-		if i < len(name) {
-			k |= uint64(utf16Byte[name[i]])
+	if len(name) >= 8 {
+		k = binary.BigEndian.Uint64(name)
+	} else {
+		for i, c := range name {
+			k |= uint64(c) << (56 - 8*i)
 		}
 	}
-	return k
+	if k&0x8080808080808080 == 0 { // ASCII: nothing to map
+		return k
+	}
+	var m uint64
+	for i := 56; i >= 0; i -= 8 {
+		m |= uint64(utf16Byte[byte(k>>i)]) << i
+	}
+	return m
 }

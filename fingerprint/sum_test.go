@@ -193,7 +193,7 @@ func exactForm(t *testing.T, body string) string {
 	if err := st.scan([]byte(body), numbersExact); err != nil {
 		t.Fatalf("scan(%s): %v", body, err)
 	}
-	return string(st.out)
+	return string(st.canonical(nil, 0))
 }
 
 func TestExactNumbers(t *testing.T) {
