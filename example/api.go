@@ -55,9 +55,10 @@ func (a *api) handler() *echo.Echo {
 
 	e.GET("/healthz", a.healthz)
 
+	store := middleware.NewRedisStore(a.redis)
 	idem := func(kind string, fields ...string) echo.MiddlewareFunc {
 		return middleware.New(middleware.Config{
-			Store:       middleware.NewRedisStore(a.redis),
+			Store:       store,
 			Scope:       identity,
 			Kind:        kind,
 			Fingerprint: fingerprint.Spec{Fields: fields},
@@ -262,7 +263,7 @@ func (a *api) submit(c echo.Context, params any) error {
 	h := c.Response().Header()
 	h.Set(echo.HeaderLocation, "/v1/tasks/"+task.ID)
 	h.Set("Retry-After", strconv.Itoa(retrySeconds(poll)))
-	return c.JSON(http.StatusAccepted, accepted{TaskID: task.ID, Status: string(task.State), PollAfterMS: poll.Milliseconds()})
+	return c.JSON(http.StatusAccepted, accepted{TaskID: task.ID, Status: string(pr.State), PollAfterMS: poll.Milliseconds()})
 }
 
 // accepted is the body of a 202 answer to a submit.
