@@ -153,6 +153,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, CPUs: runtime.NumCPU(),
 			GOMAXPROCS: runtime.GOMAXPROCS(0), Go: runtime.Version(),
 			Redis: env.redisVersion, Postgres: env.pgVersion,
+			LoadAvgStart: loadAvg(),
 		},
 		Duration:    o.duration.String(),
 		Concurrency: o.concurrency,
@@ -180,6 +181,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			rep.Results = append(rep.Results, res)
 		}
 	}
+	rep.Machine.LoadAvgEnd = loadAvg()
 	if o.jsonOut {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -187,4 +189,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	rep.writeTable(stdout)
 	return nil
+}
+
+// loadAvg returns /proc/loadavg's 1-minute figure (empty elsewhere): other
+// work on the machine moves absolute figures, ratios much less.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
 }

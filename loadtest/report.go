@@ -26,6 +26,10 @@ type machine struct {
 	Go         string `json:"go"`
 	Redis      string `json:"redis"`
 	Postgres   string `json:"postgres"`
+	// LoadAvgStart and LoadAvgEnd are the 1-minute load average when the
+	// run began and ended (Linux).
+	LoadAvgStart string `json:"loadavg_start,omitempty"`
+	LoadAvgEnd   string `json:"loadavg_end,omitempty"`
 }
 
 // result is one scenario on one stack.
@@ -64,8 +68,8 @@ type result struct {
 
 func (r report) writeTable(w io.Writer) {
 	m := r.Machine
-	fmt.Fprintf(w, "\n%d CPUs (GOMAXPROCS %d), %s/%s, %s, redis %s, postgres %s\n",
-		m.CPUs, m.GOMAXPROCS, m.GOOS, m.GOARCH, m.Go, m.Redis, m.Postgres)
+	fmt.Fprintf(w, "\n%d CPUs (GOMAXPROCS %d), %s/%s, %s, redis %s, postgres %s, load average %s → %s\n",
+		m.CPUs, m.GOMAXPROCS, m.GOOS, m.GOARCH, m.Go, m.Redis, m.Postgres, m.LoadAvgStart, m.LoadAvgEnd)
 	fmt.Fprintf(w, "%s per run, %d keep-alive clients; dup: groups of %d on a %s handler\n\n",
 		r.Duration, r.Concurrency, r.DupGroup, r.Slow)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

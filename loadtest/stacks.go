@@ -248,19 +248,18 @@ return false`
 // newFloor serves the floor: a bare echo handler that does by hand what the
 // idemgate stack does, with the fewest steps: one claim-or-read script, the
 // INSERT of the same row (plain, into a table LIKE idemgate_tasks INCLUDING
-// ALL, with the same notify trigger), one SET of the response.
+// ALL, waking workers with pg_notify in the same statement), one SET of
+// the response.
 func newFloor(ctx context.Context, e *env, o options) (*stack, error) {
 	pool, err := e.newPool(ctx, o.pgConns)
 	if err != nil {
 		return nil, err
 	}
 	const table = "loadtest_floor_tasks"
-	// Same columns, defaults, indexes and notify trigger as idemgate_tasks:
-	// the same INSERT costs the same.
+	// Same columns, defaults and indexes as idemgate_tasks: the same
+	// INSERT costs the same.
 	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS `+table+`;
-		CREATE TABLE `+table+` (LIKE idemgate_tasks INCLUDING ALL);
-		CREATE TRIGGER `+table+`_notify AFTER INSERT ON `+table+`
-			FOR EACH ROW EXECUTE FUNCTION idemgate_tasks_notify()`); err != nil {
+		CREATE TABLE `+table+` (LIKE idemgate_tasks INCLUDING ALL)`); err != nil {
 		return nil, fmt.Errorf("create floor table: %w", err)
 	}
 	st := &stack{name: floorName, table: table, rt: &roundTrips{}, execs: newExecutions()}
@@ -269,8 +268,11 @@ func newFloor(ctx context.Context, e *env, o options) (*stack, error) {
 		claim: redis.NewScript(floorClaimScript),
 		db:    pool,
 		execs: st.execs,
-		insert: `INSERT INTO ` + table + ` (tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id::text, state::text`,
+		// A plain INSERT that wakes workers in the same statement, as Submit does.
+		insert: `WITH ins AS (
+			INSERT INTO ` + table + ` (tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id, state, kind)
+			SELECT ins.id::text, ins.state::text FROM ins, LATERAL (SELECT pg_notify('loadtest_floor', ins.kind)) n`,
 	}
 	ec := newEcho()
 	ec.POST("/v1/images", f.submit)
