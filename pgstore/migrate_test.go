@@ -143,7 +143,8 @@ func migrationSteps(t *testing.T) []string {
 	t.Helper()
 	db := newTestDB(t)
 	var steps []string
-	s := &Store{pool: db.pool(t), migrateHook: func(_ context.Context, step string, _ uint32) { steps = append(steps, step) }}
+	s := newStore(db.pool(t))
+	s.migrateHook = func(_ context.Context, step string, _ uint32) { steps = append(steps, step) }
 	if err := s.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -173,11 +174,12 @@ func TestMigrateSurvivesBeingKilledAtEveryStep(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			// Kill after the steps before this one have run.
-			s := &Store{pool: db.pool(t), migrateHook: func(_ context.Context, got string, pid uint32) {
+			s := newStore(db.pool(t))
+			s.migrateHook = func(_ context.Context, got string, pid uint32) {
 				if got == step {
 					terminate(t, admin, pid)
 				}
-			}}
+			}
 			if err := s.Migrate(ctx); err == nil {
 				t.Fatal("Migrate succeeded on a killed connection")
 			}
@@ -214,7 +216,7 @@ func TestMigrateKilledMidBuildWhileSubmitting(t *testing.T) {
 	)
 	startSubmitters := func() {
 		for g := range 8 {
-			s := &Store{pool: db.pool(t)}
+			s := newStore(db.pool(t))
 			wg.Go(func() {
 				for n := 0; ; n++ {
 					select {
@@ -247,7 +249,7 @@ func TestMigrateKilledMidBuildWhileSubmitting(t *testing.T) {
 
 	killed := make(chan struct{})
 	var blocker pgx.Tx
-	s := &Store{pool: db.pool(t)}
+	s := newStore(db.pool(t))
 	s.migrateHook = func(hctx context.Context, step string, pid uint32) {
 		switch step {
 		case "v2: drop an invalid leftover of the wide index":

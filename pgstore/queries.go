@@ -83,16 +83,14 @@ CREATE INDEX idemgate_tasks_leased ON idemgate_tasks (lease_until) WHERE state =
 CREATE INDEX idemgate_tasks_uncertain ON idemgate_tasks (run_after) WHERE state = 'uncertain';
 CREATE INDEX idemgate_tasks_finished ON idemgate_tasks (finished_at)
 	WHERE state IN ('succeeded', 'failed');
-CREATE FUNCTION idemgate_tasks_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+-- Wakes listening workers when the calling transaction commits (never
+-- for a rolled-back task). Returns true, so a statement can call it in a
+-- WHERE clause for exactly the rows it wants announced.
+CREATE FUNCTION idemgate_tasks_notify(kind text) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-	PERFORM pg_notify('idemgate_tasks', NEW.kind);
-	RETURN NULL;
+	PERFORM pg_notify('idemgate_tasks', kind);
+	RETURN true;
 END $$;
--- Fires in the inserting (or requeueing) statement, so the notification is
--- sent exactly when that transaction commits, never for a rolled-back task.
-CREATE TRIGGER idemgate_tasks_notify AFTER INSERT OR UPDATE OF state ON idemgate_tasks
-	FOR EACH ROW WHEN (NEW.state IN ('pending', 'retrying'))
-	EXECUTE FUNCTION idemgate_tasks_notify();
 `
 
 	// v2: widen the key. No IF NOT EXISTS: a leftover of a killed build is
@@ -124,6 +122,7 @@ const (
 	// is still one round trip. The lookup runs on the statement's
 	// snapshot, so a winner that committed after it began is not seen:
 	// then no row comes back and the caller runs the statement again.
+	// $9 asks for a NOTIFY, sent with the commit, for an inserted row only.
 	sqlSubmit = `WITH ins AS (
 	INSERT INTO idemgate_tasks AS t
 		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params)
@@ -131,7 +130,7 @@ const (
 	ON CONFLICT (tenant, idempotency_key, runtime, network) DO NOTHING
 	RETURNING ` + tTaskColumns + `
 )
-SELECT *, false AS duplicate FROM ins
+SELECT *, false AS duplicate FROM ins WHERE NOT $9::boolean OR idemgate_tasks_notify(ins.kind)
 UNION ALL
 SELECT ` + taskColumns + `, true AS duplicate FROM idemgate_tasks
 WHERE tenant = $1 AND idempotency_key = $6 AND runtime = $4 AND network = $5
@@ -140,10 +139,13 @@ WHERE tenant = $1 AND idempotency_key = $6 AND runtime = $4 AND network = $5
 	// sqlSubmitPlain is Submit while the wide index is not (yet) valid, as
 	// during the v2 build: a conflict surfaces as a unique violation whose
 	// constraint name tells which index caught it.
-	sqlSubmitPlain = `INSERT INTO idemgate_tasks
-	(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-RETURNING ` + taskColumns + `, false AS duplicate`
+	sqlSubmitPlain = `WITH ins AS (
+	INSERT INTO idemgate_tasks
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+	RETURNING ` + taskColumns + `
+)
+SELECT *, false AS duplicate FROM ins WHERE NOT $9::boolean OR idemgate_tasks_notify(ins.kind)`
 
 	// sqlByKey reads a task back by its full key.
 	sqlByKey = `SELECT ` + taskColumns + `, true AS duplicate FROM idemgate_tasks
@@ -156,12 +158,15 @@ WHERE id = $1::uuid AND tenant = $2 AND owner = $3`
 	// sqlRecover puts a failed task that kept partial results back in line,
 	// on the same row. tries restarts (a fresh attempt budget); attempt,
 	// the fencing token, never goes back.
-	sqlRecover = `UPDATE idemgate_tasks SET state = 'retrying', tries = 0,
-	recoveries = recoveries + 1, error = '', run_after = now(), finished_at = NULL,
-	updated_at = now()
-WHERE id = $1::uuid AND tenant = $2 AND owner = $3 AND state = 'failed'
-	AND jsonb_array_length(results) > 0 AND recoveries < $4
-RETURNING ` + taskColumns + `, false AS duplicate`
+	sqlRecover = `WITH rec AS (
+	UPDATE idemgate_tasks SET state = 'retrying', tries = 0,
+		recoveries = recoveries + 1, error = '', run_after = now(), finished_at = NULL,
+		updated_at = now()
+	WHERE id = $1::uuid AND tenant = $2 AND owner = $3 AND state = 'failed'
+		AND jsonb_array_length(results) > 0 AND recoveries < $4
+	RETURNING ` + taskColumns + `
+)
+SELECT *, false AS duplicate FROM rec WHERE idemgate_tasks_notify(rec.kind)`
 
 	// sqlPrune deletes one batch of finished tasks; SKIP LOCKED keeps it
 	// out of the way of anything touching those rows.
@@ -211,6 +216,15 @@ UPDATE idemgate_tasks t SET attempt = t.attempt + 1,
 FROM picked WHERE t.id = picked.id
 RETURNING ` + tTaskColumns + `, false AS duplicate`
 
+	// sqlFinishBatch ends many tasks, each succeeded or failed, with its
+	// results and error: the hot path of a busy worker, one statement per
+	// batch. Each row is fenced like a single transition.
+	sqlFinishBatch = `UPDATE idemgate_tasks t SET state = x.state, results = x.results, error = x.error,
+	lease_until = NULL, locked_by = NULL, finished_at = now(), updated_at = now()
+FROM unnest($1::text[], $2::int[], $3::text[], $4::jsonb[], $5::text[]) AS x(id, attempt, state, results, error)
+WHERE t.id = x.id::uuid AND t.attempt = x.attempt AND t.state = 'running'
+RETURNING t.id::text`
+
 	// sqlFinish ends a task: succeeded or failed ($4), with results and error.
 	sqlFinish = `UPDATE idemgate_tasks SET state = $4, results = $5, error = $6,
 	lease_until = NULL, locked_by = NULL, finished_at = now(), updated_at = now()
@@ -237,9 +251,13 @@ WHERE id = $1::uuid AND attempt = $2 AND state = $3`
 WHERE id = $1::uuid AND attempt = $2 AND state = $3`
 
 	// sqlRelease hands a task back at shutdown; the attempt does not count.
-	sqlRelease = `UPDATE idemgate_tasks SET state = 'retrying', tries = greatest(tries - 1, 0),
-	run_after = now(), lease_until = NULL, locked_by = NULL, updated_at = now()
-WHERE id = $1::uuid AND attempt = $2 AND state = 'running'`
+	sqlRelease = `WITH rel AS (
+	UPDATE idemgate_tasks SET state = 'retrying', tries = greatest(tries - 1, 0),
+		run_after = now(), lease_until = NULL, locked_by = NULL, updated_at = now()
+	WHERE id = $1::uuid AND attempt = $2 AND state = 'running'
+	RETURNING kind
+)
+SELECT count(*) FROM rel WHERE idemgate_tasks_notify(rel.kind)`
 
 	// sqlHeartbeat extends the leases of every task a worker holds and
 	// returns those it still holds.

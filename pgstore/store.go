@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -92,6 +94,11 @@ type Task struct {
 // number of Stores in any number of processes may share one database.
 type Store struct {
 	pool *pgxpool.Pool
+	now  func() time.Time
+
+	// lastNotify is when Submit last announced a new task, per kind, in
+	// Unix nanoseconds of now.
+	lastNotify sync.Map // kind → *atomic.Int64
 
 	// migrateHook, when set (tests), runs before each migration step with
 	// the migrating connection's backend PID.
@@ -123,7 +130,36 @@ func New(ctx context.Context, pool *pgxpool.Pool) (*Store, error) {
 	if version < 130000 {
 		return nil, fmt.Errorf("pgstore: new: PostgreSQL %d.%d is too old (13 or newer needed)", version/10000, version%10000)
 	}
-	return &Store{pool: pool}, nil
+	return newStore(pool), nil
+}
+
+func newStore(pool *pgxpool.Pool) *Store {
+	return &Store{pool: pool, now: time.Now}
+}
+
+// notifyEvery is the least time between two NOTIFYs of one kind from one
+// Store's Submit. A NOTIFY serializes commits database-wide (Postgres
+// takes a global lock from pre-commit to commit end), so Submit announces
+// a burst of new tasks once instead of per task; a woken worker claims
+// again notifyRecheck later to catch the rest of the burst.
+const (
+	notifyEvery   = 25 * time.Millisecond
+	notifyRecheck = 4 * notifyEvery
+)
+
+// shouldNotify reports whether a new task of kind needs announcing.
+func (s *Store) shouldNotify(kind string) bool {
+	v, ok := s.lastNotify.Load(kind)
+	if !ok {
+		return true
+	}
+	return s.now().UnixNano()-v.(*atomic.Int64).Load() >= int64(notifyEvery)
+}
+
+// notified records that a NOTIFY for kind went out with a commit.
+func (s *Store) notified(kind string) {
+	v, _ := s.lastNotify.LoadOrStore(kind, new(atomic.Int64))
+	v.(*atomic.Int64).Store(s.now().UnixNano())
 }
 
 // Submit stores t, or returns the task that already holds its key
@@ -132,9 +168,16 @@ func New(ctx context.Context, pool *pgxpool.Pool) (*Store, error) {
 // is ErrConflict. Any number of concurrent identical Submits, from any
 // number of processes, create one task and all get its ID.
 //
-// A new task wakes listening workers when its transaction commits.
+// A new task wakes listening workers: its statement sends a NOTIFY that is
+// delivered when it commits (bursts are announced at most once per 25ms
+// per kind, and workers poll as well).
 func (s *Store) Submit(ctx context.Context, t NewTask) (Task, error) {
-	return submit(ctx, s.pool, t, false)
+	notify := s.shouldNotify(t.Kind)
+	got, err := submit(ctx, s.pool, t, notify, false)
+	if err == nil && notify && !got.Duplicate {
+		s.notified(t.Kind)
+	}
+	return got, err
 }
 
 // SubmitTx is Submit inside the caller's transaction, so a handler can
@@ -145,10 +188,10 @@ func (s *Store) Submit(ctx context.Context, t NewTask) (Task, error) {
 // SERIALIZABLE a concurrent duplicate surfaces as a serialization failure
 // the caller must retry.
 func (s *Store) SubmitTx(ctx context.Context, tx pgx.Tx, t NewTask) (Task, error) {
-	return submit(ctx, tx, t, true)
+	return submit(ctx, tx, t, true, true)
 }
 
-func submit(ctx context.Context, q querier, t NewTask, savepoints bool) (Task, error) {
+func submit(ctx context.Context, q querier, t NewTask, notify, savepoints bool) (Task, error) {
 	if err := t.validate(); err != nil {
 		return Task{}, err
 	}
@@ -156,7 +199,7 @@ func submit(ctx context.Context, q querier, t NewTask, savepoints bool) (Task, e
 	if len(t.Params) > 0 {
 		params = []byte(t.Params)
 	}
-	args := []any{t.Tenant, t.Owner, t.Kind, t.Runtime, t.Network, t.IdempotencyKey, t.Fingerprint, params}
+	args := []any{t.Tenant, t.Owner, t.Kind, t.Runtime, t.Network, t.IdempotencyKey, t.Fingerprint, params, notify}
 	for range submitTries {
 		got, found, err := submitOnce(ctx, q, args, savepoints)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -31,7 +32,7 @@ func TestSubmitStormCreatesOneTask(t *testing.T) {
 		errs    []error
 	)
 	for range pools {
-		s := &Store{pool: db.pool(t)}
+		s := newStore(db.pool(t))
 		for range perPool {
 			wg.Go(func() {
 				<-start
@@ -242,4 +243,30 @@ func countRows(t testing.TB, q interface {
 		t.Fatal(err)
 	}
 	return n
+}
+
+func TestSubmitWakesListeners(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	mustSubmit(t, s, newTask("wake"))
+	n, err := conn.Conn().WaitForNotification(ctx)
+	if err != nil {
+		t.Fatalf("no notification after Submit: %v", err)
+	}
+	if n.Payload != "image" {
+		t.Fatalf("notified %q; want the kind", n.Payload)
+	}
+	if _, err := conn.Exec(ctx, "UNLISTEN *"); err != nil {
+		t.Fatal(err)
+	}
 }

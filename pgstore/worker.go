@@ -137,6 +137,10 @@ type Worker struct {
 	inflight map[string]*inflight // running attempts by task ID
 	tasks    sync.WaitGroup       // handler and reconcile goroutines
 
+	completions   chan *completion // to the completer, unbuffered
+	completerDone chan struct{}    // closed when the completer has stopped
+	recheck       atomic.Bool      // a claim after a notification is scheduled
+
 	// Tests.
 	crashOnStop bool                                  // stop without waiting or releasing, like a killed process
 	onFinish    func(t Task, o Outcome, applied bool) // after each attempt's transition
@@ -183,7 +187,8 @@ func NewWorker(s *Store, cfg WorkerConfig) (*Worker, error) {
 	if cfg.Kinds == nil {
 		cfg.Kinds = []string{}
 	}
-	return &Worker{store: s, cfg: cfg, wake: make(chan struct{}, 1), inflight: map[string]*inflight{}}, nil
+	return &Worker{store: s, cfg: cfg, wake: make(chan struct{}, 1), inflight: map[string]*inflight{},
+		completions: make(chan *completion), completerDone: make(chan struct{})}, nil
 }
 
 func setDefault[T int | time.Duration](v *T, def T) {
@@ -216,6 +221,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	bg.Go(func() { w.maintain(bgCtx, base) })
 	hbDone := make(chan struct{})
 	go func() { defer close(hbDone); w.heartbeat(hbCtx) }()
+	stopCompleter := make(chan struct{})
+	go w.completer(base, stopCompleter)
+	defer func() {
+		close(stopCompleter)
+		<-w.completerDone
+	}()
+
 	w.claimLoop(ctx, base)
 
 	stopBG()
@@ -338,14 +350,22 @@ func (w *Worker) finish(ctx context.Context, t Task, from State, o Outcome) (boo
 	var sql string
 	var args []any
 	switch o.kind {
-	case outcomeSucceeded:
-		if realItems(o.results) == nil {
-			sql, args = sqlFinish, []any{StateFailed, jsonArray(o.results), "no result items"}
-		} else {
-			sql, args = sqlFinish, []any{StateSucceeded, jsonArray(o.results), ""}
+	case outcomeSucceeded, outcomeFailed, outcomeNone:
+		c := &completion{id: t.ID, attempt: t.Attempt, state: StateSucceeded, results: jsonArray(o.results)}
+		switch {
+		case !json.Valid(c.results):
+			c.state, c.err, c.results = StateFailed, "handler returned results that are not JSON", []byte("[]")
+		case o.kind == outcomeNone:
+			c.state, c.err = StateFailed, "handler returned no outcome"
+		case o.kind == outcomeFailed:
+			c.state, c.err = StateFailed, errText("task failed")
+		case realItems(o.results) == nil:
+			c.state, c.err = StateFailed, "no result items"
 		}
-	case outcomeFailed:
-		sql, args = sqlFinish, []any{StateFailed, jsonArray(o.results), errText("task failed")}
+		if from == StateRunning {
+			return w.complete(ctx, c)
+		}
+		sql, args = sqlFinish, []any{c.state, c.results, c.err}
 	case outcomeRetry:
 		after := int64(-1)
 		if o.after > 0 {
@@ -353,16 +373,109 @@ func (w *Worker) finish(ctx context.Context, t Task, from State, o Outcome) (boo
 		}
 		sql, args = sqlRetry, []any{after, w.cfg.MaxAttempts, errText("retry"),
 			w.cfg.BackoffBase.Microseconds(), w.cfg.BackoffMax.Microseconds(), jitter}
-	case outcomeUncertain:
+	default: // outcomeUncertain
 		sql, args = sqlUncertain, []any{w.cfg.ReconcileInterval.Microseconds(), errText("upstream outcome unknown")}
-	default:
-		sql, args = sqlFinish, []any{StateFailed, jsonArray(nil), "handler returned no outcome"}
 	}
 	tag, err := w.store.pool.Exec(ctx, sql, append([]any{t.ID, t.Attempt, from}, args...)...)
 	if err != nil {
 		return false, interpretError("finish task", err)
 	}
 	return tag.RowsAffected() == 1, nil
+}
+
+// completion is a running task's final transition, for the completer.
+type completion struct {
+	id      string
+	attempt int
+	state   State // succeeded or failed
+	results []byte
+	err     string
+	applied chan completed
+}
+
+type completed struct {
+	applied bool
+	err     error
+}
+
+// maxCompletionBatch bounds the rows of one batched transition.
+const maxCompletionBatch = 500
+
+// complete records c through the completer, which batches the final
+// transitions of concurrently finishing tasks into one statement. When
+// the completer has stopped (a handler outlived Run), it writes c alone.
+func (w *Worker) complete(ctx context.Context, c *completion) (bool, error) {
+	if w.running.Load() {
+		c.applied = make(chan completed, 1)
+		select {
+		case w.completions <- c:
+			r := <-c.applied
+			return r.applied, r.err
+		case <-w.completerDone:
+		}
+	}
+	// No completer: not started, or stopped while this handler ran on.
+	tag, err := w.store.pool.Exec(ctx, sqlFinish, c.id, c.attempt, StateRunning, c.state, c.results, c.err)
+	if err != nil {
+		return false, interpretError("finish task", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// completer writes completions in batches until stop is closed: it takes
+// what is waiting, writes it in one statement, and answers each sender.
+func (w *Worker) completer(ctx context.Context, stop <-chan struct{}) {
+	defer close(w.completerDone)
+	ctx = context.WithoutCancel(ctx)
+	for {
+		var batch []*completion
+		select {
+		case c := <-w.completions:
+			batch = append(batch, c)
+		case <-stop:
+			return
+		}
+	more:
+		for len(batch) < maxCompletionBatch {
+			select {
+			case c := <-w.completions:
+				batch = append(batch, c)
+			default:
+				break more
+			}
+		}
+		w.flush(ctx, batch)
+	}
+}
+
+func (w *Worker) flush(ctx context.Context, batch []*completion) {
+	ids := make([]string, len(batch))
+	attempts := make([]int, len(batch))
+	states := make([]string, len(batch))
+	results := make([]string, len(batch))
+	errs := make([]string, len(batch))
+	for i, c := range batch {
+		ids[i], attempts[i], states[i], results[i], errs[i] = c.id, c.attempt, string(c.state), string(c.results), c.err
+	}
+	rows, _ := w.store.pool.Query(ctx, sqlFinishBatch, ids, attempts, states, results, errs)
+	done, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil && len(batch) > 1 {
+		// Whatever broke the batch must not hold back the others.
+		for _, c := range batch {
+			w.flush(ctx, []*completion{c})
+		}
+		return
+	}
+	if err != nil {
+		err = interpretError("finish task", err)
+	}
+	applied := make(map[string]bool, len(done))
+	for _, id := range done {
+		applied[id] = true
+	}
+	for _, c := range batch {
+		c.applied <- completed{applied: applied[c.id], err: err}
+	}
 }
 
 // jsonArray encodes items as a JSON array for a jsonb parameter.
@@ -565,8 +678,16 @@ func (w *Worker) listenOnce(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if len(w.cfg.Kinds) == 0 || slices.Contains(w.cfg.Kinds, n.Payload) {
-			w.signal()
+		if len(w.cfg.Kinds) > 0 && !slices.Contains(w.cfg.Kinds, n.Payload) {
+			continue
+		}
+		w.signal()
+		// Submit announces a burst once: look again when it has landed.
+		if w.recheck.CompareAndSwap(false, true) {
+			time.AfterFunc(notifyRecheck, func() {
+				w.recheck.Store(false)
+				w.signal()
+			})
 		}
 	}
 }

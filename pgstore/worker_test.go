@@ -110,7 +110,7 @@ func TestWorkersRunEachTaskOnce(t *testing.T) {
 		return Succeeded(json.RawMessage(`{"ok":true}`))
 	}
 	for p := range 2 {
-		ps := &Store{pool: db.pool(t)}
+		ps := newStore(db.pool(t))
 		for i := range 2 {
 			runWorker(t, newWorker(t, ps, WorkerConfig{Handler: handler, Name: fmt.Sprintf("w%d%d", p, i), Concurrency: 16}))
 		}

@@ -1,0 +1,222 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// benchClients is how many goroutines drive the throughput benchmarks.
+const benchClients = 16
+
+// queryCounter counts the statements sent on a pool's connections.
+type queryCounter struct{ n atomic.Int64 }
+
+func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+
+func (c *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// benchStore is a migrated store whose pool counts its statements.
+func benchStore(b *testing.B) (*Store, *queryCounter) {
+	b.Helper()
+	db := newTestDB(b)
+	cfg, err := pgxpool.ParseConfig(db.dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	counter := &queryCounter{}
+	cfg.ConnConfig.Tracer = counter
+	cfg.MaxConns = benchClients + 4
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	s, err := New(context.Background(), pool)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Migrate(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return s, counter
+}
+
+// parallel runs fn(i) for i in [0, n) on benchClients goroutines and
+// returns the elapsed time.
+func parallel(b *testing.B, n int, fn func(i int) error) time.Duration {
+	b.Helper()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	start := time.Now()
+	for range benchClients {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				if err := fn(i); err != nil {
+					failed.Store(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err, ok := failed.Load().(error); ok {
+		b.Fatal(err)
+	}
+	return time.Since(start)
+}
+
+// BenchmarkSubmitNewKey compares Submit of new keys with its floor: a
+// plain single-row INSERT of the same row into a copy of the table with
+// the same indexes and no trigger. Both run with benchClients clients,
+// alternating in rounds so that drift hits both alike.
+func BenchmarkSubmitNewKey(b *testing.B) {
+	s, _ := benchStore(b)
+	ctx := context.Background()
+	if _, err := s.pool.Exec(ctx, "CREATE TABLE bench_floor (LIKE idemgate_tasks INCLUDING ALL)"); err != nil {
+		b.Fatal(err)
+	}
+	const floorSQL = `INSERT INTO bench_floor
+	(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`
+	params := []byte(`{"prompt":"a cat in a hat","n":1}`)
+	var floor, submit time.Duration
+	const rounds = 4
+	per := max(b.N/rounds, 1)
+	b.ResetTimer()
+	for r := range rounds {
+		floor += parallel(b, per, func(i int) error {
+			_, err := s.pool.Exec(ctx, floorSQL, "acme", "owner", "image", "gpu", "main",
+				fmt.Sprintf("floor-%d-%d", r, i), "v1:fp", params)
+			return err
+		})
+		submit += parallel(b, per, func(i int) error {
+			nt := newTask(fmt.Sprintf("new-%d-%d", r, i))
+			nt.Params = params
+			_, err := s.Submit(ctx, nt)
+			return err
+		})
+	}
+	b.StopTimer()
+	ops := float64(per * rounds)
+	b.ReportMetric(ops/floor.Seconds(), "insert/s")
+	b.ReportMetric(ops/submit.Seconds(), "submit/s")
+	b.ReportMetric(floor.Seconds()/submit.Seconds(), "submit/insert")
+	b.ReportMetric(float64(submit.Nanoseconds())/ops, "ns/op")
+}
+
+// BenchmarkSubmitExistingKey submits a key that is already held: one
+// statement, one round trip, no write.
+func BenchmarkSubmitExistingKey(b *testing.B) {
+	s, counter := benchStore(b)
+	ctx := context.Background()
+	mustSubmit(b, s, newTask("held"))
+	before := counter.n.Load()
+	b.ResetTimer()
+	elapsed := parallel(b, b.N, func(int) error {
+		got, err := s.Submit(ctx, newTask("held"))
+		if err == nil && !got.Duplicate {
+			err = fmt.Errorf("not a duplicate")
+		}
+		return err
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(counter.n.Load()-before)/float64(b.N), "statements/op")
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "submit/s")
+	b.ReportMetric(float64(elapsed.Nanoseconds())/float64(b.N), "ns/op")
+}
+
+// BenchmarkSubmitStorm64 has 64 clients submit one new key at the same
+// instant, once per iteration, and reports their latency percentiles.
+func BenchmarkSubmitStorm64(b *testing.B) {
+	s, counter := benchStore(b)
+	ctx := context.Background()
+	const clients = 64
+	s.pool.Config() // the pool grows to clients connections on the first round
+	var lat []time.Duration
+	before := counter.n.Load()
+	b.ResetTimer()
+	for i := range b.N {
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		ids := map[string]bool{}
+		for range clients {
+			wg.Go(func() {
+				<-start
+				t0 := time.Now()
+				got, err := s.Submit(ctx, newTask(fmt.Sprintf("storm-%d", i)))
+				d := time.Since(t0)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				ids[got.ID] = true
+				lat = append(lat, d)
+			})
+		}
+		close(start)
+		wg.Wait()
+		if len(ids) != 1 {
+			b.Fatalf("storm %d made %d tasks", i, len(ids))
+		}
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	pct := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) / 1000 }
+	b.ReportMetric(pct(0.50), "p50-ms")
+	b.ReportMetric(pct(0.99), "p99-ms")
+	b.ReportMetric(float64(counter.n.Load()-before)/float64(b.N*clients), "statements/submit")
+}
+
+// BenchmarkClaimComplete measures how fast workers drain a backlog with a
+// no-op handler: claim, run, record success.
+func BenchmarkClaimComplete(b *testing.B) {
+	s, _ := benchStore(b)
+	ctx := context.Background()
+	n := max(b.N, 1000)
+	if _, err := s.pool.Exec(ctx, `INSERT INTO idemgate_tasks
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint)
+		SELECT 'acme', 'o', 'image', 'gpu', 'main', 'bench-' || g, 'f' FROM generate_series(1, $1::int) g`, n); err != nil {
+		b.Fatal(err)
+	}
+	result := json.RawMessage(`{"ok":true}`)
+	var done atomic.Int64
+	finished := make(chan struct{})
+	handler := func(context.Context, Task) Outcome {
+		if done.Add(1) == int64(n) {
+			close(finished)
+		}
+		return Succeeded(result)
+	}
+	b.ResetTimer()
+	start := time.Now()
+	w := newWorker(b, s, WorkerConfig{Handler: handler, Concurrency: 32})
+	stop := runWorker(b, w)
+	<-finished
+	// The last handlers ran; wait for their transitions to land.
+	waitFor(b, func() bool { return countRows(b, s.pool, "state = 'succeeded'") == n })
+	elapsed := time.Since(start)
+	b.StopTimer()
+	stop()
+	b.ReportMetric(float64(n)/elapsed.Seconds(), "tasks/s")
+	b.ReportMetric(float64(elapsed.Nanoseconds())/float64(n), "ns/op")
+}
