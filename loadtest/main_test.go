@@ -1,0 +1,140 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/idemgate/idemgate/internal/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+
+// TestRun runs every scenario briefly against real servers and checks what
+// the tool reports that does not depend on speed: round trips per request,
+// executions, rows and status codes.
+func TestRun(t *testing.T) {
+	ro := testenv.Redis(t)
+	dsn := testenv.PostgresDSN(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, log bytes.Buffer
+	err := run(ctx, []string{
+		"-duration", "300ms", "-warmup", "200ms", "-concurrency", "4", "-dup-group", "2",
+		"-keys", "16", "-slow", "20ms", "-json",
+		"-redis-url", fmt.Sprintf("redis://%s/%d", ro.Addr, ro.DB), "-database-url", dsn,
+	}, &out, &log)
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, log.String())
+	}
+	var rep report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("decode -json output: %v\n%s", err, out.String())
+	}
+	wantRT := map[string]float64{"miss": 2, "replay": 1, "conflict": 1}
+	wantStatus := map[string][]string{"miss": {"202"}, "replay": {"202"}, "conflict": {"409"}, "dup": {"202", "409"}}
+	if len(rep.Results) != 8 {
+		t.Fatalf("%d results, want 4 scenarios × 2 stacks", len(rep.Results))
+	}
+	for _, res := range rep.Results {
+		name := res.Scenario + "/" + res.Stack
+		if res.Requests == 0 || res.TransportErrors != 0 {
+			t.Errorf("%s: %d requests, %d transport errors", name, res.Requests, res.TransportErrors)
+		}
+		if res.DuplicateExecutions != 0 || res.DuplicateRows != 0 || res.TaskIDMismatches != 0 {
+			t.Errorf("%s: %d duplicate executions, %d duplicate rows, %d task id mismatches",
+				name, res.DuplicateExecutions, res.DuplicateRows, res.TaskIDMismatches)
+		}
+		if res.RowsPerAcceptedKey != 1 {
+			t.Errorf("%s: %.3f rows per accepted key, want 1", name, res.RowsPerAcceptedKey)
+		}
+		if want, ok := wantRT[res.Scenario]; ok && math.Abs(res.RedisRoundTripsPerReq-want) > 1e-9 {
+			t.Errorf("%s: %.3f Redis round trips per request, want %v", name, res.RedisRoundTripsPerReq, want)
+		}
+		for code := range res.Status {
+			if !contains(wantStatus[res.Scenario], code) {
+				t.Errorf("%s: status %s (%d times), want only %v", name, code, res.Status[code], wantStatus[res.Scenario])
+			}
+		}
+	}
+	for _, res := range rep.Results {
+		if res.Scenario == "miss" && res.HandlerExecutions != res.Requests {
+			t.Errorf("miss/%s: %d executions for %d requests of new keys", res.Stack, res.HandlerExecutions, res.Requests)
+		}
+		if (res.Scenario == "replay" || res.Scenario == "conflict") && res.HandlerExecutions != 0 {
+			t.Errorf("%s/%s: the handler ran %d times", res.Scenario, res.Stack, res.HandlerExecutions)
+		}
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func TestParseCommandStats(t *testing.T) {
+	tests := []struct {
+		name  string
+		given string
+		want  map[string]int64
+	}{
+		{"empty", "# Commandstats\r\n", map[string]int64{}},
+		{"two commands", "# Commandstats\r\ncmdstat_evalsha:calls=3,usec=40,usec_per_call=13.33,rejected_calls=0,failed_calls=0\r\n" +
+			"cmdstat_get:calls=12,usec=5,usec_per_call=0.42,rejected_calls=0,failed_calls=0\r\n",
+			map[string]int64{"evalsha": 3, "get": 12}},
+		{"subcommand", "cmdstat_client|setinfo:calls=2,usec=1\r\n", map[string]int64{"client|setinfo": 2}},
+		{"other lines ignored", "redis_version:7.0.15\r\ncmdstat_set:calls=1\r\n", map[string]int64{"set": 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := parseCommandStats(tt.given)
+			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Errorf("parseCommandStats = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestTaskID(t *testing.T) {
+	tests := []struct {
+		name, given, want string
+	}{
+		{"present", `{"task_id":"0b1c","status":"pending"}`, "0b1c"},
+		{"absent", `{"code":"key_reused"}`, ""},
+		{"unterminated", `{"task_id":"0b1c`, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := taskID([]byte(tt.given)); got != tt.want {
+				t.Errorf("taskID(%s) = %q, want %q", tt.given, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestPct(t *testing.T) {
+	lat := make([]time.Duration, 1000)
+	for i := range lat {
+		lat[i] = time.Duration(i+1) * time.Millisecond
+	}
+	for _, tt := range []struct {
+		p    float64
+		want float64
+	}{{0.5, 501}, {0.99, 991}, {0.999, 1000}} {
+		if got := pct(lat, tt.p); got != tt.want {
+			t.Errorf("pct(%v) = %v ms, want %v", tt.p, got, tt.want)
+		}
+	}
+	if got := pct(nil, 0.5); got != 0 {
+		t.Errorf("pct(nil) = %v, want 0", got)
+	}
+}
