@@ -97,7 +97,16 @@ var listeningRE = regexp.MustCompile(`listening on (http://\S+)`)
 // serve, "worker running" for worker. The process is killed at cleanup.
 func startProc(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(exampleBinary(t), args...)
+	p, err := launch(t, exampleBinary(t), env, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// launch is startProc for any goroutine: it reports failure as an error.
+func launch(t *testing.T, bin string, env []string, args ...string) (*proc, error) {
+	cmd := exec.Command(bin, args...)
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
 		switch name {
@@ -112,7 +121,7 @@ func startProc(t *testing.T, env []string, args ...string) *proc {
 	cmd.Stdout = io.MultiWriter(p.out, pw)
 	cmd.Stderr = p.out
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %v: %v", args, err)
+		return nil, fmt.Errorf("start %v: %v", args, err)
 	}
 	go func() {
 		p.err = cmd.Wait()
@@ -145,12 +154,12 @@ func startProc(t *testing.T, env []string, args ...string) *proc {
 	}()
 	select {
 	case p.url = <-up:
+		return p, nil
 	case <-p.done:
-		t.Fatalf("%v exited before it was up: %v\n%s", args, p.err, p.out.String())
+		return nil, fmt.Errorf("%v exited before it was up: %v\n%s", args, p.err, p.out.String())
 	case <-time.After(90 * time.Second):
-		t.Fatalf("%v not up after 90s:\n%s", args, p.out.String())
+		return nil, fmt.Errorf("%v not up after 90s:\n%s", args, p.out.String())
 	}
-	return p
 }
 
 // testSecret signs the tokens of the end-to-end tests.
@@ -186,26 +195,27 @@ func startDeployment(t *testing.T) *deployment {
 	d := &deployment{dsn: dsn, redis: redis.NewClient(ropts), ownsRDB: testenv.RedisServer(t) != nil}
 	t.Cleanup(func() { d.redis.Close() })
 	// Start the nodes at once: their migrations race, as in a rollout.
+	bin := exampleBinary(t)
+	names := []string{"a", "b", "worker"}
+	procs := make([]*proc, len(names))
+	errs := make([]error, len(names))
 	var wg sync.WaitGroup
-	var mu sync.Mutex
-	procs := map[string]*proc{}
-	for _, name := range []string{"a", "b", "worker"} {
+	for i, name := range names {
 		wg.Go(func() {
 			args := []string{"serve", "-addr", "127.0.0.1:0", "-workers", "1"}
 			if name == "worker" {
 				args = []string{"worker", "-workers", "2"}
 			}
-			p := startProc(t, env, args...)
-			mu.Lock()
-			procs[name] = p
-			mu.Unlock()
+			procs[i], errs[i] = launch(t, bin, env, args...)
 		})
 	}
 	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
-	d.a, d.b = procs["a"], procs["b"]
+	d.a, d.b = procs[0], procs[1]
 	return d
 }
 
