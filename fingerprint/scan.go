@@ -97,7 +97,9 @@ func getState() *state {
 }
 
 func putState(s *state) {
-	if cap(s.out) > maxPooled || cap(s.tmp) > maxPooled || cap(s.sel) > maxPooled || cap(s.names) > maxPooled {
+	const maxMembers = maxPooled / 64 // about 64 bytes a member
+	if cap(s.out) > maxPooled || cap(s.tmp) > maxPooled || cap(s.sel) > maxPooled || cap(s.names) > maxPooled ||
+		cap(s.members) > maxMembers || cap(s.order) > maxMembers || cap(s.nodes) > maxMembers {
 		return
 	}
 	s.data = nil
@@ -316,7 +318,7 @@ func (s *state) object(depth int, emit bool, a0, a1 int) error {
 		if s.pos >= len(s.data) || s.data[s.pos] != '"' {
 			return s.errorf("want a member name")
 		}
-		mark := len(s.out)
+		keyAt, mark := s.pos, len(s.out)
 		if emit && written > 0 {
 			s.out = append(s.out, ',')
 		}
@@ -326,7 +328,7 @@ func (s *state) object(depth int, emit bool, a0, a1 int) error {
 			return err
 		}
 		if n > math.MaxInt32 {
-			return invalidAt(mark, "member name longer than 2 GiB")
+			return invalidAt(keyAt, "member name longer than 2 GiB")
 		}
 		s.skipSpace()
 		if s.pos >= len(s.data) || s.data[s.pos] != ':' {
