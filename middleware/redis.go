@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -15,17 +16,33 @@ import (
 // RedisStore is a Store on Redis: a single server, Sentinel or Cluster,
 // through redis.UniversalClient.
 //
-// Each record is one hash under the key itself, with fields f (fingerprint),
-// o (owner), k (kind), t (fencing token, while claimed) and r (the encoded
-// response, once finished). Every transition is one Lua script touching only
-// that key, so Redis Cluster needs no hash tags and never answers CROSSSLOT.
-// A claimed record expires with its lease, a finished one after the
-// retention: nothing lives forever.
+// Each record is one string under the key itself. A claimed record is
+//
+//	'C' token(16 bytes) ident
+//
+// and a finished one
+//
+//	'F' ident response
+//
+// where ident frames fingerprint, owner and kind, each prefixed with its
+// length (so comparing ident byte for byte compares all three ordinally)
+// and response is the encoded status, headers and body. Every transition is
+// one Lua script touching only that key, so Redis Cluster needs no hash tags
+// and never answers CROSSSLOT. A claimed record expires with its lease, a
+// finished one after the retention: nothing lives forever.
 //
 // Round trips: a miss costs two (claim, complete), a replay one, a conflict
 // one, plus one extend per Lease/3 of handler time.
 type RedisStore struct {
 	client redis.UniversalClient
+	// The millisecond arguments of the last lease and retention, boxed once:
+	// they rarely change, and boxing an int64 per call allocates.
+	lease, retention atomic.Pointer[msArg]
+}
+
+type msArg struct {
+	d   time.Duration
+	arg any
 }
 
 var _ Store = (*RedisStore)(nil)
@@ -36,53 +53,65 @@ func NewRedisStore(client redis.UniversalClient) *RedisStore {
 	return &RedisStore{client: client}
 }
 
-// The claim script returns -1 when it claimed the key, -2 on a mismatch
-// (without sending the record back), the milliseconds left on the lease
-// (>= 0) when the record is running, and the encoded response when finished.
-// The comparison happens here, inside Redis, so a mismatching caller never
+// The claim script takes the claimed record to create (ARGV[1] = 'C' token
+// ident) and the lease in milliseconds. It returns -1 when it claimed the
+// key, -2 on a mismatch, the milliseconds left on the lease (>= 0) when the
+// record is running, and the encoded response when finished. The
+// comparison happens here, inside Redis, so a mismatching caller never
 // receives the stored response.
 var claimScript = redis.NewScript(`
-local r = redis.call('HMGET', KEYS[1], 'f', 'o', 'k', 'r')
-if not r[1] then
-  redis.call('HSET', KEYS[1], 'f', ARGV[1], 'o', ARGV[2], 'k', ARGV[3], 't', ARGV[4])
-  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+local v = redis.call('GET', KEYS[1])
+if not v then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return -1
 end
-if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] or r[3] ~= ARGV[3] then
+local id = string.sub(ARGV[1], 18)
+local claimed = string.byte(v, 1) == 67
+local off = 2
+if claimed then off = 18 end
+if string.sub(v, off, off + #id - 1) ~= id then
   return -2
 end
-if r[4] then
-  return r[4]
+if claimed then
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl < 0 then ttl = 0 end
+  return ttl
 end
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl < 0 then ttl = 0 end
-return ttl
+return string.sub(v, off + #id)
 `)
 
+// The fenced scripts take ARGV[1] = 'C' token (plus the response, for
+// complete) and act only if the record is still claimed with that token.
 var extendScript = redis.NewScript(`
-if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then return 0 end
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, 17) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 `)
 
 var completeScript = redis.NewScript(`
-if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then return 0 end
-redis.call('HDEL', KEYS[1], 't')
-redis.call('HSET', KEYS[1], 'r', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, 17) ~= string.sub(ARGV[1], 1, 17) then return 0 end
+redis.call('SET', KEYS[1], 'F' .. string.sub(v, 18) .. string.sub(ARGV[1], 18), 'PX', ARGV[2])
 return 1
 `)
 
 var releaseScript = redis.NewScript(`
-if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then return 0 end
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, 17) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 return 1
 `)
 
 // Claim implements Store.
 func (s *RedisStore) Claim(ctx context.Context, key string, req ClaimRequest) (ClaimResult, error) {
-	v, err := claimScript.Run(ctx, s.client, []string{key},
-		string(req.Fingerprint), req.Owner, req.Kind, req.Token[:], millis(req.Lease)).Result()
+	rec := make([]byte, 0, 17+3*binary.MaxVarintLen64+len(req.Fingerprint)+len(req.Owner)+len(req.Kind))
+	rec = append(rec, 'C')
+	rec = append(rec, req.Token[:]...)
+	rec = appendString(rec, string(req.Fingerprint))
+	rec = appendString(rec, req.Owner)
+	rec = appendString(rec, req.Kind)
+	v, err := claimScript.Run(ctx, s.client, []string{key}, rec, s.millis(&s.lease, req.Lease)).Result()
 	if err != nil {
 		return ClaimResult{}, fmt.Errorf("idemgate: redis claim: %w", err)
 	}
@@ -108,16 +137,18 @@ func (s *RedisStore) Claim(ctx context.Context, key string, req ClaimRequest) (C
 
 // Extend implements Store.
 func (s *RedisStore) Extend(ctx context.Context, key string, token Token, lease time.Duration) error {
-	return s.fenced(ctx, "extend", extendScript, key, token[:], millis(lease))
+	return s.fenced(ctx, "extend", extendScript, key, fence(token), s.millis(&s.lease, lease))
 }
 
 // Complete implements Store.
 func (s *RedisStore) Complete(ctx context.Context, key string, token Token, resp Response, retention time.Duration) error {
 	bp := blobPool.Get().(*[]byte)
-	blob := appendResponse((*bp)[:0], resp)
-	err := s.fenced(ctx, "complete", completeScript, key, token[:], blob, millis(retention))
-	*bp = blob
-	if cap(blob) <= maxPooledBlob {
+	b := append((*bp)[:0], 'C')
+	b = append(b, token[:]...)
+	b = appendResponse(b, resp)
+	err := s.fenced(ctx, "complete", completeScript, key, b, s.millis(&s.retention, retention))
+	*bp = b
+	if cap(b) <= maxPooledBlob {
 		blobPool.Put(bp)
 	}
 	return err
@@ -125,7 +156,12 @@ func (s *RedisStore) Complete(ctx context.Context, key string, token Token, resp
 
 // Release implements Store.
 func (s *RedisStore) Release(ctx context.Context, key string, token Token) error {
-	return s.fenced(ctx, "release", releaseScript, key, token[:])
+	return s.fenced(ctx, "release", releaseScript, key, fence(token))
+}
+
+// fence is the prefix of a record claimed with token.
+func fence(token Token) []byte {
+	return append([]byte{'C'}, token[:]...)
 }
 
 // fenced runs a compare-and-set script that answers 1 (done) or 0 (the
@@ -141,13 +177,19 @@ func (s *RedisStore) fenced(ctx context.Context, op string, script *redis.Script
 	return nil
 }
 
-// millis rounds d up to whole milliseconds, at least 1, for PEXPIRE.
-func millis(d time.Duration) int64 {
+// millis returns d rounded up to whole milliseconds (at least 1) as a
+// script argument, boxed once per distinct duration.
+func (s *RedisStore) millis(cache *atomic.Pointer[msArg], d time.Duration) any {
+	if c := cache.Load(); c != nil && c.d == d {
+		return c.arg
+	}
 	ms := int64((d + time.Millisecond - 1) / time.Millisecond)
 	if ms < 1 {
 		ms = 1
 	}
-	return ms
+	c := &msArg{d: d, arg: ms}
+	cache.Store(c)
+	return c.arg
 }
 
 const maxPooledBlob = 64 << 10

@@ -1,0 +1,249 @@
+package middleware_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate/internal/testenv"
+	"github.com/idemgate/idemgate/middleware"
+)
+
+// Benchmarks against a real redis-server (testenv), each path next to its
+// floor: a bare echo handler doing the same number of Redis round trips
+// itself with plain commands. Run:
+//
+//	go test -run x -bench . -benchmem ./middleware/
+//
+// redis-cmds/op counts the commands each request sent (a go-redis hook).
+
+// commandCounter is a go-redis hook counting commands.
+type commandCounter struct{ n atomic.Int64 }
+
+func (h *commandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (h *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// discardWriter is a reusable http.ResponseWriter, so that the benchmark
+// measures the server side only.
+type discardWriter struct {
+	h    http.Header
+	code int
+	n    int
+}
+
+func (w *discardWriter) Header() http.Header         { return w.h }
+func (w *discardWriter) Write(b []byte) (int, error) { w.n += len(b); return len(b), nil }
+func (w *discardWriter) WriteHeader(code int)        { w.code = code }
+
+// reusableBody is a request body the benchmark rewinds instead of reallocating.
+type reusableBody struct{ strings.Reader }
+
+func (*reusableBody) Close() error { return nil }
+
+const benchBody = `{"prompt":"a red fox in the snow, watercolor","aspect_ratio":"16:9","n":1,"client_note":"retry 2"}`
+
+var benchResponse = []byte(`{"task_id":"0a1b2c3d4e5f","status":"pending","poll_after_ms":500}`)
+
+type bench struct {
+	id      string // prefixes every key: runs may share a database (TEST_REDIS_URL)
+	e       *echo.Echo
+	client  *redis.Client
+	counter *commandCounter
+	req     *http.Request
+	body    *reusableBody
+	w       *discardWriter
+}
+
+func newBench(b *testing.B) *bench {
+	b.Helper()
+	counter := &commandCounter{}
+	client := redis.NewClient(testenv.Redis(b))
+	client.AddHook(counter)
+	b.Cleanup(func() { client.Close() })
+	body := &reusableBody{}
+	req, _ := http.NewRequest(http.MethodPost, "/v1/images", nil)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer x")
+	req.Header.Set("Idempotency-Key", "k")
+	var id [6]byte
+	_, _ = rand.Read(id[:])
+	return &bench{id: hex.EncodeToString(id[:]) + "-", e: echo.New(), client: client, counter: counter, req: req, body: body, w: &discardWriter{h: http.Header{}}}
+}
+
+func (bn *bench) middleware(b *testing.B) echo.MiddlewareFunc {
+	return middleware.New(middleware.Config{
+		Store: middleware.NewRedisStore(bn.client),
+		Scope: func(echo.Context) (string, string, error) { return "acme", "alice", nil },
+		Kind:  "image",
+	})
+}
+
+// serve sends one request with key and body, and checks the status.
+func (bn *bench) serve(b *testing.B, key, body string, want int) {
+	bn.body.Reset(body)
+	bn.req.Body = bn.body
+	bn.req.ContentLength = int64(len(body))
+	bn.req.Header["Idempotency-Key"][0] = key
+	clear(bn.w.h)
+	bn.w.code = 0
+	bn.e.ServeHTTP(bn.w, bn.req)
+	if bn.w.code != want {
+		b.Fatalf("status %d, want %d", bn.w.code, want)
+	}
+}
+
+// run times the loop and reports Redis commands per request.
+// Before timing, one request with the key warm warms up the script cache (a
+// first EVALSHA may answer NOSCRIPT) and the connection pool.
+func (bn *bench) run(b *testing.B, warm string, keys []string, body string, want int) {
+	bn.serve(b, bn.id+warm, body, want)
+	bn.counter.n.Store(0)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range keys {
+		keys[i] = bn.id + keys[i]
+	}
+	for i := 0; i < b.N; i++ {
+		bn.serve(b, keys[i%len(keys)], body, want)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(bn.counter.n.Load())/float64(b.N), "redis-cmds/op")
+}
+
+func uniqueKeys(b *testing.B, prefix string) []string {
+	keys := make([]string, b.N)
+	for i := range keys {
+		keys[i] = prefix + strconv.Itoa(i) + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	}
+	return keys
+}
+
+func BenchmarkMiss(b *testing.B) {
+	b.Run("floor", func(b *testing.B) {
+		bn := newBench(b)
+		bn.e.POST("/v1/images", func(c echo.Context) error {
+			ctx := c.Request().Context()
+			key := "floor:" + c.Request().Header.Get("Idempotency-Key")
+			ok, err := bn.client.SetNX(ctx, key, claimValue, 30*time.Second).Result()
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return echo.ErrConflict
+			}
+			if err := c.JSONBlob(http.StatusCreated, benchResponse); err != nil {
+				return err
+			}
+			return bn.client.Set(ctx, key, benchResponse, 24*time.Hour).Err()
+		})
+		bn.run(b, "warm-"+strconv.Itoa(b.N), uniqueKeys(b, "miss-floor-"), benchBody, http.StatusCreated)
+	})
+	b.Run("middleware", func(b *testing.B) {
+		bn := newBench(b)
+		bn.e.POST("/v1/images", func(c echo.Context) error {
+			return c.JSONBlob(http.StatusCreated, benchResponse)
+		}, bn.middleware(b))
+		bn.run(b, "warm-"+strconv.Itoa(b.N), uniqueKeys(b, "miss-mw-"), benchBody, http.StatusCreated)
+	})
+}
+
+// claimValue is what the floor's claim stores: about what a claim record holds.
+var claimValue = "v1:" + strings.Repeat("0", 64) + strings.Repeat("1", 64) + "image" + strings.Repeat("2", 16)
+
+func BenchmarkReplay(b *testing.B) {
+	b.Run("floor", func(b *testing.B) {
+		bn := newBench(b)
+		bn.client.Set(context.Background(), "floor:"+bn.id+"replay", benchResponse, time.Hour)
+		bn.e.POST("/v1/images", func(c echo.Context) error {
+			v, err := bn.client.Get(c.Request().Context(), "floor:"+c.Request().Header.Get("Idempotency-Key")).Bytes()
+			if err != nil {
+				return err
+			}
+			c.Response().Header().Set("Idempotent-Replayed", "true")
+			return c.JSONBlob(http.StatusCreated, v)
+		})
+		bn.run(b, "replay", []string{"replay"}, benchBody, http.StatusCreated)
+	})
+	b.Run("middleware", func(b *testing.B) {
+		bn := newBench(b)
+		bn.e.POST("/v1/images", func(c echo.Context) error {
+			return c.JSONBlob(http.StatusCreated, benchResponse)
+		}, bn.middleware(b))
+		bn.serve(b, bn.id+"replay", benchBody, http.StatusCreated)
+		bn.run(b, "replay", []string{"replay"}, benchBody, http.StatusCreated)
+	})
+}
+
+// BenchmarkConflict: the key is held by a request still running (409
+// request_in_progress).
+func BenchmarkConflict(b *testing.B) {
+	b.Run("floor", func(b *testing.B) {
+		bn := newBench(b)
+		bn.client.Set(context.Background(), "floor:"+bn.id+"conflict", claimValue, time.Hour)
+		bn.e.POST("/v1/images", func(c echo.Context) error {
+			_, err := bn.client.Get(c.Request().Context(), "floor:"+c.Request().Header.Get("Idempotency-Key")).Bytes()
+			if err != nil {
+				return err
+			}
+			c.Response().Header().Set("Retry-After", "30")
+			return c.Blob(http.StatusConflict, "application/problem+json", problemInProgress)
+		})
+		bn.run(b, "conflict", []string{"conflict"}, benchBody, http.StatusConflict)
+	})
+	b.Run("middleware", func(b *testing.B) {
+		bn := newBench(b)
+		hold := make(chan struct{})
+		held := make(chan struct{})
+		bn.e.POST("/v1/images", func(c echo.Context) error {
+			close(held)
+			<-hold
+			return c.JSONBlob(http.StatusCreated, benchResponse)
+		}, bn.middleware(b))
+		// A holder that stays in its handler for the whole benchmark.
+		holder := httpRequest(benchBody, bn.id+"conflict")
+		done := make(chan struct{})
+		go func() { bn.e.ServeHTTP(&discardWriter{h: http.Header{}}, holder); close(done) }()
+		<-held
+		b.Cleanup(func() { close(hold); <-done })
+		bn.run(b, "conflict", []string{"conflict"}, benchBody, http.StatusConflict)
+	})
+}
+
+// BenchmarkReused: the key is held by other parameters (409 key_reused).
+func BenchmarkReused(b *testing.B) {
+	bn := newBench(b)
+	bn.e.POST("/v1/images", func(c echo.Context) error {
+		return c.JSONBlob(http.StatusCreated, benchResponse)
+	}, bn.middleware(b))
+	bn.serve(b, bn.id+"reused", `{"prompt":"something else"}`, http.StatusCreated)
+	bn.run(b, "reused", []string{"reused"}, benchBody, http.StatusConflict)
+}
+
+var problemInProgress = []byte(`{"type":"https://github.com/idemgate/idemgate#request_in_progress","title":"Request in progress","status":409,"detail":"A request with this idempotency key is still running; retry later.","code":"request_in_progress"}`)
+
+func httpRequest(body, key string) *http.Request {
+	r, _ := http.NewRequest(http.MethodPost, "/v1/images", strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Idempotency-Key", key)
+	return r
+}
