@@ -174,7 +174,7 @@ func (b *bench) warm(ctx context.Context, st *stack) error {
 		return nil
 	}
 	tenant := fmt.Sprintf("lt-warm-%s-%d", st.name, b.runID)
-	b.drive(ctx, st, scenarioByName["miss"], tenant, b.o.warmup, "warm-up")
+	b.drive(ctx, st, scenarioByName["miss"], tenant, "w", b.o.warmup, "warm-up")
 	st.execs.reset()
 	return ctx.Err()
 }
@@ -210,7 +210,8 @@ func (b *bench) seed(ctx context.Context, st *stack, tenant string) *outcome {
 }
 
 // drive runs the scenario's clients against st for d and returns what they saw.
-func (b *bench) drive(ctx context.Context, st *stack, sc scenario, tenant string, d time.Duration, label string) (*outcome, time.Duration) {
+// New keys are named prefix + client + sequence, so every call needs its own prefix.
+func (b *bench) drive(ctx context.Context, st *stack, sc scenario, tenant, prefix string, d time.Duration, label string) (*outcome, time.Duration) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	deadline := time.Now().Add(d)
@@ -231,7 +232,7 @@ func (b *bench) drive(ctx context.Context, st *stack, sc scenario, tenant string
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				b.group(ctx, st, sc, tenant, g, deadline, &done, finish)
+				b.group(ctx, st, sc, tenant, prefix+strconv.Itoa(g), deadline, &done, finish)
 			}()
 		}
 	} else {
@@ -246,7 +247,7 @@ func (b *bench) drive(ctx context.Context, st *stack, sc scenario, tenant string
 					if sc.seed {
 						key = seedKey((w*7919 + i) % b.o.keys)
 					} else {
-						key = "k-" + strconv.Itoa(w) + "-" + strconv.Itoa(i)
+						key = prefix + strconv.Itoa(w) + "-" + strconv.Itoa(i)
 					}
 					b.do(ctx, st, tenant, key, sc.body, false, mine)
 					done.Add(1)
@@ -263,13 +264,13 @@ func (b *bench) drive(ctx context.Context, st *stack, sc scenario, tenant string
 
 // group sends one new key from dupGroup clients at the same instant, round
 // after round, to a handler slowed by -slow.
-func (b *bench) group(ctx context.Context, st *stack, sc scenario, tenant string, g int, deadline time.Time, done *atomic.Int64, finish func(*outcome)) {
+func (b *bench) group(ctx context.Context, st *stack, sc scenario, tenant, prefix string, deadline time.Time, done *atomic.Int64, finish func(*outcome)) {
 	mine := make([]*outcome, b.o.dupGroup)
 	for i := range mine {
 		mine[i] = newOutcome()
 	}
 	for round := 0; time.Now().Before(deadline) && ctx.Err() == nil; round++ {
-		key := "dup-" + strconv.Itoa(g) + "-" + strconv.Itoa(round)
+		key := prefix + "-" + strconv.Itoa(round)
 		release := make(chan struct{})
 		var wg sync.WaitGroup
 		for i := range mine {
@@ -327,46 +328,107 @@ func (b *bench) progress(label, stack string, d time.Duration, done *atomic.Int6
 	}
 }
 
-// run measures one scenario on one stack.
-func (b *bench) run(ctx context.Context, sc scenario, st *stack) (*result, error) {
-	tenant := fmt.Sprintf("lt-%s-%s-%d", sc.name, st.name, b.runID)
-	seen := newOutcome()
-	if sc.seed {
-		seen = b.seed(ctx, st, tenant)
-		if ok := seen.status[202]; ok != int64(b.o.keys) {
-			return nil, fmt.Errorf("%s %s: seeding %d keys got statuses %v, %d transport errors",
-				sc.name, st.name, b.o.keys, seen.status, seen.errors)
+// tally is what one stack saw over the rounds of a scenario.
+type tally struct {
+	tenant  string
+	seen    *outcome // seeding and measured requests
+	out     *outcome // measured requests
+	elapsed time.Duration
+	rt      int64
+	cmds    map[string]int64
+	execs   int64
+	created int64
+	dupExec int64
+}
+
+// scenario measures sc on every stack: -rounds short runs per stack,
+// alternating stacks (and which goes first) so that both meet the same
+// background load; the figures add up over the rounds.
+func (b *bench) scenario(ctx context.Context, sc scenario) ([]*result, error) {
+	tallies := make([]*tally, len(b.stacks))
+	for i, st := range b.stacks {
+		tl := &tally{tenant: fmt.Sprintf("lt-%s-%s-%d", sc.name, st.name, b.runID), seen: newOutcome(), out: newOutcome(), cmds: map[string]int64{}}
+		if sc.seed {
+			tl.seen = b.seed(ctx, st, tl.tenant)
+			if ok := tl.seen.status[202]; ok != int64(b.o.keys) {
+				return nil, fmt.Errorf("%s %s: seeding %d keys got statuses %v, %d transport errors",
+					sc.name, st.name, b.o.keys, tl.seen.status, tl.seen.errors)
+			}
+		}
+		tallies[i] = tl
+	}
+	per := b.o.duration / time.Duration(b.o.rounds)
+	for round := 0; round < b.o.rounds; round++ {
+		for k := range b.stacks {
+			i := k
+			if round%2 == 1 {
+				i = len(b.stacks) - 1 - k
+			}
+			if err := b.measure(ctx, sc, b.stacks[i], tallies[i], round, per); err != nil {
+				return nil, err
+			}
 		}
 	}
+	results := make([]*result, len(b.stacks))
+	for i, st := range b.stacks {
+		res, err := b.result(ctx, sc, st, tallies[i])
+		if err != nil {
+			return nil, err
+		}
+		results[i] = res
+	}
+	return results, nil
+}
+
+// measure runs one round of sc on st and adds it to tl.
+func (b *bench) measure(ctx context.Context, sc scenario, st *stack, tl *tally, round int, d time.Duration) error {
 	st.execs.reset()
 	rtBefore := st.rt.n.Load()
 	before, err := commandStats(ctx, b.env.admin)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	out, elapsed := b.drive(ctx, st, sc, tenant, b.o.duration, sc.name)
+	label := sc.name
+	if b.o.rounds > 1 {
+		label = fmt.Sprintf("%s %d/%d", sc.name, round+1, b.o.rounds)
+	}
+	out, elapsed := b.drive(ctx, st, sc, tl.tenant, "r"+strconv.Itoa(round)+"-", d, label)
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return err
 	}
 	after, err := commandStats(ctx, b.env.admin)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	rt := st.rt.n.Load() - rtBefore
+	tl.rt += st.rt.n.Load() - rtBefore
+	for cmd, c := range after {
+		if delta := c - before[cmd]; delta > 0 && cmd != "info" {
+			tl.cmds[cmd] += delta
+		}
+	}
 	execs, created, dupExecs := st.execs.reset()
+	tl.execs += execs
+	tl.created += created
+	tl.dupExec += dupExecs
+	tl.elapsed += elapsed
+	tl.out.merge(out)
+	return nil
+}
 
+// result turns a stack's tally into figures, counting its rows.
+func (b *bench) result(ctx context.Context, sc scenario, st *stack, tl *tally) (*result, error) {
+	out := tl.out
 	res := &result{
 		Scenario: sc.name, Stack: st.name,
 		Requests: int64(len(out.lat)), TransportErrors: out.errors,
-		Seconds:             elapsed.Seconds(),
+		Seconds:             tl.elapsed.Seconds(),
 		Status:              map[string]int64{},
-		HandlerExecutions:   execs,
-		DuplicateExecutions: dupExecs,
-		RowsCreated:         created,
-		TaskIDMismatches:    out.mismatch,
+		HandlerExecutions:   tl.execs,
+		DuplicateExecutions: tl.dupExec,
+		RowsCreated:         tl.created,
 		RedisCommands:       map[string]float64{},
 	}
-	res.ReqPerSec = float64(res.Requests) / elapsed.Seconds()
+	res.ReqPerSec = float64(res.Requests) / tl.elapsed.Seconds()
 	for s, n := range out.status {
 		res.Status[strconv.Itoa(s)] = n
 	}
@@ -374,23 +436,20 @@ func (b *bench) run(ctx context.Context, sc scenario, st *stack) (*result, error
 	res.P50ms, res.P99ms, res.P999ms = pct(out.lat, 0.50), pct(out.lat, 0.99), pct(out.lat, 0.999)
 	if res.Requests > 0 {
 		n := float64(res.Requests)
-		res.RedisRoundTripsPerReq = float64(rt) / n
+		res.RedisRoundTripsPerReq = float64(tl.rt) / n
 		var calls int64
-		for cmd, c := range after {
-			if d := c - before[cmd]; d > 0 && cmd != "info" {
-				calls += d
-				res.RedisCommands[cmd] = float64(d) / n
-			}
+		for cmd, c := range tl.cmds {
+			calls += c
+			res.RedisCommands[cmd] = float64(c) / n
 		}
 		res.RedisCallsPerReq = float64(calls) / n
 	}
-
-	seen.merge(out)
-	res.TaskIDMismatches = seen.mismatch
-	res.AcceptedKeys = int64(len(seen.accepted))
+	tl.seen.merge(out)
+	res.TaskIDMismatches = tl.seen.mismatch
+	res.AcceptedKeys = int64(len(tl.seen.accepted))
 	if err := b.env.db.QueryRow(ctx,
 		`SELECT count(*), count(*) - count(DISTINCT idempotency_key) FROM `+st.table+` WHERE tenant = $1`,
-		tenant).Scan(&res.Rows, &res.DuplicateRows); err != nil {
+		tl.tenant).Scan(&res.Rows, &res.DuplicateRows); err != nil {
 		return nil, fmt.Errorf("count rows: %w", err)
 	}
 	if res.AcceptedKeys > 0 {

@@ -17,7 +17,11 @@
 //
 // Usage:
 //
-//	go run ./loadtest [-duration 5s] [-concurrency 32] [-slow 50ms] [-json]
+//	go run ./loadtest [-duration 5s] [-rounds 5] [-concurrency 32] [-slow 50ms] [-json]
+//
+// Each scenario runs -rounds short rounds per stack, alternating the
+// stacks, so that both meet the same background load; the ratio to the
+// floor is the figure to compare across machines, not the absolute req/s.
 //
 // Both stacks read the tenant and user from trusted X-Tenant / X-User headers
 // (no JWT on either side), so the ratio measures idempotency, not auth.
@@ -53,6 +57,7 @@ type options struct {
 	jsonOut     bool
 	cpuprofile  string
 	warmup      time.Duration
+	rounds      int
 }
 
 func main() {
@@ -78,7 +83,8 @@ usage: go run ./loadtest [flags]
 		fs.PrintDefaults()
 	}
 	var scen string
-	fs.DurationVar(&o.duration, "duration", 5*time.Second, "measured time per scenario and stack")
+	fs.DurationVar(&o.duration, "duration", 5*time.Second, "measured time per scenario and stack (split over -rounds)")
+	fs.IntVar(&o.rounds, "rounds", 5, "alternate the stacks this many times per scenario, so both meet the same background load")
 	fs.IntVar(&o.concurrency, "concurrency", 32, "concurrent keep-alive HTTP clients")
 	fs.IntVar(&o.dupGroup, "dup-group", 8, "clients sending the same key at once in the dup scenario")
 	fs.DurationVar(&o.slow, "slow", 50*time.Millisecond, "handler latency added in the dup scenario")
@@ -110,6 +116,8 @@ usage: go run ./loadtest [flags]
 		return o, errors.New("-concurrency must be at least 1")
 	case o.dupGroup < 2 || o.dupGroup > o.concurrency:
 		return o, errors.New("-dup-group must be between 2 and -concurrency")
+	case o.rounds < 1 || o.duration/time.Duration(o.rounds) < 10*time.Millisecond:
+		return o, errors.New("-rounds must be at least 1, with at least 10ms per round")
 	case o.keys < 1:
 		return o, errors.New("-keys must be at least 1")
 	case o.pgConns < 1:
@@ -156,6 +164,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			LoadAvgStart: loadAvg(),
 		},
 		Duration:    o.duration.String(),
+		Rounds:      o.rounds,
 		Concurrency: o.concurrency,
 		Slow:        o.slow.String(),
 		DupGroup:    o.dupGroup,
@@ -166,20 +175,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	for _, name := range o.scenarios {
-		sc := scenarioByName[name]
+		results, err := b.scenario(ctx, scenarioByName[name])
+		if err != nil {
+			return err
+		}
 		var floor *result
-		for _, st := range b.stacks {
-			res, err := b.run(ctx, sc, st)
-			if err != nil {
-				return err
-			}
-			if st.name == floorName {
+		for _, res := range results {
+			if res.Stack == floorName {
 				floor = res
 			} else if floor != nil && floor.ReqPerSec > 0 {
 				res.RatioToFloor = res.ReqPerSec / floor.ReqPerSec
 			}
-			rep.Results = append(rep.Results, res)
 		}
+		rep.Results = append(rep.Results, results...)
 	}
 	rep.Machine.LoadAvgEnd = loadAvg()
 	if o.jsonOut {

@@ -12,6 +12,7 @@ import (
 type report struct {
 	Machine     machine   `json:"machine"`
 	Duration    string    `json:"duration_per_run"`
+	Rounds      int       `json:"rounds"`
 	Concurrency int       `json:"concurrency"`
 	Slow        string    `json:"dup_handler_latency"`
 	DupGroup    int       `json:"dup_group"`
@@ -70,8 +71,8 @@ func (r report) writeTable(w io.Writer) {
 	m := r.Machine
 	fmt.Fprintf(w, "\n%d CPUs (GOMAXPROCS %d), %s/%s, %s, redis %s, postgres %s, load average %s → %s\n",
 		m.CPUs, m.GOMAXPROCS, m.GOOS, m.GOARCH, m.Go, m.Redis, m.Postgres, m.LoadAvgStart, m.LoadAvgEnd)
-	fmt.Fprintf(w, "%s per run, %d keep-alive clients; dup: groups of %d on a %s handler\n\n",
-		r.Duration, r.Concurrency, r.DupGroup, r.Slow)
+	fmt.Fprintf(w, "%s per scenario and stack in %d alternating rounds, %d keep-alive clients; dup: groups of %d on a %s handler\n\n",
+		r.Duration, r.Rounds, r.Concurrency, r.DupGroup, r.Slow)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "scenario\tstack\treq/s\tvs floor\tp50 ms\tp99 ms\tp99.9 ms\texecs\tdup execs\tredis rt/req\tredis cmds/req\trows/key\tstatus\t")
 	for _, res := range r.Results {
