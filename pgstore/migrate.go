@@ -111,7 +111,7 @@ func (s *Store) migrate(ctx context.Context, conn *pgx.Conn) error {
 		return fmt.Errorf("pgstore: migrate: read versions: %w", err)
 	}
 	for _, m := range migrations {
-		if slices.Contains(applied, m.version) {
+		if slices.Contains(applied, m.version) || (s.migrateTo > 0 && m.version > s.migrateTo) {
 			continue
 		}
 		if err := s.apply(ctx, conn, m); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -345,4 +346,100 @@ func eventually(cond func() bool) bool {
 		time.Sleep(5 * time.Millisecond)
 	}
 	return true
+}
+
+// TestSubmitUnderTheNarrowIndex runs Submit on the v1 schema, as during a
+// rolling upgrade: no index matches its conflict target, so it inserts
+// plainly and reads a unique violation back by the full key.
+func TestSubmitUnderTheNarrowIndex(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	ctx := context.Background()
+	s := newStore(db.pool(t))
+	s.migrateTo = 1
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := mustSubmit(t, s, newTask("narrow"))
+	again, err := s.Submit(ctx, newTask("narrow"))
+	if err != nil || again.ID != first.ID || !again.Duplicate {
+		t.Fatalf("resubmit = %s dup=%v, %v; want %s as a duplicate", again.ID, again.Duplicate, err, first.ID)
+	}
+	drifted := newTask("narrow")
+	drifted.Fingerprint = "v1:other"
+	if _, err := s.Submit(ctx, drifted); !errors.Is(err, ErrConflict) {
+		t.Fatalf("drifted resubmit: %v; want ErrConflict", err)
+	}
+	// v1 cannot hold the key for a second runtime: a clear error, no task.
+	other := newTask("narrow")
+	other.Runtime = "cpu"
+	if _, err := s.Submit(ctx, other); err == nil || errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "narrow") {
+		t.Fatalf("other runtime under v1: %v; want an error naming the narrow index", err)
+	}
+	if n := countRows(t, s.pool, "idempotency_key = 'narrow'"); n != 1 {
+		t.Fatalf("%d rows for the key; want 1", n)
+	}
+	s.migrateTo = 0
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Submit(ctx, other)
+	if err != nil || got.Duplicate || got.ID == first.ID {
+		t.Fatalf("other runtime under v2 = %s dup=%v, %v; want a new task", got.ID, got.Duplicate, err)
+	}
+}
+
+// TestBlockingLockWaiterDeadlocksTheBuild reproduces the trap Migrate
+// avoids by polling: a session blocked in pg_advisory_lock holds a
+// snapshot, CREATE INDEX CONCURRENTLY in the lock holder waits for that
+// snapshot, and Postgres reports a deadlock.
+func TestBlockingLockWaiterDeadlocksTheBuild(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s := newStore(db.pool(t))
+	s.migrateTo = 1
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := pgx.Connect(ctx, db.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(ctx)
+	waiter, err := pgx.Connect(ctx, db.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer waiter.Close(ctx)
+	if _, err := holder.Exec(ctx, "SELECT pg_advisory_lock(1)"); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		_, err := waiter.Exec(ctx, "SELECT pg_advisory_lock(1)")
+		waited <- err
+	}()
+	waitFor(t, func() bool {
+		return countActivity(t, db.pool(t), "wait_event = 'advisory'") == 1
+	})
+	_, buildErr := holder.Exec(ctx, sqlCreateWideIndex)
+	if _, err := holder.Exec(ctx, "SELECT pg_advisory_unlock(1)"); err != nil {
+		t.Fatal(err)
+	}
+	waitErr := <-waited
+	var pgErr *pgconn.PgError
+	if !errors.As(errors.Join(buildErr, waitErr), &pgErr) || pgErr.Code != "40P01" {
+		t.Fatalf("build: %v, waiter: %v; want a deadlock (40P01)", buildErr, waitErr)
+	}
+}
+
+func countActivity(t testing.TB, pool *pgxpool.Pool, where string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "+where).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

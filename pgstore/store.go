@@ -103,6 +103,8 @@ type Store struct {
 	// migrateHook, when set (tests), runs before each migration step with
 	// the migrating connection's backend PID.
 	migrateHook func(ctx context.Context, step string, pid uint32)
+	// migrateTo, when > 0 (tests), stops Migrate after that version.
+	migrateTo int
 }
 
 // querier is what Submit needs of a pool or a transaction.
