@@ -359,7 +359,8 @@ func (a *api) recoverTask(c echo.Context) error {
 	case errors.Is(err, pgstore.ErrNotFound):
 		return errTaskNotFound
 	case errors.Is(err, pgstore.ErrNotRecoverable):
-		return &problem{Status: http.StatusConflict, Code: "not_recoverable", Detail: err.Error()}
+		return &problem{Status: http.StatusConflict, Code: "not_recoverable",
+			Detail: strings.TrimPrefix(err.Error(), pgstore.ErrNotRecoverable.Error()+": ")}
 	case err != nil:
 		return fmt.Errorf("recover task: %w", err)
 	}
