@@ -13,19 +13,17 @@
 //
 // A task moves through these states:
 //
-//	         Submit
-//	           │
-//	           ▼           claim (attempt+1, lease)
-//	       pending ───────────────────────────┐
-//	                                          ▼
-//	     ┌──────────── retrying ◀──────── running ────────▶ succeeded
-//	     │  claim         ▲      Retry / lease   │  │
-//	     └────────────────┼──────  expired       │  └──────────────▶ failed
-//	                      │    (tries < Max)     │  Failed, or tries ≥ Max
-//	                      │                      │
-//	          Recover     │                      ▼ Uncertain
-//	failed with partial ──┘                 uncertain ──Reconcile──▶ succeeded,
-//	results (≤ MaxRecoveries)                                        failed, retrying
+//	Submit ──▶ pending ──claim──▶ running ──Succeeded──────────▶ succeeded
+//	                               │  ▲  ╰──Failed, or the last──▶ failed
+//	        Retry, lease expired,  │  │     attempt ran out          │
+//	        released at shutdown   ▼  │ claim (after backoff)        │ Recover
+//	                             retrying ◀────────────────────────╯ (partial results,
+//	                               ▲                                   ≤ MaxRecoveries)
+//	running ──Uncertain──▶ uncertain ──Reconcile──▶ succeeded, failed or retrying
+//
+// Pending, running, retrying and uncertain are unfinished: a client polls
+// the same task ID (see Project). Uncertain is never run again by itself:
+// only WorkerConfig.Reconcile moves it on.
 //
 // # Workers
 //

@@ -270,3 +270,33 @@ func TestSubmitWakesListeners(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestSubmitAnnouncesBurstsOnce(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name  string
+		given time.Duration // since the last announcement; < 0: none yet
+		kind  string
+		want  bool
+	}{
+		{name: "first task of a kind", given: -1, kind: "image", want: true},
+		{name: "inside the window", given: notifyEvery - time.Millisecond, kind: "image", want: false},
+		{name: "window over", given: notifyEvery, kind: "image", want: true},
+		{name: "another kind has its own window", given: time.Millisecond, kind: "video", want: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			now := t0
+			s := &Store{now: func() time.Time { return now }}
+			if tt.given >= 0 {
+				s.notified("image")
+				now = now.Add(tt.given)
+			}
+			if got := s.shouldNotify(tt.kind); got != tt.want {
+				t.Fatalf("shouldNotify(%q) = %v; want %v", tt.kind, got, tt.want)
+			}
+		})
+	}
+}
