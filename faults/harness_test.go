@@ -180,7 +180,8 @@ func (n *node) checkRuns(t *testing.T) (repeats int) {
 type reply struct {
 	at         time.Time
 	key        string
-	status     int // 0: transport error
+	target     string // the base URL it was sent to
+	status     int    // 0: transport error
 	err        string
 	code       string // the problem's "code"
 	problem    bool   // Content-Type application/problem+json
@@ -334,7 +335,7 @@ func tail(rs []reply, n int) []reply {
 // send posts one image request and reads the answer.
 func send(ctx context.Context, hc *http.Client, tg target, key string, body []byte) reply {
 	start := time.Now()
-	r := reply{at: start, key: key}
+	r := reply{at: start, key: key, target: tg.url}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, tg.url+"/v1/images", bytes.NewReader(body))
 	if err != nil {
 		r.err = err.Error()
