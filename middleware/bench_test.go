@@ -117,12 +117,12 @@ func (bn *bench) serve(b *testing.B, key, body string, want int) {
 // first EVALSHA may answer NOSCRIPT) and the connection pool.
 func (bn *bench) run(b *testing.B, warm string, keys []string, body string, want int) {
 	bn.serve(b, bn.id+warm, body, want)
-	bn.counter.n.Store(0)
-	b.ReportAllocs()
-	b.ResetTimer()
 	for i := range keys {
 		keys[i] = bn.id + keys[i]
 	}
+	bn.counter.n.Store(0)
+	b.ReportAllocs()
+	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		bn.serve(b, keys[i%len(keys)], body, want)
 	}

@@ -37,6 +37,11 @@ func (w *captureWriter) release() {
 		bodyPool.Put(w.body)
 	}
 	w.body = nil
+	if w.header != nil {
+		clear(w.header)
+		headerPool.Put(w.header)
+		w.header = nil
+	}
 }
 
 func (w *captureWriter) WriteHeader(code int) {
@@ -84,7 +89,10 @@ func (w *captureWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (w *captureWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-var bodyPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+var (
+	bodyPool   = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+	headerPool = sync.Pool{New: func() any { return make(http.Header, 8) }}
+)
 
 // headerFilter picks the headers a replay repeats.
 type headerFilter struct {
@@ -122,19 +130,11 @@ func (f *headerFilter) keep(name string, h http.Header) bool {
 	return true
 }
 
-// snapshot returns the replayable headers of h. Value slices are shared:
-// handlers replace header values (Set) rather than edit them in place.
+// snapshot returns the replayable headers of h in a pooled map. Value
+// slices are shared: handlers replace header values (Set) rather than edit
+// them in place.
 func (f *headerFilter) snapshot(h http.Header) http.Header {
-	n := 0
-	for name := range h {
-		if f.keep(name, h) {
-			n++
-		}
-	}
-	if n == 0 {
-		return nil
-	}
-	out := make(http.Header, n)
+	out := headerPool.Get().(http.Header)
 	for name, v := range h {
 		if f.keep(name, h) {
 			out[name] = v[:len(v):len(v)]

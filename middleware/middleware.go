@@ -156,7 +156,7 @@ type call struct {
 	key   string // req.Key.String()
 	token Token
 	start time.Time
-	ctx   context.Context // the request's, without its cancellation
+	ctx   detached // the request's context without its cancellation
 	body  bodyReader
 	cw    captureWriter
 
@@ -370,7 +370,7 @@ func (st *call) run(c echo.Context, next echo.HandlerFunc) (err error) {
 	orig := res.Writer
 	st.cw.reset(orig, m.filter, m.cfg.MaxResponseBytes)
 	res.Writer = &st.cw
-	st.ctx = context.WithoutCancel(c.Request().Context())
+	st.ctx.parent = c.Request().Context()
 	st.startRenewal()
 
 	finished := false
@@ -424,8 +424,17 @@ func (st *call) run(c echo.Context, next echo.HandlerFunc) (err error) {
 // storeCtx bounds a store call made after the handler: it survives a
 // disconnected client but not a dead store.
 func (st *call) storeCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(st.ctx, st.m.cfg.Lease)
+	return context.WithTimeout(&st.ctx, st.m.cfg.Lease)
 }
+
+// detached is what context.WithoutCancel returns, kept inside call to save
+// an allocation per request: the parent's values, never its cancellation.
+type detached struct{ parent context.Context }
+
+func (detached) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (detached) Done() <-chan struct{}       { return nil }
+func (detached) Err() error                  { return nil }
+func (d *detached) Value(key any) any        { return d.parent.Value(key) }
 
 func (st *call) complete() {
 	ctx, cancel := st.storeCtx()
@@ -484,7 +493,7 @@ func (st *call) startRenewal() {
 		if st.renewDone {
 			return
 		}
-		ctx, cancel := context.WithTimeout(st.ctx, every)
+		ctx, cancel := context.WithTimeout(&st.ctx, every)
 		err := st.m.cfg.Store.Extend(ctx, st.key, st.token, st.m.cfg.Lease)
 		cancel()
 		if err != nil {

@@ -286,7 +286,7 @@ func TestRequestPath(t *testing.T) {
 			setup: []req{first}, when: first,
 			want: want{status: 201, calls: 2, events: "claimed,released(not_cacheable),claimed"}},
 		{name: "429 is released",
-			h: func(c echo.Context, n int64) error { return c.String(http.StatusTooManyRequests, "slow down") },
+			h:     func(c echo.Context, n int64) error { return c.String(http.StatusTooManyRequests, "slow down") },
 			setup: []req{first}, when: first, want: want{status: 429, calls: 2}},
 		{name: "4xx other than 408/409/425/429 is stored",
 			h: func(c echo.Context, n int64) error {

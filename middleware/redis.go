@@ -105,13 +105,14 @@ return 1
 
 // Claim implements Store.
 func (s *RedisStore) Claim(ctx context.Context, key string, req ClaimRequest) (ClaimResult, error) {
-	rec := make([]byte, 0, 17+3*binary.MaxVarintLen64+len(req.Fingerprint)+len(req.Owner)+len(req.Kind))
-	rec = append(rec, 'C')
-	rec = append(rec, req.Token[:]...)
-	rec = appendString(rec, string(req.Fingerprint))
-	rec = appendString(rec, req.Owner)
-	rec = appendString(rec, req.Kind)
+	rec := getArg()
+	rec.b = append(rec.b, 'C')
+	rec.b = append(rec.b, req.Token[:]...)
+	rec.b = appendString(rec.b, string(req.Fingerprint))
+	rec.b = appendString(rec.b, req.Owner)
+	rec.b = appendString(rec.b, req.Kind)
 	v, err := claimScript.Run(ctx, s.client, []string{key}, rec, s.millis(&s.lease, req.Lease)).Result()
+	putArg(rec)
 	if err != nil {
 		return ClaimResult{}, fmt.Errorf("idemgate: redis claim: %w", err)
 	}
@@ -137,37 +138,37 @@ func (s *RedisStore) Claim(ctx context.Context, key string, req ClaimRequest) (C
 
 // Extend implements Store.
 func (s *RedisStore) Extend(ctx context.Context, key string, token Token, lease time.Duration) error {
-	return s.fenced(ctx, "extend", extendScript, key, fence(token), s.millis(&s.lease, lease))
+	return s.fenced(ctx, "extend", extendScript, key, token, nil, s.millis(&s.lease, lease))
 }
 
 // Complete implements Store.
 func (s *RedisStore) Complete(ctx context.Context, key string, token Token, resp Response, retention time.Duration) error {
-	bp := blobPool.Get().(*[]byte)
-	b := append((*bp)[:0], 'C')
-	b = append(b, token[:]...)
-	b = appendResponse(b, resp)
-	err := s.fenced(ctx, "complete", completeScript, key, b, s.millis(&s.retention, retention))
-	*bp = b
-	if cap(b) <= maxPooledBlob {
-		blobPool.Put(bp)
-	}
-	return err
+	return s.fenced(ctx, "complete", completeScript, key, token, &resp, s.millis(&s.retention, retention))
 }
 
 // Release implements Store.
 func (s *RedisStore) Release(ctx context.Context, key string, token Token) error {
-	return s.fenced(ctx, "release", releaseScript, key, fence(token))
+	return s.fenced(ctx, "release", releaseScript, key, token, nil, nil)
 }
 
-// fence is the prefix of a record claimed with token.
-func fence(token Token) []byte {
-	return append([]byte{'C'}, token[:]...)
-}
-
-// fenced runs a compare-and-set script that answers 1 (done) or 0 (the
-// token no longer holds).
-func (s *RedisStore) fenced(ctx context.Context, op string, script *redis.Script, key string, args ...any) error {
-	n, err := script.Run(ctx, s.client, []string{key}, args...).Int64()
+// fenced runs a compare-and-set script on 'C' token (followed by the
+// encoded resp, if any) and ms, if not nil. The script answers 1 (done) or
+// 0 (the token no longer holds).
+func (s *RedisStore) fenced(ctx context.Context, op string, script *redis.Script, key string, token Token, resp *Response, ms any) error {
+	arg := getArg()
+	arg.b = append(arg.b, 'C')
+	arg.b = append(arg.b, token[:]...)
+	if resp != nil {
+		arg.b = appendResponse(arg.b, *resp)
+	}
+	var cmd *redis.Cmd
+	if ms != nil {
+		cmd = script.Run(ctx, s.client, []string{key}, arg, ms)
+	} else {
+		cmd = script.Run(ctx, s.client, []string{key}, arg)
+	}
+	putArg(arg)
+	n, err := cmd.Int64()
 	if err != nil {
 		return fmt.Errorf("idemgate: redis %s: %w", op, err)
 	}
@@ -194,7 +195,25 @@ func (s *RedisStore) millis(cache *atomic.Pointer[msArg], d time.Duration) any {
 
 const maxPooledBlob = 64 << 10
 
-var blobPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+// scriptArg is a pooled script argument. go-redis writes an
+// encoding.BinaryMarshaler's bytes as they are, and a pointer goes into an
+// interface without an allocation, unlike a []byte or string.
+type scriptArg struct{ b []byte }
+
+// MarshalBinary implements encoding.BinaryMarshaler.
+func (a *scriptArg) MarshalBinary() ([]byte, error) { return a.b, nil }
+
+var argPool = sync.Pool{New: func() any { return &scriptArg{b: make([]byte, 0, 512)} }}
+
+func getArg() *scriptArg { a := argPool.Get().(*scriptArg); a.b = a.b[:0]; return a }
+
+// putArg returns a to the pool once go-redis has written it (the call
+// returned).
+func putArg(a *scriptArg) {
+	if cap(a.b) <= maxPooledBlob {
+		argPool.Put(a)
+	}
+}
 
 // Stored response encoding, version 1:
 //
