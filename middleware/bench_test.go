@@ -14,13 +14,21 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/middleware"
 )
 
-// Benchmarks against a real redis-server (testenv), each path next to its
-// floor: a bare echo handler doing the same number of Redis round trips
-// itself with plain commands. Run:
+// Benchmarks against a real redis-server (testenv). Each path runs three
+// ways, in one run:
+//
+//   - floor: a bare echo handler that makes the same Redis round trips
+//     itself, calling the same RedisStore scripts directly;
+//   - floor-plain: a bare handler making as many round trips with plain
+//     commands (SET NX PX, SET PX, GET) instead of Lua scripts;
+//   - middleware: the handler behind the middleware.
+//
+// Run:
 //
 //	go test -run x -bench . -benchmem ./middleware/
 //
@@ -133,17 +141,56 @@ func (bn *bench) run(b *testing.B, warm string, keys []string, body string, want
 func uniqueKeys(b *testing.B, prefix string) []string {
 	keys := make([]string, b.N)
 	for i := range keys {
-		keys[i] = prefix + strconv.Itoa(i) + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		keys[i] = prefix + strconv.Itoa(i)
 	}
 	return keys
 }
 
+// claimValue is what floor-plain's claim stores: about what a claim record holds.
+var claimValue = "C" + strings.Repeat("t", 16) + "v1:" + strings.Repeat("0", 64) + strings.Repeat("1", 64) + "image"
+
+// floorClaim is what the floor claims: the fields the middleware sends.
+func floorClaim(token middleware.Token) middleware.ClaimRequest {
+	return middleware.ClaimRequest{
+		Fingerprint: "v1:" + fingerprint.Fingerprint(strings.Repeat("0", 64)),
+		Owner:       strings.Repeat("1", 64),
+		Kind:        "image",
+		Lease:       30 * time.Second,
+		Token:       token,
+	}
+}
+
+var benchHeader = http.Header{"Content-Type": {"application/json"}}
+
+func floorKey(c echo.Context) string { return "floor:" + c.Request().Header.Get("Idempotency-Key") }
+
+func okHandler(c echo.Context) error { return c.JSONBlob(http.StatusCreated, benchResponse) }
+
 func BenchmarkMiss(b *testing.B) {
 	b.Run("floor", func(b *testing.B) {
 		bn := newBench(b)
+		store := middleware.NewRedisStore(bn.client)
 		bn.e.POST("/v1/images", func(c echo.Context) error {
-			ctx := c.Request().Context()
-			key := "floor:" + c.Request().Header.Get("Idempotency-Key")
+			ctx, key := c.Request().Context(), floorKey(c)
+			token := middleware.Token{1}
+			res, err := store.Claim(ctx, key, floorClaim(token))
+			if err != nil {
+				return err
+			}
+			if res.Status != middleware.Claimed {
+				return echo.ErrConflict
+			}
+			if err := c.JSONBlob(http.StatusCreated, benchResponse); err != nil {
+				return err
+			}
+			return store.Complete(ctx, key, token, middleware.Response{Status: http.StatusCreated, Header: benchHeader, Body: benchResponse}, 24*time.Hour)
+		})
+		bn.run(b, "warm", uniqueKeys(b, "miss-"), benchBody, http.StatusCreated)
+	})
+	b.Run("floor-plain", func(b *testing.B) {
+		bn := newBench(b)
+		bn.e.POST("/v1/images", func(c echo.Context) error {
+			ctx, key := c.Request().Context(), floorKey(c)
 			ok, err := bn.client.SetNX(ctx, key, claimValue, 30*time.Second).Result()
 			if err != nil {
 				return err
@@ -156,26 +203,47 @@ func BenchmarkMiss(b *testing.B) {
 			}
 			return bn.client.Set(ctx, key, benchResponse, 24*time.Hour).Err()
 		})
-		bn.run(b, "warm-"+strconv.Itoa(b.N), uniqueKeys(b, "miss-floor-"), benchBody, http.StatusCreated)
+		bn.run(b, "warm", uniqueKeys(b, "miss-"), benchBody, http.StatusCreated)
 	})
 	b.Run("middleware", func(b *testing.B) {
 		bn := newBench(b)
-		bn.e.POST("/v1/images", func(c echo.Context) error {
-			return c.JSONBlob(http.StatusCreated, benchResponse)
-		}, bn.middleware(b))
-		bn.run(b, "warm-"+strconv.Itoa(b.N), uniqueKeys(b, "miss-mw-"), benchBody, http.StatusCreated)
+		bn.e.POST("/v1/images", okHandler, bn.middleware(b))
+		bn.run(b, "warm", uniqueKeys(b, "miss-"), benchBody, http.StatusCreated)
 	})
 }
 
-// claimValue is what the floor's claim stores: about what a claim record holds.
-var claimValue = "v1:" + strings.Repeat("0", 64) + strings.Repeat("1", 64) + "image" + strings.Repeat("2", 16)
-
+// BenchmarkReplay: the key holds a finished response.
 func BenchmarkReplay(b *testing.B) {
 	b.Run("floor", func(b *testing.B) {
 		bn := newBench(b)
+		store := middleware.NewRedisStore(bn.client)
+		ctx := context.Background()
+		store.Claim(ctx, "floor:"+bn.id+"replay", floorClaim(middleware.Token{1}))
+		store.Complete(ctx, "floor:"+bn.id+"replay", middleware.Token{1}, middleware.Response{Status: http.StatusCreated, Header: benchHeader, Body: benchResponse}, time.Hour)
+		bn.e.POST("/v1/images", func(c echo.Context) error {
+			res, err := store.Claim(c.Request().Context(), floorKey(c), floorClaim(middleware.Token{2}))
+			if err != nil {
+				return err
+			}
+			if res.Status != middleware.Finished {
+				return echo.ErrConflict
+			}
+			h := c.Response().Header()
+			for k, v := range res.Response.Header {
+				h[k] = v
+			}
+			h.Set("Idempotent-Replayed", "true")
+			c.Response().WriteHeader(res.Response.Status)
+			_, err = c.Response().Write(res.Response.Body)
+			return err
+		})
+		bn.run(b, "replay", []string{"replay"}, benchBody, http.StatusCreated)
+	})
+	b.Run("floor-plain", func(b *testing.B) {
+		bn := newBench(b)
 		bn.client.Set(context.Background(), "floor:"+bn.id+"replay", benchResponse, time.Hour)
 		bn.e.POST("/v1/images", func(c echo.Context) error {
-			v, err := bn.client.Get(c.Request().Context(), "floor:"+c.Request().Header.Get("Idempotency-Key")).Bytes()
+			v, err := bn.client.Get(c.Request().Context(), floorKey(c)).Bytes()
 			if err != nil {
 				return err
 			}
@@ -186,9 +254,7 @@ func BenchmarkReplay(b *testing.B) {
 	})
 	b.Run("middleware", func(b *testing.B) {
 		bn := newBench(b)
-		bn.e.POST("/v1/images", func(c echo.Context) error {
-			return c.JSONBlob(http.StatusCreated, benchResponse)
-		}, bn.middleware(b))
+		bn.e.POST("/v1/images", okHandler, bn.middleware(b))
 		bn.serve(b, bn.id+"replay", benchBody, http.StatusCreated)
 		bn.run(b, "replay", []string{"replay"}, benchBody, http.StatusCreated)
 	})
@@ -199,10 +265,26 @@ func BenchmarkReplay(b *testing.B) {
 func BenchmarkConflict(b *testing.B) {
 	b.Run("floor", func(b *testing.B) {
 		bn := newBench(b)
+		store := middleware.NewRedisStore(bn.client)
+		store.Claim(context.Background(), "floor:"+bn.id+"conflict", floorClaim(middleware.Token{1}))
+		bn.e.POST("/v1/images", func(c echo.Context) error {
+			res, err := store.Claim(c.Request().Context(), floorKey(c), floorClaim(middleware.Token{2}))
+			if err != nil {
+				return err
+			}
+			if res.Status != middleware.Running {
+				return echo.ErrInternalServerError
+			}
+			c.Response().Header().Set("Retry-After", strconv.Itoa(int(res.RetryAfter/time.Second)))
+			return c.Blob(http.StatusConflict, "application/problem+json", problemInProgress)
+		})
+		bn.run(b, "conflict", []string{"conflict"}, benchBody, http.StatusConflict)
+	})
+	b.Run("floor-plain", func(b *testing.B) {
+		bn := newBench(b)
 		bn.client.Set(context.Background(), "floor:"+bn.id+"conflict", claimValue, time.Hour)
 		bn.e.POST("/v1/images", func(c echo.Context) error {
-			_, err := bn.client.Get(c.Request().Context(), "floor:"+c.Request().Header.Get("Idempotency-Key")).Bytes()
-			if err != nil {
+			if _, err := bn.client.Get(c.Request().Context(), floorKey(c)).Bytes(); err != nil {
 				return err
 			}
 			c.Response().Header().Set("Retry-After", "30")
@@ -212,12 +294,11 @@ func BenchmarkConflict(b *testing.B) {
 	})
 	b.Run("middleware", func(b *testing.B) {
 		bn := newBench(b)
-		hold := make(chan struct{})
-		held := make(chan struct{})
+		hold, held := make(chan struct{}), make(chan struct{})
 		bn.e.POST("/v1/images", func(c echo.Context) error {
 			close(held)
 			<-hold
-			return c.JSONBlob(http.StatusCreated, benchResponse)
+			return okHandler(c)
 		}, bn.middleware(b))
 		// A holder that stays in its handler for the whole benchmark.
 		holder := httpRequest(benchBody, bn.id+"conflict")
@@ -231,12 +312,12 @@ func BenchmarkConflict(b *testing.B) {
 
 // BenchmarkReused: the key is held by other parameters (409 key_reused).
 func BenchmarkReused(b *testing.B) {
-	bn := newBench(b)
-	bn.e.POST("/v1/images", func(c echo.Context) error {
-		return c.JSONBlob(http.StatusCreated, benchResponse)
-	}, bn.middleware(b))
-	bn.serve(b, bn.id+"reused", `{"prompt":"something else"}`, http.StatusCreated)
-	bn.run(b, "reused", []string{"reused"}, benchBody, http.StatusConflict)
+	b.Run("middleware", func(b *testing.B) {
+		bn := newBench(b)
+		bn.e.POST("/v1/images", okHandler, bn.middleware(b))
+		bn.serve(b, bn.id+"reused", `{"prompt":"something else"}`, http.StatusCreated)
+		bn.run(b, "reused", []string{"reused"}, benchBody, http.StatusConflict)
+	})
 }
 
 var problemInProgress = []byte(`{"type":"https://github.com/idemgate/idemgate#request_in_progress","title":"Request in progress","status":409,"detail":"A request with this idempotency key is still running; retry later.","code":"request_in_progress"}`)
