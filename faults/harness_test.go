@@ -57,9 +57,10 @@ const (
 type node struct {
 	url string
 
-	mu      sync.Mutex
-	runs    map[string]int // handler runs per request id
-	created map[string]int // tasks newly created (Submit Duplicate == false) per request id
+	mu        sync.Mutex
+	runs      map[string]int // handler runs per request id
+	created   map[string]int // tasks newly created (Submit Duplicate == false) per request id
+	readBacks int            // Submits that found their key's task in Postgres
 }
 
 type nodeConfig struct {
@@ -106,11 +107,13 @@ func startNode(t *testing.T, cfg nodeConfig) *node {
 		if err != nil {
 			return err
 		}
-		if !task.Duplicate {
-			n.mu.Lock()
+		n.mu.Lock()
+		if task.Duplicate {
+			n.readBacks++
+		} else {
 			n.created[id]++
-			n.mu.Unlock()
 		}
+		n.mu.Unlock()
 		c.Response().Header().Set("Location", "/v1/tasks/"+task.ID)
 		c.Response().Header().Set("Retry-After", "1")
 		return c.JSON(http.StatusAccepted, map[string]any{"task_id": task.ID, "status": task.State, "poll_after_ms": 1000})
@@ -154,10 +157,12 @@ func problemHandler(err error, c echo.Context) {
 	c.Blob(status, "application/problem+json", b)
 }
 
-// checkRuns asserts that no key's handler created a task twice, and returns
-// how many handler runs were repeats (a repeat that Postgres read back is
-// not a duplicate execution: it created nothing).
-func (n *node) checkRuns(t *testing.T) (repeats int) {
+// checkRuns asserts that no key's handler created a task twice, and logs
+// how many handler runs were repeats (after a failed attempt whose claim was
+// released, or after Redis forgot the key) and how many of those found
+// their task in Postgres (a read-back creates nothing: not a duplicate
+// execution). It returns the read-backs.
+func (n *node) checkRuns(t *testing.T) (readBacks int) {
 	t.Helper()
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -166,12 +171,14 @@ func (n *node) checkRuns(t *testing.T) (repeats int) {
 			t.Errorf("duplicate execution: key %s created %d tasks", id, c)
 		}
 	}
+	repeats := 0
 	for _, r := range n.runs {
 		if r > 1 {
 			repeats += r - 1
 		}
 	}
-	return repeats
+	t.Logf("handler runs: %d repeated a key, %d found its task in Postgres (read back, nothing created)", repeats, n.readBacks)
+	return n.readBacks
 }
 
 // ---- clients that follow the rules ----
