@@ -106,14 +106,15 @@ func (x *executions) reset() (total, created, duplicates int64) {
 	return x.total.Swap(0), x.created.Swap(0), duplicates
 }
 
-func slowdown(ctx context.Context, r *http.Request) {
+// slowdown sleeps for the slowHeader's duration, as a slow handler would.
+func slowdown(r *http.Request) {
 	d, err := time.ParseDuration(r.Header.Get(slowHeader))
 	if err != nil || d <= 0 {
 		return
 	}
 	select {
 	case <-time.After(d):
-	case <-ctx.Done():
+	case <-r.Context().Done():
 	}
 }
 
@@ -207,7 +208,7 @@ func (h *idemHandler) submit(c echo.Context) error {
 	if err := in.validate(); err != nil {
 		return echo.NewHTTPError(http.StatusBadRequest, err.Error())
 	}
-	slowdown(c.Request().Context(), c.Request())
+	slowdown(c.Request())
 	task, err := h.store.Submit(c.Request().Context(), pgstore.NewTask{
 		Tenant:         req.Key.Tenant(),
 		Owner:          req.Key.Owner(),
@@ -338,7 +339,7 @@ func (f *floor) submit(c echo.Context) error {
 		f.rdb.Del(context.WithoutCancel(ctx), key)
 		return echo.NewHTTPError(http.StatusBadRequest, err.Error())
 	}
-	slowdown(ctx, r)
+	slowdown(r)
 	userSum := sha256.Sum256([]byte(user))
 	keySum := sha256.Sum256([]byte(key))
 	var id, state string
