@@ -74,15 +74,19 @@ func (r report) writeTable(w io.Writer) {
 	fmt.Fprintf(w, "%s per scenario and stack in %d alternating rounds, %d keep-alive clients; dup: groups of %d on a %s handler\n\n",
 		r.Duration, r.Rounds, r.Concurrency, r.DupGroup, r.Slow)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tstack\treq/s\tvs floor\tp50 ms\tp99 ms\tp99.9 ms\texecs\tdup execs\tredis rt/req\tredis cmds/req\trows/key\tstatus\t")
+	fmt.Fprintln(tw, "scenario\tstack\treq/s\tvs floor\tp50 ms\tp99 ms\tp99.9 ms\texecs\tdup execs\tredis rt/req\tINFO: scripts/req\tcmds/req\trows/key\tstatus\t")
 	for _, res := range r.Results {
 		ratio := "-"
 		if res.RatioToFloor > 0 {
 			ratio = fmt.Sprintf("%.2f", res.RatioToFloor)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%.2f\t%.2f\t%.2f\t%d\t%d\t%.2f\t%.2f\t%.2f\t%s\t\n",
+		scripts := 0.0
+		for _, cmd := range []string{"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"} {
+			scripts += res.RedisCommands[cmd]
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%.2f\t%.2f\t%.2f\t%d\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t\n",
 			res.Scenario, res.Stack, res.ReqPerSec, ratio, res.P50ms, res.P99ms, res.P999ms,
-			res.HandlerExecutions, res.DuplicateExecutions, res.RedisRoundTripsPerReq,
+			res.HandlerExecutions, res.DuplicateExecutions, res.RedisRoundTripsPerReq, scripts,
 			res.RedisCallsPerReq, res.RowsPerAcceptedKey, statusLine(res))
 	}
 	tw.Flush()
