@@ -223,6 +223,7 @@ type load struct {
 	http    *http.Client
 
 	stopping atomic.Bool
+	aborted  atomic.Bool // the test is over: no draining
 	wg       sync.WaitGroup
 	mu       sync.Mutex
 	replies  []reply
@@ -239,7 +240,7 @@ func startLoad(t *testing.T, clients int, prefix string, targets func(attempt in
 		l.wg.Add(1)
 		go l.client(c)
 	}
-	t.Cleanup(func() { l.stopping.Store(true); l.wg.Wait() })
+	t.Cleanup(func() { l.aborted.Store(true); l.stopping.Store(true); l.wg.Wait() })
 	return l
 }
 
@@ -257,7 +258,7 @@ func (l *load) client(c int) {
 		for attempt := 0; ; attempt++ {
 			r := send(context.Background(), l.http, l.targets(attempt), key, imageBody)
 			l.record(r)
-			if r.status/100 == 2 || r.code == "key_reused" {
+			if r.status/100 == 2 || r.code == "key_reused" || l.aborted.Load() {
 				break
 			}
 			if l.stopping.Load() {
