@@ -23,6 +23,8 @@ type backends struct {
 
 	// pgInfo and redisInfo say, for the startup lines, what is used.
 	pgInfo, redisInfo string
+	// throwaway is the directory of the throwaway cluster, if one was started.
+	throwaway string
 
 	closers []func() // run in reverse order by close
 }
@@ -60,6 +62,7 @@ func (b *backends) open(ctx context.Context, s settings, withRedis, embedded boo
 		}
 		b.closers = append(b.closers, func() { _ = pg.Stop() })
 		dsn = pg.DSN("postgres")
+		b.throwaway = pg.Dir
 		b.pgInfo = fmt.Sprintf("throwaway cluster on %s in %s, removed on exit (set DATABASE_URL to keep data)", pg.Addr, pg.Dir)
 	} else {
 		b.pgInfo = redactURL(dsn)

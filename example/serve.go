@@ -43,6 +43,9 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	if serr := n.shutdown(); err == nil {
 		err = serr
 	}
+	if n.b.throwaway != "" {
+		fmt.Fprintf(stdout, "removed the throwaway cluster %s\n", n.b.throwaway)
+	}
 	return err
 }
 
