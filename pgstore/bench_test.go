@@ -17,6 +17,9 @@ import (
 // benchClients is how many goroutines drive the throughput benchmarks.
 const benchClients = 16
 
+// benchConcurrency is the worker concurrency of BenchmarkClaimComplete.
+const benchConcurrency = 64
+
 // queryCounter counts the statements sent on a pool's connections.
 type queryCounter struct{ n atomic.Int64 }
 
@@ -27,8 +30,9 @@ func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.T
 
 func (c *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-// benchStore is a migrated store whose pool counts its statements.
-func benchStore(b *testing.B) (*Store, *queryCounter) {
+// benchStore is a migrated store whose pool of conns connections counts
+// its statements. The connections are open before the benchmark starts.
+func benchStore(b *testing.B, conns int) (*Store, *queryCounter) {
 	b.Helper()
 	db := newTestDB(b)
 	cfg, err := pgxpool.ParseConfig(db.dsn)
@@ -37,12 +41,21 @@ func benchStore(b *testing.B) (*Store, *queryCounter) {
 	}
 	counter := &queryCounter{}
 	cfg.ConnConfig.Tracer = counter
-	cfg.MaxConns = benchClients + 4
+	cfg.MaxConns = int32(conns)
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(pool.Close)
+	held := make([]*pgxpool.Conn, conns)
+	for i := range held {
+		if held[i], err = pool.Acquire(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, c := range held {
+		c.Release()
+	}
 	s, err := New(context.Background(), pool)
 	if err != nil {
 		b.Fatal(err)
@@ -87,7 +100,7 @@ func parallel(b *testing.B, n int, fn func(i int) error) time.Duration {
 // the same indexes and no trigger. Both run with benchClients clients,
 // alternating in rounds so that drift hits both alike.
 func BenchmarkSubmitNewKey(b *testing.B) {
-	s, _ := benchStore(b)
+	s, _ := benchStore(b, benchClients)
 	ctx := context.Background()
 	if _, err := s.pool.Exec(ctx, "CREATE TABLE bench_floor (LIKE idemgate_tasks INCLUDING ALL)"); err != nil {
 		b.Fatal(err)
@@ -96,22 +109,32 @@ func BenchmarkSubmitNewKey(b *testing.B) {
 	(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`
 	params := []byte(`{"prompt":"a cat in a hat","n":1}`)
-	var floor, submit time.Duration
-	const rounds = 4
-	per := max(b.N/rounds, 1)
-	b.ResetTimer()
-	for r := range rounds {
-		floor += parallel(b, per, func(i int) error {
+	insert := func(r int) func(i int) error {
+		return func(i int) error {
 			_, err := s.pool.Exec(ctx, floorSQL, "acme", "owner", "image", "gpu", "main",
 				fmt.Sprintf("floor-%d-%d", r, i), "v1:fp", params)
 			return err
-		})
-		submit += parallel(b, per, func(i int) error {
+		}
+	}
+	submitNew := func(r int) func(i int) error {
+		return func(i int) error {
 			nt := newTask(fmt.Sprintf("new-%d-%d", r, i))
 			nt.Params = params
 			_, err := s.Submit(ctx, nt)
 			return err
-		})
+		}
+	}
+	// Warm up: every connection has prepared both statements.
+	parallel(b, 4*benchClients, insert(-1))
+	parallel(b, 4*benchClients, submitNew(-1))
+
+	var floor, submit time.Duration
+	const rounds = 4
+	per := max(b.N/rounds, benchClients)
+	b.ResetTimer()
+	for r := range rounds {
+		floor += parallel(b, per, insert(r))
+		submit += parallel(b, per, submitNew(r))
 	}
 	b.StopTimer()
 	ops := float64(per * rounds)
@@ -124,18 +147,20 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`
 // BenchmarkSubmitExistingKey submits a key that is already held: one
 // statement, one round trip, no write.
 func BenchmarkSubmitExistingKey(b *testing.B) {
-	s, counter := benchStore(b)
+	s, counter := benchStore(b, benchClients)
 	ctx := context.Background()
 	mustSubmit(b, s, newTask("held"))
-	before := counter.n.Load()
-	b.ResetTimer()
-	elapsed := parallel(b, b.N, func(int) error {
+	resubmit := func(int) error {
 		got, err := s.Submit(ctx, newTask("held"))
 		if err == nil && !got.Duplicate {
 			err = fmt.Errorf("not a duplicate")
 		}
 		return err
-	})
+	}
+	parallel(b, 4*benchClients, resubmit) // warm up
+	before := counter.n.Load()
+	b.ResetTimer()
+	elapsed := parallel(b, b.N, resubmit)
 	b.StopTimer()
 	b.ReportMetric(float64(counter.n.Load()-before)/float64(b.N), "statements/op")
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "submit/s")
@@ -145,10 +170,15 @@ func BenchmarkSubmitExistingKey(b *testing.B) {
 // BenchmarkSubmitStorm64 has 64 clients submit one new key at the same
 // instant, once per iteration, and reports their latency percentiles.
 func BenchmarkSubmitStorm64(b *testing.B) {
-	s, counter := benchStore(b)
-	ctx := context.Background()
 	const clients = 64
-	s.pool.Config() // the pool grows to clients connections on the first round
+	s, counter := benchStore(b, clients)
+	ctx := context.Background()
+	for i := range 4 { // warm up: prepared statements on every connection
+		parallel(b, clients, func(j int) error {
+			_, err := s.Submit(ctx, newTask(fmt.Sprintf("warm-%d-%d", i, j)))
+			return err
+		})
+	}
 	var lat []time.Duration
 	before := counter.n.Load()
 	b.ResetTimer()
@@ -190,9 +220,9 @@ func BenchmarkSubmitStorm64(b *testing.B) {
 // BenchmarkClaimComplete measures how fast workers drain a backlog with a
 // no-op handler: claim, run, record success.
 func BenchmarkClaimComplete(b *testing.B) {
-	s, _ := benchStore(b)
+	s, _ := benchStore(b, benchClients)
 	ctx := context.Background()
-	n := max(b.N, 1000)
+	n := max(b.N, 5000)
 	if _, err := s.pool.Exec(ctx, `INSERT INTO idemgate_tasks
 		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint)
 		SELECT 'acme', 'o', 'image', 'gpu', 'main', 'bench-' || g, 'f' FROM generate_series(1, $1::int) g`, n); err != nil {
@@ -209,7 +239,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 	}
 	b.ResetTimer()
 	start := time.Now()
-	w := newWorker(b, s, WorkerConfig{Handler: handler, Concurrency: 32})
+	w := newWorker(b, s, WorkerConfig{Handler: handler, Concurrency: benchConcurrency})
 	stop := runWorker(b, w)
 	<-finished
 	// The last handlers ran; wait for their transitions to land.
