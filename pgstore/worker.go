@@ -137,6 +137,9 @@ type Worker struct {
 	inflight map[string]*inflight // running attempts by task ID
 	tasks    sync.WaitGroup       // handler and reconcile goroutines
 
+	reconciling atomic.Int64 // Reconcile calls in flight; they take slots too
+	claims      atomic.Int64 // claim statements run
+
 	completions   chan *completion // to the completer, unbuffered
 	completerDone chan struct{}    // closed when the completer has stopped
 	recheck       atomic.Bool      // a claim after a notification is scheduled
@@ -289,14 +292,16 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 }
 
 func (w *Worker) claim(ctx context.Context, n int) ([]Task, error) {
+	defer w.claims.Add(1)
 	rows, _ := w.store.pool.Query(ctx, sqlClaim, n, w.cfg.Lease.Microseconds(), w.cfg.Kinds, w.cfg.Name)
 	return pgx.CollectRows(rows, pgx.RowToStructByName[Task])
 }
 
+// count is how many slots are taken.
 func (w *Worker) count() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.inflight)
+	return len(w.inflight) + int(w.reconciling.Load())
 }
 
 // start runs one claimed attempt of t in its own goroutine.
@@ -610,8 +615,13 @@ func (w *Worker) reconcile(ctx, base context.Context) error {
 // the heartbeat leaves it alone; it gets at most Lease to decide.
 func (w *Worker) startReconcile(base context.Context, t Task) {
 	ctx, cancel := context.WithTimeout(base, w.cfg.Lease)
+	w.reconciling.Add(1)
 	w.tasks.Go(func() {
 		defer cancel()
+		defer func() {
+			w.reconciling.Add(-1)
+			w.signal() // a slot is free
+		}()
 		o := runHandler(ctx, w.cfg.Reconcile, t)
 		applied, err := w.finish(context.WithoutCancel(ctx), t, StateUncertain, o)
 		switch {

@@ -605,3 +605,42 @@ func TestPruneDeletesOnlyOldFinishedTasks(t *testing.T) {
 		t.Fatalf("%d tasks left; want the recent and the unfinished one", left)
 	}
 }
+
+func TestWorkerWakeUp(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		poll   time.Duration
+		submit func(t testing.TB, s *Store) string
+	}{
+		{name: "a notification wakes it before any poll", poll: time.Hour,
+			submit: func(t testing.TB, s *Store) string { return mustSubmit(t, s, newTask("notified")).ID }},
+		{name: "polling finds a task nobody announced", poll: 20 * time.Millisecond,
+			submit: func(t testing.TB, s *Store) string {
+				var id string
+				if err := s.pool.QueryRow(context.Background(), `INSERT INTO idemgate_tasks
+					(tenant, owner, kind, runtime, network, idempotency_key, fingerprint)
+					VALUES ('acme', 'o', 'image', 'gpu', 'main', 'silent', 'f') RETURNING id::text`).Scan(&id); err != nil {
+					t.Fatal(err)
+				}
+				return id
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, _ := setup(t)
+			w := newWorker(t, s, WorkerConfig{PollInterval: tt.poll, Handler: func(context.Context, Task) Outcome {
+				return Succeeded(json.RawMessage(`1`))
+			}})
+			runWorker(t, w)
+			// Wait until the worker listens and is idle: it claimed at start
+			// and once more on the wake-up it gives itself after LISTEN.
+			waitFor(t, func() bool {
+				return countActivity(t, s.pool, "query = 'LISTEN "+notifyChannel+"'") == 1 && w.claims.Load() >= 2
+			})
+			id := tt.submit(t, s)
+			waitState(t, s, id, StateSucceeded)
+		})
+	}
+}
