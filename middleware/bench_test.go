@@ -120,22 +120,40 @@ func (bn *bench) serve(b *testing.B, key, body string, want int) {
 	}
 }
 
-// run times the loop and reports Redis commands per request.
-// Before timing, one request with the key warm warms up the script cache (a
-// first EVALSHA may answer NOSCRIPT) and the connection pool.
-func (bn *bench) run(b *testing.B, warm string, keys []string, body string, want int) {
-	bn.serve(b, bn.id+warm, body, want)
-	for i := range keys {
-		keys[i] = bn.id + keys[i]
+// benchCase is one path set up one way, ready to time.
+type benchCase struct {
+	*bench
+	warm string   // key of the untimed first request
+	keys []string // keys of the timed requests, in turn
+	body string
+	want int // status every timed request must get
+}
+
+// prepare warms up the script cache (a first EVALSHA may answer NOSCRIPT)
+// and the connection pool, and prefixes the keys.
+func (bc *benchCase) prepare(b *testing.B) {
+	bc.serve(b, bc.id+bc.warm, bc.body, bc.want)
+	for i := range bc.keys {
+		bc.keys[i] = bc.id + bc.keys[i]
 	}
-	bn.counter.n.Store(0)
+	bc.counter.n.Store(0)
+}
+
+// serveN sends the i-th timed request.
+func (bc *benchCase) serveN(b *testing.B, i int) {
+	bc.serve(b, bc.keys[i%len(bc.keys)], bc.body, bc.want)
+}
+
+// run times b.N requests and reports Redis commands per request.
+func (bc *benchCase) run(b *testing.B) {
+	bc.prepare(b)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		bn.serve(b, keys[i%len(keys)], body, want)
+		bc.serveN(b, i)
 	}
 	b.StopTimer()
-	b.ReportMetric(float64(bn.counter.n.Load())/float64(b.N), "redis-cmds/op")
+	b.ReportMetric(float64(bc.counter.n.Load())/float64(b.N), "redis-cmds/op")
 }
 
 func uniqueKeys(b *testing.B, prefix string) []string {
@@ -166,8 +184,14 @@ func floorKey(c echo.Context) string { return "floor:" + c.Request().Header.Get(
 
 func okHandler(c echo.Context) error { return c.JSONBlob(http.StatusCreated, benchResponse) }
 
-func BenchmarkMiss(b *testing.B) {
-	b.Run("floor", func(b *testing.B) {
+type setup func(b *testing.B) *benchCase
+
+// The miss path: a new key; claim, run, store.
+var missSetups = []struct {
+	name  string
+	setup setup
+}{
+	{"floor", func(b *testing.B) *benchCase {
 		bn := newBench(b)
 		store := middleware.NewRedisStore(bn.client)
 		bn.e.POST("/v1/images", func(c echo.Context) error {
@@ -185,9 +209,9 @@ func BenchmarkMiss(b *testing.B) {
 			}
 			return store.Complete(ctx, key, token, middleware.Response{Status: http.StatusCreated, Header: benchHeader, Body: benchResponse}, 24*time.Hour)
 		})
-		bn.run(b, "warm", uniqueKeys(b, "miss-"), benchBody, http.StatusCreated)
-	})
-	b.Run("floor-plain", func(b *testing.B) {
+		return &benchCase{bench: bn, warm: "warm", keys: uniqueKeys(b, "miss-"), body: benchBody, want: http.StatusCreated}
+	}},
+	{"floor-plain", func(b *testing.B) *benchCase {
 		bn := newBench(b)
 		bn.e.POST("/v1/images", func(c echo.Context) error {
 			ctx, key := c.Request().Context(), floorKey(c)
@@ -203,18 +227,21 @@ func BenchmarkMiss(b *testing.B) {
 			}
 			return bn.client.Set(ctx, key, benchResponse, 24*time.Hour).Err()
 		})
-		bn.run(b, "warm", uniqueKeys(b, "miss-"), benchBody, http.StatusCreated)
-	})
-	b.Run("middleware", func(b *testing.B) {
+		return &benchCase{bench: bn, warm: "warm", keys: uniqueKeys(b, "miss-"), body: benchBody, want: http.StatusCreated}
+	}},
+	{"middleware", func(b *testing.B) *benchCase {
 		bn := newBench(b)
 		bn.e.POST("/v1/images", okHandler, bn.middleware(b))
-		bn.run(b, "warm", uniqueKeys(b, "miss-"), benchBody, http.StatusCreated)
-	})
+		return &benchCase{bench: bn, warm: "warm", keys: uniqueKeys(b, "miss-"), body: benchBody, want: http.StatusCreated}
+	}},
 }
 
-// BenchmarkReplay: the key holds a finished response.
-func BenchmarkReplay(b *testing.B) {
-	b.Run("floor", func(b *testing.B) {
+// The replay path: the key holds a finished response.
+var replaySetups = []struct {
+	name  string
+	setup setup
+}{
+	{"floor", func(b *testing.B) *benchCase {
 		bn := newBench(b)
 		store := middleware.NewRedisStore(bn.client)
 		ctx := context.Background()
@@ -237,9 +264,9 @@ func BenchmarkReplay(b *testing.B) {
 			_, err = c.Response().Write(res.Response.Body)
 			return err
 		})
-		bn.run(b, "replay", []string{"replay"}, benchBody, http.StatusCreated)
-	})
-	b.Run("floor-plain", func(b *testing.B) {
+		return &benchCase{bench: bn, warm: "replay", keys: []string{"replay"}, body: benchBody, want: http.StatusCreated}
+	}},
+	{"floor-plain", func(b *testing.B) *benchCase {
 		bn := newBench(b)
 		bn.client.Set(context.Background(), "floor:"+bn.id+"replay", benchResponse, time.Hour)
 		bn.e.POST("/v1/images", func(c echo.Context) error {
@@ -250,20 +277,23 @@ func BenchmarkReplay(b *testing.B) {
 			c.Response().Header().Set("Idempotent-Replayed", "true")
 			return c.JSONBlob(http.StatusCreated, v)
 		})
-		bn.run(b, "replay", []string{"replay"}, benchBody, http.StatusCreated)
-	})
-	b.Run("middleware", func(b *testing.B) {
+		return &benchCase{bench: bn, warm: "replay", keys: []string{"replay"}, body: benchBody, want: http.StatusCreated}
+	}},
+	{"middleware", func(b *testing.B) *benchCase {
 		bn := newBench(b)
 		bn.e.POST("/v1/images", okHandler, bn.middleware(b))
 		bn.serve(b, bn.id+"replay", benchBody, http.StatusCreated)
-		bn.run(b, "replay", []string{"replay"}, benchBody, http.StatusCreated)
-	})
+		return &benchCase{bench: bn, warm: "replay", keys: []string{"replay"}, body: benchBody, want: http.StatusCreated}
+	}},
 }
 
-// BenchmarkConflict: the key is held by a request still running (409
+// The conflict path: the key is held by a request still running (409
 // request_in_progress).
-func BenchmarkConflict(b *testing.B) {
-	b.Run("floor", func(b *testing.B) {
+var conflictSetups = []struct {
+	name  string
+	setup setup
+}{
+	{"floor", func(b *testing.B) *benchCase {
 		bn := newBench(b)
 		store := middleware.NewRedisStore(bn.client)
 		store.Claim(context.Background(), "floor:"+bn.id+"conflict", floorClaim(middleware.Token{1}))
@@ -278,9 +308,9 @@ func BenchmarkConflict(b *testing.B) {
 			c.Response().Header().Set("Retry-After", strconv.Itoa(int(res.RetryAfter/time.Second)))
 			return c.Blob(http.StatusConflict, "application/problem+json", problemInProgress)
 		})
-		bn.run(b, "conflict", []string{"conflict"}, benchBody, http.StatusConflict)
-	})
-	b.Run("floor-plain", func(b *testing.B) {
+		return &benchCase{bench: bn, warm: "conflict", keys: []string{"conflict"}, body: benchBody, want: http.StatusConflict}
+	}},
+	{"floor-plain", func(b *testing.B) *benchCase {
 		bn := newBench(b)
 		bn.client.Set(context.Background(), "floor:"+bn.id+"conflict", claimValue, time.Hour)
 		bn.e.POST("/v1/images", func(c echo.Context) error {
@@ -290,9 +320,9 @@ func BenchmarkConflict(b *testing.B) {
 			c.Response().Header().Set("Retry-After", "30")
 			return c.Blob(http.StatusConflict, "application/problem+json", problemInProgress)
 		})
-		bn.run(b, "conflict", []string{"conflict"}, benchBody, http.StatusConflict)
-	})
-	b.Run("middleware", func(b *testing.B) {
+		return &benchCase{bench: bn, warm: "conflict", keys: []string{"conflict"}, body: benchBody, want: http.StatusConflict}
+	}},
+	{"middleware", func(b *testing.B) *benchCase {
 		bn := newBench(b)
 		hold, held := make(chan struct{}), make(chan struct{})
 		bn.e.POST("/v1/images", func(c echo.Context) error {
@@ -306,8 +336,26 @@ func BenchmarkConflict(b *testing.B) {
 		go func() { bn.e.ServeHTTP(&discardWriter{h: http.Header{}}, holder); close(done) }()
 		<-held
 		b.Cleanup(func() { close(hold); <-done })
-		bn.run(b, "conflict", []string{"conflict"}, benchBody, http.StatusConflict)
-	})
+		return &benchCase{bench: bn, warm: "conflict", keys: []string{"conflict"}, body: benchBody, want: http.StatusConflict}
+	}},
+}
+
+func BenchmarkMiss(b *testing.B) {
+	for _, s := range missSetups {
+		b.Run(s.name, func(b *testing.B) { s.setup(b).run(b) })
+	}
+}
+
+func BenchmarkReplay(b *testing.B) {
+	for _, s := range replaySetups {
+		b.Run(s.name, func(b *testing.B) { s.setup(b).run(b) })
+	}
+}
+
+func BenchmarkConflict(b *testing.B) {
+	for _, s := range conflictSetups {
+		b.Run(s.name, func(b *testing.B) { s.setup(b).run(b) })
+	}
 }
 
 // BenchmarkReused: the key is held by other parameters (409 key_reused).
@@ -316,8 +364,49 @@ func BenchmarkReused(b *testing.B) {
 		bn := newBench(b)
 		bn.e.POST("/v1/images", okHandler, bn.middleware(b))
 		bn.serve(b, bn.id+"reused", `{"prompt":"something else"}`, http.StatusCreated)
-		bn.run(b, "reused", []string{"reused"}, benchBody, http.StatusConflict)
+		(&benchCase{bench: bn, warm: "reused", keys: []string{"reused"}, body: benchBody, want: http.StatusConflict}).run(b)
 	})
+}
+
+// BenchmarkRatio interleaves floor, floor-plain and the middleware request
+// by request (rotating the order) on the same server, so that load from
+// other processes hits all three alike, and reports each one's mean and the
+// ratios mw/floor and mw/floor-plain.
+func BenchmarkRatio(b *testing.B) {
+	for _, path := range []struct {
+		name   string
+		setups []struct {
+			name  string
+			setup setup
+		}
+	}{{"miss", missSetups}, {"replay", replaySetups}, {"conflict", conflictSetups}} {
+		b.Run(path.name, func(b *testing.B) {
+			cases := make([]*benchCase, len(path.setups))
+			for i, s := range path.setups {
+				cases[i] = s.setup(b)
+				cases[i].prepare(b)
+			}
+			spent := make([]time.Duration, len(cases))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				for j := range cases {
+					k := (i + j) % len(cases)
+					t0 := time.Now()
+					cases[k].serveN(b, i)
+					spent[k] += time.Since(t0)
+				}
+			}
+			b.StopTimer()
+			perReq := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(b.N) }
+			floor, plain, mw := spent[0], spent[1], spent[2]
+			b.ReportMetric(perReq(floor), "floor-ns/req")
+			b.ReportMetric(perReq(plain), "plain-ns/req")
+			b.ReportMetric(perReq(mw), "mw-ns/req")
+			b.ReportMetric(float64(mw)/float64(floor), "mw/floor")
+			b.ReportMetric(float64(mw)/float64(plain), "mw/plain")
+			b.ReportMetric(float64(cases[2].counter.n.Load())/float64(b.N), "mw-redis-cmds/req")
+		})
+	}
 }
 
 var problemInProgress = []byte(`{"type":"https://github.com/idemgate/idemgate#request_in_progress","title":"Request in progress","status":409,"detail":"A request with this idempotency key is still running; retry later.","code":"request_in_progress"}`)
