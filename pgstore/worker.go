@@ -262,7 +262,10 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 	for {
 		free := w.cfg.Concurrency - w.count()
 		if free > 0 {
-			claimed, err := w.claim(ctx, free)
+			claimed, err := w.claim(base, free)
+			for _, t := range claimed {
+				w.start(base, t) // even when stopping: shutdown finishes or releases them
+			}
 			switch {
 			case ctx.Err() != nil:
 				return
@@ -275,9 +278,6 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 				continue
 			}
 			errWait = 0
-			for _, t := range claimed {
-				w.start(base, t)
-			}
 			if len(claimed) == free {
 				continue // there may be more
 			}
@@ -291,8 +291,13 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 	}
 }
 
-func (w *Worker) claim(ctx context.Context, n int) ([]Task, error) {
+// claim takes up to n runnable tasks. Its context is not the caller's:
+// a claim canceled after it committed would strand the claimed tasks
+// until their lease ran out.
+func (w *Worker) claim(base context.Context, n int) ([]Task, error) {
 	defer w.claims.Add(1)
+	ctx, cancel := context.WithTimeout(base, w.cfg.Lease/2)
+	defer cancel()
 	rows, _ := w.store.pool.Query(ctx, sqlClaim, n, w.cfg.Lease.Microseconds(), w.cfg.Kinds, w.cfg.Name)
 	return pgx.CollectRows(rows, pgx.RowToStructByName[Task])
 }
