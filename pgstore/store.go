@@ -65,10 +65,12 @@ type NewTask struct {
 	Network        string
 	IdempotencyKey string // keyspace Key.Task()
 	Fingerprint    string
-	Params         json.RawMessage // any JSON value, or nil
+	Params         json.RawMessage // any JSON value, or nil; stored as jsonb
 }
 
-// Task is a stored task.
+// Task is a stored task. Params and Results are stored as jsonb and read
+// back in its formatting (object keys reordered, whitespace normalized):
+// the same values, not the same bytes.
 type Task struct {
 	ID             string            `db:"id"` // opaque
 	Tenant         string            `db:"tenant"`
