@@ -4,19 +4,27 @@
 GO ?= go
 export GOTOOLCHAIN ?= local
 
-.PHONY: test vet unit run bench fmt
+.PHONY: test vet unit faults run bench load
 
-test: vet unit
+test: vet unit faults
 
 vet:
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
+	$(GO) vet -tags faults ./faults/
 
 unit:
 	$(GO) test -race -count=1 -timeout 20m ./...
+
+# The fault suite: servers killed, flushed, restarted and slowed under load.
+faults:
+	$(GO) test -tags faults -race -count=1 -timeout 15m ./faults/
 
 run:
 	$(GO) run ./example
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./fingerprint/ ./middleware/ ./pgstore/
+
+load:
+	$(GO) run ./loadtest
