@@ -81,9 +81,23 @@ func (b *bench) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	b.env.closers = append(b.env.closers, fl.close)
+	b.env.closers = append(b.env.closers, fl.close, b.cleanup)
 	b.stacks = []*stack{fl, idem}
 	return nil
+}
+
+// cleanup removes this run's rows and the floor table, for runs against a
+// database given by -database-url (a throwaway one is removed anyway).
+func (b *bench) cleanup() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := b.env.db.Exec(ctx, `DELETE FROM idemgate_tasks WHERE tenant LIKE $1`,
+		fmt.Sprintf("lt-%%-%d", b.runID)); err != nil {
+		fmt.Fprintf(b.log, "loadtest: remove this run's tasks: %v\n", err)
+	}
+	if _, err := b.env.db.Exec(ctx, `DROP TABLE IF EXISTS `+floorTable); err != nil {
+		fmt.Fprintf(b.log, "loadtest: drop %s: %v\n", floorTable, err)
+	}
 }
 
 // outcome is what one client saw.

@@ -92,7 +92,7 @@ usage: go run ./loadtest [flags]
 	fs.IntVar(&o.pgConns, "pg-conns", 16, "Postgres pool size of each stack")
 	fs.StringVar(&scen, "scenarios", "miss,replay,conflict,dup", "comma-separated scenarios to run")
 	fs.StringVar(&o.redisURL, "redis-url", "", "use this Redis (redis://…) instead of a throwaway redis-server; use a dedicated one: INFO commandstats is server-wide")
-	fs.StringVar(&o.databaseURL, "database-url", "", "use this Postgres instead of a throwaway cluster")
+	fs.StringVar(&o.databaseURL, "database-url", "", "use this Postgres instead of a throwaway cluster; use a dedicated database: tasks are written (and removed at the end) and workers there would run them")
 	fs.BoolVar(&o.jsonOut, "json", false, "print the results as JSON instead of a table")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured warm-up per stack before the scenarios")

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemgate/idemgate/internal/testenv"
 )
 
@@ -61,6 +63,19 @@ func TestRun(t *testing.T) {
 				t.Errorf("%s: status %s (%d times), want only %v", name, code, res.Status[code], wantStatus[res.Scenario])
 			}
 		}
+	}
+	db, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(ctx)
+	var left int
+	var floor *string
+	if err := db.QueryRow(ctx, `SELECT (SELECT count(*) FROM idemgate_tasks), to_regclass('loadtest_floor_tasks')::text`).Scan(&left, &floor); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 || floor != nil {
+		t.Errorf("after the run: %d tasks left, floor table %v; want both removed", left, floor)
 	}
 	for _, res := range rep.Results {
 		if res.Scenario == "miss" && res.HandlerExecutions != res.Requests {

@@ -26,6 +26,7 @@ import (
 
 const (
 	floorName    = "floor"
+	floorTable   = "loadtest_floor_tasks"
 	idemgateName = "idemgate"
 	// slowHeader asks either stack's handler to take this long (dup scenario).
 	slowHeader = "X-Loadtest-Slow"
@@ -256,7 +257,7 @@ func newFloor(ctx context.Context, e *env, o options) (*stack, error) {
 	if err != nil {
 		return nil, err
 	}
-	const table = "loadtest_floor_tasks"
+	const table = floorTable
 	// Same columns, defaults and indexes as idemgate_tasks: the same
 	// INSERT costs the same.
 	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS `+table+`;
