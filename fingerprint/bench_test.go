@@ -122,3 +122,22 @@ func BenchmarkSumRequest(b *testing.B) {
 		}
 	}
 }
+
+// TestSumAllocs holds Sum to its allocation budget at 1 KB: the returned
+// string, and the pooled buffers otherwise.
+func TestSumAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector drops pooled buffers on purpose")
+	}
+	doc := benchDoc(1 << 10)
+	for _, spec := range []Spec{{}, {Fields: []string{"/prompt", "/items/0"}, Exclude: []string{"/request_id"}}} {
+		allocs := testing.AllocsPerRun(200, func() {
+			if _, err := spec.Sum(doc); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if allocs > 8 {
+			t.Errorf("%+v: Sum of 1 KB makes %.1f allocations, want at most 8", spec, allocs)
+		}
+	}
+}

@@ -86,9 +86,10 @@ type state struct {
 
 var statePool = sync.Pool{New: func() any { return new(state) }}
 
-// maxPooled bounds the buffers kept for reuse, so one huge body does not pin
-// its memory in the pool.
-const maxPooled = 4 << 20
+// maxPooled bounds the bytes of each buffer kept for reuse, so one huge
+// body does not pin its memory. It is well above the bodies the middleware
+// accepts by default (1 MiB).
+const maxPooled = 16 << 20
 
 func getState() *state {
 	s := statePool.Get().(*state)
