@@ -253,7 +253,12 @@ func (a *api) submit(c echo.Context, params any) error {
 		return middleware.ErrKeyReused
 	}
 	if err != nil {
-		return fmt.Errorf("submit: %w", err)
+		// Postgres is down or restarting: a retryable answer. The middleware
+		// does not store 5xx, so the retry runs again under the same key.
+		a.logger.Error("submit failed", "err", err)
+		c.Response().Header().Set("Retry-After", "1")
+		return &problem{Status: http.StatusServiceUnavailable, Code: "task_store_unavailable",
+			Detail: "The task store is unavailable; retry with the same Idempotency-Key."}
 	}
 	pr := pgstore.Project(task)
 	poll := pr.PollAfter

@@ -105,7 +105,9 @@ func startNode(t *testing.T, cfg nodeConfig) *node {
 			return middleware.ErrKeyReused
 		}
 		if err != nil {
-			return err
+			// As the example: Postgres down is a retryable 503.
+			c.Response().Header().Set("Retry-After", "1")
+			return errTaskStoreUnavailable
 		}
 		n.mu.Lock()
 		if task.Duplicate {
@@ -142,15 +144,23 @@ func startNode(t *testing.T, cfg nodeConfig) *node {
 	return n
 }
 
+// errTaskStoreUnavailable is the handler's answer when Submit fails for
+// any reason but a conflict, as in the example service.
+var errTaskStoreUnavailable = errors.New("task store unavailable")
+
 // problemHandler answers handler errors as the example service does: a
-// problem document, 500 "internal" for an unexpected error.
+// problem document, 503 "task_store_unavailable" when Postgres failed,
+// 500 "internal" for an unexpected error.
 func problemHandler(err error, c echo.Context) {
 	if c.Response().Committed {
 		return
 	}
 	status, code := http.StatusInternalServerError, "internal"
 	var he *echo.HTTPError
-	if errors.As(err, &he) {
+	switch {
+	case errors.Is(err, errTaskStoreUnavailable):
+		status, code = http.StatusServiceUnavailable, "task_store_unavailable"
+	case errors.As(err, &he):
 		status, code = he.Code, "http_"+strconv.Itoa(he.Code)
 	}
 	b, _ := json.Marshal(map[string]any{"type": "about:blank", "title": http.StatusText(status), "status": status, "code": code})

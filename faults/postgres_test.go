@@ -52,14 +52,15 @@ func TestPostgresRestarted(t *testing.T) {
 			whileDown = append(whileDown, r)
 		}
 	}
-	internal := func(r reply) bool {
-		return r.status == http.StatusInternalServerError && r.problem && r.code == "internal"
+	unavailable := func(r reply) bool {
+		return r.status == http.StatusServiceUnavailable && r.problem &&
+			r.code == "task_store_unavailable" && r.retryAfter != ""
 	}
-	if count(whileDown, internal) == 0 {
+	if count(whileDown, unavailable) == 0 {
 		t.Errorf("no error while Postgres restarted (%v): the fault was not observed: %s",
 			up.Sub(down).Round(time.Millisecond), summary(whileDown))
 	}
-	checkReplies(t, l.since(time.Time{}), func(r reply) bool { return internal(r) && r.at.Before(up.Add(5*time.Second)) })
+	checkReplies(t, l.since(time.Time{}), func(r reply) bool { return unavailable(r) && r.at.Before(up.Add(5*time.Second)) })
 	checkTasks(t, pool, l, tenant)
 	n.checkRuns(t)
 	t.Logf("restart took %v; around it: %s", up.Sub(down).Round(time.Millisecond), summary(whileDown))
