@@ -329,7 +329,11 @@ func owner(c echo.Context) (tenant, ownerID string, err error) {
 	return k.Tenant(), k.Owner(), nil
 }
 
-var errTaskNotFound = &problem{Status: http.StatusNotFound, Code: "not_found", Detail: "no such task"}
+// errTaskNotFound is the answer for a task that does not exist or belongs
+// to someone else: the two are indistinguishable on purpose.
+func errTaskNotFound() error {
+	return &problem{Status: http.StatusNotFound, Code: "not_found", Detail: "no such task"}
+}
 
 func (a *api) getTask(c echo.Context) error {
 	tenant, ownerID, err := owner(c)
@@ -338,7 +342,7 @@ func (a *api) getTask(c echo.Context) error {
 	}
 	t, err := a.store.Get(c.Request().Context(), tenant, ownerID, c.Param("id"))
 	if errors.Is(err, pgstore.ErrNotFound) {
-		return errTaskNotFound
+		return errTaskNotFound()
 	}
 	if err != nil {
 		return fmt.Errorf("get task: %w", err)
@@ -362,7 +366,7 @@ func (a *api) recoverTask(c echo.Context) error {
 	t, err := a.store.Recover(c.Request().Context(), tenant, ownerID, c.Param("id"))
 	switch {
 	case errors.Is(err, pgstore.ErrNotFound):
-		return errTaskNotFound
+		return errTaskNotFound()
 	case errors.Is(err, pgstore.ErrNotRecoverable):
 		return &problem{Status: http.StatusConflict, Code: "not_recoverable",
 			Detail: strings.TrimPrefix(err.Error(), pgstore.ErrNotRecoverable.Error()+": ")}

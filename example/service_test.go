@@ -165,7 +165,7 @@ func TestService(t *testing.T) {
 		t.Run("poll to success: real PNGs, only then", func(t *testing.T) {
 			t.Parallel()
 			c := newClient(d.b.url)
-			task, err := c.GenerateImages(context.Background(), "poll:1",
+			task, err := c.GenerateImages(testCtx(t), "poll:1",
 				client.ImageRequest{Prompt: "a lighthouse at dawn", AspectRatio: "16:9", N: 2})
 			if err != nil {
 				t.Fatal(err)
@@ -297,7 +297,9 @@ func TestService(t *testing.T) {
 					t.Parallel()
 					c := newClient(d.a.url)
 					req := client.ImageRequest{Prompt: tt.givenPrompt, N: 2}
-					task, err := c.GenerateImages(context.Background(), "marker:"+tt.name, req)
+					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+					defer cancel()
+					task, err := c.GenerateImages(ctx, "marker:"+tt.name, req)
 					if (err != nil) != (tt.wantStatus == "failed") || (err != nil && !errors.Is(err, client.ErrTaskFailed)) {
 						t.Fatalf("GenerateImages: %v", err)
 					}
@@ -312,7 +314,7 @@ func TestService(t *testing.T) {
 		t.Run("a failed task with partial results recovers on the same task", func(t *testing.T) {
 			t.Parallel()
 			c := newClient(d.b.url)
-			task, err := c.GenerateImages(context.Background(), "recover:1", client.ImageRequest{Prompt: "a dog #partial", N: 3})
+			task, err := c.GenerateImages(testCtx(t), "recover:1", client.ImageRequest{Prompt: "a dog #partial", N: 3})
 			if !errors.Is(err, client.ErrTaskFailed) {
 				t.Fatalf("first run: %+v %v; want failed", task, err)
 			}
@@ -320,7 +322,7 @@ func TestService(t *testing.T) {
 			if rec.status != http.StatusAccepted || rec.json(t)["task_id"] != task.ID {
 				t.Fatalf("recover: %d %s", rec.status, rec.body)
 			}
-			done, err := c.Wait(context.Background(), task.ID, 0)
+			done, err := c.Wait(testCtx(t), task.ID, 0)
 			if err != nil || len(done.Images) != 3 {
 				t.Fatalf("after recover: %+v %v; want 3 images", done.Status, err)
 			}
@@ -360,7 +362,7 @@ func TestService(t *testing.T) {
 			req := client.ImageRequest{Prompt: "a lighthouse in fog", AspectRatio: "1:1", N: 1}
 			id := client.RequestID("lossy", req)
 
-			task, err := c.GenerateImages(context.Background(), id, req)
+			task, err := c.GenerateImages(testCtx(t), id, req)
 
 			if err != nil {
 				t.Fatal(err)
@@ -463,7 +465,9 @@ func TestEmbeddedDefaults(t *testing.T) {
 	}
 
 	c := client.New(client.Config{BaseURL: p.url, Token: tok[1]})
-	task, err := c.GenerateImages(context.Background(), "embedded:1", client.ImageRequest{Prompt: "hello", N: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	task, err := c.GenerateImages(ctx, "embedded:1", client.ImageRequest{Prompt: "hello", N: 1})
 	if err != nil || len(task.Images) != 1 {
 		t.Fatalf("GenerateImages: %+v %v", task.Status, err)
 	}
@@ -474,8 +478,11 @@ func TestEmbeddedDefaults(t *testing.T) {
 	}
 	select {
 	case <-p.done:
-	case <-time.After(shutdownBudget):
-		t.Fatalf("still running %v after SIGINT", shutdownBudget)
+	case <-time.After(2 * shutdownBudget):
+		// shutdownBudget bounds the server and workers; stopping and
+		// removing the throwaway cluster comes after, so allow twice that
+		// on a loaded machine.
+		t.Fatalf("still running %v after SIGINT", 2*shutdownBudget)
 	}
 	t.Logf("exited %v after SIGINT", time.Since(start).Round(time.Millisecond))
 	if p.err != nil {
@@ -484,4 +491,13 @@ func TestEmbeddedDefaults(t *testing.T) {
 	if _, err := os.Stat(dir[1]); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("throwaway cluster dir %s still there after exit (stat: %v)", dir[1], err)
 	}
+}
+
+// testCtx bounds a client call so that a stuck task fails the test
+// instead of hanging the suite.
+func testCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
 }

@@ -283,8 +283,8 @@ func (c *Client) Task(ctx context.Context, taskID string) (Task, error) {
 }
 
 // Wait polls the same task until it finishes, first after `first` (the
-// submit's PollAfter), then as the server asks (poll_after_ms, Retry-After),
-// never faster than a backoff that doubles up to MaxBackoff. A failed task
+// submit's PollAfter), then as the server asks (poll_after_ms, Retry-After,
+// honoured in full), never faster than a backoff that doubles up to MaxBackoff. A failed task
 // returns the task and an error matching ErrTaskFailed.
 func (c *Client) Wait(ctx context.Context, taskID string, first time.Duration) (Task, error) {
 	wait := first
@@ -303,7 +303,9 @@ func (c *Client) Wait(ctx context.Context, taskID string, first time.Duration) (
 		case "failed":
 			return t, fmt.Errorf("%w: %s", ErrTaskFailed, t.Error)
 		}
-		wait = min(max(t.PollAfter, backoff), c.cfg.MaxBackoff)
+		// The backoff is capped; the server's own hint is not: it knows
+		// better when the task will have moved on.
+		wait = max(t.PollAfter, backoff)
 		backoff = min(2*backoff, c.cfg.MaxBackoff)
 	}
 }
