@@ -111,7 +111,7 @@ func (s *Store) migrate(ctx context.Context, conn *pgx.Conn) error {
 		return fmt.Errorf("pgstore: migrate: read versions: %w", err)
 	}
 	for _, m := range migrations {
-		if slices.Contains(applied, m.version) || (s.migrateTo > 0 && m.version > s.migrateTo) {
+		if slices.Contains(applied, m.version) || (s.test != nil && s.test.migrateTo > 0 && m.version > s.test.migrateTo) {
 			continue
 		}
 		if err := s.apply(ctx, conn, m); err != nil {
@@ -145,8 +145,8 @@ func (s *Store) apply(ctx context.Context, conn *pgx.Conn, m migration) error {
 }
 
 func (s *Store) hook(ctx context.Context, step string, conn *pgx.Conn) {
-	if s.migrateHook != nil {
-		s.migrateHook(ctx, step, conn.PgConn().PID())
+	if s.test != nil && s.test.migrateStep != nil {
+		s.test.migrateStep(ctx, step, conn.PgConn().PID())
 	}
 }
 

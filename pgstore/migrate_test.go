@@ -145,7 +145,7 @@ func migrationSteps(t *testing.T) []string {
 	db := newTestDB(t)
 	var steps []string
 	s := newStore(db.pool(t))
-	s.migrateHook = func(_ context.Context, step string, _ uint32) { steps = append(steps, step) }
+	s.test = &storeTestHooks{migrateStep: func(_ context.Context, step string, _ uint32) { steps = append(steps, step) }}
 	if err := s.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -176,16 +176,16 @@ func TestMigrateSurvivesBeingKilledAtEveryStep(t *testing.T) {
 			defer cancel()
 			// Kill after the steps before this one have run.
 			s := newStore(db.pool(t))
-			s.migrateHook = func(_ context.Context, got string, pid uint32) {
+			s.test = &storeTestHooks{migrateStep: func(_ context.Context, got string, pid uint32) {
 				if got == step {
 					terminate(t, admin, pid)
 				}
-			}
+			}}
 			if err := s.Migrate(ctx); err == nil {
 				t.Fatal("Migrate succeeded on a killed connection")
 			}
 			assertKeyGuarded(t, admin)
-			s.migrateHook = nil
+			s.test = nil
 			if err := s.Migrate(ctx); err != nil {
 				t.Fatalf("rerun: %v", err)
 			}
@@ -251,7 +251,7 @@ func TestMigrateKilledMidBuildWhileSubmitting(t *testing.T) {
 	killed := make(chan struct{})
 	var blocker pgx.Tx
 	s := newStore(db.pool(t))
-	s.migrateHook = func(hctx context.Context, step string, pid uint32) {
+	s.test = &storeTestHooks{migrateStep: func(hctx context.Context, step string, pid uint32) {
 		switch step {
 		case "v2: drop an invalid leftover of the wide index":
 			startOnce.Do(startSubmitters)
@@ -285,7 +285,7 @@ func TestMigrateKilledMidBuildWhileSubmitting(t *testing.T) {
 				terminate(t, admin, pid)
 			}()
 		}
-	}
+	}}
 	if err := s.Migrate(ctx); err == nil {
 		t.Fatal("Migrate succeeded although killed mid-build")
 	}
@@ -300,7 +300,7 @@ func TestMigrateKilledMidBuildWhileSubmitting(t *testing.T) {
 	assertKeyGuarded(t, admin)
 
 	before := submitted.Load()
-	s.migrateHook = nil
+	s.test = nil
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatalf("rerun: %v", err)
 	}
@@ -356,7 +356,7 @@ func TestSubmitUnderTheNarrowIndex(t *testing.T) {
 	db := newTestDB(t)
 	ctx := context.Background()
 	s := newStore(db.pool(t))
-	s.migrateTo = 1
+	s.test = &storeTestHooks{migrateTo: 1}
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -379,7 +379,7 @@ func TestSubmitUnderTheNarrowIndex(t *testing.T) {
 	if n := countRows(t, s.pool, "idempotency_key = 'narrow'"); n != 1 {
 		t.Fatalf("%d rows for the key; want 1", n)
 	}
-	s.migrateTo = 0
+	s.test = nil
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -399,7 +399,7 @@ func TestBlockingLockWaiterDeadlocksTheBuild(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	s := newStore(db.pool(t))
-	s.migrateTo = 1
+	s.test = &storeTestHooks{migrateTo: 1}
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -102,10 +102,16 @@ type Store struct {
 	// Unix nanoseconds of now.
 	lastNotify sync.Map // kind → *atomic.Int64
 
-	// migrateHook, when set (tests), runs before each migration step with
-	// the migrating connection's backend PID.
-	migrateHook func(ctx context.Context, step string, pid uint32)
-	// migrateTo, when > 0 (tests), stops Migrate after that version.
+	test *storeTestHooks // nil except in this package's tests
+}
+
+// storeTestHooks are seams for this package's tests; production code
+// never sets them.
+type storeTestHooks struct {
+	// migrateStep runs before each migration step with the migrating
+	// connection's backend PID (a test kills it there).
+	migrateStep func(ctx context.Context, step string, pid uint32)
+	// migrateTo, when > 0, stops Migrate after that version.
 	migrateTo int
 }
 

@@ -144,9 +144,18 @@ type Worker struct {
 	completerDone chan struct{}    // closed when the completer has stopped
 	recheck       atomic.Bool      // a claim after a notification is scheduled
 
-	// Tests.
-	crashOnStop bool                                  // stop without waiting or releasing, like a killed process
-	onFinish    func(t Task, o Outcome, applied bool) // after each attempt's transition
+	test *workerTestHooks // nil except in this package's tests
+}
+
+// workerTestHooks are seams for this package's tests; production code
+// never sets them.
+type workerTestHooks struct {
+	// crashOnStop makes Run stop without waiting or releasing, like a
+	// killed process: its handlers run on and their late writes meet the
+	// fence.
+	crashOnStop bool
+	// onFinish runs after each attempt's transition.
+	onFinish func(t Task, o Outcome, applied bool)
 }
 
 type inflight struct {
@@ -235,7 +244,7 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	stopBG()
 	bg.Wait()
-	if w.crashOnStop {
+	if w.test != nil && w.test.crashOnStop {
 		stopHeartbeat()
 		<-hbDone
 		return nil
@@ -333,8 +342,8 @@ func (w *Worker) start(base context.Context, t Task) {
 		}
 		w.mu.Unlock()
 		w.signal() // a slot is free
-		if w.onFinish != nil {
-			w.onFinish(t, o, applied)
+		if w.test != nil && w.test.onFinish != nil {
+			w.test.onFinish(t, o, applied)
 		}
 	})
 }
@@ -635,8 +644,8 @@ func (w *Worker) startReconcile(base context.Context, t Task) {
 		case !applied:
 			w.cfg.Logger.Warn("pgstore: worker: reconcile outcome discarded (task moved on)", "task", t.ID)
 		}
-		if w.onFinish != nil {
-			w.onFinish(t, o, applied)
+		if w.test != nil && w.test.onFinish != nil {
+			w.test.onFinish(t, o, applied)
 		}
 	})
 }

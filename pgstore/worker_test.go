@@ -163,12 +163,11 @@ func TestKilledWorkerIsRescuedAndItsCompletionRejected(t *testing.T) {
 	cfg := WorkerConfig{Handler: handler, Lease: 500 * time.Millisecond, Heartbeat: 100 * time.Millisecond,
 		RescueInterval: 50 * time.Millisecond, BackoffBase: time.Millisecond}
 	a := newWorker(t, s, cfg)
-	a.crashOnStop = true
-	a.onFinish = func(_ Task, o Outcome, applied bool) {
+	a.test = &workerTestHooks{crashOnStop: true, onFinish: func(_ Task, o Outcome, applied bool) {
 		if !applied {
 			rejected <- o
 		}
-	}
+	}}
 	stopA := runWorker(t, a)
 	<-entered
 	stopA() // dies: no more heartbeats, no release
