@@ -37,7 +37,8 @@ type Config struct {
 	Kind string
 
 	// Fingerprint selects the body fields that take part in the parameter
-	// fingerprint. The method and route template always take part.
+	// fingerprint. The method, route template, path parameter values and
+	// raw query string always take part.
 	// Optional. Default: the whole body.
 	Fingerprint fingerprint.Spec
 

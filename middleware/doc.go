@@ -20,7 +20,8 @@
 // For each protected request (POST and PATCH by default, carrying the
 // Idempotency-Key header) the middleware derives a key from tenant, user,
 // kind and request id (package keyspace), fingerprints the body together
-// with the method and route template (package fingerprint), and makes one
+// with the method, route template, path parameter values and raw query
+// string (package fingerprint), and makes one
 // atomic Store.Claim call. Then it replays a finished response, answers 409
 // request_in_progress for a running one (or waits, WaitInFlight), answers
 // key_reused for other parameters, or runs the handler under a renewed lease

@@ -29,7 +29,10 @@ var ErrKeyReused = errors.New("idemgate: idempotency key reused with other param
 type Request struct {
 	// Key is the derived idempotency key (tenant, kind, user, request id).
 	Key keyspace.Key
-	// Fingerprint covers the method, route template and selected body fields.
+	// Fingerprint covers the method, the route template, the values of its
+	// path parameters, the raw query string (exact bytes) and the selected
+	// body fields: /v1/orders/1/refund and /v1/orders/2/refund, or the same
+	// route with and without ?dry_run=true, never replay each other.
 	Fingerprint fingerprint.Fingerprint
 }
 
@@ -224,7 +227,7 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	if err != nil {
 		return writeProblem(c, http.StatusBadRequest, codeBodyInvalid, err.Error(), 0)
 	}
-	st.req.Fingerprint = routeFingerprint(st.rt.frame, inner)
+	st.req.Fingerprint = routeFingerprint(st.rt.frame, c.ParamNames(), c.ParamValues(), r.URL.RawQuery, inner)
 	c.Set(contextKey, st)
 
 	st.token = newToken()
@@ -274,11 +277,31 @@ func (m *idem) reused(c echo.Context) error {
 		"This idempotency key was already used with other request parameters. Send a new key for new parameters.", 0)
 }
 
-// routeFingerprint binds the body fingerprint to the route: "v1:" + hex
-// SHA-256 of the route frame and the body fingerprint.
-func routeFingerprint(frame []byte, inner fingerprint.Fingerprint) fingerprint.Fingerprint {
+// routeFingerprint binds the body fingerprint to the route and the rest of
+// the request target: "v1:" + hex SHA-256 of the route frame, the body
+// fingerprint and, when there are any, the path parameters (names and
+// values, in order) and the raw query. The body fingerprint has a fixed length and every later part
+// is length-prefixed, so different requests never frame to the same bytes.
+// The query is compared byte for byte: a reordered query is a (safe) false
+// conflict, never a false replay.
+func routeFingerprint(frame []byte, names, values []string, query string, inner fingerprint.Fingerprint) fingerprint.Fingerprint {
 	var buf [256]byte
 	b := append(append(buf[:0], frame...), inner...)
+	if len(values) > 0 || query != "" {
+		b = binary.AppendUvarint(b, uint64(len(values)))
+		for i, v := range values {
+			var name string
+			if i < len(names) {
+				name = names[i]
+			}
+			b = binary.AppendUvarint(b, uint64(len(name)))
+			b = append(b, name...)
+			b = binary.AppendUvarint(b, uint64(len(v)))
+			b = append(b, v...)
+		}
+		b = binary.AppendUvarint(b, uint64(len(query)))
+		b = append(b, query...)
+	}
 	sum := sha256.Sum256(b)
 	var out [3 + 64]byte
 	copy(out[:], "v1:")

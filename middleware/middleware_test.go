@@ -101,6 +101,7 @@ func newEnvOn(t *testing.T, mr *miniredis.Miniredis, client *redis.Client, store
 	v.e.POST("/v1/videos", handler, mw)
 	v.e.PUT("/v1/images", handler, mw)
 	v.e.GET("/v1/images", handler, mw)
+	v.e.POST("/v1/orders/:id/refund", handler, mw)
 	return v
 }
 
@@ -377,6 +378,41 @@ func (w want) check(t *testing.T, v *env, rec *httptest.ResponseRecorder) {
 		if got := strings.Join(v.events.types(), ","); got != w.events {
 			t.Errorf("events = %s, want %s", got, w.events)
 		}
+	}
+}
+
+// TestRequestTarget: path parameter values and the query string take part
+// in the fingerprint, so one key never replays another order's answer.
+func TestRequestTarget(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		given string // path of the first request
+		when  string // path of the retry with the same key and body
+		want  want
+	}{
+		{name: "other path parameter is key_reused", given: "/v1/orders/1/refund", when: "/v1/orders/2/refund",
+			want: want{status: 409, code: "key_reused", calls: 1}},
+		{name: "same path parameter replays", given: "/v1/orders/1/refund", when: "/v1/orders/1/refund",
+			want: want{status: 201, calls: 1, replayed: true}},
+		{name: "added query is key_reused", given: "/v1/images", when: "/v1/images?dry_run=true",
+			want: want{status: 409, code: "key_reused", calls: 1}},
+		{name: "other query value is key_reused", given: "/v1/images?dry_run=false", when: "/v1/images?dry_run=true",
+			want: want{status: 409, code: "key_reused", calls: 1}},
+		{name: "reordered query is key_reused", given: "/v1/images?a=1&b=2", when: "/v1/images?b=2&a=1",
+			want: want{status: 409, code: "key_reused", calls: 1}},
+		{name: "same query replays", given: "/v1/orders/1/refund?dry_run=true", when: "/v1/orders/1/refund?dry_run=true",
+			want: want{status: 201, calls: 1, replayed: true}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			v := newEnv(t, nil, nil)
+			if rec := v.do(req{path: tt.given, key: "k", body: imageBody}); rec.Code != 201 {
+				t.Fatalf("first request = %d %s", rec.Code, rec.Body)
+			}
+			tt.want.check(t, v, v.do(req{path: tt.when, key: "k", body: imageBody}))
+		})
 	}
 }
 
