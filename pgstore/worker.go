@@ -113,8 +113,9 @@ type WorkerConfig struct {
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
 	// ShutdownTimeout is how long Run waits, once its context ends, for
-	// running handlers to finish; then it cancels them and releases their
-	// tasks for another worker. Optional. Default 10s.
+	// running handlers to finish; then it releases their tasks for another
+	// worker, cancels the handlers' contexts and waits up to
+	// ShutdownTimeout/2 more for them to return. Optional. Default 10s.
 	ShutdownTimeout time.Duration
 	// Logger receives errors and lost leases. Optional. Default: discard.
 	Logger *slog.Logger
@@ -144,6 +145,14 @@ type Worker struct {
 	completerDone chan struct{}    // closed when the completer has stopped
 	recheck       atomic.Bool      // a claim after a notification is scheduled
 
+	// writes bounds every write on behalf of a handler. Run cancels it,
+	// then sets stopped under writeMu's write lock: once Run has returned,
+	// a handler that ignored its context writes nothing.
+	writes     context.Context
+	stopWrites context.CancelFunc
+	writeMu    sync.RWMutex
+	stopped    bool
+
 	test *workerTestHooks // nil except in this package's tests
 }
 
@@ -154,8 +163,8 @@ type workerTestHooks struct {
 	// killed process: its handlers run on and their late writes meet the
 	// fence.
 	crashOnStop bool
-	// onFinish runs after each attempt's transition.
-	onFinish func(t Task, o Outcome, applied bool)
+	// onFinish runs after each attempt's transition, with its result.
+	onFinish func(t Task, o Outcome, applied bool, err error)
 }
 
 type inflight struct {
@@ -165,6 +174,9 @@ type inflight struct {
 
 // errLeaseLost cancels a handler whose task was taken from it.
 var errLeaseLost = errors.New("pgstore: lease lost")
+
+// errWorkerStopped refuses the write of a handler that outlived Run.
+var errWorkerStopped = errors.New("pgstore: worker stopped; outcome discarded")
 
 // NewWorker returns a worker for s; start it with Run.
 func NewWorker(s *Store, cfg WorkerConfig) (*Worker, error) {
@@ -210,9 +222,15 @@ func setDefault[T int | time.Duration](v *T, def T) {
 }
 
 // Run works until ctx ends, then shuts down gracefully: it stops claiming,
-// lets running handlers finish for up to ShutdownTimeout, cancels the rest
-// and releases their tasks, and returns nil. It returns an error only if
-// called twice.
+// lets running handlers finish for up to ShutdownTimeout, releases the
+// tasks of the rest and cancels their handlers, waits up to
+// ShutdownTimeout/2 for those to return, and returns nil. It returns an
+// error only if called twice.
+//
+// When Run returns, the worker writes nothing more to the database: a
+// handler that ignored its canceled context past that grace runs on in
+// its goroutine, but its outcome is discarded (its task was released).
+// So a caller may close the pool as soon as Run returns.
 //
 // Run wakes on LISTEN/NOTIFY when a task is submitted (on a connection of
 // its own, taken from the pool) and polls every PollInterval regardless,
@@ -226,6 +244,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	// Handlers and their transitions outlive ctx until the shutdown deadline.
 	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelBase()
+	w.writes, w.stopWrites = context.WithCancel(context.WithoutCancel(ctx))
 	var bg sync.WaitGroup
 	bgCtx, stopBG := context.WithCancel(ctx)
 	hbCtx, stopHeartbeat := context.WithCancel(base)
@@ -234,7 +253,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	hbDone := make(chan struct{})
 	go func() { defer close(hbDone); w.heartbeat(hbCtx) }()
 	stopCompleter := make(chan struct{})
-	go w.completer(base, stopCompleter)
+	go w.completer(w.writes, stopCompleter)
 	defer func() {
 		close(stopCompleter)
 		<-w.completerDone
@@ -245,22 +264,39 @@ func (w *Worker) Run(ctx context.Context) error {
 	stopBG()
 	bg.Wait()
 	if w.test != nil && w.test.crashOnStop {
+		// Writes stay open: a late write must meet the fence.
 		stopHeartbeat()
 		<-hbDone
 		return nil
 	}
 	done := make(chan struct{})
 	go func() { w.tasks.Wait(); close(done) }()
-	t := time.NewTimer(w.cfg.ShutdownTimeout)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
+	if !wait(done, w.cfg.ShutdownTimeout) {
 		w.releaseAll(base)
+		if !wait(done, w.cfg.ShutdownTimeout/2) {
+			w.cfg.Logger.Warn("pgstore: worker: handlers ignored cancellation; their outcomes will be discarded",
+				"handlers", w.count())
+		}
 	}
 	stopHeartbeat()
 	<-hbDone
+	w.stopWrites() // cuts short the writes of handlers that ignored cancellation
+	w.writeMu.Lock()
+	w.stopped = true
+	w.writeMu.Unlock()
 	return nil
+}
+
+// wait waits up to d for done to close and reports whether it did.
+func wait(done <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // claimLoop claims tasks while there are free slots, until ctx ends.
@@ -327,9 +363,7 @@ func (w *Worker) start(base context.Context, t Task) {
 	w.tasks.Go(func() {
 		defer cancel(nil)
 		o := runHandler(ctx, w.cfg.Handler, t)
-		// The transition outlives the handler's cancellation; the fence
-		// decides whether it still counts.
-		applied, err := w.finish(context.WithoutCancel(ctx), t, StateRunning, o)
+		applied, err := w.record(t, StateRunning, o)
 		switch {
 		case err != nil:
 			w.cfg.Logger.Error("pgstore: worker: finish task", "task", t.ID, "attempt", t.Attempt, "err", err)
@@ -343,7 +377,7 @@ func (w *Worker) start(base context.Context, t Task) {
 		w.mu.Unlock()
 		w.signal() // a slot is free
 		if w.test != nil && w.test.onFinish != nil {
-			w.test.onFinish(t, o, applied)
+			w.test.onFinish(t, o, applied, err)
 		}
 	})
 }
@@ -355,6 +389,20 @@ func runHandler(ctx context.Context, h Handler, t Task) (o Outcome) {
 		}
 	}()
 	return h(ctx, t)
+}
+
+// record writes the outcome of attempt t.Attempt, claimed in state from,
+// unless Run has returned. The write outlives the handler's
+// cancellation: the fence decides whether it still counts.
+func (w *Worker) record(t Task, from State, o Outcome) (bool, error) {
+	w.writeMu.RLock()
+	defer w.writeMu.RUnlock()
+	if w.stopped {
+		return false, errWorkerStopped
+	}
+	ctx, cancel := context.WithTimeout(w.writes, w.cfg.Lease/2)
+	defer cancel()
+	return w.finish(ctx, t, from, o)
 }
 
 // finish records the outcome of attempt t.Attempt, claimed in state from.
@@ -445,7 +493,6 @@ func (w *Worker) complete(ctx context.Context, c *completion) (bool, error) {
 // what is waiting, writes it in one statement, and answers each sender.
 func (w *Worker) completer(ctx context.Context, stop <-chan struct{}) {
 	defer close(w.completerDone)
-	ctx = context.WithoutCancel(ctx)
 	for {
 		var batch []*completion
 		select {
@@ -468,6 +515,8 @@ func (w *Worker) completer(ctx context.Context, stop <-chan struct{}) {
 }
 
 func (w *Worker) flush(ctx context.Context, batch []*completion) {
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.Lease/2)
+	defer cancel()
 	ids := make([]string, len(batch))
 	attempts := make([]int, len(batch))
 	states := make([]string, len(batch))
@@ -637,7 +686,7 @@ func (w *Worker) startReconcile(base context.Context, t Task) {
 			w.signal() // a slot is free
 		}()
 		o := runHandler(ctx, w.cfg.Reconcile, t)
-		applied, err := w.finish(context.WithoutCancel(ctx), t, StateUncertain, o)
+		applied, err := w.record(t, StateUncertain, o)
 		switch {
 		case err != nil:
 			w.cfg.Logger.Error("pgstore: worker: finish reconcile", "task", t.ID, "err", err)
@@ -645,7 +694,7 @@ func (w *Worker) startReconcile(base context.Context, t Task) {
 			w.cfg.Logger.Warn("pgstore: worker: reconcile outcome discarded (task moved on)", "task", t.ID)
 		}
 		if w.test != nil && w.test.onFinish != nil {
-			w.test.onFinish(t, o, applied)
+			w.test.onFinish(t, o, applied, err)
 		}
 	})
 }

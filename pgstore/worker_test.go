@@ -163,7 +163,7 @@ func TestKilledWorkerIsRescuedAndItsCompletionRejected(t *testing.T) {
 	cfg := WorkerConfig{Handler: handler, Lease: 500 * time.Millisecond, Heartbeat: 100 * time.Millisecond,
 		RescueInterval: 50 * time.Millisecond, BackoffBase: time.Millisecond}
 	a := newWorker(t, s, cfg)
-	a.test = &workerTestHooks{crashOnStop: true, onFinish: func(_ Task, o Outcome, applied bool) {
+	a.test = &workerTestHooks{crashOnStop: true, onFinish: func(_ Task, o Outcome, applied bool, _ error) {
 		if !applied {
 			rejected <- o
 		}
@@ -572,6 +572,63 @@ func TestShutdown(t *testing.T) {
 				if err := s.pool.QueryRow(context.Background(), "SELECT tries FROM idemgate_tasks WHERE id = $1::uuid", task.ID).Scan(&tries); err != nil || tries != 0 {
 					t.Fatalf("released task has tries %d (%v); a release must not use up an attempt", tries, err)
 				}
+			}
+		})
+	}
+}
+
+// TestRunReturnsAfterItsHandlers: Run waits for the handlers it canceled,
+// and a handler that ignores cancellation past the grace writes nothing
+// once Run has returned (the caller may have closed the pool).
+func TestRunReturnsAfterItsHandlers(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name        string
+		ignoresCtx  bool
+		wantErr     error // of the outcome's write
+		wantReturns bool  // the handler returned before Run
+	}{
+		{name: "a handler that honours cancellation returns before Run", wantReturns: true},
+		{name: "a handler that ignores it cannot write after Run", ignoresCtx: true, wantErr: errWorkerStopped},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, _ := setup(t)
+			task := mustSubmit(t, s, newTask("slow-to-stop"))
+			var returned atomic.Bool
+			entered, unblock := make(chan struct{}), make(chan struct{})
+			written := make(chan error, 1)
+			w := newWorker(t, s, WorkerConfig{ShutdownTimeout: time.Second,
+				Handler: func(ctx context.Context, t Task) Outcome {
+					close(entered)
+					if tt.ignoresCtx {
+						<-unblock
+					} else {
+						<-ctx.Done()
+						time.Sleep(50 * time.Millisecond) // cleans up before returning
+					}
+					returned.Store(true)
+					return Succeeded(json.RawMessage(`"late"`))
+				}})
+			w.test = &workerTestHooks{onFinish: func(_ Task, _ Outcome, _ bool, err error) { written <- err }}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error)
+			go func() { done <- w.Run(ctx) }()
+			<-entered
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if got := returned.Load(); got != tt.wantReturns {
+				t.Fatalf("handler returned before Run: %v; want %v", got, tt.wantReturns)
+			}
+			close(unblock)
+			if err := <-written; !errors.Is(err, tt.wantErr) {
+				t.Fatalf("the outcome's write: %v; want %v", err, tt.wantErr)
+			}
+			if st := state(t, s, task.ID); st != StateRetrying {
+				t.Fatalf("task is %s; want released (retrying)", st)
 			}
 		})
 	}
