@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Handler runs one attempt of a task and says how it ended. ctx is
@@ -165,6 +166,9 @@ type workerTestHooks struct {
 	crashOnStop bool
 	// onFinish runs after each attempt's transition, with its result.
 	onFinish func(t Task, o Outcome, applied bool, err error)
+	// failWrite, when it returns an error, makes try number try of an
+	// outcome's write fail with it instead of reaching the database.
+	failWrite func(t Task, try int) error
 }
 
 type inflight struct {
@@ -363,7 +367,9 @@ func (w *Worker) start(base context.Context, t Task) {
 	w.tasks.Go(func() {
 		defer cancel(nil)
 		o := runHandler(ctx, w.cfg.Handler, t)
-		applied, err := w.record(t, StateRunning, o)
+		// Until the outcome is written the attempt keeps its slot, so the
+		// heartbeat keeps its lease.
+		applied, err := w.record(ctx, t, StateRunning, o)
 		switch {
 		case err != nil:
 			w.cfg.Logger.Error("pgstore: worker: finish task", "task", t.ID, "attempt", t.Attempt, "err", err)
@@ -391,18 +397,65 @@ func runHandler(ctx context.Context, h Handler, t Task) (o Outcome) {
 	return h(ctx, t)
 }
 
-// record writes the outcome of attempt t.Attempt, claimed in state from,
-// unless Run has returned. The write outlives the handler's
-// cancellation: the fence decides whether it still counts.
-func (w *Worker) record(t Task, from State, o Outcome) (bool, error) {
+// record writes the outcome of attempt t.Attempt, claimed in state from.
+// A write that fails for a transient reason (the database restarting, a
+// broken connection) is retried with backoff: given up, the task would
+// sit until its lease expired and then run a second time. It retries
+// until the attempt's context ends: the heartbeat found the lease lost,
+// Run released the task at shutdown, or Run returned. The first try
+// happens even then; the fence decides whether it still counts.
+func (w *Worker) record(attempt context.Context, t Task, from State, o Outcome) (bool, error) {
+	backoff := 50 * time.Millisecond
+	for try := 1; ; try++ {
+		applied, err := w.recordOnce(t, from, o, try)
+		if err == nil || !transient(err) {
+			return applied, err
+		}
+		w.cfg.Logger.Warn("pgstore: worker: writing an outcome failed; retrying",
+			"task", t.ID, "attempt", t.Attempt, "try", try, "err", err)
+		if !sleep(attempt, backoff) {
+			return false, err
+		}
+		backoff = min(2*backoff, w.cfg.Heartbeat)
+	}
+}
+
+// recordOnce writes an outcome once, unless Run has returned.
+func (w *Worker) recordOnce(t Task, from State, o Outcome, try int) (bool, error) {
 	w.writeMu.RLock()
 	defer w.writeMu.RUnlock()
 	if w.stopped {
 		return false, errWorkerStopped
 	}
+	if w.test != nil && w.test.failWrite != nil {
+		if err := w.test.failWrite(t, try); err != nil {
+			return false, err
+		}
+	}
 	ctx, cancel := context.WithTimeout(w.writes, w.cfg.Lease/2)
 	defer cancel()
 	return w.finish(ctx, t, from, o)
+}
+
+// transient reports whether a failed write may succeed when tried again:
+// the connection or the server failed, not the statement.
+func transient(err error) bool {
+	if errors.Is(err, errWorkerStopped) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return true // network, timeout, connection closed
+	}
+	switch pgErr.Code[:2] {
+	case "08", // connection exception
+		"40", // transaction rollback: serialization failure, deadlock
+		"53", // insufficient resources: too many connections, out of memory
+		"57", // operator intervention: shutdown, cannot connect now, canceled
+		"58": // system error
+		return true
+	}
+	return false
 }
 
 // finish records the outcome of attempt t.Attempt, claimed in state from.
@@ -686,7 +739,7 @@ func (w *Worker) startReconcile(base context.Context, t Task) {
 			w.signal() // a slot is free
 		}()
 		o := runHandler(ctx, w.cfg.Reconcile, t)
-		applied, err := w.record(t, StateUncertain, o)
+		applied, err := w.record(ctx, t, StateUncertain, o)
 		switch {
 		case err != nil:
 			w.cfg.Logger.Error("pgstore: worker: finish reconcile", "task", t.ID, "err", err)

@@ -193,6 +193,50 @@ func TestKilledWorkerIsRescuedAndItsCompletionRejected(t *testing.T) {
 	}
 }
 
+// TestFailedOutcomeWriteIsRetried: the write of an outcome fails for
+// longer than a lease (the database restarting); the worker retries it
+// while its heartbeat keeps the lease, so the task is not rescued and
+// its handler runs once.
+func TestFailedOutcomeWriteIsRetried(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	task := mustSubmit(t, s, newTask("write-fails"))
+	var (
+		c     calls
+		tries atomic.Int64
+		since atomic.Pointer[time.Time]
+	)
+	cfg := WorkerConfig{Lease: 300 * time.Millisecond, Heartbeat: 50 * time.Millisecond,
+		RescueInterval: 20 * time.Millisecond, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond,
+		Handler: func(ctx context.Context, t Task) Outcome {
+			c.add(t.ID)
+			return Succeeded(json.RawMessage(`"once"`))
+		}}
+	w := newWorker(t, s, cfg)
+	w.test = &workerTestHooks{failWrite: func(_ Task, try int) error {
+		tries.Add(1)
+		now := time.Now()
+		since.CompareAndSwap(nil, &now)
+		if time.Since(*since.Load()) < 4*cfg.Lease {
+			return errors.New("conn closed: the database is restarting")
+		}
+		return nil
+	}}
+	runWorker(t, w)
+	runWorker(t, newWorker(t, s, cfg)) // would run a rescued task at once
+	waitState(t, s, task.ID, StateSucceeded)
+	got := mustGet(t, s, task)
+	if n := c.get(task.ID); n != 1 || got.Attempt != 1 {
+		t.Fatalf("handler ran %d times, attempt %d; want once", n, got.Attempt)
+	}
+	if n := tries.Load(); n < 3 {
+		t.Fatalf("the write was tried %d times; want it failed and retried", n)
+	}
+	if p := Project(got); p.State != StateSucceeded || string(p.Results[0]) != `"once"` {
+		t.Fatalf("projection %+v; want the one success", p)
+	}
+}
+
 func TestStaleTransitionsAreFenced(t *testing.T) {
 	t.Parallel()
 	s, _ := setup(t)
