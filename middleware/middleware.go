@@ -153,15 +153,17 @@ func deriveKind(method, path string) string {
 
 // call is the state of one protected request, allocated once.
 type call struct {
-	m     *idem
-	rt    *route
-	req   Request
-	key   string // req.Key.String()
-	token Token
-	start time.Time
-	ctx   detached // the request's context without its cancellation
-	body  bodyReader
-	cw    captureWriter
+	m       *idem
+	rt      *route
+	req     Request
+	key     string // req.Key.String()
+	token   Token
+	start   time.Time
+	ctx     detached        // the request's context without its cancellation
+	sctx    context.Context // storeCtx
+	scancel context.CancelFunc
+	body    bodyReader
+	cw      captureWriter
 
 	renewMu   sync.Mutex
 	renewer   *time.Timer
@@ -204,6 +206,8 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 		return err
 	}
 	st := &call{m: m, rt: m.route(c), start: m.cfg.now()}
+	st.ctx.parent = r.Context()
+	defer st.cancelStore()
 	st.req.Key, err = keyspace.Derive(st.rt.kind, keyspace.Scope{Tenant: tenant, User: user, Request: id})
 	if err != nil {
 		// The request id passed parseKey, so tenant or user is unusable:
@@ -238,9 +242,20 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 		Lease:       m.cfg.Lease,
 		Token:       st.token,
 	}
-	res, err := m.cfg.Store.Claim(r.Context(), st.key, claim)
+	// The claim runs detached from the client (storeCtx): a claim the
+	// store executed must not be abandoned half-way, or it would block the
+	// client's own retry for a whole lease.
+	res, err := m.cfg.Store.Claim(st.storeCtx(), st.key, claim)
 	if err == nil && res.Status == Running && m.cfg.WaitInFlight > 0 {
 		res, err = st.wait(r.Context(), claim, res)
+	}
+	if cerr := r.Context().Err(); cerr != nil {
+		// The client went away: no store outage, and nobody to answer.
+		// Give a fresh claim back so that its retry runs at once.
+		if err == nil && res.Status == Claimed {
+			st.release("canceled", 0)
+		}
+		return cerr
 	}
 	if err != nil {
 		return st.storeDown(c, next, err)
@@ -309,9 +324,18 @@ func routeFingerprint(frame []byte, names, values []string, query string, inner 
 	return fingerprint.Fingerprint(out[:])
 }
 
-var errBodyTooLarge = errors.New("body too large")
+var (
+	errBodyTooLarge = errors.New("body too large")
+	errBodyShort    = errors.New("body shorter than its Content-Length")
+)
 
-// readBody reads at most limit bytes of the request body.
+// initialBodyCap bounds what readBody allocates before the body arrives, so
+// that a client cannot make the server allocate far more than it sends.
+const initialBodyCap = 64 << 10
+
+// readBody reads at most limit bytes of the request body, in growing
+// chunks. A body shorter than its Content-Length (the client went away
+// mid-body) is an error: the handler must never run on a truncated body.
 func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
@@ -319,30 +343,45 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if r.ContentLength > limit {
 		return nil, errBodyTooLarge
 	}
+	// One byte more than declared (or allowed) proves the body ends there.
+	most := limit + 1
 	if r.ContentLength >= 0 {
-		// One byte more than declared proves the body really ends there.
-		buf := make([]byte, r.ContentLength+1)
-		n, err := io.ReadFull(r.Body, buf)
-		switch {
-		case err == nil:
-			return nil, errBodyTooLarge
-		case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
-			if int64(n) > limit {
-				return nil, errBodyTooLarge
+		most = r.ContentLength + 1
+	}
+	size := most
+	if r.ContentLength < 0 {
+		size = 512
+	}
+	buf := make([]byte, 0, min(size, initialBodyCap))
+	for {
+		if len(buf) == cap(buf) {
+			if int64(len(buf)) >= most {
+				break
 			}
-			return buf[:n:n], nil
-		default:
+			grown := make([]byte, len(buf), min(2*int64(cap(buf)), most))
+			copy(grown, buf)
+			buf = grown
+		}
+		n, err := r.Body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
 			return nil, err
 		}
 	}
-	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > limit {
+	switch {
+	case int64(len(buf)) > limit:
 		return nil, errBodyTooLarge
+	case r.ContentLength < 0:
+		return buf, nil
+	case int64(len(buf)) > r.ContentLength:
+		return nil, errBodyTooLarge
+	case int64(len(buf)) < r.ContentLength:
+		return nil, errBodyShort
 	}
-	return b, nil
+	return buf, nil
 }
 
 // wait polls the store until the holder of the key finishes, releases it,
@@ -365,7 +404,7 @@ func (st *call) wait(ctx context.Context, claim ClaimRequest, res ClaimResult) (
 		case <-t.C:
 		}
 		delay = min(2*delay, 200*time.Millisecond)
-		res, err = st.m.cfg.Store.Claim(ctx, st.key, claim)
+		res, err = st.m.cfg.Store.Claim(st.storeCtx(), st.key, claim)
 		if err != nil {
 			return res, err
 		}
@@ -393,7 +432,6 @@ func (st *call) run(c echo.Context, next echo.HandlerFunc) (err error) {
 	orig := res.Writer
 	st.cw.reset(orig, m.filter, m.cfg.MaxResponseBytes)
 	res.Writer = &st.cw
-	st.ctx.parent = c.Request().Context()
 	st.startRenewal()
 
 	finished := false
@@ -444,10 +482,30 @@ func (st *call) run(c echo.Context, next echo.HandlerFunc) (err error) {
 	return nil
 }
 
-// storeCtx bounds a store call made after the handler: it survives a
-// disconnected client but not a dead store.
-func (st *call) storeCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(&st.ctx, st.m.cfg.Lease)
+// storeCtx returns the context of a store call made for the request
+// (claim, complete, release): the request's values without its
+// cancellation, bounded by one Lease. A disconnected client must not cut a
+// store call short — a claim or completion the store already executed
+// would be stranded, and the claim would block the client's retry for a
+// lease — but a dead store must not hold the request forever. Calls share
+// one context while at least half of its time is left: a timer per call
+// costs allocations on every request.
+func (st *call) storeCtx() context.Context {
+	if st.sctx != nil {
+		if d, _ := st.sctx.Deadline(); time.Until(d) >= st.m.cfg.Lease/2 {
+			return st.sctx
+		}
+		st.scancel()
+	}
+	st.sctx, st.scancel = context.WithTimeout(&st.ctx, st.m.cfg.Lease)
+	return st.sctx
+}
+
+// cancelStore frees the store context's timer.
+func (st *call) cancelStore() {
+	if st.scancel != nil {
+		st.scancel()
+	}
 }
 
 // detached is what context.WithoutCancel returns, kept inside call to save
@@ -460,8 +518,7 @@ func (detached) Err() error                  { return nil }
 func (d *detached) Value(key any) any        { return d.parent.Value(key) }
 
 func (st *call) complete() {
-	ctx, cancel := st.storeCtx()
-	defer cancel()
+	ctx := st.storeCtx()
 	resp := Response{Status: st.cw.status, Header: st.cw.header, Body: *st.cw.body}
 	err := st.m.cfg.Store.Complete(ctx, st.key, st.token, resp, st.m.cfg.Retention)
 	if err != nil {
@@ -470,8 +527,7 @@ func (st *call) complete() {
 }
 
 func (st *call) release(reason string, status int) {
-	ctx, cancel := st.storeCtx()
-	defer cancel()
+	ctx := st.storeCtx()
 	err := st.m.cfg.Store.Release(ctx, st.key, st.token)
 	if err != nil {
 		st.storeFailed("release", err)

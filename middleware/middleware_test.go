@@ -689,6 +689,59 @@ func TestClientDisconnect(t *testing.T) {
 	}
 }
 
+// TestClientGoneBeforeClaim: a client that went away before its claim is
+// no store outage: no store_error or fail_open event, the handler does not
+// run, and no claim is left behind to block the client's retry.
+func TestClientGoneBeforeClaim(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		client func(t *testing.T) *redis.Client // nil: a working miniredis
+		events string
+	}{
+		{name: "working store", events: "released(canceled)"},
+		{name: "dead store with FailOpen", client: closedRedis, events: ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var v *env
+			if tt.client == nil {
+				v = newEnv(t, func(c *middleware.Config) { c.FailOpen = true }, nil)
+			} else {
+				client := tt.client(t)
+				v = newEnvOn(t, nil, client, middleware.NewRedisStore(client), func(c *middleware.Config) { c.FailOpen = true }, nil)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			v.e.ServeHTTP(httptest.NewRecorder(), req{key: "k", body: imageBody}.build().WithContext(ctx))
+			if got := strings.Join(v.events.types(), ","); got != tt.events {
+				t.Errorf("events = %q, want %q", got, tt.events)
+			}
+			if n := v.calls.Load(); n != 0 {
+				t.Errorf("handler ran %d times for a client that was gone", n)
+			}
+			if tt.client == nil {
+				if rec := v.do(req{key: "k", body: imageBody}); rec.Code != 201 || v.calls.Load() != 1 {
+					t.Errorf("retry = %d %s, calls %d; want it to run at once", rec.Code, rec.Body, v.calls.Load())
+				}
+			}
+		})
+	}
+}
+
+// TestShortBody: a body shorter than its Content-Length (the client went
+// away mid-body) never reaches the handler.
+func TestShortBody(t *testing.T) {
+	t.Parallel()
+	v := newEnv(t, nil, nil)
+	r := req{key: "k", ctype: "application/octet-stream", body: "only ten b"}.build()
+	r.ContentLength = 100
+	rec := httptest.NewRecorder()
+	v.e.ServeHTTP(rec, r)
+	want{status: 400, code: "body_invalid", calls: 0}.check(t, v, rec)
+}
+
 func TestFlushAndHijackPassThrough(t *testing.T) {
 	t.Parallel()
 	v := newEnv(t, nil, func(c echo.Context, n int64) error {
