@@ -308,7 +308,7 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 	poll := time.NewTicker(w.cfg.PollInterval)
 	defer poll.Stop()
 	errWait := time.Duration(0)
-	for {
+	for ctx.Err() == nil { // a claim after cancellation would only be released again
 		free := w.cfg.Concurrency - w.count()
 		if free > 0 {
 			claimed, err := w.claim(base, free)

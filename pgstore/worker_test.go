@@ -237,6 +237,28 @@ func TestFailedOutcomeWriteIsRetried(t *testing.T) {
 	}
 }
 
+// TestNoClaimAfterCancel: once Run's context has ended, the worker claims
+// nothing more, not even a task it could run at once.
+func TestNoClaimAfterCancel(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	task := mustSubmit(t, s, newTask("after-cancel"))
+	w := newWorker(t, s, WorkerConfig{Handler: func(context.Context, Task) Outcome {
+		return Succeeded(json.RawMessage(`1`))
+	}})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := w.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := w.claims.Load(); n != 0 {
+		t.Fatalf("%d claims after the context ended; want none", n)
+	}
+	if st := state(t, s, task.ID); st != StatePending {
+		t.Fatalf("task is %s; want pending", st)
+	}
+}
+
 func TestStaleTransitionsAreFenced(t *testing.T) {
 	t.Parallel()
 	s, _ := setup(t)
