@@ -49,8 +49,10 @@ var migrations = []migration{
 // index on the key, and a rerun finishes the job.
 //
 // Migrate uses a connection of its own and closes it afterwards. The lock
-// wait is bounded by ctx; each statement by lock_timeout (5s) and
-// statement_timeout (15min).
+// wait is bounded by ctx, each statement by statement_timeout (15min).
+// Transactional steps also give up after waiting 5s for a table lock
+// (lock_timeout); the CONCURRENTLY steps, which block no one while they
+// wait, wait as long as the oldest running transaction.
 func (s *Store) Migrate(ctx context.Context) error {
 	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -126,6 +128,9 @@ func (s *Store) apply(ctx context.Context, conn *pgx.Conn, m migration) error {
 	if m.sql != "" {
 		s.hook(ctx, fmt.Sprintf("v%d", m.version), conn)
 		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, sqlTxLockTimeout); err != nil {
+				return err
+			}
 			if _, err := tx.Exec(ctx, m.sql); err != nil {
 				return err
 			}

@@ -286,8 +286,15 @@ func TestMigrateKilledMidBuildWhileSubmitting(t *testing.T) {
 			}()
 		}
 	}}
-	if err := s.Migrate(ctx); err == nil {
+	// The build waits for the blocker as long as it runs (no lock_timeout
+	// on the CONCURRENTLY steps), so the kill always lands mid-build.
+	err := s.Migrate(ctx)
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
 		t.Fatal("Migrate succeeded although killed mid-build")
+	case errors.As(err, &pgErr) && pgErr.Code == "55P03":
+		t.Fatalf("the build gave up waiting instead of being killed: %v", err)
 	}
 	<-killed
 	if err := blocker.Rollback(ctx); err != nil {
@@ -324,6 +331,59 @@ func TestMigrateKilledMidBuildWhileSubmitting(t *testing.T) {
 	if dup != 0 {
 		t.Fatalf("%d keys have more than one task", dup)
 	}
+}
+
+// TestMigrateWaitsOutALongTransaction: CREATE INDEX CONCURRENTLY waits
+// for every transaction older than the build. One running longer than
+// the 5s lock_timeout of the transactional steps must delay v2, not
+// fail it.
+func TestMigrateWaitsOutALongTransaction(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	admin := db.pool(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s := newStore(db.pool(t))
+	s.test = &storeTestHooks{migrateTo: 1}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	long, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = long.Rollback(ctx) }() // if the test fails before its rollback
+	if _, err := long.Exec(ctx, `INSERT INTO idemgate_tasks
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint)
+		VALUES ('long', 'o', 'k', 'r', 'n', 'long', 'f')`); err != nil {
+		t.Fatal(err)
+	}
+	var pid atomic.Uint32
+	s.test = &storeTestHooks{migrateStep: func(_ context.Context, step string, p uint32) {
+		if step == "v2: build the wide index concurrently" {
+			pid.Store(p)
+		}
+	}}
+	done := make(chan error, 1)
+	go func() { done <- s.Migrate(ctx) }()
+	waitFor(t, func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("Migrate returned while the long transaction ran: %v", err)
+		default:
+		}
+		var waitedLong bool
+		err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1
+			AND wait_event_type = 'Lock' AND now() - query_start > interval '6 seconds')`, int(pid.Load())).Scan(&waitedLong)
+		return err == nil && waitedLong
+	})
+	if err := long.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Migrate after the long transaction ended: %v", err)
+	}
+	assertFinalSchema(t, admin)
 }
 
 // waitFor polls cond until it holds, failing the test after a generous

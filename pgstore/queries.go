@@ -46,9 +46,17 @@ ON CONFLICT (version) DO NOTHING`
 	sqlTryMigrationLock = `SELECT pg_try_advisory_lock(8191, hashtext(current_schema()))`
 	sqlMigrationUnlock  = `SELECT pg_advisory_unlock(8191, hashtext(current_schema()))`
 
-	// Bounded waits: a migration never queues behind a long transaction
-	// holding the table for ever, and never runs unbounded.
-	sqlMigrationTimeouts = `SET lock_timeout = '5s'; SET statement_timeout = '15min'`
+	// Bounded waits. No statement runs unbounded. The CONCURRENTLY steps
+	// wait, under lock_timeout, for every transaction older than them,
+	// holding only a SHARE UPDATE EXCLUSIVE lock that blocks no reads or
+	// writes: waiting costs nothing but time, so no lock_timeout for them
+	// (nor for the version table, which only the lock holder touches).
+	sqlMigrationTimeouts = `SET statement_timeout = '15min'; SET lock_timeout = 0`
+	// sqlTxLockTimeout is for the transactional steps (v1), whose locks
+	// block the table's readers and writers queued behind them while they
+	// wait: they give up after 5s rather than queue behind a long
+	// transaction.
+	sqlTxLockTimeout = `SET LOCAL lock_timeout = '5s'`
 
 	// sqlV1 is the seed's schema: the narrow unique index.
 	sqlV1 = `
