@@ -22,11 +22,14 @@ import (
 //
 // and a finished one
 //
-//	'F' ident response
+//	'F' token(16 bytes) ident response
 //
 // where ident frames fingerprint, owner and kind, each prefixed with its
 // length (so comparing ident byte for byte compares all three ordinally)
-// and response is the encoded status, headers and body. Every transition is
+// and response is the encoded status, headers and body. The finished record
+// keeps the token so that a resent Complete can tell that it already
+// succeeded: go-redis resends a command after a read timeout, and every
+// script must give the same answer when it runs twice. Every transition is
 // one Lua script touching only that key, so Redis Cluster needs no hash tags
 // and never answers CROSSSLOT. A claimed record expires with its lease, a
 // finished one after the retention: nothing lives forever.
@@ -55,29 +58,30 @@ func NewRedisStore(client redis.UniversalClient) *RedisStore {
 
 // The claim script takes the claimed record to create (ARGV[1] = 'C' token
 // ident) and the lease in milliseconds. It returns -1 when it claimed the
-// key, -2 on a mismatch, the milliseconds left on the lease (>= 0) when the
-// record is running, and the encoded response when finished. The
-// comparison happens here, inside Redis, so a mismatching caller never
-// receives the stored response.
+// key (or already holds it with the same token: a resent claim), -2 on a
+// mismatch, the milliseconds left on the lease (>= 0) when the record is
+// running, and the encoded response when finished. The comparison happens
+// here, inside Redis, so a mismatching caller never receives the stored
+// response.
 var claimScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if not v then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return -1
 end
+if string.sub(v, 1, 17) == string.sub(ARGV[1], 1, 17) then
+  return -1
+end
 local id = string.sub(ARGV[1], 18)
-local claimed = string.byte(v, 1) == 67
-local off = 2
-if claimed then off = 18 end
-if string.sub(v, off, off + #id - 1) ~= id then
+if string.sub(v, 18, 17 + #id) ~= id then
   return -2
 end
-if claimed then
+if string.byte(v, 1) == 67 then
   local ttl = redis.call('PTTL', KEYS[1])
   if ttl < 0 then ttl = 0 end
   return ttl
 end
-return string.sub(v, off + #id)
+return string.sub(v, 18 + #id)
 `)
 
 // The fenced scripts take ARGV[1] = 'C' token (plus the response, for
@@ -89,10 +93,15 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 `)
 
+// A record already finished with the caller's token means a resent
+// complete whose first run succeeded: it answers 1 and changes nothing.
 var completeScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
-if not v or string.sub(v, 1, 17) ~= string.sub(ARGV[1], 1, 17) then return 0 end
-redis.call('SET', KEYS[1], 'F' .. string.sub(v, 18) .. string.sub(ARGV[1], 18), 'PX', ARGV[2])
+if not v then return 0 end
+local head = string.sub(v, 1, 17)
+if head == 'F' .. string.sub(ARGV[1], 2, 17) then return 1 end
+if head ~= string.sub(ARGV[1], 1, 17) then return 0 end
+redis.call('SET', KEYS[1], 'F' .. string.sub(v, 2) .. string.sub(ARGV[1], 18), 'PX', ARGV[2])
 return 1
 `)
 

@@ -36,6 +36,9 @@ type Store interface {
 	// If no live record exists (none ever, or its lease or retention ran
 	// out), Claim creates a claimed record holding req's Fingerprint,
 	// Owner, Kind and Token that lives for req.Lease, and returns Claimed.
+	// A live record claimed with req.Token also returns Claimed: a client
+	// library may resend a call whose answer it did not receive, and the
+	// resent claim must not find its own claim running.
 	//
 	// If a live record exists, Claim compares its fingerprint, owner and
 	// kind with req's ordinally (byte for byte, ==). Any difference returns
@@ -52,7 +55,9 @@ type Store interface {
 
 	// Complete turns a claimed record into a finished one holding resp for
 	// retention from now, if and only if the record is still claimed with
-	// token. Otherwise it returns ErrLeaseLost and changes nothing.
+	// token. A record that token already finished returns nil and changes
+	// nothing (a resent call whose first attempt succeeded). Otherwise it
+	// returns ErrLeaseLost and changes nothing.
 	// Complete must not retain resp or its slices after it returns.
 	Complete(ctx context.Context, key string, token Token, resp Response, retention time.Duration) error
 

@@ -49,6 +49,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"KeysAreIndependent", testIndependent},
 		{"ConcurrentClaimsOneWinner", testConcurrentClaims},
 		{"CanceledContext", testCanceled},
+		{"ResentClaimAndComplete", testResent},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -385,5 +386,43 @@ func testCanceled(t *testing.T, h Harness) {
 	cancel()
 	if _, err := h.Store.Claim(c, Key(t), claimReq(h)); err == nil {
 		t.Errorf("Claim with a canceled context succeeded")
+	}
+}
+
+// testResent: a client library resends a call whose answer it lost (go-redis
+// does after a read timeout). A resent claim still holds the key, and a
+// resent complete whose first attempt succeeded is no lost lease.
+func testResent(t *testing.T, h Harness) {
+	key, req := Key(t), claimReq(h)
+	claim(t, h, key, req, middleware.Claimed)
+	claim(t, h, key, req, middleware.Claimed)
+	other := req
+	other.Token = token()
+	claim(t, h, key, other, middleware.Running)
+	want := sampleResponse()
+	if err := h.Store.Complete(ctx(t), key, req.Token, want, time.Hour); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	if err := h.Store.Complete(ctx(t), key, req.Token, want, time.Hour); err != nil {
+		t.Errorf("resent Complete = %v, want nil", err)
+	}
+	if got := claim(t, h, key, other, middleware.Finished).Response; got.Status != want.Status || !bytes.Equal(got.Body, want.Body) {
+		t.Errorf("replay = %d %q, want %d %q", got.Status, got.Body, want.Status, want.Body)
+	}
+	// The finished record is still nobody's to change or claim.
+	if err := h.Store.Complete(ctx(t), key, other.Token, middleware.Response{Status: 500}, time.Hour); !errors.Is(err, middleware.ErrLeaseLost) {
+		t.Errorf("Complete by a non-holder = %v, want ErrLeaseLost", err)
+	}
+	if err := h.Store.Release(ctx(t), key, req.Token); !errors.Is(err, middleware.ErrLeaseLost) {
+		t.Errorf("Release after Complete = %v, want ErrLeaseLost", err)
+	}
+	if err := h.Store.Extend(ctx(t), key, req.Token, h.Lease); !errors.Is(err, middleware.ErrLeaseLost) {
+		t.Errorf("Extend after Complete = %v, want ErrLeaseLost", err)
+	}
+	claim(t, h, key, req, middleware.Finished)
+	for name, m := range mismatches(req) {
+		if res := claim(t, h, key, m, middleware.Mismatch); res.Response.Body != nil {
+			t.Errorf("%s: mismatch leaks the stored response", name)
+		}
 	}
 }
