@@ -258,14 +258,22 @@ WHERE id = $1::uuid AND attempt = $2 AND state = $3`
 	lease_until = NULL, locked_by = NULL, updated_at = now()
 WHERE id = $1::uuid AND attempt = $2 AND state = $3`
 
-	// sqlRelease hands a task back at shutdown; the attempt does not count.
+	// sqlRelease hands a task back at shutdown, to run again at once. The
+	// attempt counts, like an expired lease: a handler that never finishes
+	// within the shutdown deadline would otherwise come back at every
+	// restart for ever. Past $3 tries the task fails instead. Only a
+	// requeued task is announced.
 	sqlRelease = `WITH rel AS (
-	UPDATE idemgate_tasks SET state = 'retrying', tries = greatest(tries - 1, 0),
+	UPDATE idemgate_tasks SET
+		state = CASE WHEN tries >= $3::int THEN 'failed' ELSE 'retrying' END,
+		error = CASE WHEN tries >= $3::int THEN 'released at shutdown on attempt ' || tries || ' of ' || $3::int
+			|| ': the handler did not finish in time' ELSE error END,
+		finished_at = CASE WHEN tries >= $3::int THEN now() END,
 		run_after = now(), lease_until = NULL, locked_by = NULL, updated_at = now()
 	WHERE id = $1::uuid AND attempt = $2 AND state = 'running'
-	RETURNING kind
+	RETURNING kind, state
 )
-SELECT count(*) FROM rel WHERE idemgate_tasks_notify(rel.kind)`
+SELECT count(*) FROM rel WHERE CASE WHEN rel.state = 'retrying' THEN idemgate_tasks_notify(rel.kind) ELSE true END`
 
 	// sqlHeartbeat extends the leases of every task a worker holds and
 	// returns those it still holds.

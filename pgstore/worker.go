@@ -105,7 +105,9 @@ type WorkerConfig struct {
 	// reconcile checks. Optional. Default 30s.
 	ReconcileInterval time.Duration
 	// MaxAttempts bounds the attempts of a task (per recovery); after the
-	// last, a retry or an expired lease fails it. All workers of a
+	// last, a retry, an expired lease or a release at shutdown fails it.
+	// Every claim counts, released ones too: a handler that outlasts
+	// ShutdownTimeout at every restart must still end. All workers of a
 	// database should agree on it. Optional. Default 5.
 	MaxAttempts int
 	// BackoffBase and BackoffMax shape the delay before a retry:
@@ -763,7 +765,7 @@ func (w *Worker) releaseAll(ctx context.Context) {
 	// Release before canceling: a handler that returns the moment it is
 	// canceled must find its task gone, not overwrite the release.
 	for id, f := range held {
-		if _, err := w.store.pool.Exec(ctx, sqlRelease, id, f.attempt); err != nil {
+		if _, err := w.store.pool.Exec(ctx, sqlRelease, id, f.attempt, w.cfg.MaxAttempts); err != nil {
 			w.cfg.Logger.Error("pgstore: worker: release", "task", id, "err", err)
 		}
 		f.cancel(context.Canceled)

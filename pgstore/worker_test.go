@@ -279,7 +279,7 @@ func TestStaleTransitionsAreFenced(t *testing.T) {
 			t.Fatalf("stale finish %+v = %v, %v; want rejected", o, applied, err)
 		}
 	}
-	if _, err := s.pool.Exec(ctx, sqlRelease, task.ID, 1); err != nil {
+	if _, err := s.pool.Exec(ctx, sqlRelease, task.ID, 1, 5); err != nil {
 		t.Fatal(err)
 	}
 	got, _ := s.Get(ctx, task.Tenant, task.Owner, task.ID)
@@ -633,13 +633,41 @@ func TestShutdown(t *testing.T) {
 			if got.State != tt.wantState {
 				t.Fatalf("after shutdown the task is %s; want %s", got.State, tt.wantState)
 			}
-			if tt.wantState == StateRetrying {
-				var tries int
-				if err := s.pool.QueryRow(context.Background(), "SELECT tries FROM idemgate_tasks WHERE id = $1::uuid", task.ID).Scan(&tries); err != nil || tries != 0 {
-					t.Fatalf("released task has tries %d (%v); a release must not use up an attempt", tries, err)
-				}
-			}
 		})
+	}
+}
+
+// TestReleasedTaskEndsAfterMaxAttempts: a handler that never finishes
+// within ShutdownTimeout is released at every shutdown; each release
+// counts as an attempt, so the task fails after MaxAttempts instead of
+// coming back for ever.
+func TestReleasedTaskEndsAfterMaxAttempts(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	task := mustSubmit(t, s, newTask("hangs"))
+	const maxAttempts = 2
+	for i := 1; i <= maxAttempts; i++ {
+		entered := make(chan struct{})
+		w := newWorker(t, s, WorkerConfig{MaxAttempts: maxAttempts, ShutdownTimeout: 50 * time.Millisecond,
+			Handler: func(ctx context.Context, t Task) Outcome {
+				close(entered)
+				<-ctx.Done()
+				return Retry(0, ctx.Err())
+			}})
+		stop := runWorker(t, w)
+		<-entered
+		stop()
+		got := mustGet(t, s, task)
+		want := StateRetrying
+		if i == maxAttempts {
+			want = StateFailed
+		}
+		if got.State != want || got.Attempt != i {
+			t.Fatalf("after release %d the task is %s at attempt %d (%q); want %s", i, got.State, got.Attempt, got.Error, want)
+		}
+		if want == StateFailed && !strings.Contains(got.Error, "released at shutdown on attempt 2 of 2") {
+			t.Fatalf("error = %q; want it to say why", got.Error)
+		}
 	}
 }
 
