@@ -36,10 +36,13 @@
 // attempt. Expired leases are requeued as retrying with exponential
 // backoff and jitter by any worker's rescuer, up to MaxAttempts.
 //
-// Workers wake on LISTEN/NOTIFY (a trigger notifies in the inserting
-// transaction) and poll as a fallback, so they also work behind a
-// transaction pooler. Run any number of them, in any number of processes,
-// against one database.
+// Workers wake on LISTEN/NOTIFY and poll as a fallback, so they also work
+// behind a transaction pooler. There is no trigger: the statement that
+// inserts a new task (Submit, SubmitTx) calls pg_notify itself, and the
+// notification is delivered when its transaction commits. Submit announces
+// a burst once per 25ms per kind; a woken worker looks again shortly after
+// for the rest. Recover and a release at shutdown notify too. Run any
+// number of workers, in any number of processes, against one database.
 //
 // Time: leases and schedules are computed by the database's now() inside
 // the SQL, so every node fences against one clock; Go passes durations
