@@ -72,8 +72,12 @@ func Example() {
 			log.Fatal(err)
 		}
 		p := pgstore.Project(t)
-		if p.PollAfter == 0 {
-			fmt.Printf("%s: %s\n", p.State, p.Results[0])
+		if p.PollAfter == 0 { // finished
+			if p.State == pgstore.StateSucceeded {
+				fmt.Printf("%s: %s\n", p.State, p.Results[0])
+			} else {
+				fmt.Printf("%s: %s\n", p.State, p.Error)
+			}
 			break
 		}
 		time.Sleep(10 * time.Millisecond) // a real client waits p.PollAfter
