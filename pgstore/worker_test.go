@@ -237,6 +237,40 @@ func TestFailedOutcomeWriteIsRetried(t *testing.T) {
 	}
 }
 
+// TestOutcomeWriteRetriesStopWhenTheLeaseIsLost: a write that keeps
+// failing is retried only while the attempt holds its lease.
+func TestOutcomeWriteRetriesStopWhenTheLeaseIsLost(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	task := mustSubmit(t, s, newTask("write-never-lands"))
+	returned, finished := make(chan struct{}), make(chan error, 1)
+	w := newWorker(t, s, WorkerConfig{Lease: time.Hour, Heartbeat: 20 * time.Millisecond,
+		Handler: func(ctx context.Context, t Task) Outcome {
+			defer close(returned)
+			return Succeeded(json.RawMessage(`1`))
+		}})
+	w.test = &workerTestHooks{
+		failWrite: func(Task, int) error { return errors.New("conn closed") },
+		onFinish:  func(_ Task, _ Outcome, _ bool, err error) { finished <- err },
+	}
+	runWorker(t, w)
+	<-returned
+	if _, err := s.pool.Exec(context.Background(), "UPDATE idemgate_tasks SET attempt = attempt + 1 WHERE id = $1::uuid", task.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-finished:
+		if err == nil {
+			t.Fatal("the write reported success although it always failed")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the write was still retried after the lease was lost")
+	}
+	if n := w.count(); n != 0 {
+		t.Fatalf("%d slots still taken; want the attempt's freed", n)
+	}
+}
+
 // TestNoClaimAfterCancel: once Run's context has ended, the worker claims
 // nothing more, not even a task it could run at once.
 func TestNoClaimAfterCancel(t *testing.T) {
