@@ -4,21 +4,26 @@ import (
 	"bufio"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 )
 
 // captureWriter passes a response through to the client and keeps a copy
-// (status, the replayable headers as they were when the status was written,
-// and up to max body bytes) for the store. It keeps Flush, Hijack and the
+// (status, the replayable headers the handler set, as they were when the
+// status was written, and up to max body bytes) for the store. Headers that
+// outer middleware set before the handler ran (a request id, CORS) are not
+// the handler's result: unless the handler changed them, they are left out,
+// and the outer middleware sets them afresh on a replay. It keeps Flush, Hijack and the
 // rest of http.ResponseController working through Unwrap.
 type captureWriter struct {
 	http.ResponseWriter
 	filter      *headerFilter
 	max         int64
 	status      int
-	header      http.Header
-	body        *[]byte // pooled; nil once the body overflowed max
+	header      http.Header // the replayable headers the handler set
+	before      http.Header // the headers before the handler ran
+	body        *[]byte     // pooled; nil once the body overflowed max
 	wroteHeader bool
 	overflow    bool
 	hijacked    bool
@@ -28,6 +33,12 @@ func (w *captureWriter) reset(rw http.ResponseWriter, f *headerFilter, max int64
 	*w = captureWriter{ResponseWriter: rw, filter: f, max: max}
 	w.body = bodyPool.Get().(*[]byte)
 	*w.body = (*w.body)[:0]
+	if h := rw.Header(); len(h) > 0 {
+		w.before = headerPool.Get().(http.Header)
+		for name, v := range h {
+			w.before[name] = v[:len(v):len(v)]
+		}
+	}
 }
 
 // release returns the body buffer to its pool; the captured body must not
@@ -37,10 +48,12 @@ func (w *captureWriter) release() {
 		bodyPool.Put(w.body)
 	}
 	w.body = nil
-	if w.header != nil {
-		clear(w.header)
-		headerPool.Put(w.header)
-		w.header = nil
+	for _, h := range [...]*http.Header{&w.header, &w.before} {
+		if *h != nil {
+			clear(*h)
+			headerPool.Put(*h)
+			*h = nil
+		}
 	}
 }
 
@@ -49,7 +62,7 @@ func (w *captureWriter) WriteHeader(code int) {
 	if !w.wroteHeader && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		w.wroteHeader = true
 		w.status = code
-		w.header = w.filter.snapshot(w.ResponseWriter.Header())
+		w.header = w.filter.snapshot(w.ResponseWriter.Header(), w.before)
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
@@ -130,13 +143,13 @@ func (f *headerFilter) keep(name string, h http.Header) bool {
 	return true
 }
 
-// snapshot returns the replayable headers of h in a pooled map. Value
-// slices are shared: handlers replace header values (Set) rather than edit
-// them in place.
-func (f *headerFilter) snapshot(h http.Header) http.Header {
+// snapshot returns the replayable headers of h that differ from before
+// (added or changed) in a pooled map. Value slices are shared: handlers
+// replace header values (Set, Add, Del) rather than edit them in place.
+func (f *headerFilter) snapshot(h, before http.Header) http.Header {
 	out := headerPool.Get().(http.Header)
 	for name, v := range h {
-		if f.keep(name, h) {
+		if !slices.Equal(v, before[name]) && f.keep(name, h) {
 			out[name] = v[:len(v):len(v)]
 		}
 	}

@@ -93,7 +93,10 @@ type Config struct {
 	MaxResponseBytes int64
 
 	// ReplayHeaders, when not empty, is the allowlist of response headers
-	// stored and replayed.
+	// stored and replayed. Either way only headers the handler set or
+	// changed are stored: those that middleware outside this one set before
+	// the handler ran (a request id) are that middleware's to set afresh on
+	// the replay.
 	// Optional. Default: every header the handler set except hop-by-hop
 	// ones, Date, Content-Length and Set-Cookie.
 	ReplayHeaders []string

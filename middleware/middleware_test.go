@@ -477,6 +477,49 @@ func TestReplayHeaders(t *testing.T) {
 	}
 }
 
+// TestReplayKeepsOuterHeaders: headers that middleware outside the
+// idempotency middleware set (a request id) belong to each request: a
+// replay carries the retry's own, plus the headers the handler set or
+// changed.
+func TestReplayKeepsOuterHeaders(t *testing.T) {
+	t.Parallel()
+	v := newEnv(t, nil, func(c echo.Context, n int64) error {
+		c.Response().Header().Set("Cache-Control", "private")
+		return defaultHandler(c, n)
+	})
+	v.e.Use(echomw.RequestID(), func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			c.Response().Header().Set("Cache-Control", "no-store")
+			c.Response().Header().Set("X-Outer", c.Request().Header.Get(echo.HeaderXRequestID))
+			return next(c)
+		}
+	})
+	send := func(id string) *httptest.ResponseRecorder {
+		r := req{key: "k", body: imageBody}.build()
+		r.Header.Set(echo.HeaderXRequestID, id)
+		rec := httptest.NewRecorder()
+		v.e.ServeHTTP(rec, r)
+		return rec
+	}
+	if rec := send("first"); rec.Header().Get(echo.HeaderXRequestID) != "first" {
+		t.Fatalf("first answer: %d %v", rec.Code, rec.Header())
+	}
+	rec := send("second")
+	if rec.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("not a replay: %d %s", rec.Code, rec.Body)
+	}
+	for name, want := range map[string]string{
+		echo.HeaderXRequestID: "second",  // outer, per request
+		"X-Outer":             "second",  // outer, per request
+		"Cache-Control":       "private", // outer, changed by the handler
+		"X-Run":               "1",       // the handler's
+	} {
+		if got := rec.Header().Values(name); len(got) != 1 || got[0] != want {
+			t.Errorf("replayed %s = %q, want [%s]", name, got, want)
+		}
+	}
+}
+
 func TestFromContext(t *testing.T) {
 	t.Parallel()
 	var got []middleware.Request
