@@ -37,6 +37,7 @@
 //	body_invalid         400  body the fingerprint cannot parse (reason in detail)
 //	key_reused           409  key used with other parameters (MismatchStatus, e.g. 422)
 //	request_in_progress  409  same request still running; Retry-After
+//	                          (time left on the lease, at most Lease/3, at least 1 s)
 //	store_unavailable    503  store unreachable (unless FailOpen); Retry-After
 //
 // The Store interface is small enough to implement on Postgres or DynamoDB;

@@ -270,12 +270,21 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	case Running:
 		st.emit(Event{Type: EventInProgress, Status: http.StatusConflict})
 		return writeProblem(c, http.StatusConflict, codeRequestInProgress,
-			"A request with this idempotency key is still running; retry later.", retrySeconds(res.RetryAfter))
+			"A request with this idempotency key is still running; retry later.", m.inProgressRetry(res.RetryAfter))
 	case Mismatch:
 		st.emit(Event{Type: EventReused, Status: m.cfg.MismatchStatus})
 		return m.reused(c)
 	}
 	return st.storeDown(c, next, errors.New("idemgate: store answered an unknown claim status "+res.Status.String()))
+}
+
+// inProgressRetry is the Retry-After of request_in_progress: the time left
+// on the holder's lease, but at most Lease/3 (and at least 1 s). Most
+// handlers finish long before their lease runs out, and clients honour
+// Retry-After: a full lease would make a retry wait ~30 s for a result
+// that was ready in milliseconds.
+func (m *idem) inProgressRetry(left time.Duration) int {
+	return retrySeconds(min(left, m.cfg.Lease/3))
 }
 
 func (m *idem) protects(method string) bool {

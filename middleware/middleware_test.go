@@ -583,8 +583,9 @@ func TestInFlight(t *testing.T) {
 			go func() { second <- v.do(req{key: "k", body: imageBody}) }()
 			if tt.given == 0 {
 				rec := <-second
-				if rec.Header().Get("Retry-After") == "" {
-					t.Errorf("409 without Retry-After")
+				// The lease has ~30 s left; Retry-After is capped at Lease/3.
+				if got := rec.Header().Get("Retry-After"); got != "10" {
+					t.Errorf("Retry-After = %q, want 10 (a third of the 30 s lease)", got)
 				}
 				close(release)
 				<-done
