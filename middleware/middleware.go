@@ -459,7 +459,9 @@ func (st *call) run(c echo.Context, next echo.HandlerFunc) (err error) {
 		}
 	}()
 	err = next(c)
-	if err == nil && !res.Committed && !st.cw.hijacked {
+	// The capture writer, not res.Committed, knows whether a status went
+	// out: a handler that only flushed wrote one through it.
+	if err == nil && !st.cw.wroteHeader && !st.cw.hijacked {
 		// What net/http would send: 200 with the headers set so far.
 		res.WriteHeader(http.StatusOK)
 	}
@@ -473,7 +475,7 @@ func (st *call) run(c echo.Context, next echo.HandlerFunc) (err error) {
 		st.release("handler_error", 0)
 		if errors.Is(err, ErrKeyReused) {
 			st.emit(Event{Type: EventReused, Status: m.cfg.MismatchStatus})
-			if !res.Committed {
+			if !st.cw.wroteHeader && !st.cw.hijacked {
 				return m.reused(c)
 			}
 			return nil

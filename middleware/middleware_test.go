@@ -786,6 +786,37 @@ func TestShortBody(t *testing.T) {
 	want{status: 400, code: "body_invalid", calls: 0}.check(t, v, rec)
 }
 
+// headerCounter counts the WriteHeader calls that reach the server's writer.
+type headerCounter struct {
+	*httptest.ResponseRecorder
+	writeHeaders int
+}
+
+func (w *headerCounter) WriteHeader(code int) {
+	w.writeHeaders++
+	w.ResponseRecorder.WriteHeader(code)
+}
+
+func (w *headerCounter) Unwrap() http.ResponseWriter { return w.ResponseRecorder }
+
+// TestFlushOnly: a handler that only flushes has sent 200; the middleware
+// must not write a second (superfluous) status, and stores the 200.
+func TestFlushOnly(t *testing.T) {
+	t.Parallel()
+	v := newEnv(t, nil, func(c echo.Context, n int64) error {
+		c.Response().Flush()
+		return nil
+	})
+	w := &headerCounter{ResponseRecorder: httptest.NewRecorder()}
+	v.e.ServeHTTP(w, req{key: "k", body: imageBody}.build())
+	if w.Code != 200 || !w.Flushed || w.writeHeaders != 1 {
+		t.Errorf("status %d, flushed %v, WriteHeader called %d times; want 200, true, once", w.Code, w.Flushed, w.writeHeaders)
+	}
+	if rec := v.do(req{key: "k", body: imageBody}); rec.Code != 200 || rec.Header().Get("Idempotent-Replayed") != "true" {
+		t.Errorf("retry = %d replayed=%q, want a 200 replay", rec.Code, rec.Header().Get("Idempotent-Replayed"))
+	}
+}
+
 func TestFlushAndHijackPassThrough(t *testing.T) {
 	t.Parallel()
 	v := newEnv(t, nil, func(c echo.Context, n int64) error {
