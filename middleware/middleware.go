@@ -130,7 +130,10 @@ func deriveKind(method, path string) string {
 	put('/')
 	for i := 0; i < len(path); i++ {
 		c := path[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '/') || c == '/' && i > 0 && path[i-1] == '/' {
+		// "//" and a trailing "/" vanish in the mapping: /v1/images/ and
+		// /v1/images are different echo routes.
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '/') ||
+			c == '/' && i > 0 && (path[i-1] == '/' || i == len(path)-1) {
 			exact = false
 		}
 		put(c)
