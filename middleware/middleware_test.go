@@ -841,7 +841,16 @@ func TestFlushAndHijackPassThrough(t *testing.T) {
 
 	// Hijack through a real server: the connection is handed over, and the
 	// claim is released rather than stored.
-	hv := newEnv(t, nil, func(c echo.Context, n int64) error {
+	released := make(chan struct{}, 2)
+	hv := newEnv(t, func(c *middleware.Config) {
+		record := c.OnEvent
+		c.OnEvent = func(e middleware.Event) {
+			record(e)
+			if e.Type == middleware.EventReleased {
+				released <- struct{}{}
+			}
+		}
+	}, func(c echo.Context, n int64) error {
 		conn, buf, err := http.NewResponseController(c.Response()).Hijack()
 		if err != nil {
 			return err
@@ -863,6 +872,13 @@ func TestFlushAndHijackPassThrough(t *testing.T) {
 		resp.Body.Close()
 		if string(body) != "hijacked" {
 			t.Errorf("request %d body = %q", i, body)
+		}
+		// The client has its answer before the middleware releases the
+		// claim; the next request must not race the release.
+		select {
+		case <-released:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("request %d: no released event within 10 s", i)
 		}
 	}
 	if hv.calls.Load() != 2 {
