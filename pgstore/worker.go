@@ -525,7 +525,8 @@ const maxCompletionBatch = 500
 
 // complete records c through the completer, which batches the final
 // transitions of concurrently finishing tasks into one statement. When
-// the completer has stopped (a handler outlived Run), it writes c alone.
+// the completer has stopped (only a crashOnStop test lets a handler write
+// after Run), it writes c alone.
 func (w *Worker) complete(ctx context.Context, c *completion) (bool, error) {
 	if w.running.Load() {
 		c.applied = make(chan completed, 1)
@@ -536,7 +537,7 @@ func (w *Worker) complete(ctx context.Context, c *completion) (bool, error) {
 		case <-w.completerDone:
 		}
 	}
-	// No completer: not started, or stopped while this handler ran on.
+	// No completer: not started (tests call finish directly), or stopped.
 	tag, err := w.store.pool.Exec(ctx, sqlFinish, c.id, c.attempt, StateRunning, c.state, c.results, c.err)
 	if err != nil {
 		return false, interpretError("finish task", err)
@@ -570,7 +571,7 @@ func (w *Worker) completer(ctx context.Context, stop <-chan struct{}) {
 }
 
 func (w *Worker) flush(ctx context.Context, batch []*completion) {
-	ctx, cancel := context.WithTimeout(ctx, w.cfg.Lease/2)
+	qctx, cancel := context.WithTimeout(ctx, w.cfg.Lease/2)
 	defer cancel()
 	ids := make([]string, len(batch))
 	attempts := make([]int, len(batch))
@@ -580,7 +581,7 @@ func (w *Worker) flush(ctx context.Context, batch []*completion) {
 	for i, c := range batch {
 		ids[i], attempts[i], states[i], results[i], errs[i] = c.id, c.attempt, string(c.state), string(c.results), c.err
 	}
-	rows, _ := w.store.pool.Query(ctx, sqlFinishBatch, ids, attempts, states, results, errs)
+	rows, _ := w.store.pool.Query(qctx, sqlFinishBatch, ids, attempts, states, results, errs)
 	done, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil && len(batch) > 1 {
 		// Whatever broke the batch must not hold back the others.

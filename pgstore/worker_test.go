@@ -206,7 +206,7 @@ func TestFailedOutcomeWriteIsRetried(t *testing.T) {
 		tries atomic.Int64
 		since atomic.Pointer[time.Time]
 	)
-	cfg := WorkerConfig{Lease: 300 * time.Millisecond, Heartbeat: 50 * time.Millisecond,
+	cfg := WorkerConfig{Lease: time.Second, Heartbeat: 100 * time.Millisecond,
 		RescueInterval: 20 * time.Millisecond, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond,
 		Handler: func(ctx context.Context, t Task) Outcome {
 			c.add(t.ID)
@@ -217,13 +217,14 @@ func TestFailedOutcomeWriteIsRetried(t *testing.T) {
 		tries.Add(1)
 		now := time.Now()
 		since.CompareAndSwap(nil, &now)
-		if time.Since(*since.Load()) < 4*cfg.Lease {
+		if time.Since(*since.Load()) < 5*cfg.Lease/2 {
 			return errors.New("conn closed: the database is restarting")
 		}
 		return nil
 	}}
 	runWorker(t, w)
-	runWorker(t, newWorker(t, s, cfg)) // would run a rescued task at once
+	waitFor(t, func() bool { return c.get(task.ID) == 1 }) // w holds the task
+	runWorker(t, newWorker(t, s, cfg))                     // would run a rescued task at once
 	waitState(t, s, task.ID, StateSucceeded)
 	got := mustGet(t, s, task)
 	if n := c.get(task.ID); n != 1 || got.Attempt != 1 {
