@@ -58,9 +58,8 @@ func TestServersDieWithTheirParent(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if _, err := os.Stat(dir); err != nil {
-		t.Fatalf("crashed run's dir should still exist before the next start: %v", err)
-	}
+	// Test binaries of other packages may run in parallel and sweep the
+	// dir first; either way, no start may leave it behind.
 	r, err := StartRedis(context.Background(), 0)
 	if err != nil {
 		t.Fatal(err)
