@@ -593,9 +593,7 @@ func TestInFlight(t *testing.T) {
 				return
 			}
 			// Let the waiter poll at least once, then finish the holder.
-			for store.claims.Load() < 3 {
-				time.Sleep(time.Millisecond)
-			}
+			waitUntil(t, "the waiter's polls", func() bool { return store.claims.Load() >= 3 })
 			close(release)
 			first := <-done
 			rec := <-second
@@ -610,7 +608,8 @@ func TestInFlight(t *testing.T) {
 // countingStore counts the calls to a Store.
 type countingStore struct {
 	middleware.Store
-	claims, extends atomic.Int64
+	claims, extends atomic.Int64 // extends: the successful ones
+	lost            atomic.Int64 // extends that found the lease lost
 }
 
 func (s *countingStore) Claim(ctx context.Context, key string, r middleware.ClaimRequest) (middleware.ClaimResult, error) {
@@ -618,31 +617,54 @@ func (s *countingStore) Claim(ctx context.Context, key string, r middleware.Clai
 	return s.Store.Claim(ctx, key, r)
 }
 
+// Extend counts the extends that succeeded (once they have) and those that
+// found the lease lost.
 func (s *countingStore) Extend(ctx context.Context, key string, token middleware.Token, lease time.Duration) error {
-	s.extends.Add(1)
-	return s.Store.Extend(ctx, key, token, lease)
+	err := s.Store.Extend(ctx, key, token, lease)
+	switch {
+	case err == nil:
+		s.extends.Add(1)
+	case errors.Is(err, middleware.ErrLeaseLost):
+		s.lost.Add(1)
+	}
+	return err
 }
 
 // TestLeaseRenewal: the lease is extended while a slow handler runs, so a
-// retry after the original lease is still 409 and the handler runs once.
+// retry long after the original lease ran out is still 409 and the handler
+// runs once.
 func TestLeaseRenewal(t *testing.T) {
 	t.Parallel()
 	mr := miniredis.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { client.Close() })
 	store := &countingStore{Store: middleware.NewRedisStore(client)}
-	const lease = 30 * time.Millisecond
+	const lease = 300 * time.Millisecond
 	v := newEnvOn(t, mr, client, store, func(c *middleware.Config) { c.Lease = lease }, func(c echo.Context, n int64) error {
-		// Each renewal pushes the miniredis TTL to a full lease; fast
-		// forward past the original lease in between.
-		for store.extends.Load() < 3 {
-			time.Sleep(time.Millisecond)
+		if n > 1 {
+			// A retry got in: the claim expired. The check below says so.
+			return defaultHandler(c, n)
 		}
-		mr.FastForward(2 * lease / 3)
+		// Fast forward 2/3 of a lease, three times (two leases in all), and
+		// after each wait for a renewal that surely ran after it: the first
+		// one counted may have started before the fast forward, the second
+		// started after the first finished. Each pushes the TTL back to a
+		// full lease; without renewals the claim would have expired.
+		for range 3 {
+			mr.FastForward(2 * lease / 3)
+			seen := store.extends.Load()
+			if !waitUntil(t, "two renewals", func() bool { return store.extends.Load() >= seen+2 || store.lost.Load() > 0 }) {
+				return errors.New("no renewals")
+			}
+			if store.lost.Load() > 0 {
+				t.Errorf("the claim expired while the handler ran: a renewal found it gone")
+				return errors.New("lease lost")
+			}
+		}
 		rec := httptest.NewRecorder()
 		c.Echo().ServeHTTP(rec, req{key: "k", body: imageBody}.build())
 		if rec.Code != http.StatusConflict {
-			t.Errorf("retry during a renewed lease = %d %s, want 409", rec.Code, rec.Body)
+			t.Errorf("retry two leases later, during renewals = %d %s, want 409", rec.Code, rec.Body)
 		}
 		return defaultHandler(c, n)
 	})
@@ -651,6 +673,21 @@ func TestLeaseRenewal(t *testing.T) {
 	if got := v.do(req{key: "k", body: imageBody}); got.Header().Get("Idempotent-Replayed") != "true" {
 		t.Errorf("after a renewed run the retry is %d, want a replay", got.Code)
 	}
+}
+
+// waitUntil polls cond until it holds, or fails the test after 10 s; it
+// reports whether cond held.
+func waitUntil(t *testing.T, what string, cond func() bool) bool {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Errorf("gave up waiting for %s after 10 s", what)
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return true
 }
 
 // TestCrashedHolder: a claim whose holder never completes blocks retries
