@@ -317,7 +317,7 @@ func TestRequestPath(t *testing.T) {
 				return defaultHandler(c, n)
 			},
 			when: first, want: want{status: 409, code: "key_reused", calls: 1, events: "claimed,released(handler_error),reused"}},
-		{name: "panic is released and re-panics",
+		{name: "panic (answered by Recover) is released and the retry runs",
 			h: func(c echo.Context, n int64) error {
 				if n == 1 {
 					panic("boom")
@@ -821,6 +821,34 @@ func TestShortBody(t *testing.T) {
 	rec := httptest.NewRecorder()
 	v.e.ServeHTTP(rec, r)
 	want{status: 400, code: "body_invalid", calls: 0}.check(t, v, rec)
+}
+
+// TestPanicPropagates: a handler's panic releases the claim and goes on up
+// the stack (here no Recover middleware swallows it), and a retry runs.
+func TestPanicPropagates(t *testing.T) {
+	t.Parallel()
+	v := newEnv(t, nil, nil)
+	mw := middleware.New(middleware.Config{Store: v.store, Scope: testScope, OnEvent: v.events.add})
+	h := mw(func(c echo.Context) error {
+		v.calls.Add(1)
+		panic("boom")
+	})
+	c := v.e.NewContext(req{key: "k", body: imageBody}.build(), httptest.NewRecorder())
+	c.SetPath("/v1/images")
+	func() {
+		defer func() {
+			if p := recover(); p != "boom" {
+				t.Errorf("recovered %v, want the handler's panic \"boom\"", p)
+			}
+		}()
+		_ = h(c)
+	}()
+	if got := strings.Join(v.events.types(), ","); got != "claimed,released(panic)" {
+		t.Errorf("events = %s, want claimed,released(panic)", got)
+	}
+	if rec := v.do(req{key: "k", body: imageBody}); rec.Code != 201 || v.calls.Load() != 2 {
+		t.Errorf("retry after a panic = %d %s, calls %d; want it to run", rec.Code, rec.Body, v.calls.Load())
+	}
 }
 
 // headerCounter counts the WriteHeader calls that reach the server's writer.
