@@ -301,12 +301,18 @@ func testLeaseExpiry(t *testing.T, h Harness) {
 	}
 }
 
+// testExtend: renewals keep a claim past its lease. The claim gets a lease
+// of three units and is extended every half lease, three times: each
+// renewal has half a lease of slack (900 ms on a real server under the
+// default harness), and without renewals the claim would have expired half
+// a lease before the end.
 func testExtend(t *testing.T, h Harness) {
 	key, req := Key(t), claimReq(h)
+	req.Lease = 3 * h.Lease
 	claim(t, h, key, req, middleware.Claimed)
 	for range 3 {
-		h.Advance(h.Lease * 2 / 3)
-		if err := h.Store.Extend(ctx(t), key, req.Token, h.Lease); err != nil {
+		h.Advance(req.Lease / 2)
+		if err := h.Store.Extend(ctx(t), key, req.Token, req.Lease); err != nil {
 			t.Fatalf("Extend: %v", err)
 		}
 	}
