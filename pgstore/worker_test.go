@@ -202,22 +202,29 @@ func TestFailedOutcomeWriteIsRetried(t *testing.T) {
 	s, _ := setup(t)
 	task := mustSubmit(t, s, newTask("write-fails"))
 	var (
-		c     calls
-		tries atomic.Int64
-		since atomic.Pointer[time.Time]
+		c          calls
+		tries      atomic.Int64
+		firstLease time.Time // lease_until when the write first failed
 	)
-	cfg := WorkerConfig{Lease: time.Second, Heartbeat: 100 * time.Millisecond,
+	cfg := WorkerConfig{Lease: 2 * time.Second, Heartbeat: 100 * time.Millisecond,
 		RescueInterval: 20 * time.Millisecond, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond,
 		Handler: func(ctx context.Context, t Task) Outcome {
 			c.add(t.ID)
 			return Succeeded(json.RawMessage(`"once"`))
 		}}
 	w := newWorker(t, s, cfg)
-	w.test = &workerTestHooks{failWrite: func(_ Task, try int) error {
+	// The writes fail until that lease has run out, by the database's
+	// clock: only heartbeats can have kept the task from the rescuer.
+	w.test = &workerTestHooks{failWrite: func(t Task, try int) error {
 		tries.Add(1)
-		now := time.Now()
-		since.CompareAndSwap(nil, &now)
-		if time.Since(*since.Load()) < 5*cfg.Lease/2 {
+		ctx := context.Background()
+		if try == 1 {
+			if err := s.pool.QueryRow(ctx, "SELECT lease_until FROM idemgate_tasks WHERE id = $1::uuid", t.ID).Scan(&firstLease); err != nil {
+				return err
+			}
+		}
+		var over bool
+		if err := s.pool.QueryRow(ctx, "SELECT now() > $1::timestamptz + interval '100 milliseconds'", firstLease).Scan(&over); err != nil || !over {
 			return errors.New("conn closed: the database is restarting")
 		}
 		return nil
