@@ -864,21 +864,37 @@ func (w *headerCounter) WriteHeader(code int) {
 
 func (w *headerCounter) Unwrap() http.ResponseWriter { return w.ResponseRecorder }
 
-// TestFlushOnly: a handler that only flushes has sent 200; the middleware
-// must not write a second (superfluous) status, and stores the 200.
+// TestFlushOnly: a handler that only flushed has sent 200; the middleware
+// must not write a second (superfluous) status after it, not even the
+// key_reused answer for a handler's ErrKeyReused.
 func TestFlushOnly(t *testing.T) {
 	t.Parallel()
-	v := newEnv(t, nil, func(c echo.Context, n int64) error {
-		c.Response().Flush()
-		return nil
-	})
-	w := &headerCounter{ResponseRecorder: httptest.NewRecorder()}
-	v.e.ServeHTTP(w, req{key: "k", body: imageBody}.build())
-	if w.Code != 200 || !w.Flushed || w.writeHeaders != 1 {
-		t.Errorf("status %d, flushed %v, WriteHeader called %d times; want 200, true, once", w.Code, w.Flushed, w.writeHeaders)
+	tests := []struct {
+		name   string
+		given  error // what the handler returns after flushing
+		replay bool  // whether a retry replays
+	}{
+		{name: "stored as 200", replay: true},
+		{name: "ErrKeyReused after a flush", given: middleware.ErrKeyReused},
 	}
-	if rec := v.do(req{key: "k", body: imageBody}); rec.Code != 200 || rec.Header().Get("Idempotent-Replayed") != "true" {
-		t.Errorf("retry = %d replayed=%q, want a 200 replay", rec.Code, rec.Header().Get("Idempotent-Replayed"))
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			v := newEnv(t, nil, func(c echo.Context, n int64) error {
+				c.Response().Flush()
+				return tt.given
+			})
+			w := &headerCounter{ResponseRecorder: httptest.NewRecorder()}
+			v.e.ServeHTTP(w, req{key: "k", body: imageBody}.build())
+			if w.Code != 200 || !w.Flushed || w.writeHeaders != 1 || w.Body.Len() != 0 {
+				t.Errorf("status %d, flushed %v, WriteHeader called %d times, body %q; want 200, true, once, empty",
+					w.Code, w.Flushed, w.writeHeaders, w.Body)
+			}
+			rec := v.do(req{key: "k", body: imageBody})
+			if got := rec.Header().Get("Idempotent-Replayed") == "true"; got != tt.replay {
+				t.Errorf("retry = %d replayed=%v, want replayed=%v", rec.Code, got, tt.replay)
+			}
+		})
 	}
 }
 
