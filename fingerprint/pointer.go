@@ -29,6 +29,7 @@ type program struct {
 }
 
 func (p *program) reset() {
+	clear(p.toks) // drop references to the last Spec's strings
 	p.toks = p.toks[:0]
 	p.ptrs = p.ptrs[:0]
 	clear(p.fields)
