@@ -58,6 +58,11 @@ func TestSumSame(t *testing.T) {
 		{"excluded inside a selected field", Spec{Fields: []string{"/a"}, Exclude: []string{"/a/note"}}, `{"a":{"v":1,"note":"x"}}`, `{"a":{"v":1}}`},
 		{"root pointer selects the whole body", Spec{Fields: []string{""}}, `{"a":1,"b":2}`, `{"b":2,"a":1.0}`},
 		{"selected field inside a selected field", Spec{Fields: []string{"/a", "/a/b"}}, `{"a":{"b":1,"c":2},"z":1}`, `{"z":2,"a":{"c":2,"b":1}}`},
+		{"leading zeros in an exponent", Spec{}, `[0.1]`, `[1e-0000000000000000000001]`},
+		{"exponent across the 15-digit boundary", Spec{}, `[1e-1000000000000000]`, `[0.1e-999999999999999]`},
+		{"huge exponent and a mantissa that shifts it", Spec{}, `[1e-99999999999999999999]`, `[10e-100000000000000000000]`},
+		{"zero with a huge exponent", Spec{}, `[0]`, `[0e99999999999999999999]`},
+		{"selected field inside an excluded one is absent", Spec{Fields: []string{"/a/b"}, Exclude: []string{"/a"}}, `{}`, `{"a":{"b":null}}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -102,6 +107,13 @@ func TestSumDifferent(t *testing.T) {
 		{"exclusion only at its own path", Spec{Exclude: []string{"/trace"}}, `{"x":{"trace":1}}`, `{"x":{"trace":2}}`},
 		{"excluded element shifts nothing", Spec{Exclude: []string{"/tags/0"}}, `{"tags":["x","a","b"]}`, `{"tags":["x","b","a"]}`},
 		{"escaped text differs", Spec{}, `{"p":"\u0041"}`, `{"p":"\u0042"}`},
+		{"exponents one apart across the 15-digit boundary", Spec{}, `[1e-1000000000000000]`, `[1e-999999999999999]`},
+		{"huge exponents, mantissas differ", Spec{}, `[1e-99999999999999999999]`, `[1.0000000000000000000001e-99999999999999999999]`},
+		{"mantissa digits beyond a double", Spec{}, `[123456789012345678901234567890]`, `[123456789012345678901234567891]`},
+		{"combining sequence and precomposed letter", Spec{}, `{"p":"e\u0301"}`, `{"p":"\u00e9"}`},
+		{"escaped NUL and nothing", Spec{}, `{"p":"\u0000"}`, `{"p":""}`},
+		{"escaped and raw backslash-u", Spec{}, `{"p":"\u0041"}`, `{"p":"\\u0041"}`},
+		{"excluded element inside a selected field", Spec{Fields: []string{"/a"}, Exclude: []string{"/a/0"}}, `{"a":[1,2]}`, `{"a":[2]}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
