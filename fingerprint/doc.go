@@ -15,8 +15,10 @@
 // "16:9" against "9:16", n 1 against n 2, another reference image - each
 // is a different fingerprint. A Spec narrows the body to the fields that
 // matter (Fields) or drops the ones that do not (Exclude); a selected field
-// that is absent differs from the same field present with null, and a
-// value moved from one selected field to another changes the fingerprint.
+// that is absent differs from the same field present with null, a value
+// moved from one selected field to another changes the fingerprint, and a
+// pointer token that names an object member differs from the same token
+// naming an array element ("/0" of {"0":"x"} is not "/0" of ["x"]).
 //
 // # Two choices for numbers
 //
@@ -54,9 +56,11 @@
 // # Stability
 //
 // A fingerprint is "v1:" and a SHA-256 in hex. The hash input is framed so
-// that no two different parameter sets share it (see the layout in
-// fingerprint.go). The v1 algorithm never changes; golden fingerprints in
-// testdata/golden.json pin it.
+// that no two different parameter sets share it: every name and value is
+// length-prefixed, and each selected field carries its typed path, the
+// kind of container (object or array) each pointer token stepped into
+// (see the layout in fingerprint.go). The v1 algorithm never changes;
+// golden fingerprints in testdata/golden.json pin it.
 //
 // # Cost
 //

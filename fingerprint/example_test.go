@@ -41,7 +41,7 @@ func ExampleSpec_Sum() {
 	// retry: true
 	// reworded prompt: false
 	// null instead of absent: false
-	// v1:72dd97d169a7a7912ee00fbc14c9cf2243d117357845914007a2de595e534720
+	// v1:ee7192b6c9908d541b1ce3e5c38a35c76da5b0c7903b70f42af45163d4b33feb
 }
 
 // Sum compares numbers exactly: spellings of one decimal agree, two

@@ -24,8 +24,9 @@ type Fingerprint string
 type Spec struct {
 	// Fields lists the RFC 6901 JSON Pointers ("/prompt", "/size/0",
 	// "/a~1b" for the member "a/b") whose values take part. A selected
-	// field that is absent differs from one present with null. Empty means
-	// the whole body.
+	// field that is absent differs from one present with null, and "/0"
+	// reached through an object member "0" differs from "/0" reached
+	// through an array element. Empty means the whole body.
 	Fields []string
 	// Exclude lists JSON Pointers removed before anything is selected or
 	// hashed: trace ids, client notes. An array index removes that element
@@ -129,7 +130,11 @@ const mediaJSON = "application/json"
 //
 //	'J' canonical body (RFC 8785, numbers exact); the rest of the input
 //	'S' uvarint(n), then per selected pointer, sorted:
-//	    str(pointer) then 0x00 (absent) or 0x01 str(canonical value)
+//	    str(pointer) then 0x00 (absent) or 0x01 str(path) str(canonical value)
+//	    where path has one byte per reference token of the pointer, in
+//	    order: 'o' if the token named a member of an object, 'a' if it
+//	    named an element of an array (so "/0" of {"0":"x"} is not "/0"
+//	    of ["x"]); the pointer "" has the empty path
 //	'A' form, all fields: uvarint(n), then per name, sorted: str(name) values
 //	'F' form, selected: uvarint(n), then per pointer, sorted: str(pointer) values
 //	    where values = uvarint(count) then per value 't' str(text) or
@@ -180,6 +185,7 @@ func (st *state) sumJSON(mediaType string, body []byte) (Fingerprint, error) {
 			continue
 		}
 		b = append(b, 1)
+		b = appendStr(b, st.sel[v.path:v.start])
 		b = appendStr(b, st.sel[v.start:v.end])
 	}
 	st.tmp = b

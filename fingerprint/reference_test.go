@@ -298,29 +298,32 @@ func zExclude(v any, ptrs [][]string) any {
 }
 
 // zSelect finds ptr in the doc as received, honoring exclusions on the way.
-func zSelect(v any, toks []string, excl [][]string) (any, bool) {
+// It also returns the typed path of the layout: per token 'o' when it named
+// an object member, 'a' when it named an array element.
+func zSelect(v any, toks []string, excl [][]string) (any, string, bool) {
 	for _, e := range excl {
 		if len(e) == 0 {
-			return nil, false
+			return nil, "", false
 		}
 	}
 	if len(toks) == 0 {
-		return zExclude(v, excl), true
+		return zExclude(v, excl), "", true
 	}
 	var next any
+	var kind string
 	found := false
 	switch v := v.(type) {
 	case []any:
 		if i := zIndex(toks[0]); i >= 0 && i < len(v) {
-			next, found = v[i], true
+			next, kind, found = v[i], "a", true
 		}
 	case *zObj:
 		if i := slices.Index(v.keys, toks[0]); i >= 0 {
-			next, found = v.vals[i], true
+			next, kind, found = v.vals[i], "o", true
 		}
 	}
 	if !found {
-		return nil, false
+		return nil, "", false
 	}
 	var deeper [][]string
 	for _, e := range excl {
@@ -328,7 +331,8 @@ func zSelect(v any, toks []string, excl [][]string) (any, bool) {
 			deeper = append(deeper, e[1:])
 		}
 	}
-	return zSelect(next, toks[1:], deeper)
+	sv, path, ok := zSelect(next, toks[1:], deeper)
+	return sv, kind + path, ok
 }
 
 func zMarshal(v any) []byte {
@@ -414,12 +418,13 @@ func TestSumAgainstReference(t *testing.T) {
 			in = binary.AppendUvarint(in, uint64(len(fs)))
 			for _, f := range fs {
 				in = appendStr(in, f)
-				sv, ok := zSelect(v, zTokens(f), excl)
+				sv, path, ok := zSelect(v, zTokens(f), excl)
 				if !ok {
 					in = append(in, 0)
 					continue
 				}
 				in = append(in, 1)
+				in = appendStr(in, path)
 				in = appendStr(in, exactForm(t, string(zMarshal(sv))))
 			}
 		}

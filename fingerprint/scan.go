@@ -55,8 +55,15 @@ type node struct {
 	next       int // the first node after this one that is not its descendant
 }
 
-// span is a range of state.sel.
-type span struct{ start, end int }
+// span is a selected value in state.sel: its typed path at sel[path:start]
+// and its canonical form at sel[start:end].
+type span struct{ path, start, end int }
+
+// Path kinds: what each reference token of a selected field stepped into.
+const (
+	kindMember  = 'o' // a member of an object
+	kindElement = 'a' // an element of an array
+)
 
 // state is everything one pass needs. It is pooled: a pass allocates nothing
 // once the buffers have grown to the size of the bodies seen.
@@ -82,6 +89,7 @@ type state struct {
 	active []int  // indexes into prog.ptrs still matching, per open level
 	sel    []byte // canonical values of selected fields
 	selVal []span // per field slot; start < 0 when absent
+	kinds  []byte // kinds[d-1]: kind of the open container at depth d, while pointers match
 }
 
 var statePool = sync.Pool{New: func() any { return new(state) }}
@@ -121,8 +129,9 @@ func (s *state) scan(data []byte, mode numberMode) error {
 	s.active = s.active[:0]
 	s.sel = s.sel[:0]
 	s.selVal = s.selVal[:0]
+	s.kinds = s.kinds[:0]
 	for range s.prog.fields {
-		s.selVal = append(s.selVal, span{-1, -1})
+		s.selVal = append(s.selVal, span{-1, -1, -1})
 	}
 	for i, p := range s.prog.ptrs {
 		if p.n > 0 {
@@ -172,9 +181,13 @@ func (s *state) child(depth int, emit bool, a0, a1, slot int) error {
 	if err := s.value(depth, true, a0, a1); err != nil {
 		return err
 	}
+	// The typed path: one kind per token, from the containers the
+	// pointer went through (set by object and array while it matched).
+	p := len(s.sel)
+	s.sel = append(s.sel, s.kinds[:depth]...)
 	n := len(s.sel)
 	s.sel = s.emitRange(s.sel, start, len(s.out), nodes, len(s.nodes))
-	s.selVal[slot] = span{n, len(s.sel)}
+	s.selVal[slot] = span{p, n, len(s.sel)}
 	if !emit {
 		// Nothing around this value is written: drop it from out.
 		s.out, s.nodes, s.order = s.out[:start], s.nodes[:nodes], s.order[:order]
@@ -314,6 +327,9 @@ func (s *state) object(depth int, emit bool, a0, a1 int) error {
 		s.out = append(s.out, '{')
 	}
 	mbase, nbase := len(s.members), len(s.names)
+	if a0 < a1 {
+		s.kinds = append(s.kinds[:depth-1], kindMember)
+	}
 	written := 0
 	for {
 		if s.pos >= len(s.data) || s.data[s.pos] != '"' {
@@ -477,6 +493,9 @@ func (s *state) array(depth int, emit bool, a0, a1 int) error {
 			s.out = append(s.out, ']')
 		}
 		return nil
+	}
+	if a0 < a1 {
+		s.kinds = append(s.kinds[:depth-1], kindElement)
 	}
 	written := 0
 	for index := 0; ; index++ {

@@ -114,6 +114,10 @@ func TestSumDifferent(t *testing.T) {
 		{"escaped NUL and nothing", Spec{}, `{"p":"\u0000"}`, `{"p":""}`},
 		{"escaped and raw backslash-u", Spec{}, `{"p":"\u0041"}`, `{"p":"\\u0041"}`},
 		{"excluded element inside a selected field", Spec{Fields: []string{"/a"}, Exclude: []string{"/a/0"}}, `{"a":[1,2]}`, `{"a":[2]}`},
+		{"object member and array element at /0", Spec{Fields: []string{"/0"}}, `{"0":"x"}`, `["x"]`},
+		{"object member and array element inside", Spec{Fields: []string{"/items/1/sku"}}, `{"items":{"1":{"sku":"a"}}}`, `{"items":[{"sku":"b"},{"sku":"a"}]}`},
+		{"object member and array element, deepest token", Spec{Fields: []string{"/a/0"}}, `{"a":{"0":1}}`, `{"a":[1]}`},
+		{"object member and array element, first token", Spec{Fields: []string{"/0/k"}}, `{"0":{"k":1}}`, `[{"k":1}]`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
