@@ -154,7 +154,11 @@ func parseCommandStats(info string) map[string]int64 {
 	return out
 }
 
-// roundTrips counts what a client sends: one per command, one per pipeline.
+// roundTrips counts what a client sends for requests: one per command, one
+// per pipeline. go-redis runs a new connection's handshake (HELLO, CLIENT
+// SETINFO, SELECT, AUTH) through the hooks too; that is not a request's
+// round trip, so it is not counted (else a pool growing mid-run inflates
+// the figure).
 type roundTrips struct {
 	n atomic.Int64
 }
@@ -163,14 +167,30 @@ func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next 
 
 func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		r.n.Add(1)
+		if !isHandshake(cmd) {
+			r.n.Add(1)
+		}
 		return next(ctx, cmd)
 	}
 }
 
 func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		r.n.Add(1)
+		for _, cmd := range cmds {
+			if !isHandshake(cmd) {
+				r.n.Add(1)
+				break
+			}
+		}
 		return next(ctx, cmds)
 	}
+}
+
+// isHandshake reports a command go-redis sends when it opens a connection.
+func isHandshake(cmd redis.Cmder) bool {
+	switch cmd.Name() {
+	case "hello", "client", "select", "auth":
+		return true
+	}
+	return false
 }
