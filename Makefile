@@ -13,10 +13,10 @@ vet:
 	$(GO) vet ./...
 	$(GO) vet -tags faults ./faults/
 
+# Allocation budgets run once more without -race: the race detector drops
+# pooled buffers on purpose.
 unit:
 	$(GO) test -race -count=1 -timeout 20m ./...
-	# Allocation budgets: the race detector drops pooled buffers, so these
-	# run once more without it.
 	$(GO) test -count=1 -run 'Allocs' ./fingerprint/
 
 # The fault suite: servers killed, flushed, restarted and slowed under load.
