@@ -384,18 +384,13 @@ func (s *state) object(depth int, emit bool, a0, a1 int) error {
 		}
 		s.members = append(s.members, m)
 
-		s.skipSpace()
-		if s.pos >= len(s.data) {
-			return s.errorf("unexpected end of input in an object")
+		more, err := s.separator('}', "an object")
+		if err != nil {
+			return err
 		}
-		if c := s.data[s.pos]; c == ',' {
-			s.pos++
-			s.skipSpace()
+		if more {
 			continue
-		} else if c != '}' {
-			return s.errorf("want ',' or '}' in an object")
 		}
-		s.pos++
 		break
 	}
 	ms := s.members[mbase:]
@@ -518,18 +513,13 @@ func (s *state) array(depth int, emit bool, a0, a1 int) error {
 		if err != nil {
 			return err
 		}
-		s.skipSpace()
-		if s.pos >= len(s.data) {
-			return s.errorf("unexpected end of input in an array")
+		more, err := s.separator(']', "an array")
+		if err != nil {
+			return err
 		}
-		if c := s.data[s.pos]; c == ',' {
-			s.pos++
-			s.skipSpace()
+		if more {
 			continue
-		} else if c != ']' {
-			return s.errorf("want ',' or ']' in an array")
 		}
-		s.pos++
 		break
 	}
 	if emit {
@@ -788,4 +778,23 @@ func sortKey(name []byte) uint64 {
 		m |= uint64(utf16Byte[byte(k>>i)]) << i
 	}
 	return m
+}
+
+// separator consumes what follows a member or element: ',' (more follows)
+// or the container's closing byte. what names the container in errors.
+func (s *state) separator(closing byte, what string) (more bool, err error) {
+	s.skipSpace()
+	if s.pos >= len(s.data) {
+		return false, s.errorf("unexpected end of input in %s", what)
+	}
+	switch s.data[s.pos] {
+	case ',':
+		s.pos++
+		s.skipSpace()
+		return true, nil
+	case closing:
+		s.pos++
+		return false, nil
+	}
+	return false, s.errorf("want ',' or '%c' in %s", closing, what)
 }
