@@ -92,3 +92,21 @@ func ExampleSpec_Validate() {
 	// Output:
 	// fingerprint: field "prompt": invalid JSON Pointer: must be empty or start with '/'
 }
+
+// A Route binds a body fingerprint to the request target: the same body
+// sent to another order, or with another query, is another request.
+func ExampleRoute() {
+	refund := fingerprint.NewRoute("POST", "/v1/orders/:id/refund") // once per route
+	body, err := fingerprint.Spec{}.Sum([]byte(`{"amount":"12.00"}`))
+	if err != nil {
+		panic(err)
+	}
+	one := refund.Sum([]string{"id"}, []string{"1"}, "", body)
+	two := refund.Sum([]string{"id"}, []string{"2"}, "", body)
+	dry := refund.Sum([]string{"id"}, []string{"1"}, "dry_run=true", body)
+	fmt.Println(one == refund.Sum([]string{"id"}, []string{"1"}, "", body))
+	fmt.Println(one == two, one == dry)
+	// Output:
+	// true
+	// false false
+}

@@ -169,7 +169,7 @@ func (st *state) sumJSON(mediaType string, body []byte) (Fingerprint, error) {
 		st.tmp = st.canonical(st.tmp[:0], header)
 		st.stream = nil
 		h.Write(st.tmp)
-		return st.fingerprint(h.Sum(st.sum[:0])), nil
+		return fingerprintOf(h.Sum(st.sum[:0])), nil
 	}
 	st.out = st.out[:0]
 	if err := st.scan(body, numbersExact); err != nil {
@@ -194,10 +194,11 @@ func (st *state) sumJSON(mediaType string, body []byte) (Fingerprint, error) {
 
 func (st *state) finish(input []byte) Fingerprint {
 	sum := sha256.Sum256(input)
-	return st.fingerprint(sum[:])
+	return fingerprintOf(sum[:])
 }
 
-func (st *state) fingerprint(sum []byte) Fingerprint {
+// fingerprintOf returns "v1:" and sum in lowercase hex.
+func fingerprintOf(sum []byte) Fingerprint {
 	var b [3 + 2*sha256.Size]byte
 	copy(b[:], "v1:")
 	hex.Encode(b[3:], sum)

@@ -42,3 +42,13 @@ func ExampleNormalizeSegment() {
 	// a%253Ab
 	// %7Beu%7D%20Z%C3%BCrich
 }
+
+func ExampleKindFor() {
+	fmt.Println(keyspace.KindFor("POST", "/v1/images"))
+	// ':' has no place in a kind: a digest keeps the route apart from
+	// POST /v1/orders/id/refund.
+	fmt.Println(keyspace.KindFor("POST", "/v1/orders/:id/refund"))
+	// Output:
+	// post-v1-images
+	// post-v1-orders-id-refund-ef73619e
+}

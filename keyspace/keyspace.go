@@ -11,21 +11,23 @@ import (
 // says which part is wrong and why, without echoing the user or request id.
 var ErrInvalid = errors.New("invalid key input")
 
-// Limits on the parts of a Scope, in bytes. The request id limit is
-// Stripe's limit on an idempotency key.
+// Limits on the parts of a Scope, in bytes, as Derive enforces them. The
+// request id limit is Stripe's limit on an idempotency key; a header parser
+// that reads the request id can refuse a longer one before deriving.
 const (
-	maxKind    = 64
-	maxTenant  = 255
-	maxUser    = 255
-	maxRequest = 255
+	MaxTenant  = 255
+	MaxUser    = 255
+	MaxRequest = 255
 )
+
+const maxKind = 64
 
 const (
 	prefix    = "idem:"
 	digestLen = 2 * sha256.Size
 	// maxKeyLen bounds String()+Task(): the tenant escapes to at most 3 bytes
 	// per byte.
-	maxKeyLen = len(prefix) + 3*maxTenant + 1 + maxKind + 1 + digestLen + 1 + digestLen +
+	maxKeyLen = len(prefix) + 3*MaxTenant + 1 + maxKind + 1 + digestLen + 1 + digestLen +
 		maxKind + 1 + digestLen
 )
 
@@ -62,7 +64,7 @@ func Derive(kind string, s Scope) (Key, error) {
 
 	// Both inputs are at most 255 bytes, so they are hashed from a stack
 	// buffer instead of a heap copy.
-	var in [maxRequest]byte
+	var in [MaxRequest]byte
 	user := sha256.Sum256(in[:copy(in[:], s.User)])
 	request := sha256.Sum256(in[:copy(in[:], s.Request)])
 
@@ -92,13 +94,13 @@ func validate(kind string, s Scope) error {
 	if err := validateKind(kind); err != nil {
 		return err
 	}
-	if err := validateLen("tenant", s.Tenant, maxTenant); err != nil {
+	if err := validateLen("tenant", s.Tenant, MaxTenant); err != nil {
 		return err
 	}
-	if err := validateLen("user", s.User, maxUser); err != nil {
+	if err := validateLen("user", s.User, MaxUser); err != nil {
 		return err
 	}
-	if err := validateLen("request id", s.Request, maxRequest); err != nil {
+	if err := validateLen("request id", s.Request, MaxRequest); err != nil {
 		return err
 	}
 	for i := 0; i < len(s.Request); i++ {
