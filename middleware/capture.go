@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"bufio"
+	"errors"
 	"net"
 	"net/http"
 	"slices"
@@ -16,6 +17,12 @@ import (
 // the handler's result: unless the handler changed them, they are left out,
 // and the outer middleware sets them afresh on a replay. It keeps Flush, Hijack and the
 // rest of http.ResponseController working through Unwrap.
+//
+// A write to a client that went away fails (broken pipe) once the response
+// outgrows the socket buffer. While the response is still being captured,
+// such a failure is not the handler's: the writer keeps capturing, reports
+// success, and the stored copy is what the client's retry gets. Once the
+// response outgrew max (it will not be stored), the failure is reported.
 type captureWriter struct {
 	http.ResponseWriter
 	filter      *headerFilter
@@ -27,6 +34,7 @@ type captureWriter struct {
 	wroteHeader bool
 	overflow    bool
 	hijacked    bool
+	clientErr   error // the first failed write or flush to the client
 }
 
 func (w *captureWriter) reset(rw http.ResponseWriter, f *headerFilter, max int64) {
@@ -79,7 +87,25 @@ func (w *captureWriter) Write(b []byte) (int, error) {
 			*w.body = append(*w.body, b...)
 		}
 	}
-	return w.ResponseWriter.Write(b)
+	if w.clientErr != nil {
+		return w.clientGone(len(b), 0)
+	}
+	n, err := w.ResponseWriter.Write(b)
+	if err != nil {
+		w.clientErr = err
+		return w.clientGone(len(b), n)
+	}
+	return n, nil
+}
+
+// clientGone answers a write of size bytes after the client's connection
+// failed (n of them reached it): success while the response is still
+// captured for the store, the connection's error once it is not.
+func (w *captureWriter) clientGone(size, n int) (int, error) {
+	if w.body != nil {
+		return size, nil
+	}
+	return n, w.clientErr
 }
 
 // FlushError is what http.ResponseController.Flush looks for first.
@@ -87,7 +113,17 @@ func (w *captureWriter) FlushError() error {
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
 	}
-	return http.NewResponseController(w.ResponseWriter).Flush()
+	if w.clientErr != nil {
+		_, err := w.clientGone(0, 0)
+		return err
+	}
+	err := http.NewResponseController(w.ResponseWriter).Flush()
+	if err == nil || errors.Is(err, http.ErrNotSupported) {
+		return err
+	}
+	w.clientErr = err
+	_, err = w.clientGone(0, 0)
+	return err
 }
 
 // Flush implements http.Flusher for code that type-asserts it.
