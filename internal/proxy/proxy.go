@@ -1,0 +1,236 @@
+// Package proxy is a loopback TCP proxy whose link can be made to misbehave
+// on command: delayed, dropped (blackholed), frozen or cut. Fault tests put
+// one between a process and the server it talks to (Redis, Postgres) and
+// turn the link bad and good again while the process runs.
+package proxy
+
+import (
+	"fmt"
+	"net"
+	"sync"
+	"time"
+)
+
+// Mode is the state of a proxy's link.
+type Mode int
+
+const (
+	// Pass forwards bytes at once, both ways.
+	Pass Mode = iota
+	// Delay holds every chunk back by the proxy's delay before forwarding it.
+	Delay
+	// Drop reads and discards every byte, both ways: a blackhole. The
+	// connections stay open; when the link heals they are closed, since
+	// their streams lost bytes.
+	Drop
+	// Freeze holds every byte until the link heals, then delivers it in
+	// order: a stopped network, not a lossy one.
+	Freeze
+	// Cut closes every connection and refuses new ones until the link heals.
+	Cut
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Pass:
+		return "pass"
+	case Delay:
+		return "delay"
+	case Drop:
+		return "drop"
+	case Freeze:
+		return "freeze"
+	case Cut:
+		return "cut"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// Proxy forwards connections accepted on Addr to an upstream address.
+// Its methods are safe for concurrent use.
+type Proxy struct {
+	// Addr is host:port that clients dial.
+	Addr string
+
+	l        net.Listener
+	upstream string
+
+	mu     sync.Mutex
+	mode   Mode
+	delay  time.Duration
+	change chan struct{} // closed and replaced whenever mode changes
+	conns  map[*link]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// link is one client connection and its upstream connection.
+type link struct {
+	client, server net.Conn
+	once           sync.Once
+}
+
+func (k *link) close() {
+	k.once.Do(func() {
+		k.client.Close()
+		k.server.Close()
+	})
+}
+
+// Start listens on a free loopback port and forwards to upstream.
+func Start(upstream string) (*Proxy, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("proxy: listen: %w", err)
+	}
+	p := &Proxy{Addr: l.Addr().String(), l: l, upstream: upstream,
+		change: make(chan struct{}), conns: map[*link]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// Set puts the link in mode m; delay applies to Delay. Leaving Drop
+// closes the connections that lost bytes; entering Cut closes them all.
+func (p *Proxy) Set(m Mode, delay time.Duration) {
+	p.mu.Lock()
+	prev := p.mode
+	p.mode, p.delay = m, delay
+	close(p.change)
+	p.change = make(chan struct{})
+	var doomed []*link
+	if m == Cut || (prev == Drop && m != Drop) {
+		for k := range p.conns {
+			doomed = append(doomed, k)
+			delete(p.conns, k)
+		}
+	}
+	p.mu.Unlock()
+	for _, k := range doomed {
+		k.close()
+	}
+}
+
+// Heal is Set(Pass, 0).
+func (p *Proxy) Heal() { p.Set(Pass, 0) }
+
+// Mode returns the current mode.
+func (p *Proxy) Mode() Mode {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.mode
+}
+
+// Close stops listening, closes every connection and waits for the
+// forwarding goroutines to end.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	close(p.change)
+	p.change = make(chan struct{})
+	for k := range p.conns {
+		k.close()
+		delete(p.conns, k)
+	}
+	p.mu.Unlock()
+	err := p.l.Close()
+	p.wg.Wait()
+	return err
+}
+
+// state returns the mode, the delay and a channel closed at the next change.
+func (p *Proxy) state() (Mode, time.Duration, <-chan struct{}, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.mode, p.delay, p.change, p.closed
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.l.Accept()
+		if err != nil {
+			return // closed
+		}
+		p.wg.Add(1)
+		go p.serve(c)
+	}
+}
+
+func (p *Proxy) serve(c net.Conn) {
+	defer p.wg.Done()
+	if m, _, _, closed := p.state(); m == Cut || closed {
+		c.Close()
+		return
+	}
+	s, err := net.DialTimeout("tcp", p.upstream, 5*time.Second)
+	if err != nil {
+		c.Close()
+		return
+	}
+	k := &link{client: c, server: s}
+	p.mu.Lock()
+	if p.mode == Cut || p.closed {
+		p.mu.Unlock()
+		k.close()
+		return
+	}
+	p.conns[k] = struct{}{}
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); p.pipe(k, s, c) }()
+	go func() { defer wg.Done(); p.pipe(k, c, s) }()
+	wg.Wait()
+	p.mu.Lock()
+	delete(p.conns, k)
+	p.mu.Unlock()
+}
+
+// pipe copies src to dst chunk by chunk, as the mode says, until either
+// side ends; then it closes both.
+func (p *Proxy) pipe(k *link, dst, src net.Conn) {
+	defer k.close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !p.forward(dst, buf[:n]) {
+			return
+		}
+		if err != nil {
+			return // EOF or a closed side: the link ends
+		}
+	}
+}
+
+// forward writes one chunk under the current mode; false means the link is
+// finished.
+func (p *Proxy) forward(dst net.Conn, b []byte) bool {
+	for {
+		m, delay, change, closed := p.state()
+		if closed {
+			return false
+		}
+		switch m {
+		case Pass:
+			_, err := dst.Write(b)
+			return err == nil
+		case Delay:
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+				_, err := dst.Write(b)
+				return err == nil
+			case <-change:
+				t.Stop()
+				// Re-evaluate under the new mode; a healed link sends now.
+			}
+		case Drop:
+			return true // discarded
+		case Freeze:
+			<-change // hold until the mode changes
+		case Cut:
+			return false
+		}
+	}
+}
