@@ -1,9 +1,14 @@
 package middleware
 
-import "strings"
+import (
+	"strings"
 
-// maxKeyBytes bounds a request id (Stripe's limit, and keyspace's).
-const maxKeyBytes = 255
+	"github.com/idemgate/idemgate/keyspace"
+)
+
+// maxKeyBytes bounds a request id (Stripe's limit): keyspace's, so that a
+// value the parser accepts is never refused when the key is derived.
+const maxKeyBytes = keyspace.MaxRequest
 
 // parseKey parses one Idempotency-Key header value: an RFC 8941 sf-string
 // ("…" with printable ASCII 0x20–0x7E inside and \" and \\ escapes), or a

@@ -3,9 +3,6 @@ package middleware
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"io"
 	"log/slog"
@@ -68,9 +65,9 @@ type routeKey struct{ method, path string }
 // route is what the middleware derives once per method and route template.
 type route struct {
 	routeKey
-	name  string // "POST /v1/images"
-	kind  string
-	frame []byte // fingerprint prefix naming the route
+	name   string // "POST /v1/images"
+	kind   string
+	target fingerprint.Route
 }
 
 func (m *idem) route(c echo.Context) *route {
@@ -81,77 +78,15 @@ func (m *idem) route(c echo.Context) *route {
 	m.mu.Lock()
 	rt := m.routes[k]
 	if rt == nil {
-		rt = &route{routeKey: k, name: k.method + " " + k.path, kind: m.cfg.Kind}
+		rt = &route{routeKey: k, name: k.method + " " + k.path, kind: m.cfg.Kind, target: fingerprint.NewRoute(k.method, k.path)}
 		if rt.kind == "" {
-			rt.kind = deriveKind(k.method, k.path)
+			rt.kind = keyspace.KindFor(k.method, k.path)
 		}
-		f := append([]byte(nil), "idemgate-route-v1"...)
-		f = binary.AppendUvarint(f, uint64(len(k.method)))
-		f = append(f, k.method...)
-		f = binary.AppendUvarint(f, uint64(len(k.path)))
-		f = append(f, k.path...)
-		rt.frame = f
 		m.routes[k] = rt
 	}
 	m.mu.Unlock()
 	m.last.Store(rt)
 	return rt
-}
-
-// deriveKind makes a kind from a method and route path: "POST /v1/images"
-// becomes "post-v1-images". When that mapping would lose information
-// (other characters, too long) a digest of the route is appended, so
-// different routes get different kinds.
-func deriveKind(method, path string) string {
-	b := make([]byte, 0, 64)
-	exact := true
-	dash := false
-	put := func(c byte) {
-		switch {
-		case c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_':
-			b = append(b, c)
-			dash = false
-		case c >= 'A' && c <= 'Z':
-			b = append(b, c+'a'-'A')
-			dash = false
-		default:
-			if !dash && len(b) > 0 {
-				b = append(b, '-')
-			}
-			dash = true
-		}
-	}
-	for i := 0; i < len(method); i++ {
-		if c := method[i]; c < 'A' || c > 'Z' {
-			exact = false
-		}
-		put(method[i])
-	}
-	put('/')
-	for i := 0; i < len(path); i++ {
-		c := path[i]
-		// "//" and a trailing "/" vanish in the mapping: /v1/images/ and
-		// /v1/images are different echo routes.
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '/') ||
-			c == '/' && i > 0 && (path[i-1] == '/' || i == len(path)-1) {
-			exact = false
-		}
-		put(c)
-	}
-	b = bytes.TrimRight(b, "-")
-	if len(b) == 0 || b[0] == '_' {
-		b = append([]byte("route"), b...)
-		exact = false
-	}
-	if !exact || len(b) > 64 {
-		sum := sha256.Sum256([]byte(method + " " + path))
-		if len(b) > 64-9 {
-			b = bytes.TrimRight(b[:64-9], "-")
-		}
-		b = append(b, '-')
-		b = hex.AppendEncode(b, sum[:4])
-	}
-	return string(b)
 }
 
 // call is the state of one protected request, allocated once.
@@ -234,7 +169,7 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	if err != nil {
 		return writeProblem(c, http.StatusBadRequest, codeBodyInvalid, err.Error(), 0)
 	}
-	st.req.Fingerprint = routeFingerprint(st.rt.frame, c.ParamNames(), c.ParamValues(), r.URL.RawQuery, inner)
+	st.req.Fingerprint = st.rt.target.Sum(c.ParamNames(), c.ParamValues(), r.URL.RawQuery, inner)
 	c.Set(contextKey, st)
 
 	st.token = newToken()
@@ -302,38 +237,6 @@ func (m *idem) protects(method string) bool {
 func (m *idem) reused(c echo.Context) error {
 	return writeProblem(c, m.cfg.MismatchStatus, codeKeyReused,
 		"This idempotency key was already used with other request parameters. Send a new key for new parameters.", 0)
-}
-
-// routeFingerprint binds the body fingerprint to the route and the rest of
-// the request target: "v1:" + hex SHA-256 of the route frame, the body
-// fingerprint and, when there are any, the path parameters (names and
-// values, in order) and the raw query. The body fingerprint has a fixed length and every later part
-// is length-prefixed, so different requests never frame to the same bytes.
-// The query is compared byte for byte: a reordered query is a (safe) false
-// conflict, never a false replay.
-func routeFingerprint(frame []byte, names, values []string, query string, inner fingerprint.Fingerprint) fingerprint.Fingerprint {
-	var buf [256]byte
-	b := append(append(buf[:0], frame...), inner...)
-	if len(values) > 0 || query != "" {
-		b = binary.AppendUvarint(b, uint64(len(values)))
-		for i, v := range values {
-			var name string
-			if i < len(names) {
-				name = names[i]
-			}
-			b = binary.AppendUvarint(b, uint64(len(name)))
-			b = append(b, name...)
-			b = binary.AppendUvarint(b, uint64(len(v)))
-			b = append(b, v...)
-		}
-		b = binary.AppendUvarint(b, uint64(len(query)))
-		b = append(b, query...)
-	}
-	sum := sha256.Sum256(b)
-	var out [3 + 64]byte
-	copy(out[:], "v1:")
-	hex.Encode(out[3:], sum[:])
-	return fingerprint.Fingerprint(out[:])
 }
 
 var (
