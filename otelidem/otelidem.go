@@ -1,0 +1,208 @@
+package otelidem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/labstack/echo/v4"
+	echomw "github.com/labstack/echo/v4/middleware"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemgate/idemgate/middleware"
+)
+
+// scope is the instrumentation scope of every instrument and span.
+const scope = "github.com/idemgate/idemgate/otelidem"
+
+// Attribute keys. Their values come from small fixed sets (or, for
+// routes and kinds, from the application's code), so a series count never
+// grows with traffic.
+const (
+	keyOutcome    = attribute.Key("idemgate.outcome")
+	keyKind       = attribute.Key("idemgate.kind")
+	keyTenant     = attribute.Key("idemgate.tenant")
+	keyReason     = attribute.Key("idemgate.reason")
+	keyOperation  = attribute.Key("idemgate.operation")
+	keyResult     = attribute.Key("idemgate.result")
+	keyWaitResult = attribute.Key("idemgate.wait.result")
+	keyMethod     = attribute.Key("http.request.method")
+	keyRoute      = attribute.Key("http.route")
+	keyStatus     = attribute.Key("http.response.status_code")
+)
+
+// durationBuckets suit calls that take from a fraction of a millisecond
+// (a Redis round trip) to seconds (a slow store, a long wait).
+var durationBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+	0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
+
+// Config configures a Recorder.
+type Config struct {
+	// MeterProvider makes the instruments. Optional. Default
+	// otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+	// TracerProvider makes the spans. Optional. Default
+	// otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// Propagator reads a caller's trace context from request headers
+	// (Server) and carries a request's trace to the task's worker
+	// (Submit, Attempt). Optional. Default propagation.TraceContext{}.
+	Propagator propagation.TextMapPropagator
+	// Tenant adds the normalized tenant as the attribute idemgate.tenant
+	// to the request metrics. Optional. Default false: a service with
+	// many tenants would get a series per tenant.
+	Tenant bool
+}
+
+// Recorder turns idemgate's events into instruments and spans. Its methods
+// are safe for concurrent use.
+type Recorder struct {
+	cfg    Config
+	tracer trace.Tracer
+
+	requests  metric.Int64Counter
+	decision  metric.Float64Histogram
+	storeDur  metric.Float64Histogram
+	waitDur   metric.Float64Histogram
+	tasks     *taskInstruments
+	attempts  sync.Map // attemptKey → *openAttempt
+	routesMu  sync.Mutex
+	routeAttr map[string]routeAttrs // Event.Route → its attributes, parsed once
+}
+
+// routeAttrs are the attributes parsed from an Event.Route.
+type routeAttrs struct{ method, route attribute.KeyValue }
+
+// New returns a Recorder whose instruments are registered with cfg's
+// meter provider.
+func New(cfg Config) (*Recorder, error) {
+	if cfg.MeterProvider == nil {
+		cfg.MeterProvider = otel.GetMeterProvider()
+	}
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = otel.GetTracerProvider()
+	}
+	if cfg.Propagator == nil {
+		cfg.Propagator = propagation.TraceContext{}
+	}
+	m := cfg.MeterProvider.Meter(scope)
+	r := &Recorder{cfg: cfg, tracer: cfg.TracerProvider.Tracer(scope), routeAttr: map[string]routeAttrs{}}
+	var err, e error
+	r.requests, e = m.Int64Counter("idemgate.requests", metric.WithUnit("{request}"),
+		metric.WithDescription("Requests with an idempotency key, by what the middleware did (idemgate.outcome). "+
+			"released, lease_lost and store_error follow a claimed request."))
+	err = errors.Join(err, e)
+	r.decision, e = m.Float64Histogram("idemgate.decision.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time from the middleware's start to its decision: reading and fingerprinting the body and the claim."),
+		metric.WithExplicitBucketBoundaries(durationBuckets...))
+	err = errors.Join(err, e)
+	r.storeDur, e = m.Float64Histogram("idemgate.store.duration", metric.WithUnit("s"),
+		metric.WithDescription("Duration of the middleware's store calls (claim, extend, complete, release)."),
+		metric.WithExplicitBucketBoundaries(durationBuckets...))
+	err = errors.Join(err, e)
+	r.waitDur, e = m.Float64Histogram("idemgate.wait.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time a request waited for an in-flight request holding its key."),
+		metric.WithExplicitBucketBoundaries(durationBuckets...))
+	err = errors.Join(err, e)
+	r.tasks, e = newTaskInstruments(m)
+	err = errors.Join(err, e)
+	if err != nil {
+		return nil, fmt.Errorf("otelidem: instruments: %w", err)
+	}
+	return r, nil
+}
+
+// OnEvent records a middleware event. Set it as middleware.Config.OnEvent
+// (or call it from yours).
+func (r *Recorder) OnEvent(ev middleware.Event) {
+	ctx := context.Background()
+	ra := r.route(ev.Route)
+	attrs := make([]attribute.KeyValue, 0, 6)
+	attrs = append(attrs, ra.method, ra.route, keyKind.String(ev.Kind))
+	if r.cfg.Tenant && ev.Tenant != "" {
+		attrs = append(attrs, keyTenant.String(ev.Tenant))
+	}
+	switch ev.Type {
+	case middleware.EventWaited:
+		attrs = append(attrs, keyWaitResult.String(ev.Reason))
+		r.waitDur.Record(ctx, ev.Latency.Seconds(), metric.WithAttributes(attrs...))
+		return
+	case middleware.EventClaimed, middleware.EventReplayed, middleware.EventReused, middleware.EventInProgress:
+		attrs = append(attrs, keyOutcome.String(ev.Type.String()))
+		set := metric.WithAttributeSet(attribute.NewSet(attrs...))
+		r.decision.Record(ctx, ev.Latency.Seconds(), set)
+		r.requests.Add(ctx, 1, set)
+		return
+	case middleware.EventReleased, middleware.EventLeaseLost, middleware.EventStoreError:
+		attrs = append(attrs, keyReason.String(ev.Reason))
+	}
+	attrs = append(attrs, keyOutcome.String(ev.Type.String()))
+	r.requests.Add(ctx, 1, metric.WithAttributes(attrs...))
+}
+
+// route splits "POST /v1/images" into its method and route attributes.
+// Routes are templates from the application's code, so the cache is
+// bounded by the number of routes.
+func (r *Recorder) route(s string) routeAttrs {
+	r.routesMu.Lock()
+	defer r.routesMu.Unlock()
+	if a, ok := r.routeAttr[s]; ok {
+		return a
+	}
+	method, route, ok := strings.Cut(s, " ")
+	if !ok {
+		method, route = "_OTHER", s
+	}
+	a := routeAttrs{keyMethod.String(method), keyRoute.String(route)}
+	r.routeAttr[s] = a
+	return a
+}
+
+// Server returns echo middleware that starts a server span per request,
+// continuing the caller's trace from the request headers. Store calls,
+// Submit and the task's attempts become its descendants. Add it with
+// e.Use so that it wraps every route.
+func (r *Recorder) Server() echo.MiddlewareFunc {
+	return r.ServerWithSkipper(echomw.DefaultSkipper)
+}
+
+// ServerWithSkipper is Server with a skipper, e.g. for health checks.
+func (r *Recorder) ServerWithSkipper(skip echomw.Skipper) echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			if skip(c) {
+				return next(c)
+			}
+			req := c.Request()
+			ctx := r.cfg.Propagator.Extract(req.Context(), propagation.HeaderCarrier(req.Header))
+			route := c.Path()
+			name := req.Method
+			if route != "" {
+				name += " " + route
+			}
+			ctx, span := r.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer),
+				trace.WithAttributes(keyMethod.String(req.Method), keyRoute.String(route)))
+			defer span.End()
+			c.SetRequest(req.WithContext(ctx))
+			err := next(c)
+			if err != nil {
+				// Let echo's error handler write the answer now, as echo's
+				// Logger does, so the span carries the status the client gets.
+				c.Error(err)
+			}
+			status := c.Response().Status
+			span.SetAttributes(keyStatus.Int(status))
+			if status >= 500 {
+				span.SetStatus(codes.Error, "")
+			}
+			return err
+		}
+	}
+}

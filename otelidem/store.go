@@ -1,0 +1,97 @@
+package otelidem
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemgate/idemgate/middleware"
+)
+
+// Store returns s with a span and a duration measurement around each call:
+// idemgate.claim, idemgate.extend, idemgate.complete and idemgate.release.
+// The spans are children of the request's span (the middleware passes the
+// request's values to the store). They carry the operation and its result,
+// never the key or the token.
+func (r *Recorder) Store(s middleware.Store) middleware.Store {
+	return &store{next: s, r: r}
+}
+
+// store wraps a middleware.Store.
+type store struct {
+	next middleware.Store
+	r    *Recorder
+}
+
+var _ middleware.Store = (*store)(nil)
+
+// Results of store calls other than Claim's statuses.
+const (
+	resultOK        = "ok"
+	resultLeaseLost = "lease_lost"
+	resultError     = "error"
+)
+
+func (s *store) Claim(ctx context.Context, key string, req middleware.ClaimRequest) (middleware.ClaimResult, error) {
+	ctx, span, start := s.start(ctx, "claim")
+	res, err := s.next.Claim(ctx, key, req)
+	result := resultError
+	if err == nil {
+		result = res.Status.String()
+	}
+	s.end(ctx, span, start, "claim", result, err)
+	return res, err
+}
+
+func (s *store) Extend(ctx context.Context, key string, token middleware.Token, lease time.Duration) error {
+	ctx, span, start := s.start(ctx, "extend")
+	err := s.next.Extend(ctx, key, token, lease)
+	s.end(ctx, span, start, "extend", resultOf(err), err)
+	return err
+}
+
+func (s *store) Complete(ctx context.Context, key string, token middleware.Token, resp middleware.Response, retention time.Duration) error {
+	ctx, span, start := s.start(ctx, "complete")
+	err := s.next.Complete(ctx, key, token, resp, retention)
+	s.end(ctx, span, start, "complete", resultOf(err), err)
+	return err
+}
+
+func (s *store) Release(ctx context.Context, key string, token middleware.Token) error {
+	ctx, span, start := s.start(ctx, "release")
+	err := s.next.Release(ctx, key, token)
+	s.end(ctx, span, start, "release", resultOf(err), err)
+	return err
+}
+
+func (s *store) start(ctx context.Context, op string) (context.Context, trace.Span, time.Time) {
+	ctx, span := s.r.tracer.Start(ctx, "idemgate."+op, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(keyOperation.String(op)))
+	return ctx, span, time.Now()
+}
+
+func (s *store) end(ctx context.Context, span trace.Span, start time.Time, op, result string, err error) {
+	took := time.Since(start)
+	span.SetAttributes(keyResult.String(result))
+	if result == resultError {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "store call failed")
+	}
+	span.End()
+	s.r.storeDur.Record(ctx, took.Seconds(), metric.WithAttributes(
+		keyOperation.String(op), keyResult.String(result)))
+}
+
+func resultOf(err error) string {
+	switch {
+	case err == nil:
+		return resultOK
+	case errors.Is(err, middleware.ErrLeaseLost):
+		return resultLeaseLost
+	}
+	return resultError
+}
