@@ -23,7 +23,7 @@ type migration struct {
 
 type migrationStep struct {
 	name string
-	run  func(ctx context.Context, conn *pgx.Conn) error
+	run  func(ctx context.Context, m migrator) error
 }
 
 // migrations is the schema history, oldest first. Versions are never
@@ -33,11 +33,23 @@ var migrations = []migration{
 	{version: 2, name: "widen the key to (tenant, idempotency_key, runtime, network)", steps: []migrationStep{
 		// An index left by a build that was killed is invalid: it enforces
 		// nothing we can rely on, and IF NOT EXISTS would keep it for ever.
-		{"drop an invalid leftover of the wide index", dropIfUnusable(indexKeyWide, sqlDropWideIndex)},
+		{"drop an invalid leftover of the wide index", dropIfUnusable(indexKeyWide)},
 		{"build the wide index concurrently", createIfAbsent(indexKeyWide, sqlCreateWideIndex)},
 		// Only a valid, ready, unique index may replace the narrow one.
-		{"read the wide index back", requireUsable(indexKeyWide, []string{"tenant", "idempotency_key", "runtime", "network"})},
-		{"drop the narrow index concurrently", exec(sqlDropNarrowIndex)},
+		{"read the wide index back", requireUsable(indexKeyWide, true, []string{"tenant", "idempotency_key", "runtime", "network"})},
+		{"drop the narrow index concurrently", dropIndex(indexKeyNarrow)},
+	}},
+	{version: 3, name: "trace, lost-attempt policy, cancelled state, cancel notifications", sql: sqlV3},
+	{version: 4, name: "validate v3's checks; index the claim by kind; index finished tasks for Prune", steps: []migrationStep{
+		{"validate the state check", exec(sqlValidateStateCheck)},
+		{"validate the lost-policy check", exec(sqlValidateLostCheck)},
+		{"drop an invalid leftover of the claim index", dropIfUnusable(indexClaim)},
+		{"build the claim index concurrently", createIfAbsent(indexClaim, sqlCreateClaimIndex)},
+		{"read the claim index back", requireUsable(indexClaim, false, []string{"kind", "run_after"})},
+		{"drop an invalid leftover of the finished-task index", dropIfUnusable(indexDone)},
+		{"build the finished-task index concurrently", createIfAbsent(indexDone, sqlCreateDoneIndex)},
+		{"read the finished-task index back", requireUsable(indexDone, false, []string{"finished_at"})},
+		{"drop v1's finished-task index concurrently", dropIndex(indexFinishedV1)},
 	}},
 }
 
@@ -66,16 +78,41 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if _, err := conn.Exec(ctx, sqlMigrationTimeouts); err != nil {
 		return fmt.Errorf("pgstore: migrate: set timeouts: %w", err)
 	}
+	schema, err := pinSearchPath(ctx, conn)
+	if err != nil {
+		return err
+	}
 	if err := lockMigrations(ctx, conn); err != nil {
 		return err
 	}
-	if err := s.migrate(ctx, conn); err != nil {
+	if err := s.migrate(ctx, migrator{conn: conn, schema: schema}); err != nil {
 		return err
 	}
 	if _, err := conn.Exec(ctx, sqlMigrationUnlock); err != nil {
 		return fmt.Errorf("pgstore: migrate: unlock: %w", err)
 	}
 	return nil
+}
+
+// pinSearchPath sets the session's search_path to the schema it will
+// migrate (the pool's current schema) and returns its name. Every name
+// a migration leaves unqualified then resolves there and nowhere else,
+// and the steps that drop something qualify it by this schema as well.
+func pinSearchPath(ctx context.Context, conn *pgx.Conn) (string, error) {
+	var schema, path *string
+	if err := conn.QueryRow(ctx, sqlPinSearchPath).Scan(&schema, &path); err != nil {
+		return "", fmt.Errorf("pgstore: migrate: pin search_path: %w", err)
+	}
+	if schema == nil {
+		return "", errors.New("pgstore: migrate: search_path names no existing schema to migrate")
+	}
+	return *schema, nil
+}
+
+// migrator is the session a migration runs on and the schema it migrates.
+type migrator struct {
+	conn   *pgx.Conn
+	schema string
 }
 
 // lockMigrations polls pg_try_advisory_lock with exponential backoff and
@@ -102,50 +139,50 @@ func lockMigrations(ctx context.Context, conn *pgx.Conn) error {
 	}
 }
 
-func (s *Store) migrate(ctx context.Context, conn *pgx.Conn) error {
-	s.hook(ctx, "locked", conn)
-	if _, err := conn.Exec(ctx, sqlMigrationsTable); err != nil {
+func (s *Store) migrate(ctx context.Context, m migrator) error {
+	s.hook(ctx, "locked", m.conn)
+	if _, err := m.conn.Exec(ctx, sqlMigrationsTable); err != nil {
 		return fmt.Errorf("pgstore: migrate: create version table: %w", err)
 	}
-	rows, _ := conn.Query(ctx, sqlAppliedVersions)
+	rows, _ := m.conn.Query(ctx, sqlAppliedVersions)
 	applied, err := pgx.CollectRows(rows, pgx.RowTo[int])
 	if err != nil {
 		return fmt.Errorf("pgstore: migrate: read versions: %w", err)
 	}
-	for _, m := range migrations {
-		if slices.Contains(applied, m.version) || (s.test != nil && s.test.migrateTo > 0 && m.version > s.test.migrateTo) {
+	for _, v := range migrations {
+		if slices.Contains(applied, v.version) || (s.test != nil && slices.Contains(s.test.migrateSkip, v.version)) {
 			continue
 		}
-		if err := s.apply(ctx, conn, m); err != nil {
-			return fmt.Errorf("pgstore: migrate: v%d (%s): %w", m.version, m.name, err)
+		if err := s.apply(ctx, m, v); err != nil {
+			return fmt.Errorf("pgstore: migrate: v%d (%s): %w", v.version, v.name, err)
 		}
 	}
-	s.hook(ctx, "done", conn)
+	s.hook(ctx, "done", m.conn)
 	return nil
 }
 
-func (s *Store) apply(ctx context.Context, conn *pgx.Conn, m migration) error {
-	if m.sql != "" {
-		s.hook(ctx, fmt.Sprintf("v%d", m.version), conn)
-		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+func (s *Store) apply(ctx context.Context, m migrator, v migration) error {
+	if v.sql != "" {
+		s.hook(ctx, fmt.Sprintf("v%d", v.version), m.conn)
+		return pgx.BeginFunc(ctx, m.conn, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, sqlTxLockTimeout); err != nil {
 				return err
 			}
-			if _, err := tx.Exec(ctx, m.sql); err != nil {
+			if _, err := tx.Exec(ctx, v.sql); err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, sqlRecordVersion, m.version, m.name)
+			_, err := tx.Exec(ctx, sqlRecordVersion, v.version, v.name)
 			return err
 		})
 	}
-	for _, st := range m.steps {
-		s.hook(ctx, fmt.Sprintf("v%d: %s", m.version, st.name), conn)
-		if err := st.run(ctx, conn); err != nil {
+	for _, st := range v.steps {
+		s.hook(ctx, fmt.Sprintf("v%d: %s", v.version, st.name), m.conn)
+		if err := st.run(ctx, m); err != nil {
 			return fmt.Errorf("%s: %w", st.name, err)
 		}
 	}
-	s.hook(ctx, fmt.Sprintf("v%d: record", m.version), conn)
-	_, err := conn.Exec(ctx, sqlRecordVersion, m.version, m.name)
+	s.hook(ctx, fmt.Sprintf("v%d: record", v.version), m.conn)
+	_, err := m.conn.Exec(ctx, sqlRecordVersion, v.version, v.name)
 	return err
 }
 
@@ -162,9 +199,10 @@ type indexState struct {
 	Columns  []string `db:"columns"`
 }
 
-// readIndex reads index name back; found is false when it does not exist.
-func readIndex(ctx context.Context, conn *pgx.Conn, name string) (indexState, bool, error) {
-	rows, _ := conn.Query(ctx, sqlIndexState, name)
+// readIndex reads index name of the migrated schema's tasks table back;
+// found is false when that table has no such index.
+func readIndex(ctx context.Context, m migrator, name string) (indexState, bool, error) {
+	rows, _ := m.conn.Query(ctx, sqlIndexState, name, m.schema)
 	st, err := pgx.CollectOneRow(rows, pgx.RowToStructByName[indexState])
 	if errors.Is(err, pgx.ErrNoRows) {
 		return indexState{}, false, nil
@@ -172,47 +210,62 @@ func readIndex(ctx context.Context, conn *pgx.Conn, name string) (indexState, bo
 	return st, err == nil, err
 }
 
-func dropIfUnusable(name, drop string) func(context.Context, *pgx.Conn) error {
-	return func(ctx context.Context, conn *pgx.Conn) error {
-		st, found, err := readIndex(ctx, conn, name)
+// dropIndex drops index name if the migrated schema's tasks table has it,
+// naming it by that schema: what it drops is checked first and qualified.
+func dropIndex(name string) func(context.Context, migrator) error {
+	return func(ctx context.Context, m migrator) error {
+		_, found, err := readIndex(ctx, m, name)
+		if err != nil || !found {
+			return err
+		}
+		qualified := pgx.Identifier{m.schema, name}.Sanitize()
+		_, err = m.conn.Exec(ctx, fmt.Sprintf(sqlDropIndex, qualified))
+		return err
+	}
+}
+
+// dropIfUnusable drops index name when a killed build left it invalid.
+func dropIfUnusable(name string) func(context.Context, migrator) error {
+	drop := dropIndex(name)
+	return func(ctx context.Context, m migrator) error {
+		st, found, err := readIndex(ctx, m, name)
 		if err != nil || !found || st.Usable {
 			return err
 		}
-		_, err = conn.Exec(ctx, drop)
-		return err
+		return drop(ctx, m)
 	}
 }
 
-func createIfAbsent(name, create string) func(context.Context, *pgx.Conn) error {
-	return func(ctx context.Context, conn *pgx.Conn) error {
-		_, found, err := readIndex(ctx, conn, name)
+func createIfAbsent(name, create string) func(context.Context, migrator) error {
+	return func(ctx context.Context, m migrator) error {
+		_, found, err := readIndex(ctx, m, name)
 		if err != nil || found {
 			return err
 		}
-		_, err = conn.Exec(ctx, create)
+		_, err = m.conn.Exec(ctx, create)
 		return err
 	}
 }
 
-func requireUsable(name string, columns []string) func(context.Context, *pgx.Conn) error {
-	return func(ctx context.Context, conn *pgx.Conn) error {
-		st, found, err := readIndex(ctx, conn, name)
+func requireUsable(name string, unique bool, columns []string) func(context.Context, migrator) error {
+	return func(ctx context.Context, m migrator) error {
+		st, found, err := readIndex(ctx, m, name)
 		switch {
 		case err != nil:
 			return err
 		case !found:
 			return fmt.Errorf("index %s missing after its build", name)
-		case !st.Usable || !st.IsUnique || !slices.Equal(st.Columns, columns):
-			return fmt.Errorf("index %s is not a valid unique index on %v after its build (valid&ready=%v, unique=%v, columns=%v)",
-				name, columns, st.Usable, st.IsUnique, st.Columns)
+		case !st.Usable || st.IsUnique != unique || !slices.Equal(st.Columns, columns):
+			return fmt.Errorf("index %s is not a valid index (unique=%v) on %v after its build (valid&ready=%v, unique=%v, columns=%v)",
+				name, unique, columns, st.Usable, st.IsUnique, st.Columns)
 		}
 		return nil
 	}
 }
 
-func exec(sql string) func(context.Context, *pgx.Conn) error {
-	return func(ctx context.Context, conn *pgx.Conn) error {
-		_, err := conn.Exec(ctx, sql)
+func exec(sql string) func(context.Context, migrator) error {
+	return func(ctx context.Context, m migrator) error {
+		_, err := m.conn.Exec(ctx, sql)
 		return err
 	}
 }

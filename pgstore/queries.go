@@ -15,18 +15,27 @@ const (
 	// indexKeyWide is v2's unique index on (tenant, idempotency_key,
 	// runtime, network): the arbiter of Submit.
 	indexKeyWide = "idemgate_tasks_key_v2"
+	// indexClaim serves the claim of runnable tasks by kind (v4).
+	indexClaim = "idemgate_tasks_claim"
+	// indexDone serves Prune: finished tasks by finish time (v4).
+	indexDone = "idemgate_tasks_done"
+	// indexFinishedV1 is v1's index of finished tasks, which v4 replaces
+	// by indexDone (it did not cover cancelled tasks).
+	indexFinishedV1 = "idemgate_tasks_finished"
 	// notifyChannel carries a task's kind whenever it becomes runnable.
 	notifyChannel = "idemgate_tasks"
+	// cancelChannel carries a task's ID when it is cancelled.
+	cancelChannel = "idemgate_tasks_cancel"
 )
 
 // taskColumns is the column list of Task, in the order of its fields.
 const taskColumns = `id::text AS id, tenant, owner, kind, runtime, network, idempotency_key,
-	fingerprint, params, state, attempt, recoveries, results, error, run_after,
+	fingerprint, params, trace, state, attempt, recoveries, results, error, run_after,
 	created_at, updated_at`
 
 // tTaskColumns is taskColumns qualified by the alias t.
 const tTaskColumns = `t.id::text AS id, t.tenant, t.owner, t.kind, t.runtime, t.network,
-	t.idempotency_key, t.fingerprint, t.params, t.state, t.attempt, t.recoveries,
+	t.idempotency_key, t.fingerprint, t.params, t.trace, t.state, t.attempt, t.recoveries,
 	t.results, t.error, t.run_after, t.created_at, t.updated_at`
 
 // Migrations.
@@ -101,12 +110,51 @@ BEGIN
 END $$;
 `
 
+	// sqlV3 adds what this version's API needs. Every statement is cheap
+	// under its brief ACCESS EXCLUSIVE lock: columns with a constant
+	// default are catalog-only, and the CHECKs are NOT VALID (v4
+	// validates them without blocking writers).
+	sqlV3 = `
+ALTER TABLE idemgate_tasks
+	ADD COLUMN trace text NOT NULL DEFAULT '',
+	ADD COLUMN lost text NOT NULL DEFAULT 'retry',
+	DROP CONSTRAINT idemgate_tasks_state_check,
+	ADD CONSTRAINT idemgate_tasks_state_v3_check CHECK (state IN
+		('pending', 'running', 'retrying', 'uncertain', 'succeeded', 'failed', 'cancelled')) NOT VALID,
+	ADD CONSTRAINT idemgate_tasks_lost_check CHECK (lost IN ('retry', 'uncertain')) NOT VALID;
+-- Tells workers that a task was cancelled, when the calling transaction
+-- commits: the payload is the task ID.
+CREATE FUNCTION idemgate_tasks_notify_cancel(id text) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+	PERFORM pg_notify('idemgate_tasks_cancel', id);
+	RETURN true;
+END $$;
+`
+	// v4: validate v3's checks and index the claim by kind, both without
+	// blocking writers.
+	sqlValidateStateCheck = `ALTER TABLE idemgate_tasks VALIDATE CONSTRAINT idemgate_tasks_state_v3_check`
+	sqlValidateLostCheck  = `ALTER TABLE idemgate_tasks VALIDATE CONSTRAINT idemgate_tasks_lost_check`
+	sqlCreateClaimIndex   = `CREATE INDEX CONCURRENTLY idemgate_tasks_claim
+	ON idemgate_tasks (kind, run_after) WHERE state IN ('pending', 'retrying')`
+	sqlCreateDoneIndex = `CREATE INDEX CONCURRENTLY idemgate_tasks_done
+	ON idemgate_tasks (finished_at) WHERE state IN ('succeeded', 'failed', 'cancelled')`
+
 	// v2: widen the key. No IF NOT EXISTS: a leftover of a killed build is
 	// invalid and must be dropped, never trusted.
 	sqlCreateWideIndex = `CREATE UNIQUE INDEX CONCURRENTLY idemgate_tasks_key_v2
 	ON idemgate_tasks (tenant, idempotency_key, runtime, network)`
-	sqlDropWideIndex   = `DROP INDEX CONCURRENTLY IF EXISTS idemgate_tasks_key_v2`
-	sqlDropNarrowIndex = `DROP INDEX CONCURRENTLY IF EXISTS idemgate_tasks_key_v1`
+
+	// sqlDropIndex drops an index of the tasks table; %s is its name
+	// qualified by the migrated schema (quoted), never a bare name that
+	// search_path would resolve in some other schema.
+	sqlDropIndex = `DROP INDEX CONCURRENTLY IF EXISTS %s`
+
+	// sqlPinSearchPath makes the migrating session see the schema it
+	// migrates and nothing else (pg_catalog is always searched), so no
+	// unqualified name in a migration resolves in another schema.
+	// It returns that schema; NULL when search_path names none that exists.
+	sqlPinSearchPath = `SELECT current_schema() AS schema,
+	set_config('search_path', quote_ident(current_schema()), false) AS path`
 
 	// sqlIndexState reads an index of idemgate_tasks back from the catalog.
 	// No row: the index does not exist.
@@ -116,7 +164,8 @@ FROM pg_index i
 JOIN pg_class c ON c.oid = i.indexrelid
 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-WHERE i.indrelid = to_regclass('idemgate_tasks') AND c.relname = $1
+WHERE i.indrelid = to_regclass(quote_ident($2) || '.idemgate_tasks') AND c.relname = $1
+	AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = $2)
 GROUP BY i.indisvalid, i.indisready, i.indisunique`
 
 	sqlTableExists = `SELECT to_regclass('idemgate_tasks') IS NOT NULL`
@@ -133,8 +182,8 @@ const (
 	// $9 asks for a NOTIFY, sent with the commit, for an inserted row only.
 	sqlSubmit = `WITH ins AS (
 	INSERT INTO idemgate_tasks AS t
-		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $10)
 	ON CONFLICT (tenant, idempotency_key, runtime, network) DO NOTHING
 	RETURNING ` + tTaskColumns + `
 )
@@ -149,8 +198,8 @@ WHERE tenant = $1 AND idempotency_key = $6 AND runtime = $4 AND network = $5
 	// constraint name tells which index caught it.
 	sqlSubmitPlain = `WITH ins AS (
 	INSERT INTO idemgate_tasks
-		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $10)
 	RETURNING ` + taskColumns + `
 )
 SELECT *, false AS duplicate FROM ins WHERE NOT $9::boolean OR idemgate_tasks_notify(ins.kind)`
@@ -301,5 +350,20 @@ UPDATE idemgate_tasks t SET
 		* (1 - $5::float8 * random()) * interval '1 microsecond',
 	finished_at = CASE WHEN t.tries >= $2::int THEN now() END,
 	lease_until = NULL, locked_by = NULL, updated_at = now()
-FROM expired WHERE t.id = expired.id`
+FROM expired WHERE t.id = expired.id
+RETURNING t.id::text AS id, t.kind, t.attempt`
+)
+
+// Stats.
+const (
+	// sqlStats counts unfinished tasks by kind and state, with each group's
+	// oldest runnable and oldest task, in µs of age. The WHERE clause
+	// matches the partial indexes of those states, so finished tasks,
+	// however many, are not read.
+	sqlStats = `SELECT kind, state, count(*)::bigint AS n,
+	coalesce((extract(epoch FROM now() - min(run_after) FILTER (WHERE run_after <= now())) * 1e6)::bigint, 0) AS runnable_us,
+	coalesce((extract(epoch FROM now() - min(created_at)) * 1e6)::bigint, 0) AS oldest_us
+FROM idemgate_tasks
+WHERE state IN ('pending', 'retrying', 'running', 'uncertain')
+GROUP BY kind, state`
 )

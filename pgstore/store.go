@@ -53,6 +53,7 @@ const (
 	StateUncertain State = "uncertain" // the upstream outcome is unknown; only reconciliation resolves it
 	StateSucceeded State = "succeeded" // final, with results
 	StateFailed    State = "failed"    // final, with an error (and perhaps partial results)
+	StateCancelled State = "cancelled" // final: Store.Cancel ended it
 )
 
 // NewTask is what Submit stores. Tenant, Owner, Kind, IdempotencyKey and
@@ -66,6 +67,9 @@ type NewTask struct {
 	IdempotencyKey string // keyspace Key.Task()
 	Fingerprint    string
 	Params         json.RawMessage // any JSON value, or nil; stored as jsonb
+	// Trace is an opaque W3C traceparent of the request that submitted
+	// the task, so that an attempt's span can link to it. Optional.
+	Trace string
 }
 
 // Task is a stored task. Params and Results are stored as jsonb and read
@@ -81,6 +85,7 @@ type Task struct {
 	IdempotencyKey string            `db:"idempotency_key"`
 	Fingerprint    string            `db:"fingerprint"`
 	Params         json.RawMessage   `db:"params"`
+	Trace          string            `db:"trace"` // NewTask.Trace
 	State          State             `db:"state"`
 	Attempt        int               `db:"attempt"`    // claims so far: the fencing token of the current one
 	Recoveries     int               `db:"recoveries"` // times Recover put it back in line
@@ -111,8 +116,9 @@ type storeTestHooks struct {
 	// migrateStep runs before each migration step with the migrating
 	// connection's backend PID (a test kills it there).
 	migrateStep func(ctx context.Context, step string, pid uint32)
-	// migrateTo, when > 0, stops Migrate after that version.
-	migrateTo int
+	// migrateSkip lists versions Migrate leaves out (a test applies them
+	// later, as a node of an older release would have).
+	migrateSkip []int
 }
 
 // querier is what Submit needs of a pool or a transaction.
@@ -209,7 +215,7 @@ func submit(ctx context.Context, q querier, t NewTask, notify, savepoints bool) 
 	if len(t.Params) > 0 {
 		params = []byte(t.Params)
 	}
-	args := []any{t.Tenant, t.Owner, t.Kind, t.Runtime, t.Network, t.IdempotencyKey, t.Fingerprint, params, notify}
+	args := []any{t.Tenant, t.Owner, t.Kind, t.Runtime, t.Network, t.IdempotencyKey, t.Fingerprint, params, notify, t.Trace}
 	for range submitTries {
 		got, found, err := submitOnce(ctx, q, args, savepoints)
 		if err != nil {

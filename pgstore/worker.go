@@ -122,6 +122,9 @@ type WorkerConfig struct {
 	ShutdownTimeout time.Duration
 	// Logger receives errors and lost leases. Optional. Default: discard.
 	Logger *slog.Logger
+	// OnEvent receives what the worker does, for metrics and logs. It is
+	// called synchronously and must not block. Optional.
+	OnEvent func(WorkerEvent)
 }
 
 // jitter is the largest fraction of a backoff taken off at random.
@@ -349,8 +352,43 @@ func (w *Worker) claim(base context.Context, n int) ([]Task, error) {
 	defer w.claims.Add(1)
 	ctx, cancel := context.WithTimeout(base, w.cfg.Lease/2)
 	defer cancel()
+	began := time.Now()
 	rows, _ := w.store.pool.Query(ctx, sqlClaim, n, w.cfg.Lease.Microseconds(), w.cfg.Kinds, w.cfg.Name)
-	return pgx.CollectRows(rows, pgx.RowToStructByName[Task])
+	claimed, err := pgx.CollectRows(rows, pgx.RowToStructByName[Task])
+	took := time.Since(began)
+	for _, t := range claimed {
+		w.emit(WorkerEvent{Type: WorkerClaimed, Kind: t.Kind, TaskID: t.ID, Attempt: t.Attempt, Latency: took})
+	}
+	return claimed, err
+}
+
+// emit hands ev to OnEvent, if set.
+func (w *Worker) emit(ev WorkerEvent) {
+	if w.cfg.OnEvent != nil {
+		w.cfg.OnEvent(ev)
+	}
+}
+
+// emitOutcome reports how attempt t, begun at began, ended.
+func (w *Worker) emitOutcome(t Task, from State, o Outcome, applied bool, err error, began time.Time) {
+	ev := WorkerEvent{Kind: t.Kind, TaskID: t.ID, Attempt: t.Attempt, Latency: time.Since(began), Err: o.err}
+	switch {
+	case err != nil:
+		return // logged; the attempt's lease decides what happens next
+	case !applied:
+		ev.Type = WorkerStale
+	case from == StateUncertain && o.kind != outcomeUncertain:
+		ev.Type = WorkerReconciled
+	case o.kind == outcomeSucceeded && realItems(o.results) != nil:
+		ev.Type = WorkerSucceeded
+	case o.kind == outcomeRetry:
+		ev.Type = WorkerRetried
+	case o.kind == outcomeUncertain:
+		ev.Type = WorkerUncertain
+	default:
+		ev.Type = WorkerFailed
+	}
+	w.emit(ev)
 }
 
 // count is how many slots are taken.
@@ -368,10 +406,12 @@ func (w *Worker) start(base context.Context, t Task) {
 	w.mu.Unlock()
 	w.tasks.Go(func() {
 		defer cancel(nil)
+		began := time.Now()
 		o := runHandler(ctx, w.cfg.Handler, t)
 		// Until the outcome is written the attempt keeps its slot, so the
 		// heartbeat keeps its lease.
 		applied, err := w.record(ctx, t, StateRunning, o)
+		w.emitOutcome(t, StateRunning, o, applied, err, began)
 		switch {
 		case err != nil:
 			w.cfg.Logger.Error("pgstore: worker: finish task", "task", t.ID, "attempt", t.Attempt, "err", err)
@@ -415,6 +455,7 @@ func (w *Worker) record(attempt context.Context, t Task, from State, o Outcome) 
 		}
 		w.cfg.Logger.Warn("pgstore: worker: writing an outcome failed; retrying",
 			"task", t.ID, "attempt", t.Attempt, "try", try, "err", err)
+		w.emit(WorkerEvent{Type: WorkerOutcomeRetry, Kind: t.Kind, TaskID: t.ID, Attempt: t.Attempt, Err: err})
 		if !sleep(attempt, backoff) {
 			return false, err
 		}
@@ -699,14 +740,23 @@ const rescueBatch = 1000
 // many it moved.
 func (w *Worker) rescue(ctx context.Context) (int64, error) {
 	var total int64
+	type rescued struct {
+		ID      string `db:"id"`
+		Kind    string `db:"kind"`
+		Attempt int    `db:"attempt"`
+	}
 	for {
-		tag, err := w.store.pool.Exec(ctx, sqlRescue, rescueBatch, w.cfg.MaxAttempts,
+		rows, _ := w.store.pool.Query(ctx, sqlRescue, rescueBatch, w.cfg.MaxAttempts,
 			w.cfg.BackoffBase.Microseconds(), w.cfg.BackoffMax.Microseconds(), jitter)
+		got, err := pgx.CollectRows(rows, pgx.RowToStructByName[rescued])
 		if err != nil {
 			return total, interpretError("rescue", err)
 		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < rescueBatch {
+		for _, r := range got {
+			w.emit(WorkerEvent{Type: WorkerRescued, Kind: r.Kind, TaskID: r.ID, Attempt: r.Attempt})
+		}
+		total += int64(len(got))
+		if len(got) < rescueBatch {
 			return total, nil
 		}
 	}
@@ -741,8 +791,10 @@ func (w *Worker) startReconcile(base context.Context, t Task) {
 			w.reconciling.Add(-1)
 			w.signal() // a slot is free
 		}()
+		began := time.Now()
 		o := runHandler(ctx, w.cfg.Reconcile, t)
 		applied, err := w.record(ctx, t, StateUncertain, o)
+		w.emitOutcome(t, StateUncertain, o, applied, err, began)
 		switch {
 		case err != nil:
 			w.cfg.Logger.Error("pgstore: worker: finish reconcile", "task", t.ID, "err", err)

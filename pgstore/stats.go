@@ -1,0 +1,56 @@
+package pgstore
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Stats is a snapshot of the unfinished tasks, for metrics and alerts.
+type Stats struct {
+	// Counts is the number of unfinished tasks (pending, running,
+	// retrying, uncertain) by kind and state. Finished tasks are not
+	// counted: counting them would read the whole table; count
+	// WorkerEvents for throughput instead.
+	Counts map[string]map[State]int
+	// OldestRunnable is how long the task that has waited longest for a
+	// worker has been runnable (pending or retrying, run_after passed):
+	// the queue's lag. Zero when nothing is waiting.
+	OldestRunnable time.Duration
+	// OldestUncertain is the age (since Submit) of the oldest uncertain
+	// task: such a task waits for a Reconcile, and without one it waits
+	// for ever. Zero when there is none.
+	OldestUncertain time.Duration
+}
+
+// Stats reads the counts of unfinished tasks and the ages of the oldest
+// waiting ones, in one statement that reads only unfinished tasks.
+func (s *Store) Stats(ctx context.Context) (Stats, error) {
+	type group struct {
+		Kind       string `db:"kind"`
+		State      State  `db:"state"`
+		N          int64  `db:"n"`
+		RunnableUS int64  `db:"runnable_us"`
+		OldestUS   int64  `db:"oldest_us"`
+	}
+	rows, _ := s.pool.Query(ctx, sqlStats)
+	groups, err := pgx.CollectRows(rows, pgx.RowToStructByName[group])
+	if err != nil {
+		return Stats{}, interpretError("stats", err)
+	}
+	st := Stats{Counts: map[string]map[State]int{}}
+	for _, g := range groups {
+		if st.Counts[g.Kind] == nil {
+			st.Counts[g.Kind] = map[State]int{}
+		}
+		st.Counts[g.Kind][g.State] = int(g.N)
+		switch g.State {
+		case StatePending, StateRetrying:
+			st.OldestRunnable = max(st.OldestRunnable, time.Duration(g.RunnableUS)*time.Microsecond)
+		case StateUncertain:
+			st.OldestUncertain = max(st.OldestUncertain, time.Duration(g.OldestUS)*time.Microsecond)
+		}
+	}
+	return st, nil
+}
