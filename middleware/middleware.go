@@ -190,7 +190,10 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	if cerr := r.Context().Err(); cerr != nil {
 		// The client went away: no store outage, and nobody to answer.
 		// Give a fresh claim back so that its retry runs at once.
-		if err == nil && res.Status == Claimed {
+		switch {
+		case err != nil:
+			st.releaseUnconfirmed()
+		case res.Status == Claimed:
 			st.release("canceled", 0)
 		}
 		return cerr
@@ -467,9 +470,27 @@ func (st *call) storeFailed(op string, err error) {
 	st.warn("idemgate: store error", op, err)
 }
 
+// lostClaimTimeout bounds the release of a claim whose answer was lost.
+const lostClaimTimeout = time.Second
+
+// releaseUnconfirmed gives back the claim that a failed Claim call may have
+// made: the store can have run it and lost only its answer (a read timeout
+// after Redis ran the script), and that claim would block the client's
+// retry for a whole lease with nothing running. The release is fenced by
+// this request's own token, so it deletes this claim and nothing else. Best
+// effort, on a short detached context: the store just failed.
+func (st *call) releaseUnconfirmed() {
+	ctx, cancel := context.WithTimeout(&st.ctx, min(st.m.cfg.Lease, lostClaimTimeout))
+	defer cancel()
+	if st.m.cfg.Store.Release(ctx, st.key, st.token) == nil {
+		st.emit(Event{Type: EventReleased, Reason: "claim_failed"})
+	}
+}
+
 func (st *call) storeDown(c echo.Context, next echo.HandlerFunc, err error) error {
 	st.emit(Event{Type: EventStoreError, Reason: "claim", Err: err})
 	st.warn("idemgate: store unavailable", "claim", err)
+	st.releaseUnconfirmed()
 	if st.m.cfg.FailOpen {
 		st.emit(Event{Type: EventFailOpen, Err: err})
 		return next(c)

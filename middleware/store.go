@@ -64,6 +64,9 @@ type Store interface {
 	// Release deletes a claimed record so that a retry can run, if and only
 	// if it is still claimed with token. Otherwise (expired, re-claimed by
 	// another token, or finished) it returns ErrLeaseLost and changes nothing.
+	// The middleware also calls it after a Claim that returned an error, as
+	// the store may have made the claim and lost only its answer; a token
+	// whose claim never happened gets ErrLeaseLost.
 	Release(ctx context.Context, key string, token Token) error
 }
 

@@ -1,0 +1,212 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/labstack/echo/v4"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate/internal/testenv"
+	"github.com/idemgate/idemgate/middleware"
+)
+
+// replyDelayProxy forwards TCP to a Redis server and holds back the next
+// `late` reply chunks (on any connection) for `delay`: the commands reach
+// the server and run, their answers arrive after the client gave up.
+type replyDelayProxy struct {
+	addr  string
+	late  atomic.Int64
+	delay time.Duration
+}
+
+func startReplyDelayProxy(t *testing.T, upstream string, delay time.Duration) *replyDelayProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &replyDelayProxy{addr: l.Addr().String(), delay: delay}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	track := func(c net.Conn) {
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", upstream)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			track(c)
+			track(u)
+			wg.Add(2)
+			go func() { defer wg.Done(); _, _ = io.Copy(u, c); u.Close() }()
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := u.Read(buf)
+					if n > 0 {
+						if p.late.Load() > 0 && p.late.Add(-1) >= 0 {
+							time.Sleep(p.delay)
+						}
+						if _, werr := c.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return p
+}
+
+// TestLostClaimReplyReal: Redis runs the claim but its reply arrives after
+// the client's read timeout. The request is answered 503 store_unavailable,
+// and the claim it may have made is released (fenced by its own token), so
+// the client's retry runs at once instead of meeting 409
+// request_in_progress for a whole lease with nothing running.
+func TestLostClaimReplyReal(t *testing.T) {
+	t.Parallel()
+	opts := testenv.Redis(t)
+	const readTimeout = 100 * time.Millisecond
+	proxy := startReplyDelayProxy(t, opts.Addr, 4*readTimeout)
+	o := *opts
+	o.Addr = proxy.addr
+	o.ReadTimeout, o.WriteTimeout = readTimeout, readTimeout
+	o.MaxRetries = -1 // one lost reply is the case; go-redis's resends are TestResentClaim's
+	client := redis.NewClient(&o)
+	t.Cleanup(func() { client.Close() })
+	v := newEnvOn(t, nil, client, middleware.NewRedisStore(client), nil, nil)
+
+	// Warm up: the scripts are loaded and a connection is pooled, so the
+	// next reply on the wire is the claim's.
+	if rec := v.do(req{key: "warm", body: imageBody}); rec.Code != 201 {
+		t.Fatalf("warm-up = %d %s", rec.Code, rec.Body)
+	}
+	proxy.late.Store(1)
+	want{status: 503, code: "store_unavailable", calls: 1}.check(t, v, v.do(req{key: "k", body: imageBody}))
+	if n := proxy.late.Load(); n > 0 {
+		t.Fatalf("no reply was held back (%d left): the test proves nothing", n)
+	}
+	// The claim ran in Redis: without the release the key would be held.
+	rec := v.do(req{key: "k", body: imageBody})
+	want{status: 201, calls: 2}.check(t, v, rec)
+	t.Logf("events: %v", v.events.types())
+}
+
+// lostReply is a Store whose next Claim runs but whose answer is lost
+// (lose), or fails without running (fail).
+type lostReply struct {
+	middleware.Store
+	lose, fail atomic.Bool
+}
+
+func (s *lostReply) Claim(ctx context.Context, key string, r middleware.ClaimRequest) (middleware.ClaimResult, error) {
+	if s.fail.Swap(false) {
+		return middleware.ClaimResult{}, errors.New("connection refused")
+	}
+	res, err := s.Store.Claim(ctx, key, r)
+	if err == nil && s.lose.Swap(false) {
+		return middleware.ClaimResult{}, errors.New("i/o timeout")
+	}
+	return res, err
+}
+
+// TestLostClaimReply: the same on miniredis, for fail closed and fail
+// open, and for a claim that did not run (nothing to release; another
+// request's claim is untouched).
+func TestLostClaimReply(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		failOpen bool
+		want     want // the request whose claim reply is lost
+		events   string
+	}{
+		{name: "fail closed", want: want{status: 503, code: "store_unavailable"},
+			events: "store_error(claim),released(claim_failed),claimed"},
+		{name: "fail open", failOpen: true, want: want{status: 201, calls: 1},
+			events: "store_error(claim),released(claim_failed),fail_open,claimed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			mr := miniredis.RunT(t)
+			client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+			t.Cleanup(func() { client.Close() })
+			store := &lostReply{Store: middleware.NewRedisStore(client)}
+			v := newEnvOn(t, mr, client, store, func(c *middleware.Config) { c.FailOpen = tt.failOpen }, nil)
+			store.lose.Store(true)
+			tt.want.check(t, v, v.do(req{key: "k", body: imageBody}))
+			// The retry runs: the lost claim was released.
+			rec := v.do(req{key: "k", body: imageBody})
+			if rec.Code != 201 || rec.Header().Get("Idempotent-Replayed") == "true" {
+				t.Errorf("retry = %d replayed=%q %s, want a run", rec.Code, rec.Header().Get("Idempotent-Replayed"), rec.Body)
+			}
+			want{status: 201, calls: tt.want.calls + 1, events: tt.events}.check(t, v, rec)
+		})
+	}
+
+	t.Run("another request's claim is untouched", func(t *testing.T) {
+		t.Parallel()
+		entered, release := make(chan struct{}), make(chan struct{})
+		mr := miniredis.RunT(t)
+		client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		t.Cleanup(func() { client.Close() })
+		store := &lostReply{Store: middleware.NewRedisStore(client)}
+		v := newEnvOn(t, mr, client, store, nil, func(c echo.Context, n int64) error {
+			if n == 1 {
+				close(entered)
+				<-release
+			}
+			return defaultHandler(c, n)
+		})
+		done := make(chan *httptest.ResponseRecorder)
+		go func() { done <- v.do(req{key: "k", body: imageBody}) }()
+		<-entered
+		// The claim of the second request fails without running: its
+		// release must not delete the first request's claim.
+		store.fail.Store(true)
+		want{status: 503, code: "store_unavailable", calls: 1}.check(t, v, v.do(req{key: "k", body: imageBody}))
+		want{status: 409, code: "request_in_progress", calls: 1}.check(t, v, v.do(req{key: "k", body: imageBody}))
+		close(release)
+		if rec := <-done; rec.Code != 201 {
+			t.Fatalf("first request = %d %s", rec.Code, rec.Body)
+		}
+		want{status: 201, calls: 1, replayed: true,
+			events: "claimed,store_error(claim),in_progress,replayed"}.check(t, v, v.do(req{key: "k", body: imageBody}))
+	})
+}
