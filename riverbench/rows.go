@@ -1,0 +1,477 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The rows of the table.
+const (
+	rowInsert   = "insert"
+	rowDup      = "dup"
+	rowBatch    = "batch"
+	rowWork     = "work"
+	rowLatency  = "latency"
+	allRowNames = "insert,dup,batch,work,latency"
+)
+
+// sizes is how much work each row does; see quickSizes and fullSizes.
+type sizes struct {
+	Rounds         int // rounds of the insert, dup and batch rows
+	Inserts        int // tasks per system and round (insert, dup)
+	Clients        int // goroutines submitting
+	BatchSize      int
+	Batches        int // per system and round
+	BatchClients   int
+	WorkRounds     int
+	WorkTasks      int // per system and round
+	WorkTasksSlow  int // for River at its defaults, capped at 10 fetches/s
+	Slots          int // handler slots per worker process
+	LatencyRounds  int
+	LatencySamples int           // per system and round
+	LatencySlot    time.Duration // between two submits (of different systems)
+	Settle         time.Duration // after workers start, before measuring
+}
+
+func quickSizes() sizes {
+	return sizes{Rounds: 3, Inserts: 1500, Clients: 16, BatchSize: 100, Batches: 15, BatchClients: 4,
+		WorkRounds: 2, WorkTasks: 2000, WorkTasksSlow: 400, Slots: 16,
+		LatencyRounds: 1, LatencySamples: 60, LatencySlot: 50 * time.Millisecond, Settle: 300 * time.Millisecond}
+}
+
+func fullSizes() sizes {
+	return sizes{Rounds: 5, Inserts: 4000, Clients: 16, BatchSize: 100, Batches: 40, BatchClients: 4,
+		WorkRounds: 3, WorkTasks: 5000, WorkTasksSlow: 1000, Slots: 16,
+		LatencyRounds: 2, LatencySamples: 150, LatencySlot: 50 * time.Millisecond, Settle: 300 * time.Millisecond}
+}
+
+// rate accumulates tasks over time across rounds.
+type rate struct {
+	tasks   int
+	elapsed time.Duration
+}
+
+func (r rate) perSecond() float64 {
+	if r.elapsed <= 0 {
+		return 0
+	}
+	return float64(r.tasks) / r.elapsed.Seconds()
+}
+
+// results are a run's figures, by row key and system.
+type results struct {
+	mu      sync.Mutex
+	rates   map[string]map[string]rate      // row key → system → total
+	latency map[string][]time.Duration      // system → samples
+	rounds  map[string]map[string][]float64 // row key → system → per-round rate, for the spread
+}
+
+func newResults() *results {
+	return &results{rates: map[string]map[string]rate{}, latency: map[string][]time.Duration{},
+		rounds: map[string]map[string][]float64{}}
+}
+
+func (r *results) add(row, sys string, tasks int, elapsed time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.rates[row] == nil {
+		r.rates[row] = map[string]rate{}
+		r.rounds[row] = map[string][]float64{}
+	}
+	t := r.rates[row][sys]
+	t.tasks += tasks
+	t.elapsed += elapsed
+	r.rates[row][sys] = t
+	r.rounds[row][sys] = append(r.rounds[row][sys], rate{tasks, elapsed}.perSecond())
+}
+
+// bench runs the rows against the systems.
+type bench struct {
+	exe    string            // this binary, for worker processes
+	dsns   map[string]string // system → database
+	queues map[string]queue  // system → inserting side
+	size   sizes
+	log    io.Writer // progress
+	res    *results
+}
+
+// rotated is the systems in round r's order: each system goes first in
+// turn, so drift during a run does not favour one of them.
+func rotated(r int) []string {
+	s := systems()
+	k := r % len(s)
+	return append(s[k:len(s):len(s)], s[:k]...)
+}
+
+// parallel runs fn(i) for i in [0, n) on clients goroutines and returns the
+// elapsed time, or the first error.
+func parallel(ctx context.Context, clients, n int, fn func(ctx context.Context, i int) error) (time.Duration, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var once sync.Once
+	var first error
+	start := time.Now()
+	for range clients {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				if err := fn(ctx, i); err != nil {
+					once.Do(func() { first = err; cancel() })
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return time.Since(start), first
+}
+
+func (b *bench) logf(format string, args ...any) {
+	fmt.Fprintf(b.log, format+"\n", args...)
+}
+
+// run runs the named rows in order.
+func (b *bench) run(ctx context.Context, rows []string) error {
+	for _, row := range rows {
+		var err error
+		switch row {
+		case rowInsert:
+			err = b.rounds(ctx, b.size.Rounds, b.insertNew)
+		case rowDup:
+			err = b.rounds(ctx, b.size.Rounds, b.insertDup)
+		case rowBatch:
+			err = b.rounds(ctx, b.size.Rounds, b.batch)
+		case rowWork:
+			for _, procs := range []int{1, 2} {
+				err = errors.Join(err, b.rounds(ctx, b.size.WorkRounds, func(ctx context.Context, r int, sys string) error {
+					return b.work(ctx, r, sys, procs)
+				}))
+			}
+		case rowLatency:
+			for r := range b.size.LatencyRounds {
+				if err = b.latency(ctx, r); err != nil {
+					break
+				}
+			}
+		default:
+			err = fmt.Errorf("unknown row %q (rows: %s)", row, allRowNames)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", row, err)
+		}
+	}
+	return nil
+}
+
+// rounds runs fn for every system in rotated order, n times.
+func (b *bench) rounds(ctx context.Context, n int, fn func(ctx context.Context, r int, sys string) error) error {
+	for r := range n {
+		for _, sys := range rotated(r) {
+			if err := fn(ctx, r, sys); err != nil {
+				return fmt.Errorf("%s round %d: %w", sys, r, err)
+			}
+		}
+	}
+	return nil
+}
+
+// submitAll submits keys[i] for i in [0, n) with the configured clients and
+// checks that each found (dup) or did not find its key, as expected.
+func (b *bench) submitAll(ctx context.Context, q queue, keys []string, wantDup bool) (time.Duration, error) {
+	return parallel(ctx, b.size.Clients, len(keys), func(ctx context.Context, i int) error {
+		dup, err := q.submit(ctx, keys[i])
+		if err != nil {
+			return err
+		}
+		if dup != wantDup {
+			return fmt.Errorf("key %s: duplicate = %v, want %v", keys[i], dup, wantDup)
+		}
+		return nil
+	})
+}
+
+func makeKeys(prefix string, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%s-%d", prefix, i)
+	}
+	return keys
+}
+
+// checkCount checks that the system holds exactly want tasks.
+func checkCount(ctx context.Context, q queue, want int) error {
+	total, _, _, err := q.finished(ctx)
+	if err != nil {
+		return err
+	}
+	if total != want {
+		return fmt.Errorf("%d tasks stored, want %d", total, want)
+	}
+	return nil
+}
+
+// insertNew is the "insert, new key" row: every submit creates a task.
+func (b *bench) insertNew(ctx context.Context, r int, sys string) error {
+	q := b.queues[sys]
+	if err := q.reset(ctx); err != nil {
+		return err
+	}
+	keys := makeKeys(fmt.Sprintf("new-%d", r), b.size.Inserts)
+	d, err := b.submitAll(ctx, q, keys, false)
+	if err != nil {
+		return err
+	}
+	if err := checkCount(ctx, q, len(keys)); err != nil {
+		return err
+	}
+	b.res.add(rowInsert, sys, len(keys), d)
+	b.logf("insert    round %d %-13s %8.0f tasks/s", r, sys, rate{len(keys), d}.perSecond())
+	return nil
+}
+
+// insertDup is the "insert, duplicate key" row: every submit finds the
+// task its key already holds.
+func (b *bench) insertDup(ctx context.Context, r int, sys string) error {
+	q := b.queues[sys]
+	if err := q.reset(ctx); err != nil {
+		return err
+	}
+	keys := makeKeys(fmt.Sprintf("dup-%d", r), b.size.Inserts)
+	if _, err := b.submitAll(ctx, q, keys, false); err != nil {
+		return err
+	}
+	d, err := b.submitAll(ctx, q, keys, true)
+	if err != nil {
+		return err
+	}
+	if err := checkCount(ctx, q, len(keys)); err != nil {
+		return err
+	}
+	b.res.add(rowDup, sys, len(keys), d)
+	b.logf("dup       round %d %-13s %8.0f tasks/s", r, sys, rate{len(keys), d}.perSecond())
+	return nil
+}
+
+// batch is the "batch insert" row: batches of new keys, one call each.
+func (b *bench) batch(ctx context.Context, r int, sys string) error {
+	q := b.queues[sys]
+	if err := q.reset(ctx); err != nil {
+		return err
+	}
+	keys := makeKeys(fmt.Sprintf("batch-%d", r), b.size.Batches*b.size.BatchSize)
+	d, err := parallel(ctx, b.size.BatchClients, b.size.Batches, func(ctx context.Context, i int) error {
+		return q.submitMany(ctx, keys[i*b.size.BatchSize:(i+1)*b.size.BatchSize])
+	})
+	if err != nil {
+		return err
+	}
+	if err := checkCount(ctx, q, len(keys)); err != nil {
+		return err
+	}
+	b.res.add(rowBatch, sys, len(keys), d)
+	b.logf("batch     round %d %-13s %8.0f tasks/s", r, sys, rate{len(keys), d}.perSecond())
+	return nil
+}
+
+func workRow(procs int) string { return fmt.Sprintf("%s%d", rowWork, procs) }
+
+// work is the throughput row: procs worker processes with Slots slots
+// each are idle; the clients submit WorkTasks tasks; the time runs from
+// the first submit until the database shows all of them completed.
+func (b *bench) work(ctx context.Context, r int, sys string, procs int) error {
+	q := b.queues[sys]
+	if err := q.reset(ctx); err != nil {
+		return err
+	}
+	n := b.size.WorkTasks
+	if sys == sysRiverDefault {
+		n = b.size.WorkTasksSlow
+	}
+	var workers []*workerProc
+	defer func() {
+		for _, w := range workers {
+			_ = w.stop()
+		}
+	}()
+	for range procs {
+		w, err := spawnWorker(ctx, b.exe, sys, b.dsns[sys], b.size.Slots, nil)
+		if err != nil {
+			return err
+		}
+		workers = append(workers, w)
+	}
+	if !sleep(ctx, b.size.Settle) {
+		return ctx.Err()
+	}
+	keys := makeKeys(fmt.Sprintf("work-%d-%d", procs, r), n)
+	start := time.Now()
+	submitted := make(chan error, 1)
+	go func() {
+		_, err := b.submitAll(ctx, q, keys, false)
+		submitted <- err
+	}()
+	deadline := start.Add(2 * time.Minute)
+	for {
+		_, done, _, err := q.finished(ctx)
+		if err != nil {
+			return err
+		}
+		if done == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d tasks completed after %v", done, n, time.Since(start))
+		}
+		if !sleep(ctx, 5*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	d := time.Since(start)
+	if err := <-submitted; err != nil {
+		return err
+	}
+	total, _, retried, err := q.finished(ctx)
+	if err != nil {
+		return err
+	}
+	if total != n || retried != 0 {
+		return fmt.Errorf("%d tasks stored (want %d), %d ran more than once", total, n, retried)
+	}
+	for _, w := range workers {
+		if err := w.stop(); err != nil {
+			return fmt.Errorf("worker: %w", err)
+		}
+	}
+	workers = nil
+	b.res.add(workRow(procs), sys, n, d)
+	b.logf("work×%d    round %d %-13s %8.0f tasks/s", procs, r, sys, rate{n, d}.perSecond())
+	return nil
+}
+
+// latency is the pickup row: one idle worker process per system; one task
+// at a time is submitted, to each system in turn, LatencySlot apart, and
+// the time from just before the submit call to the handler's start is a
+// sample. The worker reports its start with the wall clock of the same
+// machine.
+func (b *bench) latency(ctx context.Context, r int) error {
+	var mu sync.Mutex
+	waiting := map[string]chan time.Time{}
+	seen := map[string]int{}
+	onStart := func(key string, at time.Time) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen[key]++
+		if ch, ok := waiting[key]; ok {
+			delete(waiting, key)
+			ch <- at
+		}
+	}
+	var workers []*workerProc
+	defer func() {
+		for _, w := range workers {
+			_ = w.stop()
+		}
+	}()
+	order := rotated(r)
+	for _, sys := range order {
+		if err := b.queues[sys].reset(ctx); err != nil {
+			return err
+		}
+		w, err := spawnWorker(ctx, b.exe, sys, b.dsns[sys], b.size.Slots, onStart)
+		if err != nil {
+			return err
+		}
+		workers = append(workers, w)
+	}
+	if !sleep(ctx, b.size.Settle) {
+		return ctx.Err()
+	}
+	samples := map[string][]time.Duration{}
+	for i := range b.size.LatencySamples * len(order) {
+		sys := order[i%len(order)]
+		key := fmt.Sprintf("lat-%d-%d", r, i)
+		ch := make(chan time.Time, 1)
+		mu.Lock()
+		waiting[key] = ch
+		mu.Unlock()
+		start := time.Now()
+		if _, err := b.queues[sys].submit(ctx, key); err != nil {
+			return fmt.Errorf("%s: %w", sys, err)
+		}
+		select {
+		case at := <-ch:
+			samples[sys] = append(samples[sys], at.Sub(start))
+		case <-time.After(10 * time.Second):
+			return fmt.Errorf("%s: task %s not picked up within 10s", sys, key)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if !sleep(ctx, time.Until(start.Add(b.size.LatencySlot))) {
+			return ctx.Err()
+		}
+	}
+	for _, w := range workers {
+		if err := w.stop(); err != nil {
+			return fmt.Errorf("worker: %w", err)
+		}
+	}
+	workers = nil
+	mu.Lock()
+	defer mu.Unlock()
+	for key, n := range seen {
+		if n != 1 {
+			return fmt.Errorf("task %s started %d times", key, n)
+		}
+	}
+	if len(seen) != b.size.LatencySamples*len(order) {
+		return fmt.Errorf("%d tasks started, want %d", len(seen), b.size.LatencySamples*len(order))
+	}
+	b.res.mu.Lock()
+	defer b.res.mu.Unlock()
+	for _, sys := range order {
+		b.res.latency[sys] = append(b.res.latency[sys], samples[sys]...)
+		p50, p99 := percentiles(samples[sys])
+		b.logf("latency   round %d %-13s p50 %v p99 %v", r, sys, p50.Round(10*time.Microsecond), p99.Round(10*time.Microsecond))
+	}
+	return nil
+}
+
+// percentiles returns the p50 and p99 of samples (nearest rank).
+func percentiles(samples []time.Duration) (p50, p99 time.Duration) {
+	if len(samples) == 0 {
+		return 0, 0
+	}
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	rank := func(p float64) time.Duration {
+		i := int(p*float64(len(s))+0.999999) - 1
+		return s[max(0, min(i, len(s)-1))]
+	}
+	return rank(0.50), rank(0.99)
+}
+
+// sleep waits d or until ctx ends, and reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

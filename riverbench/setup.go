@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemgate/idemgate/internal/devserver"
+)
+
+// databases are the run's databases, one per system, on one server.
+type databases struct {
+	admin   string            // URL of the server's maintenance database
+	dsns    map[string]string // system → its database
+	version string            // the server's version
+	server  *devserver.Postgres
+}
+
+// startDatabases starts a throwaway server (or uses the one at adminURL)
+// and creates a database for each system.
+func startDatabases(ctx context.Context, adminURL string) (*databases, error) {
+	d := &databases{admin: adminURL, dsns: map[string]string{}}
+	if d.admin == "" {
+		sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		p, err := devserver.StartPostgres(sctx)
+		if err != nil {
+			return nil, err
+		}
+		d.server, d.admin = p, p.DSN("postgres")
+	}
+	conn, err := pgx.Connect(ctx, d.admin)
+	if err != nil {
+		d.close()
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	if err := conn.QueryRow(ctx, "SHOW server_version").Scan(&d.version); err != nil {
+		d.close()
+		return nil, err
+	}
+	for _, sys := range systems() {
+		name := fmt.Sprintf("riverbench_%d_%s", os.Getpid(), strings.ReplaceAll(sys, "-", "_"))
+		if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+			d.close()
+			return nil, fmt.Errorf("create database: %w", err)
+		}
+		d.dsns[sys] = withDatabase(d.admin, name)
+	}
+	return d, nil
+}
+
+// close drops the databases and stops the throwaway server.
+func (d *databases) close() {
+	if d.server != nil {
+		_ = d.server.Stop()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, d.admin)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "riverbench: drop databases:", err)
+		return
+	}
+	defer conn.Close(ctx)
+	for _, dsn := range d.dsns {
+		cfg, err := pgx.ParseConfig(dsn)
+		if err != nil {
+			continue
+		}
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+cfg.Database+" WITH (FORCE)"); err != nil {
+			fmt.Fprintln(os.Stderr, "riverbench: drop database:", err)
+		}
+	}
+}
+
+// withDatabase swaps the database of a postgres:// URL or key=value DSN.
+func withDatabase(dsn, name string) string {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		head, query, _ := strings.Cut(dsn, "?")
+		scheme, rest, _ := strings.Cut(head, "://")
+		host, _, _ := strings.Cut(rest, "/")
+		out := scheme + "://" + host + "/" + name
+		if query != "" {
+			out += "?" + query
+		}
+		return out
+	}
+	return dsn + " dbname=" + name
+}
