@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/idemgate/idemgate/internal/testenv"
+)
+
+// TestMain lets the test binary be its own worker process, as the
+// command is.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "worker" {
+		if err := workerMain(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "riverbench worker:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(testenv.Main(m))
+}
+
+// tinySizes run every row in seconds.
+func tinySizes() sizes {
+	return sizes{Rounds: 1, Inserts: 40, Clients: 4, BatchSize: 10, Batches: 3, BatchClients: 2,
+		WorkRounds: 1, WorkTasks: 60, WorkTasksSlow: 30, Slots: 4,
+		LatencyRounds: 1, LatencySamples: 3, LatencySlot: 20 * time.Millisecond, Settle: 100 * time.Millisecond}
+}
+
+// TestRowsComplete runs a tiny round of every row on every system. The rows
+// check as they go that a new key creates a task and a repeated one finds
+// it, that every batch stores all its tasks, that every task completes
+// exactly once with one attempt, and that each latency task starts once.
+func TestRowsComplete(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and worker processes")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsns := map[string]string{}
+	for _, sys := range systems() {
+		dsns[sys] = testenv.PostgresDSN(t)
+	}
+	size := tinySizes()
+	b, err := newBench(ctx, exe, dsns, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.close)
+	b.log = io.Discard
+	if testing.Verbose() {
+		b.log = os.Stderr
+	}
+	if err := b.run(ctx, []string{rowInsert, rowDup, rowBatch, rowWork, rowLatency}); err != nil {
+		t.Fatal(err)
+	}
+	wantTasks := map[string]map[string]int{
+		rowInsert:  {sysPgstore: size.Inserts, sysRiverTuned: size.Inserts, sysRiverDefault: size.Inserts},
+		rowDup:     {sysPgstore: size.Inserts, sysRiverTuned: size.Inserts, sysRiverDefault: size.Inserts},
+		rowBatch:   {sysPgstore: size.Batches * size.BatchSize, sysRiverTuned: size.Batches * size.BatchSize, sysRiverDefault: size.Batches * size.BatchSize},
+		workRow(1): {sysPgstore: size.WorkTasks, sysRiverTuned: size.WorkTasks, sysRiverDefault: size.WorkTasksSlow},
+		workRow(2): {sysPgstore: size.WorkTasks, sysRiverTuned: size.WorkTasks, sysRiverDefault: size.WorkTasksSlow},
+	}
+	for row, bySys := range wantTasks {
+		for sys, want := range bySys {
+			got := b.res.rates[row][sys]
+			if got.tasks != want || got.elapsed <= 0 {
+				t.Errorf("%s %s: %d tasks in %v, want %d tasks in a positive time", row, sys, got.tasks, got.elapsed, want)
+			}
+		}
+	}
+	for _, sys := range systems() {
+		lat := b.res.latency[sys]
+		if len(lat) != size.LatencySamples {
+			t.Errorf("latency %s: %d samples, want %d", sys, len(lat), size.LatencySamples)
+		}
+		for _, d := range lat {
+			if d <= 0 {
+				t.Errorf("latency %s: sample %v, want > 0", sys, d)
+			}
+		}
+	}
+}
+
+func TestPercentiles(t *testing.T) {
+	ms := func(v ...int) []time.Duration {
+		out := make([]time.Duration, len(v))
+		for i, x := range v {
+			out[i] = time.Duration(x) * time.Millisecond
+		}
+		return out
+	}
+	tests := []struct {
+		name             string
+		given            []time.Duration
+		wantP50, wantP99 time.Duration
+	}{
+		{name: "empty", given: nil},
+		{name: "one", given: ms(7), wantP50: 7 * time.Millisecond, wantP99: 7 * time.Millisecond},
+		{name: "unsorted", given: ms(5, 1, 4, 2, 3), wantP50: 3 * time.Millisecond, wantP99: 5 * time.Millisecond},
+		{name: "hundred", given: ms(seq(100)...), wantP50: 50 * time.Millisecond, wantP99: 99 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p50, p99 := percentiles(tt.given)
+			if p50 != tt.wantP50 || p99 != tt.wantP99 {
+				t.Errorf("percentiles = %v, %v; want %v, %v", p50, p99, tt.wantP50, tt.wantP99)
+			}
+		})
+	}
+}
+
+// seq is 1..n.
+func seq(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i + 1
+	}
+	return out
+}
+
+func TestWithDatabase(t *testing.T) {
+	tests := []struct {
+		name, given, want string
+	}{
+		{name: "url", given: "postgres://u@127.0.0.1:5/postgres?sslmode=disable", want: "postgres://u@127.0.0.1:5/x?sslmode=disable"},
+		{name: "url without database", given: "postgresql://u:p@h:5", want: "postgresql://u:p@h:5/x"},
+		{name: "key value", given: "host=h port=5", want: "host=h port=5 dbname=x"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := withDatabase(tt.given, "x"); got != tt.want {
+				t.Errorf("withDatabase(%q) = %q, want %q", tt.given, got, tt.want)
+			}
+		})
+	}
+}
