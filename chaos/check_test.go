@@ -1,0 +1,353 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemgate/idemgate/keyspace"
+)
+
+var t0 = time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)
+
+func at(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+
+// fixture builds histories for the checker tests: a tenant, a user and
+// their tasks, the way a run records them.
+type fixture struct{ h History }
+
+func newFixture(policy string) *fixture {
+	return &fixture{h: History{Meta: Meta{
+		Seed: 1, Start: at(0), Heal: at(30), Bound: 20 * time.Second, End: at(40),
+		Policy: map[string]string{"images": policy},
+	}}}
+}
+
+var dogs = Params{Prompt: "a dog", AspectRatio: "1:1", N: 1}
+
+// task adds the row of key for (tenant, user) with params p, in state.
+func (f *fixture) task(id, tenant, user, key string, p Params, state string, attempt int) {
+	k, err := keyspace.Derive("images", keyspace.Scope{Tenant: tenant, User: user, Request: key})
+	if err != nil {
+		panic(err)
+	}
+	w := Row{ID: id, Tenant: k.Tenant(), Owner: k.Owner(), Kind: "images", IdemKey: k.Task(),
+		ParamsFP: p.FP(), State: state, Attempt: attempt, CreatedAt: at(1)}
+	if state == "succeeded" {
+		w.Results, w.PNGs = 1, 1
+	}
+	f.h.Rows = append(f.h.Rows, w)
+}
+
+// submit adds a submit and its answer.
+func (f *fixture) submit(tenant, user, key string, p Params, status int, task string, replayed bool) {
+	q := Request{Tenant: tenant, User: user, Route: routeSubmit, Key: key, Params: &p, FP: p.FP(),
+		Sent: at(2), Done: at(2.1), Status: status, TaskID: task, Replayed: replayed}
+	if status == 409 {
+		q.Code, q.TaskID = "key_reused", ""
+	}
+	f.h.Requests = append(f.h.Requests, q)
+}
+
+func (f *fixture) poll(tenant, user, task string, status int, taskStatus string, images, bad int) {
+	f.h.Requests = append(f.h.Requests, Request{Tenant: tenant, User: user, Route: routeTask,
+		Sent: at(3), Done: at(3.1), Status: status, TaskID: task, TaskSt: taskStatus, Images: images, BadImages: bad})
+}
+
+func (f *fixture) gen(task, proc string, s float64) {
+	f.h.Gen = append(f.h.Gen, GenCall{Task: task, Proc: proc, Phase: "end", Result: "done", At: at(s)})
+}
+
+func (f *fixture) action(key, outcome string, end float64) {
+	f.h.Actions = append(f.h.Actions, Action{ID: len(f.h.Actions) + 1, Tenant: "acme", User: "alice",
+		Key: key, Scenario: "plain", Start: at(1), End: at(end), Outcome: outcome})
+}
+
+// healthy is one accepted action, replayed once, polled to success.
+func healthy(policy string) *fixture {
+	f := newFixture(policy)
+	f.task("T1", "acme", "alice", "poster:1", dogs, "succeeded", 1)
+	f.submit("acme", "alice", "poster:1", dogs, 202, "T1", false)
+	f.submit("acme", "alice", "poster:1", dogs, 202, "T1", true)
+	f.poll("acme", "alice", "T1", 200, "succeeded", 1, 0)
+	f.gen("T1", "worker0", 4)
+	f.action("poster:1", "succeeded", 5)
+	return f
+}
+
+func TestCheck(t *testing.T) {
+	t.Parallel()
+	cats := Params{Prompt: "a cat", AspectRatio: "1:1", N: 1}
+	tests := []struct {
+		name  string
+		given func() *fixture
+		want  map[int]string // invariant → a substring of its first counterexample; absent: holds
+	}{
+		{name: "a healthy history holds", given: func() *fixture { return healthy("uncertain") }},
+		{
+			name: "1: two rows for one key",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.task("T2", "acme", "alice", "poster:1", dogs, "succeeded", 1)
+				f.gen("T2", "worker1", 4)
+				return f
+			},
+			want: map[int]string{1: "2 task rows"},
+		},
+		{
+			name: "1: one key answered with two task ids",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.task("T2", "acme", "alice", "poster:2", dogs, "succeeded", 1)
+				f.gen("T2", "worker1", 4)
+				f.submit("acme", "alice", "poster:1", dogs, 202, "T2", true)
+				return f
+			},
+			want: map[int]string{1: "another key"},
+		},
+		{
+			name: "2: a reworded retry under the old key is replayed",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.submit("acme", "alice", "poster:1", cats, 202, "T1", true)
+				return f
+			},
+			want: map[int]string{2: `prompt "a cat"`},
+		},
+		{
+			name: "2: the 409 a reworded retry must get holds",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.submit("acme", "alice", "poster:1", cats, 409, "", false)
+				return f
+			},
+		},
+		{
+			name: "2: drifted parameters accepted as a new task under the old key",
+			given: func() *fixture {
+				// Both answers name rows with the parameters they sent, but
+				// the key got two parameter sets: invariant 1 sees two ids
+				// for a key, invariant 2 sees the drifted 2xx.
+				f := healthy("uncertain")
+				f.task("T2", "acme", "alice", "poster:1b", cats, "succeeded", 1)
+				f.h.Rows[1].IdemKey = f.h.Rows[0].IdemKey
+				f.h.Rows[1].Tenant = "other" // keep the rows apart for invariant 1's table check
+				f.gen("T2", "worker1", 4)
+				f.submit("acme", "alice", "poster:1", cats, 202, "T2", false)
+				return f
+			},
+			want: map[int]string{1: "2 task ids", 2: "drifted retry", 3: "tenant \"other\""},
+		},
+		{
+			name: "3: another tenant's task answered to a poll",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.task("T9", "globex", "alice", "poster:1", dogs, "succeeded", 1)
+				f.gen("T9", "worker1", 4)
+				f.poll("acme", "alice", "T9", 200, "succeeded", 1, 0)
+				return f
+			},
+			want: map[int]string{3: "task T9 of tenant \"globex\""},
+		},
+		{
+			name: "3: another user's replay under a shared request id",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.submit("acme", "bob", "poster:1", dogs, 202, "T1", true)
+				return f
+			},
+			want: map[int]string{1: "another key", 3: `user "bob"`},
+		},
+		{
+			name: "4: an accepted task is lost",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.submit("acme", "alice", "poster:7", dogs, 202, "T7", false)
+				return f
+			},
+			want: map[int]string{4: "lost task"},
+		},
+		{
+			name: "4: a task still pending at the end",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.h.Rows[0].State = "pending"
+				f.h.Rows[0].Attempt = 0
+				f.h.Gen = nil
+				return f
+			},
+			want: map[int]string{4: "ended the run pending"},
+		},
+		{
+			name: "4: a success without real images",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.h.Rows[0].PNGs = 0
+				return f
+			},
+			want: map[int]string{4: "0 of them PNG"},
+		},
+		{
+			name: "4: a poll answered succeeded with a non-PNG image",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.poll("acme", "alice", "T1", 200, "succeeded", 1, 1)
+				return f
+			},
+			want: map[int]string{4: "1 not PNG"},
+		},
+		{
+			name: "5: two generator calls under the uncertain policy",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.h.Rows[0].Attempt = 2
+				f.gen("T1", "worker1", 4.5)
+				f.h.Faults = append(f.h.Faults, Fault{Kind: "pause", Target: "worker0", Start: at(3), End: at(5)})
+				return f
+			},
+			want: map[int]string{5: `under the "uncertain" policy`},
+		},
+		{
+			name: "5: a second call under retry without a fault on the first caller",
+			given: func() *fixture {
+				f := healthy("retry")
+				f.h.Rows[0].Attempt = 2
+				f.gen("T1", "worker1", 4.5)
+				f.h.Faults = append(f.h.Faults, Fault{Kind: "pause", Target: "worker1", Start: at(3), End: at(5)})
+				return f
+			},
+			want: map[int]string{5: "no fault on an earlier call's process"},
+		},
+		{
+			name: "5: a second call under retry after the first caller was paused holds",
+			given: func() *fixture {
+				f := healthy("retry")
+				f.h.Rows[0].Attempt = 2
+				f.gen("T1", "worker1", 4.5)
+				f.h.Faults = append(f.h.Faults, Fault{Kind: "pause", Target: "worker0", Start: at(3), End: at(5)})
+				return f
+			},
+		},
+		{
+			name: "5: a task finished after one attempt without a generator call",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.h.Gen = nil
+				return f
+			},
+			want: map[int]string{5: "0 generator calls"},
+		},
+		{
+			name: "5: a reconciled task needs no generator call",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.h.Rows[0].Attempt = 2
+				f.h.Gen = []GenCall{{Task: "T1", Proc: "worker1", Phase: "reconcile", At: at(6)}}
+				return f
+			},
+		},
+		{
+			name: "6: an action unfinished at the deadline",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.action("poster:3", "unfinished", 50)
+				return f
+			},
+			want: map[int]string{6: "unfinished"},
+		},
+		{
+			name: "6: an action finished past the bound",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.action("poster:3", "succeeded", 51)
+				return f
+			},
+			want: map[int]string{6: "past the 20s bound"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got := Check(tc.given().h)
+			if len(got) != 6 {
+				t.Fatalf("Check returned %d results, want 6", len(got))
+			}
+			for _, r := range got {
+				want, violated := tc.want[r.N]
+				switch {
+				case violated && r.Holds:
+					t.Errorf("invariant %d holds, want it violated (%q)", r.N, want)
+				case violated && !strings.Contains(r.Examples[0], want):
+					t.Errorf("invariant %d: first example %q, want it to mention %q", r.N, r.Examples[0], want)
+				case !violated && !r.Holds:
+					t.Errorf("invariant %d violated, want it to hold: %v", r.N, r.Examples)
+				}
+			}
+			if Holds(got) != (len(tc.want) == 0) {
+				t.Errorf("Holds = %v with %d invariants expected violated", Holds(got), len(tc.want))
+			}
+		})
+	}
+}
+
+// TestHistoryRoundTrip writes a history as JSON lines and reads it back:
+// a history file can be checked again without a run.
+func TestHistoryRoundTrip(t *testing.T) {
+	t.Parallel()
+	f := healthy("uncertain")
+	f.submit("acme", "alice", "poster:1", Params{Prompt: "a cat", AspectRatio: "1:1", N: 1}, 202, "T1", true)
+	f.h.Faults = append(f.h.Faults, Fault{Kind: "kill", Target: "api0", Start: at(3), End: at(4)})
+	var buf bytes.Buffer
+	rec := newRecorder(&buf)
+	rec.meta(f.h.Meta)
+	for _, q := range f.h.Requests {
+		rec.request(q)
+	}
+	for _, a := range f.h.Actions {
+		rec.action(a)
+	}
+	for _, g := range f.h.Gen {
+		rec.gen(g)
+	}
+	for _, x := range f.h.Faults {
+		rec.fault(x)
+	}
+	for _, w := range f.h.Rows {
+		rec.row(w)
+	}
+	if err := rec.flush(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadHistory(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Requests) != len(f.h.Requests) || len(got.Rows) != 1 || len(got.Faults) != 1 || len(got.Gen) != 1 || len(got.Actions) != 1 {
+		t.Fatalf("read back %d requests, %d rows, %d faults, %d gen, %d actions",
+			len(got.Requests), len(got.Rows), len(got.Faults), len(got.Gen), len(got.Actions))
+	}
+	want, again := Check(rec.history()), Check(got)
+	for i := range want {
+		if want[i].Holds != again[i].Holds || want[i].Violations != again[i].Violations {
+			t.Errorf("invariant %d: %+v from memory, %+v from the file", i+1, want[i], again[i])
+		}
+	}
+	if Holds(again) {
+		t.Error("the reworded replay in the file went unnoticed")
+	}
+}
+
+func FuzzReadHistory(f *testing.F) {
+	f.Add([]byte(`{"type":"meta","seed":1}` + "\n" + `{"type":"req","status":202,"task_id":"x"}` + "\n"))
+	f.Add([]byte(`{"type":"row","id":"x","state":"succeeded"}`))
+	f.Add([]byte(`{"type":"nope"}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := ReadHistory(bytes.NewReader(b))
+		if err != nil {
+			return
+		}
+		// Whatever parses can be checked without a panic.
+		Check(h)
+	})
+}

@@ -1,0 +1,404 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"image/png"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/idemgate/idemgate/example/client"
+)
+
+// Tenants and users of the clients. Request ids are shared across them on
+// purpose: the same id under another tenant or user is another action.
+var (
+	tenants = []string{"acme", "globex", "initech ü/2"}
+	users   = []string{"alice", "bob"}
+)
+
+// workload is the clients of a run.
+type workload struct {
+	rec     *recorder
+	nodes   []string // API base URLs
+	secret  []byte
+	clients int
+	seed    int64
+	// stopNew is when clients stop starting actions; deadline is when an
+	// unfinished action is given up as unfinished.
+	stopNew, deadline time.Time
+	// patience is the HTTP timeout of one request.
+	patience time.Duration
+
+	mu      sync.Mutex
+	nextID  int
+	created map[string][]string // identity → task ids it was given, for snooping
+}
+
+// actionCtx travels in a request's context to the recording transport.
+type actionCtx struct {
+	client, action int
+	tenant, user   string
+}
+
+type actionKey struct{}
+
+// run starts the clients and waits until each has finished its last action.
+func (w *workload) run(ctx context.Context) {
+	w.created = map[string][]string{}
+	var wg sync.WaitGroup
+	for i := range w.clients {
+		wg.Add(1)
+		go func() { defer wg.Done(); w.client(ctx, i) }()
+	}
+	wg.Wait()
+}
+
+// player is one client: an identity, a client per API node, a random source.
+type player struct {
+	w      *workload
+	n      int
+	tenant string
+	user   string
+	slot   int // the client's index within its identity: clients share request ids by slot
+	rng    *rand.Rand
+	cl     []*client.Client
+	http   *http.Client
+	token  string
+	round  int
+}
+
+func (w *workload) client(ctx context.Context, n int) {
+	ident := n % (len(tenants) * len(users))
+	p := &player{w: w, n: n, tenant: tenants[ident/len(users)], user: users[ident%len(users)],
+		slot: n / (len(tenants) * len(users)), rng: rand.New(rand.NewPCG(uint64(w.seed), uint64(n)))}
+	tok, err := mintToken(w.secret, p.tenant, p.user)
+	if err != nil {
+		panic(err) // HS256 signing of a fixed claim set cannot fail
+	}
+	p.token = tok
+	p.http = &http.Client{Timeout: w.patience, Transport: &recording{rec: w.rec, base: http.DefaultTransport}}
+	for _, u := range w.nodes {
+		p.cl = append(p.cl, client.New(client.Config{
+			BaseURL: u, Token: tok, HTTPClient: p.http,
+			MaxAttempts: 4, MinBackoff: 50 * time.Millisecond, MaxBackoff: time.Second,
+		}))
+	}
+	for time.Now().Before(w.stopNew) && ctx.Err() == nil {
+		p.round++
+		p.play(ctx)
+	}
+}
+
+// newAction opens an action and returns the context its requests carry.
+func (p *player) newAction(ctx context.Context, key, scenario string) (context.Context, Action) {
+	p.w.mu.Lock()
+	p.w.nextID++
+	id := p.w.nextID
+	p.w.mu.Unlock()
+	a := Action{ID: id, Client: p.n, Tenant: p.tenant, User: p.user, Key: key, Scenario: scenario, Start: time.Now()}
+	return context.WithValue(ctx, actionKey{}, actionCtx{client: p.n, action: id, tenant: p.tenant, user: p.user}), a
+}
+
+func (p *player) end(a Action, outcome, detail string) {
+	a.End, a.Outcome, a.Detail = time.Now(), outcome, detail
+	p.w.rec.action(a)
+}
+
+// play runs one business action, chosen at random, to its end.
+func (p *player) play(ctx context.Context) {
+	req := client.ImageRequest{
+		Prompt:      fmt.Sprintf("poster %d for %s/%s round %d", p.n, p.tenant, p.user, p.round),
+		AspectRatio: []string{"1:1", "16:9", "9:16"}[p.rng.IntN(3)],
+		N:           1 + p.rng.IntN(2),
+		ClientNote:  "first try",
+	}
+	scenario := "plain"
+	switch r := p.rng.IntN(100); {
+	case r < 20:
+		scenario = "reworded"
+	case r < 30:
+		scenario = "cancel"
+	case r < 35:
+		scenario, req.Prompt = "fail", req.Prompt+" #fail"
+	case r < 40:
+		scenario, req.Prompt = "timeout", req.Prompt+" #timeout"
+	}
+	// Rule 1: the id names the business action; clients share ids by slot.
+	key := fmt.Sprintf("poster:%d:%d", p.round, p.slot)
+	actx, a := p.newAction(ctx, key, scenario)
+	sub, outcome, detail := p.submit(actx, key, req)
+	if outcome != "" {
+		p.end(a, outcome, detail)
+		return
+	}
+	a.TaskID = sub.TaskID
+	p.remember(sub.TaskID)
+	if p.rng.IntN(2) == 0 {
+		// An honest retry, byte for byte, to either node; then one whose
+		// client_note changed (not a fingerprinted field): both replay.
+		p.submit(actx, key, req)
+		note := req
+		note.ClientNote = "second try"
+		p.submit(actx, key, note)
+	}
+	if p.rng.IntN(10) == 0 {
+		p.snoop(actx)
+	}
+	switch scenario {
+	case "cancel":
+		p.cancel(actx, sub.TaskID)
+	case "reworded":
+		// Rule 2 broken on purpose: a reworded prompt under the old id
+		// must be refused with key_reused, whatever the task's state.
+		re := req
+		re.Prompt += " " // one extra space is another prompt
+		ractx, ra := p.newAction(ctx, key, "reworded-old-key")
+		rsub, outcome, detail := p.submit(ractx, key, re)
+		switch outcome {
+		case "":
+			ra.TaskID = rsub.TaskID
+			p.end(ra, "accepted", "a reworded retry under the old key was accepted")
+		default:
+			p.end(ra, outcome, detail)
+		}
+	}
+	outcome, detail = p.poll(actx, sub.TaskID)
+	p.end(a, outcome, detail)
+	if scenario == "reworded" && time.Now().Before(p.w.stopNew) {
+		// Rule 2 kept: the new parameters under a new id.
+		re := req
+		re.Prompt += " "
+		nkey := client.RequestID(fmt.Sprintf("poster:%d:%d", p.round, p.slot), re)
+		nctx, na := p.newAction(ctx, nkey, "reworded-new-key")
+		nsub, outcome, detail := p.submit(nctx, nkey, re)
+		if outcome == "" {
+			na.TaskID = nsub.TaskID
+			p.remember(nsub.TaskID)
+			outcome, detail = p.poll(nctx, nsub.TaskID)
+		}
+		p.end(na, outcome, detail)
+	}
+}
+
+// submit sends the action until it is accepted ("" outcome), refused
+// (key_reused, rejected) or the deadline passes (unfinished). Retries keep
+// the id and the body; when one node gives up, the other is tried.
+func (p *player) submit(ctx context.Context, key string, req client.ImageRequest) (client.Submission, string, string) {
+	node := p.rng.IntN(len(p.cl))
+	var last error
+	for {
+		if time.Now().After(p.w.deadline) {
+			return client.Submission{}, "unfinished", fmt.Sprintf("submit: %v", last)
+		}
+		sub, err := p.cl[node].SubmitImages(ctx, key, req)
+		if err == nil {
+			return sub, "", ""
+		}
+		last = err
+		if errors.Is(err, client.ErrKeyReused) {
+			return sub, "key_reused", ""
+		}
+		var pr *client.Problem
+		if errors.As(err, &pr) && pr.Status/100 == 4 && pr.Code != "request_in_progress" &&
+			pr.Status != http.StatusRequestTimeout && pr.Status != http.StatusTooEarly && pr.Status != http.StatusTooManyRequests {
+			return sub, "rejected", pr.Error()
+		}
+		node = (node + 1) % len(p.cl)
+		sleep(ctx, 100*time.Millisecond+time.Duration(p.rng.IntN(200))*time.Millisecond)
+	}
+}
+
+// poll reads the task until it ends (succeeded, failed, cancelled) or the
+// deadline passes. A task that stays uncertain is polled too: the example
+// reconciles it.
+func (p *player) poll(ctx context.Context, id string) (string, string) {
+	wait := 200 * time.Millisecond
+	var last string
+	for {
+		if time.Now().After(p.w.deadline) {
+			return "unfinished", "poll: " + last
+		}
+		t, err := p.cl[p.rng.IntN(len(p.cl))].Task(ctx, id)
+		if err == nil {
+			switch t.Status {
+			case "succeeded", "failed", "cancelled":
+				return t.Status, t.Error
+			}
+			last = "status " + t.Status
+			wait = min(max(t.PollAfter, 200*time.Millisecond), 2*time.Second)
+		} else {
+			last = err.Error()
+		}
+		sleep(ctx, wait)
+	}
+}
+
+// cancel asks to cancel the task; the route may not exist yet (404/405).
+func (p *player) cancel(ctx context.Context, id string) {
+	base := p.w.nodes[p.rng.IntN(len(p.w.nodes))]
+	for range 3 {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/tasks/"+id+"/cancel", nil)
+		if err != nil {
+			return
+		}
+		req.Header.Set("Authorization", "Bearer "+p.token)
+		resp, err := p.http.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode < 500 {
+				return
+			}
+		}
+		sleep(ctx, 200*time.Millisecond)
+	}
+}
+
+// snoop polls a task of another identity: it must be 404 (invariant 3).
+func (p *player) snoop(ctx context.Context) {
+	p.w.mu.Lock()
+	var ids []string
+	for ident, got := range p.w.created {
+		if ident != p.tenant+"\x00"+p.user {
+			ids = append(ids, got...)
+		}
+	}
+	p.w.mu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	_, _ = p.cl[0].Task(ctx, ids[p.rng.IntN(len(ids))])
+}
+
+func (p *player) remember(id string) {
+	p.w.mu.Lock()
+	defer p.w.mu.Unlock()
+	k := p.tenant + "\x00" + p.user
+	p.w.created[k] = append(p.w.created[k], id)
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// mintToken returns an HS256 bearer token as the example expects.
+func mintToken(secret []byte, tenant, user string) (string, error) {
+	now := time.Now()
+	return jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{
+		"tenant": tenant, "sub": user, "iat": now.Unix(), "exp": now.Add(24 * time.Hour).Unix(),
+	}).SignedString(secret)
+}
+
+// ---- recording ----
+
+// recording is an http.RoundTripper that records every exchange in the
+// history: what was sent (key, parameters) and what came back.
+type recording struct {
+	rec  *recorder
+	base http.RoundTripper
+}
+
+func (t *recording) RoundTrip(req *http.Request) (*http.Response, error) {
+	ac, _ := req.Context().Value(actionKey{}).(actionCtx)
+	q := Request{Client: ac.client, Action: ac.action, Tenant: ac.tenant, User: ac.user,
+		Node: req.URL.Host, Method: req.Method, Route: routeOf(req.Method, req.URL.Path), Sent: time.Now()}
+	if q.Route == routeSubmit {
+		q.Key = req.Header.Get("Idempotency-Key")
+		if req.GetBody != nil {
+			if rc, err := req.GetBody(); err == nil {
+				b, _ := io.ReadAll(rc)
+				rc.Close()
+				var ir client.ImageRequest
+				if json.Unmarshal(b, &ir) == nil {
+					pp := Params{Prompt: ir.Prompt, AspectRatio: ir.AspectRatio, N: ir.N, ReferenceImage: ir.ReferenceImage}
+					if pp.AspectRatio == "" {
+						pp.AspectRatio = "1:1"
+					}
+					if pp.N == 0 {
+						pp.N = 1
+					}
+					q.Params, q.FP = &pp, pp.FP()
+				}
+			}
+		}
+	}
+	resp, err := t.base.RoundTrip(req)
+	if err != nil {
+		q.Done, q.Err = time.Now(), err.Error()
+		t.rec.request(q)
+		return nil, err
+	}
+	body, rerr := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	resp.Body.Close()
+	q.Done = time.Now()
+	if rerr != nil {
+		// The answer was cut off: to the client it is a transport error.
+		q.Err = "read body: " + rerr.Error()
+		t.rec.request(q)
+		return nil, rerr
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	q.Status = resp.StatusCode
+	q.Replayed = resp.Header.Get("Idempotent-Replayed") == "true"
+	var doc struct {
+		Code   string   `json:"code"`
+		TaskID string   `json:"task_id"`
+		Status any      `json:"status"` // a problem's status is a number, a task's a string
+		Images []string `json:"images"`
+	}
+	_ = json.Unmarshal(body, &doc)
+	q.Code, q.TaskID = doc.Code, doc.TaskID
+	if s, ok := doc.Status.(string); ok {
+		q.TaskSt = s
+	}
+	q.Images = len(doc.Images)
+	for _, u := range doc.Images {
+		if !isPNGDataURL(u) {
+			q.BadImages++
+		}
+	}
+	t.rec.request(q)
+	return resp, nil
+}
+
+// routeOf names the route template of a request path.
+func routeOf(method, path string) string {
+	switch {
+	case method == http.MethodPost && path == "/v1/images":
+		return routeSubmit
+	case method == http.MethodGet && strings.HasPrefix(path, "/v1/tasks/"):
+		return routeTask
+	case method == http.MethodPost && strings.HasPrefix(path, "/v1/tasks/") && strings.HasSuffix(path, "/cancel"):
+		return routeCancel
+	}
+	return method + " " + path
+}
+
+// isPNGDataURL reports whether u is a data URL of a decodable PNG image.
+func isPNGDataURL(u string) bool {
+	const prefix = "data:image/png;base64,"
+	if !strings.HasPrefix(u, prefix) {
+		return false
+	}
+	b, err := base64.StdEncoding.DecodeString(u[len(prefix):])
+	if err != nil {
+		return false
+	}
+	_, err = png.DecodeConfig(bytes.NewReader(b))
+	return err == nil
+}

@@ -1,0 +1,473 @@
+// Command chaos is a randomized fault soak of the example service with a
+// history checker, in the manner of Jepsen: real processes, random faults
+// on a seeded schedule, every request and answer recorded, and invariants
+// checked over the record.
+//
+//	go run ./chaos -seed 1 -duration 60s          # a run; exit 0 iff every invariant holds
+//	go run ./chaos -seed 1 -duration 30m -json    # the long run, as JSON
+//	go run ./chaos -plant list                    # the bugs that can be planted
+//	go run ./chaos -plant replay-ignores-fingerprint -duration 20s
+//	go run ./chaos -check history.jsonl           # check a recorded history again
+//
+// The system: two API nodes (example serve) and two worker processes
+// (example worker) on a throwaway PostgreSQL and a real redis-server, all on
+// loopback, each process's link to each server through a proxy the tool
+// controls. Dozens of clients follow the client rules with the example's
+// Go client; a nemesis kills, pauses, partitions, freezes, slows and
+// flushes. When the fault window ends everything is healed, the clients
+// finish their last action within -bound, and the checker reads the history.
+// Every child process dies with the tool (Pdeathsig).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+)
+
+// Route templates as the history names them.
+const (
+	routeSubmit = "POST /v1/images"
+	routeTask   = "GET /v1/tasks/{id}"
+	routeCancel = "POST /v1/tasks/{id}/cancel"
+)
+
+const (
+	sigStop = syscall.SIGSTOP
+	sigCont = syscall.SIGCONT
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// options are the command line.
+type options struct {
+	seed     int64
+	duration time.Duration
+	bound    time.Duration
+	clients  int
+	asJSON   bool
+	plant    string
+	faults   string
+	policy   string
+	genTime  time.Duration
+	history  string
+	keep     bool
+	check    string
+	root     string
+	quiet    bool
+}
+
+func parseOptions(args []string, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Int64Var(&o.seed, "seed", 1, "seed of the fault schedule and the clients' choices")
+	fs.DurationVar(&o.duration, "duration", 60*time.Second, "how long faults are injected while clients run")
+	fs.DurationVar(&o.bound, "bound", 60*time.Second, "liveness bound: every client action ends this long after healing")
+	fs.IntVar(&o.clients, "clients", 24, "concurrent clients")
+	fs.BoolVar(&o.asJSON, "json", false, "print the report as JSON")
+	fs.StringVar(&o.plant, "plant", "", `plant a known bug (needs its hook; "list" prints them)`)
+	fs.StringVar(&o.faults, "faults", "all", "comma-separated fault kinds to inject, \"all\" or \"none\": "+strings.Join(faultKinds, ","))
+	fs.StringVar(&o.policy, "policy", "images=uncertain", "what a lost attempt becomes per task kind: kind=uncertain|retry,...")
+	fs.DurationVar(&o.genTime, "gen-time", time.Second, "how long the stand-in generator takes per task")
+	fs.StringVar(&o.history, "history", "", "write the history (JSON lines) here; default: in the run directory")
+	fs.BoolVar(&o.keep, "keep", false, "keep the run directory (logs, history) even when every invariant holds")
+	fs.StringVar(&o.check, "check", "", "check a recorded history file instead of running")
+	fs.StringVar(&o.root, "root", "", "module root to build the example from; default: the current module")
+	fs.BoolVar(&o.quiet, "q", false, "no progress lines on stderr")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("chaos: unexpected argument %q", fs.Arg(0))
+	}
+	if o.duration <= 0 || o.bound <= 0 || o.clients <= 0 {
+		return o, errors.New("chaos: -duration, -bound and -clients must be positive")
+	}
+	return o, nil
+}
+
+// parsePolicy reads kind=policy pairs.
+func parsePolicy(s string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		kind, pol, ok := strings.Cut(part, "=")
+		if !ok || (pol != "uncertain" && pol != "retry") {
+			return nil, fmt.Errorf("chaos: -policy %q: want kind=uncertain or kind=retry", part)
+		}
+		out[kind] = pol
+	}
+	return out, nil
+}
+
+// run executes the command and returns the exit code: 0 when every
+// invariant holds, 1 when one is violated, 2 when the run could not be made.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, err := parseOptions(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	logf := func(format string, args ...any) {
+		if !o.quiet {
+			fmt.Fprintf(stderr, "chaos: "+format+"\n", args...)
+		}
+	}
+	if o.check != "" {
+		f, err := os.Open(o.check)
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 2
+		}
+		h, err := ReadHistory(f)
+		f.Close()
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 2
+		}
+		return report(stdout, h, o.asJSON)
+	}
+	if o.root == "" {
+		if o.root, err = moduleRoot(); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 2
+		}
+	}
+	if o.plant == "list" {
+		listPlants(stdout, o.root)
+		return 0
+	}
+	if o.plant != "" {
+		p, ok := findPlant(o.plant)
+		if !ok {
+			fmt.Fprintf(stderr, "chaos: unknown plant %q; -plant list names them\n", o.plant)
+			return 2
+		}
+		if !p.hooked(o.root) {
+			fmt.Fprintf(stderr, "chaos: plant %q has no hook in %s/%s (see the chaos README)\n", o.plant, o.root, p.Pkg)
+			return 2
+		}
+	}
+	h, dir, err := soak(ctx, o, logf)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		if dir != "" {
+			fmt.Fprintf(stderr, "chaos: logs kept in %s\n", dir)
+		}
+		return 2
+	}
+	code := report(stdout, h, o.asJSON)
+	if code != 0 || o.keep {
+		fmt.Fprintf(stderr, "chaos: history and logs kept in %s\n", dir)
+	} else {
+		os.RemoveAll(dir)
+	}
+	return code
+}
+
+// moduleRoot is the directory of the current module's go.mod.
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("chaos: go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("chaos: not inside a module; run from the idemgate checkout or pass -root")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// soak makes one run and returns its history and run directory.
+func soak(ctx context.Context, o options, logf func(string, ...any)) (History, string, error) {
+	kinds, err := parseKinds(o.faults)
+	if err != nil {
+		return History{}, "", err
+	}
+	policy, err := parsePolicy(o.policy)
+	if err != nil {
+		return History{}, "", err
+	}
+	// Nothing outlives the run: the context bounds every wait.
+	ctx, cancel := context.WithTimeout(ctx, o.duration+o.bound+5*time.Minute)
+	defer cancel()
+
+	sys, err := startSystem(ctx, systemConfig{root: o.root, plant: o.plant, genTime: o.genTime, workers: 4, log: logf})
+	if sys != nil {
+		defer sys.stop()
+	}
+	if err != nil {
+		dir := ""
+		if sys != nil {
+			dir = sys.dir
+		}
+		return History{}, dir, err
+	}
+	histPath := o.history
+	if histPath == "" {
+		histPath = filepath.Join(sys.dir, "history.jsonl")
+	}
+	hf, err := os.Create(histPath)
+	if err != nil {
+		return History{}, sys.dir, fmt.Errorf("chaos: history: %w", err)
+	}
+	defer hf.Close()
+	rec := newRecorder(hf)
+
+	meta := Meta{Seed: o.seed, Duration: o.duration, Plant: o.plant, Bound: o.bound, Policy: policy, Start: time.Now()}
+	heal := meta.Start.Add(o.duration)
+	var nodes []string
+	for _, p := range sys.api() {
+		nodes = append(nodes, p.url())
+	}
+	w := &workload{rec: rec, nodes: nodes, secret: []byte(sys.secret), clients: o.clients, seed: o.seed,
+		stopNew: heal, deadline: heal.Add(o.bound), patience: 2 * time.Second}
+	flush := redis.NewClient(&redis.Options{Addr: sys.redis.Addr, MaxRetries: -1, DialTimeout: time.Second})
+	defer flush.Close()
+	nem := &nemesis{sys: sys, rec: rec, rng: rand.New(rand.NewPCG(uint64(o.seed), 0x6e656d)), kinds: kinds, log: logf, flush: flush}
+
+	logf("seed %d: %d clients, faults for %v (%s), then %v to finish", o.seed, o.clients, o.duration, o.faults, o.bound)
+	clientsDone := make(chan struct{})
+	go func() { defer close(clientsDone); w.run(ctx) }()
+	nem.run(ctx, heal)
+	meta.Heal = time.Now()
+	logf("healed; waiting for the clients")
+	select {
+	case <-clientsDone:
+	case <-ctx.Done():
+		return History{}, sys.dir, ctx.Err()
+	}
+	logf("clients done; waiting for tasks to end")
+	if err := waitTasksEnd(ctx, sys, meta.Heal.Add(o.bound)); err != nil {
+		return History{}, sys.dir, err
+	}
+	if err := dumpTable(ctx, sys, rec); err != nil {
+		return History{}, sys.dir, err
+	}
+	for _, p := range sys.procs {
+		calls, err := genCalls(p.name, p.logf)
+		if err != nil {
+			return History{}, sys.dir, fmt.Errorf("chaos: read the log of %s: %w", p.name, err)
+		}
+		for _, g := range calls {
+			rec.gen(g)
+		}
+	}
+	starts, journal, err := journalCalls(filepath.Join(sys.dir, "gen-journal.jsonl"), sys.procOf)
+	if err != nil {
+		return History{}, sys.dir, fmt.Errorf("chaos: read the generator journal: %w", err)
+	}
+	for _, g := range starts {
+		rec.gen(g)
+	}
+	meta.Journal = journal
+	meta.End = time.Now()
+	rec.meta(meta)
+	if err := rec.flush(); err != nil {
+		return History{}, sys.dir, fmt.Errorf("chaos: write history: %w", err)
+	}
+	return rec.history(), sys.dir, nil
+}
+
+// waitTasksEnd waits until no task is pending, running or retrying, or
+// until deadline (then invariant 4 reports the stragglers).
+func waitTasksEnd(ctx context.Context, sys *system, deadline time.Time) error {
+	conn, err := pgx.Connect(ctx, sys.pg.DSN("postgres"))
+	if err != nil {
+		return fmt.Errorf("chaos: connect to postgres: %w", err)
+	}
+	defer conn.Close(context.Background())
+	for {
+		var open int
+		err := conn.QueryRow(ctx, `SELECT count(*) FROM idemgate_tasks WHERE state IN ('pending', 'running', 'retrying')`).Scan(&open)
+		if err != nil {
+			return fmt.Errorf("chaos: count open tasks: %w", err)
+		}
+		if open == 0 || time.Now().After(deadline) {
+			return nil
+		}
+		sleep(ctx, 250*time.Millisecond)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+// dumpTable records every task row, with its results checked for PNGs.
+func dumpTable(ctx context.Context, sys *system, rec *recorder) error {
+	conn, err := pgx.Connect(ctx, sys.pg.DSN("postgres"))
+	if err != nil {
+		return fmt.Errorf("chaos: connect to postgres: %w", err)
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, `SELECT id::text, tenant, owner, kind, idempotency_key, COALESCE(params, 'null'::jsonb),
+	state, attempt, results, error, created_at FROM idemgate_tasks ORDER BY created_at`)
+	if err != nil {
+		return fmt.Errorf("chaos: read tasks: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var w Row
+		var params, results []byte
+		if err := rows.Scan(&w.ID, &w.Tenant, &w.Owner, &w.Kind, &w.IdemKey, &params, &w.State, &w.Attempt,
+			&results, &w.Error, &w.CreatedAt); err != nil {
+			return fmt.Errorf("chaos: read task: %w", err)
+		}
+		var p Params
+		_ = json.Unmarshal(params, &p)
+		w.ParamsFP = p.FP()
+		var items []json.RawMessage
+		_ = json.Unmarshal(results, &items)
+		w.Results = len(items)
+		for _, it := range items {
+			var u string
+			if json.Unmarshal(it, &u) == nil && isPNGDataURL(u) {
+				w.PNGs++
+			}
+		}
+		rec.row(w)
+	}
+	return rows.Err()
+}
+
+// ---- report ----
+
+// Summary is the report of a run.
+type Summary struct {
+	Seed       int64          `json:"seed"`
+	Duration   string         `json:"duration"`
+	Plant      string         `json:"plant,omitempty"`
+	Faults     map[string]int `json:"faults"`
+	Requests   map[string]int `json:"requests"`
+	Actions    map[string]int `json:"actions"`
+	Tasks      map[string]int `json:"tasks"`
+	GenCalls   int            `json:"generator_calls"`
+	Invariants []Result       `json:"invariants"`
+	Holds      bool           `json:"holds"`
+}
+
+func summarize(h History) Summary {
+	s := Summary{Seed: h.Meta.Seed, Duration: h.Meta.Duration.String(), Plant: h.Meta.Plant,
+		Faults: map[string]int{}, Requests: map[string]int{}, Actions: map[string]int{}, Tasks: map[string]int{}}
+	for _, f := range h.Faults {
+		s.Faults[f.Kind]++
+	}
+	for _, q := range h.Requests {
+		s.Requests[outcomeOf(q)]++
+	}
+	for _, a := range h.Actions {
+		s.Actions[a.Scenario+" → "+a.Outcome]++
+	}
+	for _, w := range h.Rows {
+		s.Tasks[w.State]++
+	}
+	for _, g := range h.Gen {
+		if g.Phase == "end" || g.Phase == "start" && h.Meta.Journal {
+			s.GenCalls++
+		}
+	}
+	s.Invariants = Check(h)
+	s.Holds = Holds(s.Invariants)
+	return s
+}
+
+// outcomeOf names a request's outcome for the summary.
+func outcomeOf(q Request) string {
+	route := q.Route
+	switch {
+	case q.Status == 0:
+		return route + " transport error"
+	case q.Replayed:
+		return fmt.Sprintf("%s %d replayed", route, q.Status)
+	case q.Code != "":
+		return fmt.Sprintf("%s %d %s", route, q.Status, q.Code)
+	}
+	return fmt.Sprintf("%s %d", route, q.Status)
+}
+
+// report prints the summary and returns the exit code.
+func report(w io.Writer, h History, asJSON bool) int {
+	s := summarize(h)
+	code := 0
+	if !s.Holds {
+		code = 1
+	}
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(s)
+		return code
+	}
+	plant := s.Plant
+	if plant == "" {
+		plant = "none"
+	}
+	fmt.Fprintf(w, "chaos: seed %d, %s of faults, plant %s\n\n", s.Seed, s.Duration, plant)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	table(tw, "faults injected", s.Faults)
+	table(tw, "requests by outcome", s.Requests)
+	table(tw, "client actions by outcome", s.Actions)
+	table(tw, "tasks by final state", s.Tasks)
+	fmt.Fprintf(tw, "generator calls\t%d\n\n", s.GenCalls)
+	fmt.Fprintf(tw, "invariant\tverdict\n")
+	for _, r := range s.Invariants {
+		verdict := "holds"
+		if !r.Holds {
+			verdict = fmt.Sprintf("VIOLATED (%d)", r.Violations)
+		}
+		fmt.Fprintf(tw, "%d. %s\t%s\n", r.N, r.Name, verdict)
+	}
+	tw.Flush()
+	for _, r := range s.Invariants {
+		for _, e := range r.Examples {
+			fmt.Fprintf(w, "  invariant %d: %s\n", r.N, e)
+		}
+	}
+	if s.Holds {
+		fmt.Fprintln(w, "\nevery invariant holds")
+	} else {
+		fmt.Fprintln(w, "\nINVARIANTS VIOLATED")
+	}
+	return code
+}
+
+func table(w io.Writer, title string, m map[string]int) {
+	fmt.Fprintf(w, "%s\tcount\n", title)
+	keys := make([]string, 0, len(m))
+	total := 0
+	for k, n := range m {
+		keys = append(keys, k)
+		total += n
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(w, "  %s\t%d\n", k, m[k])
+	}
+	fmt.Fprintf(w, "  (total)\t%d\n\n", total)
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Planted bugs are known defects put back on purpose, to prove that the
+// checker catches them. They live behind the build tag plantTag in small
+// hooks inside the library (a file built only with the tag reads the
+// plant's name from plantEnv; the file built without it declares the
+// name as the constant "", so a normal build carries nothing). The chaos
+// tool builds the example with the tag and sets the variable.
+const (
+	plantTag = "chaosplant"
+	plantEnv = "IDEMGATE_CHAOS_PLANT"
+)
+
+// plant is one bug that can be planted.
+type plant struct {
+	Name string
+	// Pkg is the package directory (from the module root) whose hook
+	// plants the bug.
+	Pkg string
+	// What the bug does, and which invariant should catch it.
+	Bug    string
+	Caught int
+	// Faults are the fault kinds that make the bug show; "" for all.
+	Faults string
+}
+
+// plants are the bugs -plant knows, each caught by a fixed seed in the
+// short run of the tests.
+var plants = []plant{
+	{
+		Name: "replay-ignores-fingerprint", Pkg: "middleware", Caught: 2,
+		Bug:    "a finished record is replayed whatever fingerprint the retry carries: a reworded retry gets the old task",
+		Faults: "pause,latency",
+	},
+	{
+		Name: "release-on-client-gone", Pkg: "middleware", Caught: 2,
+		Bug:    "a handler's complete response is released, not stored, when its client is gone (write error or closed request): the action runs again",
+		Faults: "latency,freeze",
+	},
+	{
+		Name: "rescue-unfenced", Pkg: "pgstore", Caught: 5,
+		Bug:    "the rescuer requeues running tasks whatever their lease: a live attempt is handed out again and the generator runs twice",
+		Faults: "pause,latency",
+	},
+	{
+		Name: "skip-readback", Pkg: "pgstore", Caught: 2,
+		Bug:    "Submit does not read back and compare the task that holds the key: after Redis forgets a key, a reworded retry gets the old task",
+		Faults: "flushall,redis-restart,latency",
+	},
+}
+
+// findPlant returns the plant called name.
+func findPlant(name string) (plant, bool) {
+	for _, p := range plants {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return plant{}, false
+}
+
+// hooked reports whether the hook of p exists in the module at root: a Go
+// file of its package, built with the tag, that names the plant.
+func (p plant) hooked(root string) bool {
+	files, _ := filepath.Glob(filepath.Join(root, p.Pkg, "*.go"))
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err == nil && strings.Contains(string(b), `"`+p.Name+`"`) {
+			return true
+		}
+	}
+	return false
+}
+
+// listPlants prints the plants and whether their hooks exist.
+func listPlants(w io.Writer, root string) {
+	for _, p := range plants {
+		state := "hook missing"
+		if p.hooked(root) {
+			state = "hooked"
+		}
+		fmt.Fprintf(w, "%-28s %-10s invariant %d  %-12s %s\n", p.Name, p.Pkg, p.Caught, state, p.Bug)
+	}
+}

@@ -1,0 +1,460 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/idemgate/idemgate/internal/devserver"
+	"github.com/idemgate/idemgate/internal/proxy"
+)
+
+// system is the service under test: one Postgres, one redis-server, two
+// API nodes and two worker processes of the example, each link from a
+// process to a server going through a proxy of its own.
+type system struct {
+	dir    string // run directory: binary, logs, journal
+	bin    string // the example binary
+	secret string // JWT secret shared with the clients
+	env    []string
+
+	pg    *devserver.Postgres
+	redis *devserver.Redis
+	procs []*proc // api0, api1, worker0, worker1
+
+	log func(format string, args ...any)
+}
+
+// procKind tells API nodes from worker processes.
+type procKind int
+
+const (
+	apiNode procKind = iota
+	workerProc
+)
+
+// proc is one example process; it can be killed and started again.
+type proc struct {
+	name  string
+	kind  procKind
+	addr  string // API nodes: listen address
+	args  []string
+	env   []string
+	logf  string
+	links map[string]*proxy.Proxy // "redis", "pg" → the proxy of this process's link
+
+	mu     sync.Mutex
+	pids   []int // of every run, for the journal
+	cmd    *exec.Cmd
+	done   chan struct{}
+	paused bool
+}
+
+// url is the base URL of an API node.
+func (p *proc) url() string { return "http://" + p.addr }
+
+// systemConfig says how to build and run the system.
+type systemConfig struct {
+	root    string // module root
+	plant   string // a planted bug, or ""
+	genTime time.Duration
+	workers int // tasks per worker process
+	log     func(format string, args ...any)
+}
+
+// startSystem builds the example and starts everything. On error, what
+// was started is stopped.
+func startSystem(ctx context.Context, cfg systemConfig) (s *system, err error) {
+	dir, err := os.MkdirTemp("", "idemgate-chaos-")
+	if err != nil {
+		return nil, fmt.Errorf("chaos: run dir: %w", err)
+	}
+	s = &system{dir: dir, log: cfg.log}
+	defer func() {
+		if err != nil {
+			s.stop()
+		}
+	}()
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	s.secret = hex.EncodeToString(b[:])
+
+	s.bin = filepath.Join(dir, "example")
+	args := []string{"build", "-o", s.bin}
+	if cfg.plant != "" {
+		args = append(args, "-tags", plantTag)
+	}
+	args = append(args, "./example")
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = cfg.root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return s, fmt.Errorf("chaos: go %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	s.log("built the example%s", map[bool]string{true: " with the plant " + cfg.plant, false: ""}[cfg.plant != ""])
+
+	if s.pg, err = devserver.StartPostgres(ctx); err != nil {
+		return s, err
+	}
+	if s.redis, err = devserver.StartRedis(ctx, 0); err != nil {
+		return s, err
+	}
+	s.log("postgres on %s, redis on %s, run dir %s", s.pg.Addr, s.redis.Addr, dir)
+
+	s.env = []string{
+		"JWT_SECRET=" + s.secret,
+		"GEN_TIME=" + cfg.genTime.String(),
+		// The generator's durable journal of calls, for when the example
+		// offers one (see the report); harmless otherwise.
+		"GEN_JOURNAL=" + filepath.Join(dir, "gen-journal.jsonl"),
+		plantEnv + "=" + cfg.plant,
+	}
+	for i := range 2 {
+		port, err := devserver.FreePort()
+		if err != nil {
+			return s, err
+		}
+		p := &proc{name: fmt.Sprintf("api%d", i), kind: apiNode, addr: fmt.Sprintf("127.0.0.1:%d", port),
+			args: []string{"serve", "-workers", "0"}}
+		s.procs = append(s.procs, p)
+	}
+	for i := range 2 {
+		p := &proc{name: fmt.Sprintf("worker%d", i), kind: workerProc,
+			args: []string{"worker", "-workers", fmt.Sprint(cfg.workers)}}
+		s.procs = append(s.procs, p)
+	}
+	for _, p := range s.procs {
+		p.logf = filepath.Join(dir, p.name+".log")
+		p.links = map[string]*proxy.Proxy{}
+		pgp, err := proxy.Start(s.pg.Addr)
+		if err != nil {
+			return s, err
+		}
+		p.links["pg"] = pgp
+		p.env = append(append([]string{}, s.env...),
+			"DATABASE_URL=postgres://postgres@"+pgp.Addr+"/postgres?sslmode=disable&connect_timeout=3")
+		if p.kind == apiNode {
+			rp, err := proxy.Start(s.redis.Addr)
+			if err != nil {
+				return s, err
+			}
+			p.links["redis"] = rp
+			p.env = append(p.env, "REDIS_URL=redis://"+rp.Addr+"/0", "ADDR="+p.addr)
+		}
+	}
+	// One process migrates first, so the others find the schema ready.
+	if err := s.procs[0].start(s.bin); err != nil {
+		return s, err
+	}
+	if err := s.waitReady(ctx, s.procs[0], 60*time.Second); err != nil {
+		return s, err
+	}
+	for _, p := range s.procs[1:] {
+		if err := p.start(s.bin); err != nil {
+			return s, err
+		}
+	}
+	for _, p := range s.procs {
+		if err := s.waitReady(ctx, p, 60*time.Second); err != nil {
+			return s, err
+		}
+	}
+	return s, nil
+}
+
+// procOf names the process that had pid ("?" if none of ours).
+func (s *system) procOf(pid int) string {
+	for _, p := range s.procs {
+		p.mu.Lock()
+		for _, q := range p.pids {
+			if q == pid {
+				p.mu.Unlock()
+				return p.name
+			}
+		}
+		p.mu.Unlock()
+	}
+	return "?"
+}
+
+// api returns the API nodes.
+func (s *system) api() []*proc { return s.procs[:2] }
+
+// byName returns the process called name.
+func (s *system) byName(name string) *proc {
+	for _, p := range s.procs {
+		if p.name == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// waitReady waits until an API node answers /healthz with 200, or a worker
+// says it runs.
+func (s *system) waitReady(ctx context.Context, p *proc, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	hc := &http.Client{Timeout: time.Second}
+	for {
+		if p.kind == apiNode {
+			resp, err := hc.Get(p.url() + "/healthz")
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					return nil
+				}
+			}
+		} else if b, err := os.ReadFile(p.logf); err == nil && strings.Contains(string(b), "worker running") {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("chaos: %s not ready within %v:\n%s", p.name, within, tailFile(p.logf, 20))
+		}
+		if !p.running() {
+			return fmt.Errorf("chaos: %s exited:\n%s", p.name, tailFile(p.logf, 20))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// stop ends every process and server and closes the proxies. The run
+// directory stays; remove it with s.dir.
+func (s *system) stop() {
+	var wg sync.WaitGroup
+	for _, p := range s.procs {
+		wg.Add(1)
+		go func() { defer wg.Done(); p.terminate() }()
+	}
+	wg.Wait()
+	for _, p := range s.procs {
+		for _, l := range p.links {
+			l.Close()
+		}
+	}
+	if s.redis != nil {
+		s.redis.Stop()
+	}
+	if s.pg != nil {
+		s.pg.Stop()
+	}
+}
+
+// ---- processes ----
+
+// starter forks every child from one locked OS thread that never exits:
+// Pdeathsig fires when the forking thread exits, and the Go runtime may
+// otherwise retire threads (as internal/devserver does).
+type starter struct {
+	once sync.Once
+	reqs chan func()
+}
+
+func (st *starter) run(f func()) {
+	st.once.Do(func() {
+		st.reqs = make(chan func())
+		go func() {
+			runtime.LockOSThread()
+			for f := range st.reqs {
+				f()
+			}
+		}()
+	})
+	done := make(chan struct{})
+	st.reqs <- func() { f(); close(done) }
+	<-done
+}
+
+// forker is the starter of this process's children. A package-level value
+// for the same reason as devserver's: the thread belongs to the process.
+var forker starter
+
+// start runs the process (again), appending its output to its log file.
+func (p *proc) start(bin string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f, err := os.OpenFile(p.logf, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("chaos: log of %s: %w", p.name, err)
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "chaos: start %s at %s\n", p.name, time.Now().UTC().Format(time.RFC3339Nano))
+	cmd := exec.Command(bin, p.args...)
+	cmd.Env = append(os.Environ(), p.env...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	forker.run(func() { err = cmd.Start() })
+	if err != nil {
+		return fmt.Errorf("chaos: start %s: %w", p.name, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	p.cmd, p.done, p.paused = cmd, done, false
+	p.pids = append(p.pids, cmd.Process.Pid)
+	return nil
+}
+
+// exited is closed when the current run of the process has ended.
+func (p *proc) exited() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done == nil {
+		c := make(chan struct{})
+		close(c)
+		return c
+	}
+	return p.done
+}
+
+// running reports whether the process runs (paused counts as running).
+func (p *proc) running() bool {
+	select {
+	case <-p.exited():
+		return false
+	default:
+		return true
+	}
+}
+
+func (p *proc) signal(sig syscall.Signal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return
+	}
+	select {
+	case <-p.done:
+	default:
+		_ = p.cmd.Process.Signal(sig)
+		switch sig {
+		case syscall.SIGSTOP:
+			p.paused = true
+		case syscall.SIGCONT, syscall.SIGKILL:
+			p.paused = false
+		}
+	}
+}
+
+// kill SIGKILLs the process and waits until it is gone.
+func (p *proc) kill() {
+	p.signal(syscall.SIGKILL)
+	<-p.exited()
+}
+
+// terminate asks the process to stop (SIGCONT, SIGTERM) and kills it
+// after a grace period.
+func (p *proc) terminate() {
+	p.signal(syscall.SIGCONT)
+	p.signal(syscall.SIGTERM)
+	select {
+	case <-p.exited():
+	case <-time.After(12 * time.Second):
+		p.kill()
+	}
+}
+
+// ---- logs ----
+
+// logLine matches the slog text lines of the example's workers that say
+// how a generator call or a reconcile ended.
+var logLine = regexp.MustCompile(`^time=(\S+) level=\S+ msg="(task [^"]*)" task=(\S+)`)
+
+// genCalls reads the generator calls of process name from its log: every
+// "task …" line ends a call (done, failed, uncertain, partial), except
+// "task reconciled", which is a reconcile query.
+func genCalls(name, path string) ([]GenCall, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []GenCall
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		m := logLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339Nano, m[1])
+		if err != nil {
+			continue
+		}
+		g := GenCall{Task: m[3], Proc: name, Phase: "end", Result: resultOf(m[2]), At: at}
+		if strings.HasPrefix(m[2], "task reconciled") {
+			g.Phase, g.Result = "reconcile", ""
+		}
+		out = append(out, g)
+	}
+	return out, sc.Err()
+}
+
+// resultOf shortens a worker's log message to the call's result.
+func resultOf(msg string) string {
+	switch {
+	case strings.HasPrefix(msg, "task done"):
+		return "done"
+	case strings.HasPrefix(msg, "task uncertain"):
+		return "uncertain"
+	case strings.HasPrefix(msg, "task failed with partial"):
+		return "partial"
+	case strings.HasPrefix(msg, "task failed"):
+		return "failed"
+	}
+	return msg
+}
+
+// journalCalls reads the generator's journal, if the example wrote one:
+// JSON lines {"task","attempt","pid","at"} appended before each call.
+func journalCalls(path string, procOf func(pid int) string) ([]GenCall, bool, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	defer f.Close()
+	var out []GenCall
+	dec := json.NewDecoder(f)
+	for {
+		var e struct {
+			Task    string    `json:"task"`
+			Attempt int       `json:"attempt"`
+			PID     int       `json:"pid"`
+			At      time.Time `json:"at"`
+		}
+		err := dec.Decode(&e)
+		if errors.Is(err, io.EOF) {
+			return out, true, nil
+		}
+		if err != nil {
+			// A torn last line (a process killed mid-write) ends the journal.
+			return out, true, nil
+		}
+		out = append(out, GenCall{Task: e.Task, Proc: procOf(e.PID), Phase: "start", Attempt: e.Attempt, At: e.At})
+	}
+}
+
+// tailFile returns the last n lines of a file, for error messages.
+func tailFile(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
