@@ -124,6 +124,7 @@ type settings struct {
 	jwtSecret   string
 	workers     int
 	genTime     time.Duration
+	obs         obsSettings
 }
 
 // newFlagSet returns a flag set for cmd whose -h prints summary, the flags

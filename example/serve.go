@@ -26,6 +26,7 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	fs.StringVar(&s.addr, "addr", addr, "listen address (env ADDR)")
 	s.addStoreFlags(fs, getenv, true)
 	s.addWorkerFlags(fs, getenv, 2)
+	s.obs.addObsFlags(fs, getenv, stdout)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -58,6 +59,8 @@ type node struct {
 	served   chan error // receives the HTTP server's exit error
 	workers  *workerPool
 	devToken string // a token to print, only when the dev secret is used
+	obs      *observer
+	admin    *admin
 }
 
 // startNode opens the stores, starts the workers and listens.
@@ -86,6 +89,11 @@ func startNode(ctx context.Context, s settings, logger *slog.Logger, stderr io.W
 		return nil, err
 	}
 	n.b = b
+	if n.obs, n.admin, err = startObs(ctx, s.obs, "serve", stderr); err != nil {
+		n.ln.Close()
+		b.close()
+		return nil, err
+	}
 	// Requests are served only after openBackends migrated the schema.
 	a := &api{store: b.store, pool: b.pool, redis: b.redis, secret: secret, logger: logger}
 	n.workers, err = startWorkers(b.store, s.workers, generator{took: s.genTime}, logger)
@@ -94,7 +102,7 @@ func startNode(ctx context.Context, s settings, logger *slog.Logger, stderr io.W
 		b.close()
 		return nil, err
 	}
-	n.srv = &http.Server{Handler: a.handler(), ReadHeaderTimeout: 10 * time.Second}
+	n.srv = &http.Server{Handler: withPage(a.handler(), n.obs, secret, s.jwtSecret == ""), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		err := n.srv.Serve(n.ln)
 		if errors.Is(err, http.ErrServerClosed) {
@@ -121,6 +129,7 @@ func (n *node) printStartup(w io.Writer) {
 	fmt.Fprintf(w, "idemgate example listening on %s (%d workers)\n", u, n.settings.workers)
 	fmt.Fprintf(w, "  postgres: %s\n", n.b.pgInfo)
 	fmt.Fprintf(w, "  redis:    %s\n", n.b.redisInfo)
+	printObs(w, u, n.admin, n.obs)
 	if n.devToken != "" {
 		fmt.Fprintf(w, "Try it (dev token: tenant acme, user alice, 24h):\n  TOKEN=%s\n", n.devToken)
 	} else {
@@ -142,6 +151,7 @@ func (n *node) shutdown() error {
 	go func() { done <- n.srv.Shutdown(ctx) }()
 	n.workers.stop(ctx)
 	err := <-done
+	err = errors.Join(err, n.admin.close(ctx), n.obs.shutdown(ctx))
 	n.b.close()
 	return err
 }
