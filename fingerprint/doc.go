@@ -20,6 +20,27 @@
 // pointer token that names an object member differs from the same token
 // naming an array element ("/0" of {"0":"x"} is not "/0" of ["x"]).
 //
+// # Names are exact, and unambiguous
+//
+// Fields and Exclude match member names byte for byte, but a handler's
+// binder may not: encoding/json, and echo's form binder after it, match a
+// struct field case-insensitively under simple Unicode folding when no
+// name is equal ("Prompt" and "PROMPT" read as "prompt", "ſ" U+017F as
+// "s", the Kelvin sign U+212A as "k"), and the last duplicate wins. So
+// whenever a Spec has Fields or Exclude, a JSON member on the path of a
+// pointer (at every level), or a form field, whose name is not equal to
+// the pointer's token but folds onto it is an error wrapping ErrInvalid
+// that names the pointer and the offset: {"Prompt":"a dog"} cannot share
+// a fingerprint with {"Prompt":"a cat"} while the handler reads either
+// prompt. Without a Spec the whole body is hashed and every name counts.
+//
+// # The empty body
+//
+// A body of no bytes at all (POST /orders/1/cancel) is a request of its
+// own, for Sum and for every media type of SumRequest, with or without a
+// Spec: it is neither {} nor null, and echo's binder binds nothing from
+// it. Canonicalize still rejects it: it is not JSON.
+//
 // # Two choices for numbers
 //
 // Canonicalize follows RFC 8785 to the letter: a number is an IEEE-754
@@ -49,9 +70,22 @@
 //
 // SumRequest picks the encoding by media type: JSON types go through Sum;
 // urlencoded and multipart forms hash their fields by name (the pointer
-// "/prompt" names the field "prompt"), file parts by the SHA-256 of their
-// bytes; anything else hashes its raw bytes. The media type itself takes
-// part, so the same bytes sent as JSON and as text differ.
+// "/prompt" names the field "prompt"), every value of a repeated name in
+// order, file parts by the SHA-256 of their bytes; anything else hashes
+// its raw bytes. The media type itself takes part, so the same bytes sent
+// as JSON and as text differ. Where in doubt two requests differ: each
+// multipart part takes part with its headers (the same file under another
+// file name or part Content-Type is another request), and a raw body with
+// its media type parameters (text/plain in UTF-8 and in Latin-1 differ),
+// normalized: parameter names lower-cased and sorted, the charset value
+// lower-cased, other values as sent. JSON and form media type parameters
+// are ignored, as their parsers ignore them.
+//
+// # Errors
+//
+// An error about a body gives the reason and a byte offset, never body
+// content: no member names, no bytes of strings, no multipart header
+// lines. The middleware passes it on to the client, and logs may keep it.
 //
 // # Stability
 //

@@ -19,7 +19,7 @@ func ExampleCanonicalize() {
 	fmt.Println(err)
 	// Output:
 	// {"a":"é/","b":[1,1e+21,1e-7]}
-	// fingerprint: invalid JSON: duplicate member name "a" at offset 9
+	// fingerprint: invalid JSON: duplicate member name at offset 9
 }
 
 // A retry whose parameters are the same has the same fingerprint, whatever

@@ -64,27 +64,41 @@ func Canonicalize(json []byte) ([]byte, error) {
 
 // Sum returns the fingerprint of a JSON body, as SumRequest does for the
 // media type application/json. Numbers are compared exactly (see the
-// package documentation); the body must be acceptable to Canonicalize.
+// package documentation); the body must be acceptable to Canonicalize, or
+// empty: an empty body (no bytes at all, as a POST /orders/1/cancel sends)
+// is a request of its own, whatever the Spec, neither {} nor null.
 func (s Spec) Sum(body []byte) (Fingerprint, error) {
 	st := getState()
 	defer putState(st)
 	if err := st.prog.compile(s); err != nil {
 		return "", err
 	}
+	if len(body) == 0 {
+		return st.sumEmpty(mediaJSON), nil
+	}
 	return st.sumJSON(mediaJSON, body)
 }
 
 // SumRequest returns the fingerprint of a request body by the media type of
-// r's Content-Type (lower-cased, parameters ignored), which takes part in
-// the fingerprint:
+// r's Content-Type (lower-cased), which takes part in the fingerprint:
 //
 //   - application/json and any */*+json: as Sum;
 //   - application/x-www-form-urlencoded: the fields (Spec pointer "/prompt"
 //     names the field "prompt"), names sorted, repeated values in order;
-//   - multipart/form-data: the same, and each file part by its field name
-//     and the SHA-256 of its bytes, whatever the boundary and the order of
-//     differently named parts;
-//   - anything else, a missing Content-Type included: the raw bytes.
+//   - multipart/form-data: the same, each part with its headers
+//     (normalized: a file under another file name or Content-Type differs)
+//     and a file part by the SHA-256 of its bytes, whatever the boundary
+//     and the order of differently named parts;
+//   - anything else, a missing Content-Type included: the raw bytes and
+//     the media type's parameters (normalized: names sorted, the charset
+//     value lower-cased), so text/plain in UTF-8 and in Latin-1 differ.
+//
+// The parameters of JSON and form media types do not take part: JSON is
+// UTF-8 by definition, and form parsers ignore them. An empty body is the
+// empty request for every media type, as echo's binder binds nothing from
+// it. With Fields or Exclude, a JSON member or form field whose name is not
+// a selected or excluded name but equal to one under case folding is an
+// error (see the package documentation).
 //
 // body is the request body, already read; r.Body is not touched.
 func (s Spec) SumRequest(r *http.Request, body []byte) (Fingerprint, error) {
@@ -93,30 +107,38 @@ func (s Spec) SumRequest(r *http.Request, body []byte) (Fingerprint, error) {
 	if err := st.prog.compile(s); err != nil {
 		return "", err
 	}
-	mt, params, err := parseMediaType(r.Header.Get("Content-Type"))
+	mt, err := parseMediaType(r.Header.Get("Content-Type"))
 	if err != nil {
 		return "", err
 	}
 	switch {
-	case isJSON(mt):
-		return st.sumJSON(mt, body)
-	case mt == "application/x-www-form-urlencoded":
+	case len(body) == 0:
+		return st.sumEmpty(mt.typ), nil
+	case isJSON(mt.typ):
+		return st.sumJSON(mt.typ, body)
+	case mt.typ == "application/x-www-form-urlencoded":
 		f, err := parseURLEncoded(body)
 		if err != nil {
 			return "", err
 		}
-		return st.sumForm(mt, f), nil
-	case mt == "multipart/form-data":
-		f, err := parseMultipart(body, params["boundary"])
+		return st.sumForm(mt.typ, f)
+	case mt.typ == "multipart/form-data":
+		f, err := parseMultipart(body, mt.params["boundary"])
 		if err != nil {
 			return "", err
 		}
-		return st.sumForm(mt, f), nil
+		return st.sumForm(mt.typ, f)
 	default:
-		st.out = appendHeader(st.out[:0], mt, 'R')
+		st.out = appendHeader(st.out[:0], mt.typ, 'R')
+		st.out = appendParams(st.out, mt)
 		st.out = append(st.out, body...)
 		return st.finish(st.out), nil
 	}
+}
+
+func (st *state) sumEmpty(mediaType string) Fingerprint {
+	st.out = appendHeader(st.out[:0], mediaType, 'E')
+	return st.finish(st.out)
 }
 
 const mediaJSON = "application/json"
@@ -125,9 +147,11 @@ const mediaJSON = "application/json"
 //
 //	"idemgate fingerprint v1" 0x00 str(media type) kind payload
 //
-// where str(x) is the uvarint length of x followed by x. The kind byte
-// fixes how the payload reads, and every payload is prefix-free:
+// where str(x) is the uvarint length of x followed by x, and the media type
+// is lower-cased without its parameters. The kind byte fixes how the
+// payload reads, and every payload is prefix-free:
 //
+//	'E' empty body, any media type; nothing follows
 //	'J' canonical body (RFC 8785, numbers exact); the rest of the input
 //	'S' uvarint(n), then per selected pointer, sorted:
 //	    str(pointer) then 0x00 (absent) or 0x01 str(path) str(canonical value)
@@ -137,9 +161,18 @@ const mediaJSON = "application/json"
 //	    of ["x"]); the pointer "" has the empty path
 //	'A' form, all fields: uvarint(n), then per name, sorted: str(name) values
 //	'F' form, selected: uvarint(n), then per pointer, sorted: str(pointer) values
-//	    where values = uvarint(count) then per value 't' str(text) or
-//	    'f' 32-byte SHA-256 of a file's bytes; count 0 means absent
-//	'R' raw body; the rest of the input
+//	    where values = uvarint(count) then per value
+//	    't' str(headers) str(text) or 'f' str(headers) 32-byte SHA-256 of
+//	    a file's bytes; count 0 means absent; headers is empty in a
+//	    urlencoded form and in multipart the part's headers: uvarint(n),
+//	    then per header name, sorted: str(name) uvarint(count) and per
+//	    value 'm' str(media type) params for Content-Type and
+//	    Content-Disposition, 'r' str(value as sent) for the others
+//	'R' raw body: params, then the body; the rest of the input
+//
+// where params = 'p' uvarint(n) then per parameter, sorted by name:
+// str(name) str(value), the value of charset lower-cased; or 'x'
+// str(parameter text as sent) when the parameters do not parse.
 const version = "idemgate fingerprint v1\x00"
 
 func appendHeader(b []byte, mediaType string, kind byte) []byte {

@@ -65,28 +65,58 @@ func TestHashInputLayout(t *testing.T) {
 			"form",
 			req(Spec{}, "application/x-www-form-urlencoded", "b=2&a=1&a=3"),
 			sum(head, str("application/x-www-form-urlencoded"), "A", "\x02",
-				str("a"), "\x02", "t", str("1"), "t", str("3"),
-				str("b"), "\x01", "t", str("2")),
+				str("a"), "\x02", "t", str(""), str("1"), "t", str(""), str("3"),
+				str("b"), "\x01", "t", str(""), str("2")),
 		},
 		{
 			"selected form fields",
 			req(Spec{Fields: []string{"/b", "/c"}}, "application/x-www-form-urlencoded", "b=2&a=1"),
 			sum(head, str("application/x-www-form-urlencoded"), "F", "\x02",
-				str("/b"), "\x01", "t", str("2"),
+				str("/b"), "\x01", "t", str(""), str("2"),
 				str("/c"), "\x00"),
 		},
 		{
 			"multipart file",
-			req(Spec{}, "multipart/form-data; boundary=X", "--X\r\nContent-Disposition: form-data; name=\"f\"; filename=\"a\"\r\n\r\nabc\r\n--X--\r\n"),
+			req(Spec{}, "multipart/form-data; boundary=X", "--X\r\nContent-Disposition: form-data; name=\"f\"; filename=\"a\"\r\nContent-Type: Image/PNG; Q=1; charset=UTF-8\r\nX-Note: As Sent\r\n\r\nabc\r\n--X--\r\n"),
 			func() Fingerprint {
 				d := sha256.Sum256([]byte("abc"))
-				return sum(head, str("multipart/form-data"), "A", "\x01", str("f"), "\x01", "f", string(d[:]))
+				headers := "\x03" +
+					str("Content-Disposition") + "\x01" + "m" + str("form-data") + "p\x02" + str("filename") + str("a") + str("name") + str("f") +
+					str("Content-Type") + "\x01" + "m" + str("image/png") + "p\x02" + str("charset") + str("utf-8") + str("q") + str("1") +
+					str("X-Note") + "\x01" + "r" + str("As Sent")
+				return sum(head, str("multipart/form-data"), "A", "\x01", str("f"), "\x01", "f", str(headers), string(d[:]))
 			}(),
 		},
 		{
+			"multipart text",
+			req(Spec{}, "multipart/form-data; boundary=X", "--X\r\nContent-Disposition: form-data; name=\"p\"\r\n\r\nabc\r\n--X--\r\n"),
+			sum(head, str("multipart/form-data"), "A", "\x01", str("p"), "\x01", "t",
+				str("\x01"+str("Content-Disposition")+"\x01"+"m"+str("form-data")+"p\x01"+str("name")+str("p")), str("abc")),
+		},
+		{
 			"raw",
-			req(Spec{}, "Text/Plain; charset=utf-8", "hi"),
-			sum(head, str("text/plain"), "R", "hi"),
+			req(Spec{}, "Text/Plain; Charset=UTF-8; Format=Flowed", "hi"),
+			sum(head, str("text/plain"), "R", "p\x02", str("charset"), str("utf-8"), str("format"), str("Flowed"), "hi"),
+		},
+		{
+			"raw, parameters that do not parse",
+			req(Spec{}, "text/plain; charset", "hi"),
+			sum(head, str("text/plain"), "R", "x", str("charset"), "hi"),
+		},
+		{
+			"raw, no Content-Type",
+			req(Spec{}, "", "hi"),
+			sum(head, str(""), "R", "p\x00", "hi"),
+		},
+		{
+			"empty JSON body",
+			mustSum(t, Spec{Fields: []string{"/a"}}, ""),
+			sum(head, str("application/json"), "E"),
+		},
+		{
+			"empty form body",
+			req(Spec{}, "application/x-www-form-urlencoded; charset=utf-8", ""),
+			sum(head, str("application/x-www-form-urlencoded"), "E"),
 		},
 	}
 	// A body large enough for Sum to hash it in chunks as it assembles it:

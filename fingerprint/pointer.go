@@ -16,7 +16,8 @@ type token struct {
 // A pointer is a compiled JSON Pointer: toks[first:first+n] of its program.
 type pointer struct {
 	first, n int
-	field    int // slot among the sorted, distinct Fields; -1 for an Exclude pointer
+	field    int    // slot among the sorted, distinct Fields; -1 for an Exclude pointer
+	src      string // the pointer as configured, for error messages
 }
 
 // A program is a Spec compiled for one pass over a body. It lives in the
@@ -31,6 +32,7 @@ type program struct {
 func (p *program) reset() {
 	clear(p.toks) // drop references to the last Spec's strings
 	p.toks = p.toks[:0]
+	clear(p.ptrs)
 	p.ptrs = p.ptrs[:0]
 	clear(p.fields)
 	p.fields = p.fields[:0]
@@ -70,7 +72,7 @@ func (p *program) add(ptr string, field int) error {
 		return err
 	}
 	p.toks = toks
-	p.ptrs = append(p.ptrs, pointer{first: first, n: len(toks) - first, field: field})
+	p.ptrs = append(p.ptrs, pointer{first: first, n: len(toks) - first, field: field, src: ptr})
 	return nil
 }
 
@@ -157,4 +159,16 @@ func singleName(ptr string) (string, bool) {
 		return "", false
 	}
 	return toks[0].name, true
+}
+
+// foldedError reports a member name or form field name at offset off that
+// is not the name p selects or excludes but equal to it under case folding.
+// The message names the pointer, which is configuration, and never the
+// name found, which is body content.
+func foldedError(p pointer, what string, off int) error {
+	role := "selected"
+	if p.field < 0 {
+		role = "excluded"
+	}
+	return invalidf("%s at offset %d differs from the %s field %q only in case (a binder that folds names would read it as that field); send the name exactly", what, off, role, p.src)
 }

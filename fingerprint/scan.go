@@ -257,15 +257,8 @@ func (s *state) value(depth int, emit bool, a0, a1 int) error {
 		if c == '-' || '0' <= c && c <= '9' {
 			return s.number(emit)
 		}
-		return s.errorf("unexpected %s", quoteByte(c))
+		return s.errorf("want a value")
 	}
-}
-
-func quoteByte(c byte) string {
-	if c < 0x20 || c >= 0x7f {
-		return fmt.Sprintf("byte 0x%02x", c)
-	}
-	return fmt.Sprintf("character %q", c)
 }
 
 func (s *state) literal(lit string, emit bool) error {
@@ -283,8 +276,14 @@ func (s *state) literal(lit string, emit bool) error {
 // equals the member name (or the array index when index >= 0). It appends
 // the ones that go deeper to s.active and reports whether one ends here as
 // an exclusion, and the field slot of one that ends here as a field.
-func (s *state) match(a0, a1, depth int, name []byte, index int) (excluded bool, slot int) {
-	slot = -1
+//
+// A member name that is not equal to a pointer's token but equal to it
+// under encoding/json's case folding (bytes.EqualFold: "Prompt", "PROMPT",
+// "ſ" for "s", the Kelvin sign for "k") is refused: a binder that folds
+// names would read that member while the fingerprint skips it. folded is
+// the index in s.prog.ptrs of such a pointer, or -1.
+func (s *state) match(a0, a1, depth int, name []byte, index int) (excluded bool, slot, folded int) {
+	slot, folded = -1, -1
 	for _, pi := range s.active[a0:a1] {
 		p := s.prog.ptrs[pi]
 		t := s.prog.toks[p.first+depth]
@@ -293,6 +292,9 @@ func (s *state) match(a0, a1, depth int, name []byte, index int) (excluded bool,
 				continue
 			}
 		} else if t.name != string(name) {
+			if folded < 0 && equalFold(name, t.name) {
+				folded = pi
+			}
 			continue
 		}
 		switch {
@@ -304,7 +306,7 @@ func (s *state) match(a0, a1, depth int, name []byte, index int) (excluded bool,
 			slot = p.field
 		}
 	}
-	return excluded, slot
+	return excluded, slot, folded
 }
 
 func (s *state) object(depth int, emit bool, a0, a1 int) error {
@@ -364,7 +366,12 @@ func (s *state) object(depth int, emit bool, a0, a1 int) error {
 		c0 := len(s.active)
 		excluded, slot := false, -1
 		if a0 < a1 {
-			excluded, slot = s.match(a0, a1, depth-1, name, -1)
+			var folded int
+			excluded, slot, folded = s.match(a0, a1, depth-1, name, -1)
+			if folded >= 0 {
+				s.active = s.active[:c0]
+				return foldedError(s.prog.ptrs[folded], "member name", keyAt)
+			}
 		}
 		m := member{key: sortKey(name), nameOff: off, nameLen: int32(n), escaped: esc, start: -1}
 		if excluded {
@@ -467,7 +474,7 @@ func (s *state) sortMembers(ms []member, open int) (reordered bool, err error) {
 			if !ms[i].escaped {
 				off = ms[i].nameOff - 1
 			}
-			return false, invalidAt(off, "duplicate member name %q", s.name(&ms[i]))
+			return false, invalidAt(off, "duplicate member name")
 		}
 	}
 	return true, nil
@@ -497,7 +504,7 @@ func (s *state) array(depth int, emit bool, a0, a1 int) error {
 		c0 := len(s.active)
 		excluded, slot := false, -1
 		if a0 < a1 {
-			excluded, slot = s.match(a0, a1, depth-1, nil, index)
+			excluded, slot, _ = s.match(a0, a1, depth-1, nil, index)
 		}
 		var err error
 		if excluded {
@@ -578,7 +585,7 @@ func (s *state) str(emit, key bool) (off, n int, escaped bool, err error) {
 			return s.escapedStr(i, emit, key)
 		case c < 0x20:
 			s.pos = i
-			return 0, 0, false, s.errorf("control character 0x%02x in a string", c)
+			return 0, 0, false, s.errorf("control character in a string")
 		default:
 			r, size := utf8.DecodeRune(data[i:])
 			if r == utf8.RuneError && size == 1 {
@@ -643,7 +650,7 @@ func (s *state) escapedStr(i int, emit, key bool) (off, n int, escaped bool, err
 				}
 				i += 4
 				if 0xDC00 <= r && r <= 0xDFFF {
-					return 0, 0, false, s.errorf("lone surrogate \\u%04x", r)
+					return 0, 0, false, s.errorf("lone surrogate escape")
 				}
 				if 0xD800 <= r && r <= 0xDBFF {
 					lo, ok := rune(0), false
@@ -651,18 +658,18 @@ func (s *state) escapedStr(i int, emit, key bool) (off, n int, escaped bool, err
 						lo, ok = hex4(data[i+2:])
 					}
 					if !ok || lo < 0xDC00 || lo > 0xDFFF {
-						return 0, 0, false, s.errorf("lone surrogate \\u%04x", r)
+						return 0, 0, false, s.errorf("lone surrogate escape")
 					}
 					i += 6
 					r = 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00)
 				}
 				s.names = utf8.AppendRune(s.names, r)
 			default:
-				return 0, 0, false, s.errorf("invalid escape %s", quoteByte(e))
+				return 0, 0, false, s.errorf("invalid escape")
 			}
 		case c < 0x20:
 			s.pos = i
-			return 0, 0, false, s.errorf("control character 0x%02x in a string", c)
+			return 0, 0, false, s.errorf("control character in a string")
 		default:
 			r, size := utf8.DecodeRune(data[i:])
 			if r == utf8.RuneError && size == 1 {

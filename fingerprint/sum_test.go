@@ -144,6 +144,9 @@ func TestSumInvalidBody(t *testing.T) {
 	t.Parallel()
 	specs := []Spec{{}, {Fields: []string{"/a"}}, {Exclude: []string{"/a"}}}
 	for _, tt := range invalidBodies {
+		if tt.given == "" {
+			continue // the empty body is a request of its own for Sum: TestEmptyBody
+		}
 		for _, spec := range specs {
 			fp, err := spec.Sum([]byte(tt.given))
 			if !errors.Is(err, ErrInvalid) {
