@@ -89,6 +89,8 @@ func report(w io.Writer, res *results, size sizes, m machine) {
 	rateRow(fmt.Sprintf("batch insert ×%d (tasks/s, %d clients)", size.BatchSize, size.BatchClients), rowBatch)
 	rateRow(fmt.Sprintf("work, 1 process × %d (tasks/s)", size.Slots), workRow(1))
 	rateRow(fmt.Sprintf("work, 2 processes × %d (tasks/s)", size.Slots), workRow(2))
+	rateRow(fmt.Sprintf("drain a backlog, 1 process × %d (tasks/s)", size.Slots), drainRow(1))
+	rateRow(fmt.Sprintf("drain a backlog, 2 processes × %d (tasks/s)", size.Slots), drainRow(2))
 	if len(res.latency) > 0 {
 		var p50, p99 [3]time.Duration
 		for i, sys := range systems() {
@@ -105,8 +107,25 @@ func report(w io.Writer, res *results, size sizes, m machine) {
 	fmt.Fprintf(w, "batch insert: pgstore uses %s; River InsertMany.\n", batchMode())
 	fmt.Fprintf(w, "work: from the first submit until the database shows every task completed; %d tasks per round (%d for River at its defaults), %d rounds.\n",
 		size.WorkTasks, size.WorkTasksSlow, size.WorkRounds)
+	fmt.Fprintf(w, "drain: the same tasks submitted in one batch before the clock starts; from then until all completed.\n")
+	keys := []string{rowInsert, rowDup, rowBatch, workRow(1), workRow(2), drainRow(1), drainRow(2)}
+	fmt.Fprintf(w, "\nround trips per task, submitting side + worker side (queries, batches and COPYs on the pools):\n")
+	for _, key := range keys {
+		if res.trips[key] == nil {
+			continue
+		}
+		fmt.Fprintf(w, "  %-7s", key)
+		for _, sys := range systems() {
+			t := res.trips[key][sys]
+			if t.tasks == 0 {
+				continue
+			}
+			fmt.Fprintf(w, "  %s: %.2f + %.2f", sys, float64(t.submit)/float64(t.tasks), float64(t.worker)/float64(t.tasks))
+		}
+		fmt.Fprintln(w)
+	}
 	fmt.Fprintf(w, "per-round rates (tasks/s), in round order:\n")
-	for _, key := range []string{rowInsert, rowDup, rowBatch, workRow(1), workRow(2)} {
+	for _, key := range keys {
 		if res.rounds[key] == nil {
 			continue
 		}

@@ -59,15 +59,17 @@ func TestRowsComplete(t *testing.T) {
 	if testing.Verbose() {
 		b.log = os.Stderr
 	}
-	if err := b.run(ctx, []string{rowInsert, rowDup, rowBatch, rowWork, rowLatency}); err != nil {
+	if err := b.run(ctx, []string{rowInsert, rowDup, rowBatch, rowWork, rowDrain, rowLatency}); err != nil {
 		t.Fatal(err)
 	}
 	wantTasks := map[string]map[string]int{
-		rowInsert:  {sysPgstore: size.Inserts, sysRiverTuned: size.Inserts, sysRiverDefault: size.Inserts},
-		rowDup:     {sysPgstore: size.Inserts, sysRiverTuned: size.Inserts, sysRiverDefault: size.Inserts},
-		rowBatch:   {sysPgstore: size.Batches * size.BatchSize, sysRiverTuned: size.Batches * size.BatchSize, sysRiverDefault: size.Batches * size.BatchSize},
-		workRow(1): {sysPgstore: size.WorkTasks, sysRiverTuned: size.WorkTasks, sysRiverDefault: size.WorkTasksSlow},
-		workRow(2): {sysPgstore: size.WorkTasks, sysRiverTuned: size.WorkTasks, sysRiverDefault: size.WorkTasksSlow},
+		rowInsert:   {sysPgstore: size.Inserts, sysRiverTuned: size.Inserts, sysRiverDefault: size.Inserts},
+		rowDup:      {sysPgstore: size.Inserts, sysRiverTuned: size.Inserts, sysRiverDefault: size.Inserts},
+		rowBatch:    {sysPgstore: size.Batches * size.BatchSize, sysRiverTuned: size.Batches * size.BatchSize, sysRiverDefault: size.Batches * size.BatchSize},
+		workRow(1):  {sysPgstore: size.WorkTasks, sysRiverTuned: size.WorkTasks, sysRiverDefault: size.WorkTasksSlow},
+		workRow(2):  {sysPgstore: size.WorkTasks, sysRiverTuned: size.WorkTasks, sysRiverDefault: size.WorkTasksSlow},
+		drainRow(1): {sysPgstore: size.WorkTasks, sysRiverTuned: size.WorkTasks, sysRiverDefault: size.WorkTasksSlow},
+		drainRow(2): {sysPgstore: size.WorkTasks, sysRiverTuned: size.WorkTasks, sysRiverDefault: size.WorkTasksSlow},
 	}
 	for row, bySys := range wantTasks {
 		for sys, want := range bySys {

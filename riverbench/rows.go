@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -17,8 +16,9 @@ const (
 	rowDup      = "dup"
 	rowBatch    = "batch"
 	rowWork     = "work"
+	rowDrain    = "drain"
 	rowLatency  = "latency"
-	allRowNames = "insert,dup,batch,work,latency"
+	allRowNames = "insert,dup,batch,work,drain,latency"
 )
 
 // sizes is how much work each row does; see quickSizes and fullSizes.
@@ -70,20 +70,35 @@ type results struct {
 	rates   map[string]map[string]rate      // row key → system → total
 	latency map[string][]time.Duration      // system → samples
 	rounds  map[string]map[string][]float64 // row key → system → per-round rate, for the spread
+	trips   map[string]map[string]tripCount // row key → system → round trips
+}
+
+// tripCount is the round trips a row made for its tasks.
+type tripCount struct {
+	submit, worker int64
+	tasks          int
 }
 
 func newResults() *results {
 	return &results{rates: map[string]map[string]rate{}, latency: map[string][]time.Duration{},
-		rounds: map[string]map[string][]float64{}}
+		rounds: map[string]map[string][]float64{}, trips: map[string]map[string]tripCount{}}
 }
 
-func (r *results) add(row, sys string, tasks int, elapsed time.Duration) {
+// add records a round of row on sys: tasks done in elapsed, with submit
+// and worker round trips.
+func (r *results) add(row, sys string, tasks int, elapsed time.Duration, submit, worker int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.rates[row] == nil {
 		r.rates[row] = map[string]rate{}
 		r.rounds[row] = map[string][]float64{}
+		r.trips[row] = map[string]tripCount{}
 	}
+	tr := r.trips[row][sys]
+	tr.submit += submit
+	tr.worker += worker
+	tr.tasks += tasks
+	r.trips[row][sys] = tr
 	t := r.rates[row][sys]
 	t.tasks += tasks
 	t.elapsed += elapsed
@@ -152,11 +167,13 @@ func (b *bench) run(ctx context.Context, rows []string) error {
 			err = b.rounds(ctx, b.size.Rounds, b.insertDup)
 		case rowBatch:
 			err = b.rounds(ctx, b.size.Rounds, b.batch)
-		case rowWork:
+		case rowWork, rowDrain:
 			for _, procs := range []int{1, 2} {
-				err = errors.Join(err, b.rounds(ctx, b.size.WorkRounds, func(ctx context.Context, r int, sys string) error {
-					return b.work(ctx, r, sys, procs)
-				}))
+				if err = b.rounds(ctx, b.size.WorkRounds, func(ctx context.Context, r int, sys string) error {
+					return b.work(ctx, r, sys, procs, row == rowDrain)
+				}); err != nil {
+					break
+				}
 			}
 		case rowLatency:
 			for r := range b.size.LatencyRounds {
@@ -228,14 +245,16 @@ func (b *bench) insertNew(ctx context.Context, r int, sys string) error {
 		return err
 	}
 	keys := makeKeys(fmt.Sprintf("new-%d", r), b.size.Inserts)
+	before := q.trips()
 	d, err := b.submitAll(ctx, q, keys, false)
 	if err != nil {
 		return err
 	}
+	rt := q.trips() - before
 	if err := checkCount(ctx, q, len(keys)); err != nil {
 		return err
 	}
-	b.res.add(rowInsert, sys, len(keys), d)
+	b.res.add(rowInsert, sys, len(keys), d, rt, 0)
 	b.logf("insert    round %d %-13s %8.0f tasks/s", r, sys, rate{len(keys), d}.perSecond())
 	return nil
 }
@@ -251,14 +270,16 @@ func (b *bench) insertDup(ctx context.Context, r int, sys string) error {
 	if _, err := b.submitAll(ctx, q, keys, false); err != nil {
 		return err
 	}
+	before := q.trips()
 	d, err := b.submitAll(ctx, q, keys, true)
 	if err != nil {
 		return err
 	}
+	rt := q.trips() - before
 	if err := checkCount(ctx, q, len(keys)); err != nil {
 		return err
 	}
-	b.res.add(rowDup, sys, len(keys), d)
+	b.res.add(rowDup, sys, len(keys), d, rt, 0)
 	b.logf("dup       round %d %-13s %8.0f tasks/s", r, sys, rate{len(keys), d}.perSecond())
 	return nil
 }
@@ -270,26 +291,33 @@ func (b *bench) batch(ctx context.Context, r int, sys string) error {
 		return err
 	}
 	keys := makeKeys(fmt.Sprintf("batch-%d", r), b.size.Batches*b.size.BatchSize)
+	before := q.trips()
 	d, err := parallel(ctx, b.size.BatchClients, b.size.Batches, func(ctx context.Context, i int) error {
 		return q.submitMany(ctx, keys[i*b.size.BatchSize:(i+1)*b.size.BatchSize])
 	})
 	if err != nil {
 		return err
 	}
+	rt := q.trips() - before
 	if err := checkCount(ctx, q, len(keys)); err != nil {
 		return err
 	}
-	b.res.add(rowBatch, sys, len(keys), d)
+	b.res.add(rowBatch, sys, len(keys), d, rt, 0)
 	b.logf("batch     round %d %-13s %8.0f tasks/s", r, sys, rate{len(keys), d}.perSecond())
 	return nil
 }
 
-func workRow(procs int) string { return fmt.Sprintf("%s%d", rowWork, procs) }
+func workRow(procs int) string  { return fmt.Sprintf("%s%d", rowWork, procs) }
+func drainRow(procs int) string { return fmt.Sprintf("%s%d", rowDrain, procs) }
 
 // work is the throughput row: procs worker processes with Slots slots
 // each are idle; the clients submit WorkTasks tasks; the time runs from
 // the first submit until the database shows all of them completed.
-func (b *bench) work(ctx context.Context, r int, sys string, procs int) error {
+//
+// With backlog (the drain row), the tasks are submitted in one batch, in
+// one transaction, before the clock starts: it measures the workers alone,
+// from the moment a backlog appears until it is done.
+func (b *bench) work(ctx context.Context, r int, sys string, procs int, backlog bool) error {
 	q := b.queues[sys]
 	if err := q.reset(ctx); err != nil {
 		return err
@@ -314,15 +342,30 @@ func (b *bench) work(ctx context.Context, r int, sys string, procs int) error {
 	if !sleep(ctx, b.size.Settle) {
 		return ctx.Err()
 	}
-	keys := makeKeys(fmt.Sprintf("work-%d-%d", procs, r), n)
-	start := time.Now()
+	row, label := workRow(procs), fmt.Sprintf("work×%d ", procs)
+	if backlog {
+		row, label = drainRow(procs), fmt.Sprintf("drain×%d", procs)
+	}
+	keys := makeKeys(fmt.Sprintf("%s-%d", row, r), n)
+	before := q.trips()
 	submitted := make(chan error, 1)
-	go func() {
-		_, err := b.submitAll(ctx, q, keys, false)
-		submitted <- err
-	}()
+	if backlog {
+		if err := q.submitMany(ctx, keys); err != nil {
+			return err
+		}
+		submitted <- nil
+	}
+	start := time.Now()
+	if !backlog {
+		go func() {
+			_, err := b.submitAll(ctx, q, keys, false)
+			submitted <- err
+		}()
+	}
 	deadline := start.Add(2 * time.Minute)
+	var polls int64 // the polls' round trips are not the submits'
 	for {
+		polls++
 		_, done, _, err := q.finished(ctx)
 		if err != nil {
 			return err
@@ -341,6 +384,7 @@ func (b *bench) work(ctx context.Context, r int, sys string, procs int) error {
 	if err := <-submitted; err != nil {
 		return err
 	}
+	submitTrips := q.trips() - before - polls
 	total, _, retried, err := q.finished(ctx)
 	if err != nil {
 		return err
@@ -348,14 +392,16 @@ func (b *bench) work(ctx context.Context, r int, sys string, procs int) error {
 	if total != n || retried != 0 {
 		return fmt.Errorf("%d tasks stored (want %d), %d ran more than once", total, n, retried)
 	}
+	var workerTrips int64
 	for _, w := range workers {
 		if err := w.stop(); err != nil {
 			return fmt.Errorf("worker: %w", err)
 		}
+		workerTrips += w.trips
 	}
 	workers = nil
-	b.res.add(workRow(procs), sys, n, d)
-	b.logf("work×%d    round %d %-13s %8.0f tasks/s", procs, r, sys, rate{n, d}.perSecond())
+	b.res.add(row, sys, n, d, submitTrips, workerTrips)
+	b.logf("%s   round %d %-13s %8.0f tasks/s", label, r, sys, rate{n, d}.perSecond())
 	return nil
 }
 

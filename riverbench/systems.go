@@ -67,21 +67,23 @@ type queue interface {
 	finished(ctx context.Context) (total, done, retried int, err error)
 	// reset deletes every task.
 	reset(ctx context.Context) error
+	// trips counts the round trips of the inserting side so far.
+	trips() int64
 	close()
 }
 
 // openQueue connects to dsn, migrates, and returns the named system.
 func openQueue(ctx context.Context, name, dsn string, conns int) (queue, error) {
-	pool, err := newPool(ctx, dsn, conns)
+	pool, rt, err := newPool(ctx, dsn, conns)
 	if err != nil {
 		return nil, err
 	}
 	var q queue
 	switch name {
 	case sysPgstore:
-		q, err = openPgstore(ctx, pool)
+		q, err = openPgstore(ctx, pool, rt)
 	case sysRiverTuned, sysRiverDefault:
-		q, err = openRiver(ctx, name, pool)
+		q, err = openRiver(ctx, name, pool, rt)
 	default:
 		err = fmt.Errorf("unknown system %q", name)
 	}
@@ -93,40 +95,43 @@ func openQueue(ctx context.Context, name, dsn string, conns int) (queue, error) 
 }
 
 // newPool opens a pool of conns connections, all of them before it returns,
-// so that no measurement pays for a handshake.
-func newPool(ctx context.Context, dsn string, conns int) (*pgxpool.Pool, error) {
+// so that no measurement pays for a handshake, and counts its round trips.
+func newPool(ctx context.Context, dsn string, conns int) (*pgxpool.Pool, *roundTrips, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("parse dsn: %w", err)
+		return nil, nil, fmt.Errorf("parse dsn: %w", err)
 	}
 	cfg.MaxConns = int32(conns)
 	cfg.MinConns = int32(conns)
+	rt := &roundTrips{}
+	cfg.ConnConfig.Tracer = rt
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	held := make([]*pgxpool.Conn, 0, conns)
 	for range conns {
 		c, err := pool.Acquire(ctx)
 		if err != nil {
 			pool.Close()
-			return nil, fmt.Errorf("connect: %w", err)
+			return nil, nil, fmt.Errorf("connect: %w", err)
 		}
 		held = append(held, c)
 	}
 	for _, c := range held {
 		c.Release()
 	}
-	return pool, nil
+	return pool, rt, nil
 }
 
 // pgstoreQueue submits with pgstore.Submit.
 type pgstoreQueue struct {
 	pool  *pgxpool.Pool
+	rt    *roundTrips
 	store *pgstore.Store
 }
 
-func openPgstore(ctx context.Context, pool *pgxpool.Pool) (*pgstoreQueue, error) {
+func openPgstore(ctx context.Context, pool *pgxpool.Pool, rt *roundTrips) (*pgstoreQueue, error) {
 	s, err := pgstore.New(ctx, pool)
 	if err != nil {
 		return nil, err
@@ -134,7 +139,7 @@ func openPgstore(ctx context.Context, pool *pgxpool.Pool) (*pgstoreQueue, error)
 	if err := s.Migrate(ctx); err != nil {
 		return nil, err
 	}
-	return &pgstoreQueue{pool: pool, store: s}, nil
+	return &pgstoreQueue{pool: pool, rt: rt, store: s}, nil
 }
 
 func (q *pgstoreQueue) name() string { return sysPgstore }
@@ -205,6 +210,8 @@ func (q *pgstoreQueue) reset(ctx context.Context) error {
 	return err
 }
 
+func (q *pgstoreQueue) trips() int64 { return q.rt.load() }
+
 func (q *pgstoreQueue) close() { q.pool.Close() }
 
 // riverQueue inserts with an insert-only River client configured like the
@@ -213,6 +220,7 @@ func (q *pgstoreQueue) close() { q.pool.Close() }
 type riverQueue struct {
 	sys    string
 	pool   *pgxpool.Pool
+	rt     *roundTrips
 	client *river.Client[pgx.Tx]
 }
 
@@ -233,7 +241,7 @@ func riverConfig(sys string, workers *river.Workers, slots int) *river.Config {
 	return cfg
 }
 
-func openRiver(ctx context.Context, sys string, pool *pgxpool.Pool) (*riverQueue, error) {
+func openRiver(ctx context.Context, sys string, pool *pgxpool.Pool, rt *roundTrips) (*riverQueue, error) {
 	driver := riverpgxv5.New(pool)
 	m, err := rivermigrate.New(driver, nil)
 	if err != nil {
@@ -246,7 +254,7 @@ func openRiver(ctx context.Context, sys string, pool *pgxpool.Pool) (*riverQueue
 	if err != nil {
 		return nil, err
 	}
-	return &riverQueue{sys: sys, pool: pool, client: c}, nil
+	return &riverQueue{sys: sys, pool: pool, rt: rt, client: c}, nil
 }
 
 func (q *riverQueue) name() string { return q.sys }
@@ -284,5 +292,7 @@ func (q *riverQueue) reset(ctx context.Context) error {
 	_, err := q.pool.Exec(ctx, "TRUNCATE river_job")
 	return err
 }
+
+func (q *riverQueue) trips() int64 { return q.rt.load() }
 
 func (q *riverQueue) close() { q.pool.Close() }

@@ -24,8 +24,9 @@ import (
 
 // workerMain is the worker subcommand: it works on one system's tasks
 // with a no-op handler until its standard input closes (the parent is
-// done or gone), then shuts down gracefully. It prints "ready" once
-// working and, with -report, "start KEY UNIXNANO" as each handler starts.
+// done or gone), then shuts down gracefully. It prints "ready N" once
+// working, "start KEY UNIXNANO" as each handler starts (with -report),
+// and "done N" when its input closes, N being its round trips so far.
 func workerMain(args []string) error {
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	sys := fs.String("system", "", "pgstore, river-tuned or river-default")
@@ -37,7 +38,7 @@ func workerMain(args []string) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pool, err := newPool(ctx, *dsn, *slots+4)
+	pool, rt, err := newPool(ctx, *dsn, *slots+4)
 	if err != nil {
 		return err
 	}
@@ -101,9 +102,12 @@ func workerMain(args []string) error {
 		return fmt.Errorf("unknown system %q", *sys)
 	}
 	out.Lock()
-	fmt.Fprintln(os.Stdout, "ready")
+	fmt.Fprintf(os.Stdout, "ready %d\n", rt.load())
 	out.Unlock()
 	_, _ = io.Copy(io.Discard, os.Stdin)
+	out.Lock()
+	fmt.Fprintf(os.Stdout, "done %d\n", rt.load())
+	out.Unlock()
 	return stop()
 }
 
@@ -113,6 +117,9 @@ type workerProc struct {
 	stdin  io.WriteCloser
 	exited chan struct{}
 	err    error // of Wait, once exited is closed
+	// trips are the round trips from ready until its input closed, once
+	// exited is closed.
+	trips int64
 }
 
 // spawnWorker starts the worker subcommand of exe for sys and waits until
@@ -139,14 +146,17 @@ func spawnWorker(ctx context.Context, exe, sys, dsn string, slots int, onStart f
 	ready := make(chan struct{})
 	go func() {
 		sc := bufio.NewScanner(stdout)
+		var atReady int64
 		for sc.Scan() {
-			line := sc.Text()
-			if line == "ready" {
+			f := strings.Fields(sc.Text())
+			switch {
+			case len(f) == 2 && f[0] == "ready":
+				atReady, _ = strconv.ParseInt(f[1], 10, 64)
 				close(ready)
-				continue
-			}
-			f := strings.Fields(line)
-			if len(f) == 3 && f[0] == "start" && onStart != nil {
+			case len(f) == 2 && f[0] == "done":
+				n, _ := strconv.ParseInt(f[1], 10, 64)
+				p.trips = n - atReady
+			case len(f) == 3 && f[0] == "start" && onStart != nil:
 				if ns, err := strconv.ParseInt(f[2], 10, 64); err == nil {
 					onStart(f[1], time.Unix(0, ns))
 				}
