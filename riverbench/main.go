@@ -39,16 +39,17 @@ func main() {
 	}
 	quick := flag.Bool("quick", false, "a short run (about 1–2 minutes) instead of the full one")
 	rows := flag.String("rows", allRowNames, "rows to run, comma-separated")
+	stmts := flag.Bool("statements", false, "load pg_stat_statements and print each row's top statements per system (for profiling)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *quick, strings.Split(*rows, ",")); err != nil {
+	if err := run(ctx, *quick, *stmts, strings.Split(*rows, ",")); err != nil {
 		fmt.Fprintln(os.Stderr, "riverbench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, quick bool, rows []string) error {
+func run(ctx context.Context, quick, stmts bool, rows []string) error {
 	size := fullSizes()
 	if quick {
 		size = quickSizes()
@@ -58,7 +59,7 @@ func run(ctx context.Context, quick bool, rows []string) error {
 		return err
 	}
 	before := loadAverage()
-	dbs, err := startDatabases(ctx, os.Getenv("DATABASE_URL"))
+	dbs, err := startDatabases(ctx, os.Getenv("DATABASE_URL"), stmts)
 	if err != nil {
 		return err
 	}
@@ -68,6 +69,12 @@ func run(ctx context.Context, quick bool, rows []string) error {
 		return err
 	}
 	defer b.close()
+	if stmts {
+		if b.stmts, err = openStatements(ctx, dbs.admin); err != nil {
+			return err
+		}
+		defer b.stmts.close()
+	}
 	began := time.Now()
 	if err := b.run(ctx, rows); err != nil {
 		return err

@@ -114,6 +114,7 @@ type bench struct {
 	size   sizes
 	log    io.Writer // progress
 	res    *results
+	stmts  *statements // nil unless profiling
 }
 
 // rotated is the systems in round r's order: each system goes first in
@@ -159,34 +160,52 @@ func (b *bench) logf(format string, args ...any) {
 // run runs the named rows in order.
 func (b *bench) run(ctx context.Context, rows []string) error {
 	for _, row := range rows {
-		var err error
-		switch row {
-		case rowInsert:
-			err = b.rounds(ctx, b.size.Rounds, b.insertNew)
-		case rowDup:
-			err = b.rounds(ctx, b.size.Rounds, b.insertDup)
-		case rowBatch:
-			err = b.rounds(ctx, b.size.Rounds, b.batch)
-		case rowWork, rowDrain:
-			for _, procs := range []int{1, 2} {
-				if err = b.rounds(ctx, b.size.WorkRounds, func(ctx context.Context, r int, sys string) error {
-					return b.work(ctx, r, sys, procs, row == rowDrain)
-				}); err != nil {
-					break
-				}
-			}
-		case rowLatency:
-			for r := range b.size.LatencyRounds {
-				if err = b.latency(ctx, r); err != nil {
-					break
-				}
-			}
-		default:
-			err = fmt.Errorf("unknown row %q (rows: %s)", row, allRowNames)
+		if err := b.runRow(ctx, row); err != nil {
+			return err
 		}
-		if err != nil {
-			return fmt.Errorf("%s: %w", row, err)
+		if b.stmts != nil {
+			if err := b.stmts.print(ctx, b.log, row, b.dsns, 8); err != nil {
+				return err
+			}
 		}
+	}
+	return nil
+}
+
+// runRow runs one row, all its rounds.
+func (b *bench) runRow(ctx context.Context, row string) error {
+	if b.stmts != nil {
+		if err := b.stmts.reset(ctx); err != nil {
+			return err
+		}
+	}
+	var err error
+	switch row {
+	case rowInsert:
+		err = b.rounds(ctx, b.size.Rounds, b.insertNew)
+	case rowDup:
+		err = b.rounds(ctx, b.size.Rounds, b.insertDup)
+	case rowBatch:
+		err = b.rounds(ctx, b.size.Rounds, b.batch)
+	case rowWork, rowDrain:
+		for _, procs := range []int{1, 2} {
+			if err = b.rounds(ctx, b.size.WorkRounds, func(ctx context.Context, r int, sys string) error {
+				return b.work(ctx, r, sys, procs, row == rowDrain)
+			}); err != nil {
+				break
+			}
+		}
+	case rowLatency:
+		for r := range b.size.LatencyRounds {
+			if err = b.latency(ctx, r); err != nil {
+				break
+			}
+		}
+	default:
+		err = fmt.Errorf("unknown row %q (rows: %s)", row, allRowNames)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", row, err)
 	}
 	return nil
 }

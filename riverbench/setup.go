@@ -21,8 +21,9 @@ type databases struct {
 }
 
 // startDatabases starts a throwaway server (or uses the one at adminURL)
-// and creates a database for each system.
-func startDatabases(ctx context.Context, adminURL string) (*databases, error) {
+// and creates a database for each system. With statements, the throwaway
+// server loads pg_stat_statements.
+func startDatabases(ctx context.Context, adminURL string, statements bool) (*databases, error) {
 	d := &databases{admin: adminURL, dsns: map[string]string{}}
 	if d.admin == "" {
 		sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
@@ -32,6 +33,12 @@ func startDatabases(ctx context.Context, adminURL string) (*databases, error) {
 			return nil, err
 		}
 		d.server, d.admin = p, p.DSN("postgres")
+		if statements {
+			if err := preloadStatements(sctx, p); err != nil {
+				d.close()
+				return nil, err
+			}
+		}
 	}
 	conn, err := pgx.Connect(ctx, d.admin)
 	if err != nil {
@@ -52,6 +59,20 @@ func startDatabases(ctx context.Context, adminURL string) (*databases, error) {
 		d.dsns[sys] = withDatabase(d.admin, name)
 	}
 	return d, nil
+}
+
+// preloadStatements restarts p with pg_stat_statements loaded.
+func preloadStatements(ctx context.Context, p *devserver.Postgres) error {
+	conn, err := pgx.Connect(ctx, p.DSN("postgres"))
+	if err != nil {
+		return err
+	}
+	_, err = conn.Exec(ctx, "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+	conn.Close(ctx)
+	if err != nil {
+		return fmt.Errorf("preload pg_stat_statements: %w", err)
+	}
+	return p.Restart(ctx)
 }
 
 // close drops the databases and stops the throwaway server.
