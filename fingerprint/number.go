@@ -2,7 +2,6 @@ package fingerprint
 
 import (
 	"math"
-	"math/big"
 	"strconv"
 )
 
@@ -150,7 +149,9 @@ func fitsDouble(lit []byte) bool {
 // appendExact writes a nonzero number exactly, as d₁.d₂…dₙe<sci> with no
 // leading or trailing zero digit: 1, 1.0, 1e0 and 10e-1 all become "1e0",
 // and different decimal values always differ. When huge is set, the
-// exponent is too large for an int and is computed from its digits.
+// exponent is too large for an int: sci then holds only the part that
+// comes from the digits (lead - 1), and the exponent written is
+// sci - expDigits, computed digit by digit in time linear in the digits.
 func appendExact(b []byte, neg bool, intPart, fracPart []byte, sci int, huge bool, expDigits []byte) []byte {
 	if neg {
 		b = append(b, '-')
@@ -174,11 +175,58 @@ func appendExact(b []byte, neg bool, intPart, fracPart []byte, sci int, huge boo
 	if !huge {
 		return strconv.AppendInt(b, int64(sci), 10)
 	}
-	// Only a negative exponent can be huge here; sci = exp + (sci - exp).
-	e, _ := new(big.Int).SetString(string(expDigits), 10)
-	e.Neg(e)
-	e.Add(e, big.NewInt(int64(sci)))
-	return e.Append(b, 10)
+	// Only a negative exponent can be huge here: the exponent is
+	// sci - E = -(E - sci), where E has more than 15 digits and |sci| is
+	// at most the length of the body, so E - sci > 0.
+	b = append(b, '-')
+	return appendDecimalSub(b, expDigits, sci)
+}
+
+// appendDecimalSub appends the decimal digits of E - d, where E is written
+// in digits (leading zeros allowed) and E - d > 0. It costs time linear in
+// len(digits), where big.Int's conversions would be superlinear.
+func appendDecimalSub(b, digits []byte, d int) []byte {
+	for len(digits) > 1 && digits[0] == '0' {
+		digits = digits[1:]
+	}
+	start := len(b)
+	b = append(b, digits...)
+	if d < 0 { // E + |d|: add with carry
+		carry := -int64(d)
+		for i := len(b) - 1; carry > 0 && i >= start; i-- {
+			v := int64(b[i]-'0') + carry%10
+			carry /= 10
+			if v >= 10 {
+				v -= 10
+				carry++
+			}
+			b[i] = byte(v) + '0'
+		}
+		if carry > 0 {
+			var tmp [20]byte
+			pre := strconv.AppendInt(tmp[:0], carry, 10)
+			b = append(b, pre...) // grow, then shift the digits right
+			copy(b[start+len(pre):], b[start:len(b)-len(pre)])
+			copy(b[start:], pre)
+		}
+		return b
+	}
+	borrow := int64(d) // E - d: subtract with borrow
+	for i := len(b) - 1; borrow > 0 && i >= start; i-- {
+		v := int64(b[i]-'0') - borrow%10
+		borrow /= 10
+		if v < 0 {
+			v += 10
+			borrow++
+		}
+		b[i] = byte(v) + '0'
+	}
+	z := start
+	for z < len(b)-1 && b[z] == '0' {
+		z++
+	}
+	n := copy(b[start:], b[z:])
+	return b[:start+n]
 }
 
 // appendES6 writes f as ECMAScript's Number::toString does, which is what
