@@ -76,6 +76,15 @@ type player struct {
 	http   *http.Client
 	token  string
 	round  int
+	// past are earlier accepted actions, revisited later: an honest retry
+	// must replay the same task, a reworded one must get key_reused, even
+	// after Redis forgot the key.
+	past []pastAction
+}
+
+type pastAction struct {
+	key string
+	req client.ImageRequest
 }
 
 func (w *workload) client(ctx context.Context, n int) {
@@ -96,6 +105,10 @@ func (w *workload) client(ctx context.Context, n int) {
 	}
 	for time.Now().Before(w.stopNew) && ctx.Err() == nil {
 		p.round++
+		if len(p.past) > 0 && p.rng.IntN(4) == 0 {
+			p.revisit(ctx)
+			continue
+		}
 		p.play(ctx)
 	}
 }
@@ -144,6 +157,9 @@ func (p *player) play(ctx context.Context) {
 	}
 	a.TaskID = sub.TaskID
 	p.remember(sub.TaskID)
+	if scenario == "plain" || scenario == "reworded" {
+		p.past = append(p.past, pastAction{key: key, req: req})
+	}
 	if p.rng.IntN(2) == 0 {
 		// An honest retry, byte for byte, to either node; then one whose
 		// client_note changed (not a fingerprinted field): both replay.
@@ -189,6 +205,22 @@ func (p *player) play(ctx context.Context) {
 		}
 		p.end(na, outcome, detail)
 	}
+}
+
+// revisit retries an earlier action, seconds or minutes later: byte for
+// byte (it must replay the same task) or reworded (it must get key_reused).
+func (p *player) revisit(ctx context.Context) {
+	old := p.past[p.rng.IntN(len(p.past))]
+	req, scenario := old.req, "late-retry"
+	if p.rng.IntN(2) == 0 {
+		req.Prompt, scenario = req.Prompt+" ", "late-reworded"
+	}
+	actx, a := p.newAction(ctx, old.key, scenario)
+	sub, outcome, detail := p.submit(actx, old.key, req)
+	if outcome == "" {
+		a.TaskID, outcome = sub.TaskID, "accepted"
+	}
+	p.end(a, outcome, detail)
 }
 
 // submit sends the action until it is accepted ("" outcome), refused

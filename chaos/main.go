@@ -134,9 +134,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
+	began := time.Now()
 	logf := func(format string, args ...any) {
 		if !o.quiet {
-			fmt.Fprintf(stderr, "chaos: "+format+"\n", args...)
+			fmt.Fprintf(stderr, "chaos: %5.1fs "+format+"\n", append([]any{time.Since(began).Seconds()}, args...)...)
 		}
 	}
 	if o.check != "" {
@@ -267,6 +268,7 @@ func soak(ctx context.Context, o options, logf func(string, ...any)) (History, s
 	if err := waitTasksEnd(ctx, sys, meta.Heal.Add(o.bound)); err != nil {
 		return History{}, sys.dir, err
 	}
+	logf("tasks ended; reading the table and the logs")
 	if err := dumpTable(ctx, sys, rec); err != nil {
 		return History{}, sys.dir, err
 	}
