@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -335,6 +336,36 @@ func TestHistoryRoundTrip(t *testing.T) {
 	}
 	if Holds(again) {
 		t.Error("the reworded replay in the file went unnoticed")
+	}
+}
+
+// writeHistory writes h as a run would.
+func writeHistory(t *testing.T, path string, h History) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rec := newRecorder(f)
+	rec.meta(h.Meta)
+	for _, q := range h.Requests {
+		rec.request(q)
+	}
+	for _, a := range h.Actions {
+		rec.action(a)
+	}
+	for _, g := range h.Gen {
+		rec.gen(g)
+	}
+	for _, x := range h.Faults {
+		rec.fault(x)
+	}
+	for _, w := range h.Rows {
+		rec.row(w)
+	}
+	if err := rec.flush(); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -231,15 +231,14 @@ func (s *system) waitReady(ctx context.Context, p *proc, within time.Duration) e
 	}
 }
 
-// stop ends every process and server and closes the proxies. The run
-// directory stays; remove it with s.dir.
+// stop ends every process and server and closes the proxies. The run is
+// over, so processes are killed, not shut down: that is quicker and was
+// tested all along. The run directory stays; remove it with s.dir.
 func (s *system) stop() {
-	var wg sync.WaitGroup
 	for _, p := range s.procs {
-		wg.Add(1)
-		go func() { defer wg.Done(); p.terminate() }()
+		p.signal(syscall.SIGCONT)
+		p.kill()
 	}
-	wg.Wait()
 	for _, p := range s.procs {
 		for _, l := range p.links {
 			l.Close()
@@ -352,18 +351,6 @@ func (p *proc) signal(sig syscall.Signal) {
 func (p *proc) kill() {
 	p.signal(syscall.SIGKILL)
 	<-p.exited()
-}
-
-// terminate asks the process to stop (SIGCONT, SIGTERM) and kills it
-// after a grace period.
-func (p *proc) terminate() {
-	p.signal(syscall.SIGCONT)
-	p.signal(syscall.SIGTERM)
-	select {
-	case <-p.exited():
-	case <-time.After(12 * time.Second):
-		p.kill()
-	}
 }
 
 // ---- logs ----
