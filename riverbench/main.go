@@ -69,6 +69,7 @@ func run(ctx context.Context, quick, stmts bool, rows []string) error {
 		return err
 	}
 	defer b.close()
+	b.serverCPU = dbs.cpu
 	if stmts {
 		if b.stmts, err = openStatements(ctx, dbs.admin); err != nil {
 			return err

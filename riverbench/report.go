@@ -109,21 +109,33 @@ func report(w io.Writer, res *results, size sizes, m machine) {
 		size.WorkTasks, size.WorkTasksSlow, size.WorkRounds)
 	fmt.Fprintf(w, "drain: the same tasks submitted in one batch before the clock starts; from then until all completed.\n")
 	keys := []string{rowInsert, rowDup, rowBatch, workRow(1), workRow(2), drainRow(1), drainRow(2)}
-	fmt.Fprintf(w, "\nround trips per task, submitting side + worker side (queries, batches and COPYs on the pools):\n")
+	fmt.Fprintf(w, "\ncost per task: round trips submitting + working (queries, batches, COPYs on the pools);\n")
+	fmt.Fprintf(w, "CPU µs of the PostgreSQL server while timed; CPU µs of the worker processes, start to exit:\n")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "row\tpgstore trips\tserver\tworker\ttuned trips\tserver\tworker\tdefault trips\tserver\tworker\t")
 	for _, key := range keys {
 		if res.trips[key] == nil {
 			continue
 		}
-		fmt.Fprintf(w, "  %-7s", key)
+		fmt.Fprintf(tw, "%s\t", key)
 		for _, sys := range systems() {
 			t := res.trips[key][sys]
 			if t.tasks == 0 {
+				fmt.Fprint(tw, "-\t-\t-\t")
 				continue
 			}
-			fmt.Fprintf(w, "  %s: %.2f + %.2f", sys, float64(t.submit)/float64(t.tasks), float64(t.worker)/float64(t.tasks))
+			per := func(d time.Duration) string {
+				if d == 0 {
+					return "-"
+				}
+				return fmt.Sprintf("%.0f", float64(d.Microseconds())/float64(t.tasks))
+			}
+			fmt.Fprintf(tw, "%.2f + %.2f\t%s\t%s\t", float64(t.submit)/float64(t.tasks), float64(t.worker)/float64(t.tasks),
+				per(t.serverCPU), per(t.workerCPU))
 		}
-		fmt.Fprintln(w)
+		fmt.Fprintln(tw)
 	}
+	tw.Flush()
 	fmt.Fprintf(w, "per-round rates (tasks/s), in round order:\n")
 	for _, key := range keys {
 		if res.rounds[key] == nil {

@@ -77,6 +77,8 @@ type results struct {
 type tripCount struct {
 	submit, worker int64
 	tasks          int
+	workerCPU      time.Duration // of the worker processes, start to exit
+	serverCPU      time.Duration // of the PostgreSQL server, while timed
 }
 
 func newResults() *results {
@@ -86,7 +88,7 @@ func newResults() *results {
 
 // add records a round of row on sys: tasks done in elapsed, with submit
 // and worker round trips.
-func (r *results) add(row, sys string, tasks int, elapsed time.Duration, submit, worker int64) {
+func (r *results) add(row, sys string, tasks int, elapsed time.Duration, submit, worker int64, cpu, server time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.rates[row] == nil {
@@ -98,6 +100,8 @@ func (r *results) add(row, sys string, tasks int, elapsed time.Duration, submit,
 	tr.submit += submit
 	tr.worker += worker
 	tr.tasks += tasks
+	tr.workerCPU += cpu
+	tr.serverCPU += server
 	r.trips[row][sys] = tr
 	t := r.rates[row][sys]
 	t.tasks += tasks
@@ -115,6 +119,18 @@ type bench struct {
 	log    io.Writer // progress
 	res    *results
 	stmts  *statements // nil unless profiling
+	// serverCPU reads the server's CPU time so far; nil when unknown.
+	serverCPU func() time.Duration
+}
+
+// cpuSince returns a function that reports the server's CPU time since
+// cpuSince was called, or 0 when unknown.
+func (b *bench) cpuSince() func() time.Duration {
+	if b.serverCPU == nil {
+		return func() time.Duration { return 0 }
+	}
+	start := b.serverCPU()
+	return func() time.Duration { return b.serverCPU() - start }
 }
 
 // rotated is the systems in round r's order: each system goes first in
@@ -264,16 +280,16 @@ func (b *bench) insertNew(ctx context.Context, r int, sys string) error {
 		return err
 	}
 	keys := makeKeys(fmt.Sprintf("new-%d", r), b.size.Inserts)
-	before := q.trips()
+	before, cpu := q.trips(), b.cpuSince()
 	d, err := b.submitAll(ctx, q, keys, false)
 	if err != nil {
 		return err
 	}
-	rt := q.trips() - before
+	rt, server := q.trips()-before, cpu()
 	if err := checkCount(ctx, q, len(keys)); err != nil {
 		return err
 	}
-	b.res.add(rowInsert, sys, len(keys), d, rt, 0)
+	b.res.add(rowInsert, sys, len(keys), d, rt, 0, 0, server)
 	b.logf("insert    round %d %-13s %8.0f tasks/s", r, sys, rate{len(keys), d}.perSecond())
 	return nil
 }
@@ -289,16 +305,16 @@ func (b *bench) insertDup(ctx context.Context, r int, sys string) error {
 	if _, err := b.submitAll(ctx, q, keys, false); err != nil {
 		return err
 	}
-	before := q.trips()
+	before, cpu := q.trips(), b.cpuSince()
 	d, err := b.submitAll(ctx, q, keys, true)
 	if err != nil {
 		return err
 	}
-	rt := q.trips() - before
+	rt, server := q.trips()-before, cpu()
 	if err := checkCount(ctx, q, len(keys)); err != nil {
 		return err
 	}
-	b.res.add(rowDup, sys, len(keys), d, rt, 0)
+	b.res.add(rowDup, sys, len(keys), d, rt, 0, 0, server)
 	b.logf("dup       round %d %-13s %8.0f tasks/s", r, sys, rate{len(keys), d}.perSecond())
 	return nil
 }
@@ -310,18 +326,18 @@ func (b *bench) batch(ctx context.Context, r int, sys string) error {
 		return err
 	}
 	keys := makeKeys(fmt.Sprintf("batch-%d", r), b.size.Batches*b.size.BatchSize)
-	before := q.trips()
+	before, cpu := q.trips(), b.cpuSince()
 	d, err := parallel(ctx, b.size.BatchClients, b.size.Batches, func(ctx context.Context, i int) error {
 		return q.submitMany(ctx, keys[i*b.size.BatchSize:(i+1)*b.size.BatchSize])
 	})
 	if err != nil {
 		return err
 	}
-	rt := q.trips() - before
+	rt, server := q.trips()-before, cpu()
 	if err := checkCount(ctx, q, len(keys)); err != nil {
 		return err
 	}
-	b.res.add(rowBatch, sys, len(keys), d, rt, 0)
+	b.res.add(rowBatch, sys, len(keys), d, rt, 0, 0, server)
 	b.logf("batch     round %d %-13s %8.0f tasks/s", r, sys, rate{len(keys), d}.perSecond())
 	return nil
 }
@@ -374,6 +390,7 @@ func (b *bench) work(ctx context.Context, r int, sys string, procs int, backlog 
 		}
 		submitted <- nil
 	}
+	cpu := b.cpuSince()
 	start := time.Now()
 	if !backlog {
 		go func() {
@@ -399,7 +416,7 @@ func (b *bench) work(ctx context.Context, r int, sys string, procs int, backlog 
 			return ctx.Err()
 		}
 	}
-	d := time.Since(start)
+	d, server := time.Since(start), cpu()
 	if err := <-submitted; err != nil {
 		return err
 	}
@@ -412,14 +429,16 @@ func (b *bench) work(ctx context.Context, r int, sys string, procs int, backlog 
 		return fmt.Errorf("%d tasks stored (want %d), %d ran more than once", total, n, retried)
 	}
 	var workerTrips int64
+	var workerCPU time.Duration
 	for _, w := range workers {
 		if err := w.stop(); err != nil {
 			return fmt.Errorf("worker: %w", err)
 		}
 		workerTrips += w.trips
+		workerCPU += w.cpu
 	}
 	workers = nil
-	b.res.add(row, sys, n, d, submitTrips, workerTrips)
+	b.res.add(row, sys, n, d, submitTrips, workerTrips, workerCPU, server)
 	b.logf("%s   round %d %-13s %8.0f tasks/s", label, r, sys, rate{n, d}.perSecond())
 	return nil
 }

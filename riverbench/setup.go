@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -18,6 +19,9 @@ type databases struct {
 	dsns    map[string]string // system → its database
 	version string            // the server's version
 	server  *devserver.Postgres
+	// cpu reads the throwaway server's CPU time so far; nil with
+	// DATABASE_URL.
+	cpu func() time.Duration
 }
 
 // startDatabases starts a throwaway server (or uses the one at adminURL)
@@ -39,6 +43,7 @@ func startDatabases(ctx context.Context, adminURL string, statements bool) (*dat
 				return nil, err
 			}
 		}
+		d.cpu = serverCPU(filepath.Join(p.Dir, "data"))
 	}
 	conn, err := pgx.Connect(ctx, d.admin)
 	if err != nil {

@@ -117,9 +117,10 @@ type workerProc struct {
 	stdin  io.WriteCloser
 	exited chan struct{}
 	err    error // of Wait, once exited is closed
-	// trips are the round trips from ready until its input closed, once
-	// exited is closed.
+	// trips are the round trips from ready until its input closed, and
+	// cpu the process's user and system time, once exited is closed.
 	trips int64
+	cpu   time.Duration
 }
 
 // spawnWorker starts the worker subcommand of exe for sys and waits until
@@ -163,6 +164,9 @@ func spawnWorker(ctx context.Context, exe, sys, dsn string, slots int, onStart f
 			}
 		}
 		p.err = cmd.Wait()
+		if cmd.ProcessState != nil {
+			p.cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+		}
 		close(p.exited)
 	}()
 	select {
