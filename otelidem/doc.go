@@ -10,13 +10,14 @@
 // Wiring, for a service that uses both halves:
 //
 //	rec, err := otelidem.New(otelidem.Config{MeterProvider: mp, TracerProvider: tp})
-//	e.Use(rec.Server())                                  // a span per request
-//	store := rec.Store(middleware.NewRedisStore(rdb))    // spans and durations of store calls
+//	e.Use(rec.Server())                               // a span per request
+//	store := rec.Store(middleware.NewRedisStore(rdb)) // spans and durations of store calls
 //	idem := middleware.New(middleware.Config{Store: store, OnEvent: rec.OnEvent, ...})
-//	unregister, err := rec.ObserveTasks(tasks)           // task counts and ages, per collection
+//	unregister, err := rec.ObserveTasks(tasks)        // task counts and ages, per collection
 //	w, err := pgstore.NewWorker(tasks, pgstore.WorkerConfig{
-//		Handler: rec.Attempt(handle),                    // a span per attempt, in the request's trace
-//		OnEvent: rec.OnWorkerEvent,
+//		Handler:   rec.Attempt(handle),               // a span per attempt, in the request's trace
+//		Reconcile: rec.Reconcile(reconcile),
+//		OnEvent:   rec.OnWorkerEvent,
 //	})
 //	// in the handler: task, err := rec.Submit(ctx, newTask, tasks.Submit)
 //
@@ -33,7 +34,7 @@
 //	idemgate.wait.duration             idemgate_wait_duration_seconds            s: waits for an in-flight duplicate, by idemgate.wait.result
 //	idemgate.tasks                     idemgate_tasks                            {task} by idemgate.task.kind and idemgate.task.state
 //	idemgate.task.oldest.age           idemgate_task_oldest_age_seconds          s: oldest runnable / uncertain task, by idemgate.task.queue
-//	idemgate.task.claim.duration       idemgate_task_claim_duration_seconds      s: how long a claimed task waited to be claimed
+//	idemgate.task.claim.duration       idemgate_task_claim_duration_seconds      s: the claim statement, per task it claimed
 //	idemgate.task.attempts             idemgate_task_attempts_total              {attempt} by idemgate.task.outcome
 //	idemgate.task.attempt.duration     idemgate_task_attempt_duration_seconds    s: an attempt, by idemgate.task.outcome
 //	idemgate.task.rescues              idemgate_task_rescues_total               {task}: expired leases requeued

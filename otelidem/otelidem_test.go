@@ -30,7 +30,7 @@ type bundle struct {
 	spans  *tracetest.SpanRecorder
 }
 
-func setup(t *testing.T, cfg otelidem.Config) *bundle {
+func setup(t testing.TB, cfg otelidem.Config) *bundle {
 	t.Helper()
 	b := &bundle{reader: sdkmetric.NewManualReader(), spans: tracetest.NewSpanRecorder()}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(b.reader))
@@ -137,6 +137,7 @@ func allAttributes(rm metricdata.ResourceMetrics) []attribute.KeyValue {
 type service struct {
 	e       *echo.Echo
 	mr      *miniredis.Miniredis
+	rdb     *redis.Client
 	entered chan struct{}
 	release chan struct{}
 }
@@ -146,6 +147,7 @@ func newService(t *testing.T, b *bundle) *service {
 	s := &service{mr: miniredis.RunT(t), entered: make(chan struct{}, 1), release: make(chan struct{})}
 	rdb := redis.NewClient(&redis.Options{Addr: s.mr.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
+	s.rdb = rdb
 	s.e = echo.New()
 	s.e.Use(b.rec.Server())
 	idem := middleware.New(middleware.Config{
@@ -173,7 +175,11 @@ func newService(t *testing.T, b *bundle) *service {
 }
 
 func (s *service) post(key, prompt string) *httptest.ResponseRecorder {
-	req := httptest.NewRequest(http.MethodPost, "/v1/images", strings.NewReader(`{"prompt":"`+prompt+`"}`))
+	return s.postTo("/v1/images", key, prompt)
+}
+
+func (s *service) postTo(path, key, prompt string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(`{"prompt":"`+prompt+`"}`))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("X-Tenant", "acme")

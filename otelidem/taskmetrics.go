@@ -41,7 +41,7 @@ func newTaskInstruments(m metric.Meter) (*taskInstruments, error) {
 		metric.WithDescription("Age of the oldest runnable (pending, retrying) and the oldest uncertain task; 0 when there is none."))
 	err = errors.Join(err, e)
 	t.claimDur, e = m.Float64Histogram("idemgate.task.claim.duration", metric.WithUnit("s"),
-		metric.WithDescription("How long a task waited, runnable, before a worker claimed it."),
+		metric.WithDescription("Duration of the worker's claim statement, recorded once per task it claimed."),
 		metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
 	err = errors.Join(err, e)
 	t.attempts, e = m.Int64Counter("idemgate.task.attempts", metric.WithUnit("{attempt}"),
