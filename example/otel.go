@@ -24,6 +24,7 @@ import (
 
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/otelidem"
+	"github.com/idemgate/idemgate/pgstore"
 )
 
 // obsSettings are the observability settings of serve and worker.
@@ -171,11 +172,20 @@ func (o *observer) onEvent(ev middleware.Event) {
 	o.rec.OnEvent(ev)
 }
 
-// startObs starts the SDK and the admin listener of a process.
-func startObs(ctx context.Context, s obsSettings, service string, stderr io.Writer) (*observer, *admin, error) {
+// startObs starts the SDK and the admin listener of a process. With
+// tasks, the process also reports the task store's counts and ages (the
+// database's figures: the same from every process that reports them).
+func startObs(ctx context.Context, s obsSettings, service string, tasks *pgstore.Store, stderr io.Writer) (*observer, *admin, error) {
 	o, err := newObserver(ctx, s, service)
 	if err != nil {
 		return nil, nil, err
+	}
+	if tasks != nil {
+		// Stopped with the meter provider at shutdown.
+		if _, err := o.rec.ObserveTasks(tasks); err != nil {
+			_ = o.shutdown(ctx)
+			return nil, nil, err
+		}
 	}
 	a, err := startAdmin(s, o, stderr)
 	if err != nil {
@@ -183,4 +193,34 @@ func startObs(ctx context.Context, s obsSettings, service string, stderr io.Writ
 		return nil, nil, err
 	}
 	return o, a, nil
+}
+
+// submit runs submit in a span and stores the request's trace with the
+// task, so that its attempts join the request's trace.
+func (o *observer) submit(ctx context.Context, t pgstore.NewTask,
+	submit func(context.Context, pgstore.NewTask) (pgstore.Task, error)) (pgstore.Task, error) {
+	if o == nil {
+		return submit(ctx, t)
+	}
+	return o.rec.Submit(ctx, t, submit)
+}
+
+// worker instruments a worker's config: attempt and reconcile spans, and
+// the worker's events as metrics (after any OnEvent already set).
+func (o *observer) worker(cfg *pgstore.WorkerConfig) {
+	if o == nil {
+		return
+	}
+	cfg.Handler = o.rec.Attempt(cfg.Handler)
+	if cfg.Reconcile != nil {
+		cfg.Reconcile = o.rec.Reconcile(cfg.Reconcile)
+	}
+	if prev := cfg.OnEvent; prev != nil {
+		cfg.OnEvent = func(ev pgstore.WorkerEvent) {
+			prev(ev)
+			o.rec.OnWorkerEvent(ev)
+		}
+	} else {
+		cfg.OnEvent = o.rec.OnWorkerEvent
+	}
 }

@@ -89,7 +89,7 @@ func startNode(ctx context.Context, s settings, logger *slog.Logger, stderr io.W
 		return nil, err
 	}
 	n.b = b
-	if n.obs, n.admin, err = startObs(ctx, s.obs, "serve", stderr); err != nil {
+	if n.obs, n.admin, err = startObs(ctx, s.obs, "serve", b.store, stderr); err != nil {
 		n.ln.Close()
 		b.close()
 		return nil, err
