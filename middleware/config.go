@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -168,6 +169,12 @@ func (cfg Config) ToMiddleware() (echo.MiddlewareFunc, error) {
 }
 
 func newIdem(cfg Config) (*idem, error) {
+	// cfg is a copy, but its slices are the caller's: a caller changing
+	// them later must not change (or race with) the protection.
+	cfg.Methods = slices.Clone(cfg.Methods)
+	cfg.Fingerprint.Fields = slices.Clone(cfg.Fingerprint.Fields)
+	cfg.Fingerprint.Exclude = slices.Clone(cfg.Fingerprint.Exclude)
+	cfg.ReplayHeaders = slices.Clone(cfg.ReplayHeaders)
 	var errs []error
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("idemgate: "+format, args...))
