@@ -21,6 +21,8 @@ func addSeeds(f *testing.F) {
 	for _, s := range []string{
 		`{"prompt":"cat","n":1,"size":{"w":1,"h":2},"tags":["a","b"]}`,
 		`[1,1.0,1e0,-0,1e-400,9007199254740993,0.10000000000000001]`,
+		`[1e-99999999999999999999,0.0012e-0000000000000000099999,-10e-10000000000000000000]`,
+		`{"Prompt":1,"prompt":2,"\u017fize":3,"\u212a":4}`,
 		`{"\ue000":1,"\ud83d\ude00":2,"a":{"b":[{},[]]}}`,
 		`"\u0000\u001f\"\\\/"`,
 		`{"a":1,"a":2}`,
@@ -31,14 +33,14 @@ func addSeeds(f *testing.F) {
 }
 
 // FuzzCanonicalize checks that Canonicalize never panics, accepts exactly
-// what Sum accepts, and that what it returns is valid JSON, its own
+// what Sum accepts (but the empty body, a request of its own for Sum), and that what it returns is valid JSON, its own
 // canonical form, and the same value as the input to encoding/json.
 func FuzzCanonicalize(f *testing.F) {
 	addSeeds(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		out, err := Canonicalize(data)
 		_, sumErr := Spec{}.Sum(data)
-		if (err == nil) != (sumErr == nil) {
+		if len(data) > 0 && (err == nil) != (sumErr == nil) { // Sum accepts the empty body
 			t.Fatalf("Canonicalize error %v but Sum error %v", err, sumErr)
 		}
 		if err != nil {
@@ -95,7 +97,9 @@ func FuzzPointer(f *testing.F) {
 			t.Fatalf("tokens %+v escape to %q, not %q", toks, b.String(), ptr)
 		}
 		doc := []byte(`{"a":[0,{"b":1}],"":{"":2},"~/":3}`)
-		if _, err := (Spec{Fields: []string{ptr, "/a"}, Exclude: []string{ptr + "/0"}}).Sum(doc); err != nil {
+		// A valid pointer is refused only for a member name that folds
+		// onto one of its tokens ("/A" and the member "a").
+		if _, err := (Spec{Fields: []string{ptr, "/a"}, Exclude: []string{ptr + "/0"}}).Sum(doc); err != nil && !strings.Contains(err.Error(), "only in case") {
 			t.Fatalf("Sum with a valid pointer: %v", err)
 		}
 	})
@@ -107,7 +111,7 @@ func FuzzSum(f *testing.F) {
 	addSeeds(f)
 	specs := []Spec{{}, {Fields: []string{"/a", "/b/0", "/c"}, Exclude: []string{"/b/1", "/a/x"}}}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		if _, err := (Spec{}).Sum(data); err != nil {
+		if _, err := (Spec{}).Sum(data); err != nil || len(data) == 0 {
 			return
 		}
 		variant := respell(t, data)
