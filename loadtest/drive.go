@@ -353,6 +353,7 @@ type tally struct {
 	execs   int64
 	created int64
 	dupExec int64
+	rounds  []round // each round's figures, for the HTML report
 }
 
 // scenario measures sc on every stack: -rounds short runs per stack,
@@ -425,6 +426,7 @@ func (b *bench) measure(ctx context.Context, sc scenario, st *stack, tl *tally, 
 	tl.created += created
 	tl.dupExec += dupExecs
 	tl.elapsed += elapsed
+	tl.rounds = append(tl.rounds, newRound(round, out.lat, elapsed))
 	tl.out.merge(out)
 	return nil
 }
@@ -441,6 +443,7 @@ func (b *bench) result(ctx context.Context, sc scenario, st *stack, tl *tally) (
 		DuplicateExecutions: tl.dupExec,
 		RowsCreated:         tl.created,
 		RedisCommands:       map[string]float64{},
+		Rounds:              tl.rounds,
 	}
 	res.ReqPerSec = float64(res.Requests) / tl.elapsed.Seconds()
 	for s, n := range out.status {

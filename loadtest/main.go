@@ -17,7 +17,7 @@
 //
 // Usage:
 //
-//	go run ./loadtest [-duration 5s] [-rounds 5] [-concurrency 32] [-slow 50ms] [-json]
+//	go run ./loadtest [-duration 5s] [-rounds 5] [-concurrency 32] [-slow 50ms] [-json] [-html out.html]
 //
 // Each scenario runs -rounds short rounds per stack, alternating the
 // stacks, so that both meet the same background load; the ratio to the
@@ -55,6 +55,7 @@ type options struct {
 	redisURL    string
 	databaseURL string
 	jsonOut     bool
+	htmlOut     string
 	cpuprofile  string
 	warmup      time.Duration
 	rounds      int
@@ -94,6 +95,7 @@ usage: go run ./loadtest [flags]
 	fs.StringVar(&o.redisURL, "redis-url", "", "use this Redis (redis://…) instead of a throwaway redis-server; use a dedicated one: INFO commandstats is server-wide")
 	fs.StringVar(&o.databaseURL, "database-url", "", "use this Postgres instead of a throwaway cluster; use a dedicated database: tasks are written (and removed at the end) and workers there would run them")
 	fs.BoolVar(&o.jsonOut, "json", false, "print the results as JSON instead of a table")
+	fs.StringVar(&o.htmlOut, "html", "", "also write a self-contained HTML report with plots to this file")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured warm-up per stack before the scenarios")
 	if err := fs.Parse(args); err != nil {
@@ -190,6 +192,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		rep.Results = append(rep.Results, results...)
 	}
 	rep.Machine.LoadAvgEnd = loadAvg()
+	if o.htmlOut != "" {
+		if err := writeHTMLFile(o.htmlOut, rep); err != nil {
+			return err
+		}
+	}
 	if o.jsonOut {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")

@@ -65,6 +65,8 @@ type result struct {
 	DuplicateRows      int64   `json:"duplicate_rows"`
 	RowsPerAcceptedKey float64 `json:"rows_per_accepted_key"`
 	TaskIDMismatches   int64   `json:"task_id_mismatches"`
+	// Rounds are the figures of each round, in the order run.
+	Rounds []round `json:"rounds,omitempty"`
 }
 
 func (r report) writeTable(w io.Writer) {
