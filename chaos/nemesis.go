@@ -26,15 +26,13 @@ var faultKinds = []string{
 	"latency",       // delay every chunk on one link
 }
 
-// weights of the kinds, in faultKinds order.
-var faultWeights = []int{14, 14, 6, 8, 4, 16, 12, 10, 16}
-
 // nemesis injects faults on a seeded schedule until stop.
 type nemesis struct {
 	sys   *system
 	rec   *recorder
 	rng   *rand.Rand
 	kinds []string // allowed kinds
+	deck  []string // kinds left in this round
 	log   func(format string, args ...any)
 	flush *redis.Client
 }
@@ -62,34 +60,16 @@ func parseKinds(s string) ([]string, error) {
 	return out, nil
 }
 
-// pick returns a fault kind by weight among the allowed ones.
+// pick returns the next fault kind: the allowed kinds are dealt in rounds,
+// each round a seeded shuffle, so that a short run still meets every kind.
 func (n *nemesis) pick() string {
-	total := 0
-	for i, k := range faultKinds {
-		if n.allowed(k) {
-			total += faultWeights[i]
-		}
+	if len(n.deck) == 0 {
+		n.deck = append(n.deck, n.kinds...)
+		n.rng.Shuffle(len(n.deck), func(i, j int) { n.deck[i], n.deck[j] = n.deck[j], n.deck[i] })
 	}
-	r := n.rng.IntN(total)
-	for i, k := range faultKinds {
-		if !n.allowed(k) {
-			continue
-		}
-		if r < faultWeights[i] {
-			return k
-		}
-		r -= faultWeights[i]
-	}
-	panic("unreachable")
-}
-
-func (n *nemesis) allowed(k string) bool {
-	for _, a := range n.kinds {
-		if a == k {
-			return true
-		}
-	}
-	return false
+	k := n.deck[0]
+	n.deck = n.deck[1:]
+	return k
 }
 
 // dur returns a random duration in [lo, hi).
@@ -106,7 +86,7 @@ func (n *nemesis) run(ctx context.Context, until time.Time) {
 		return
 	}
 	for ctx.Err() == nil {
-		sleep(ctx, n.dur(200*time.Millisecond, 1500*time.Millisecond))
+		sleep(ctx, n.dur(200*time.Millisecond, time.Second))
 		if !time.Now().Before(until) {
 			return
 		}
@@ -127,14 +107,14 @@ func (n *nemesis) inject(ctx context.Context, kind string, until time.Time) {
 		p := n.sys.procs[n.rng.IntN(len(n.sys.procs))]
 		f.Target = p.name
 		p.kill()
-		sleep(ctx, capped(n.dur(200*time.Millisecond, 2*time.Second)))
+		sleep(ctx, capped(n.dur(200*time.Millisecond, 1500*time.Millisecond)))
 		if err := p.start(n.sys.bin); err != nil {
 			n.log("restart %s: %v", p.name, err)
 		}
 	case "pause":
 		p := n.sys.procs[n.rng.IntN(len(n.sys.procs))]
 		f.Target = p.name
-		d := capped(n.dur(300*time.Millisecond, 4*time.Second))
+		d := capped(n.dur(300*time.Millisecond, 3*time.Second))
 		f.Detail = d.Round(time.Millisecond).String()
 		p.signal(sigStop)
 		sleep(ctx, d)
@@ -162,10 +142,10 @@ func (n *nemesis) inject(ctx context.Context, kind string, until time.Time) {
 		sort.Strings(names)
 		link := names[n.rng.IntN(len(names))]
 		mode, delay := map[string]proxy.Mode{"partition": proxy.Cut, "freeze": proxy.Freeze, "drop": proxy.Drop, "latency": proxy.Delay}[kind], time.Duration(0)
-		d := capped(n.dur(300*time.Millisecond, 4*time.Second))
+		d := capped(n.dur(300*time.Millisecond, 3*time.Second))
 		if kind == "latency" {
 			delay = n.dur(20*time.Millisecond, 400*time.Millisecond)
-			d = capped(n.dur(time.Second, 5*time.Second))
+			d = capped(n.dur(time.Second, 4*time.Second))
 		}
 		f.Target = p.name
 		f.Detail = fmt.Sprintf("%s→%s for %v", p.name, link, d.Round(time.Millisecond))
