@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -148,8 +149,13 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	defer st.cancelStore()
 	st.req.Key, err = keyspace.Derive(st.rt.kind, keyspace.Scope{Tenant: tenant, User: user, Request: id})
 	if err != nil {
-		// The request id passed parseKey, so tenant or user is unusable:
-		// the auth layer's Scope answered nonsense.
+		if detail := scopeRefusal(tenant, user); detail != "" {
+			st.warn("idemgate: the credentials' identity cannot scope an idempotency key", "scope", errors.New(detail))
+			return writeProblem(c, http.StatusBadRequest, codeScopeInvalid,
+				"The "+detail+"; an idempotency key takes 1 to 255 bytes of each. Retrying will not help.", 0)
+		}
+		// The kind is valid (checked by New, or KindFor's) and the
+		// request id passed parseKey: a bug.
 		return echo.NewHTTPError(http.StatusInternalServerError).SetInternal(err)
 	}
 	st.key = st.req.Key.String()
@@ -217,6 +223,26 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 		return m.reused(c)
 	}
 	return st.storeDown(c, next, errors.New("idemgate: store answered an unknown claim status "+res.Status.String()))
+}
+
+// scopeRefusal says which part of the identity keyspace refuses, by its
+// length only, or "" if neither: "user identity is 312 bytes". A long JWT
+// sub is the usual cause; it is the client's own identity, but logs and
+// answers never carry it.
+func scopeRefusal(tenant, user string) string {
+	for _, p := range [...]struct {
+		what string
+		v    string
+		max  int
+	}{{"tenant", tenant, keyspace.MaxTenant}, {"user identity", user, keyspace.MaxUser}} {
+		switch {
+		case p.v == "":
+			return p.what + " is empty"
+		case len(p.v) > p.max:
+			return p.what + " is " + strconv.Itoa(len(p.v)) + " bytes"
+		}
+	}
+	return ""
 }
 
 // inProgressRetry is the Retry-After of request_in_progress: the time left

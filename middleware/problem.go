@@ -17,6 +17,7 @@ const (
 	codeBodyTooLarge      = "body_too_large"
 	codeBodyInvalid       = "body_invalid"
 	codeStoreUnavailable  = "store_unavailable"
+	codeScopeInvalid      = "scope_invalid"
 )
 
 // problemTypeBase prefixes the code to make the RFC 9457 "type" URI.
@@ -30,6 +31,7 @@ var problemTitles = map[string]string{
 	codeBodyTooLarge:      "Request body too large",
 	codeBodyInvalid:       "Request body invalid",
 	codeStoreUnavailable:  "Idempotency store unavailable",
+	codeScopeInvalid:      "Identity unusable for idempotency",
 }
 
 // writeProblem answers an application/problem+json (RFC 9457) document.
