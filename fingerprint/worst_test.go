@@ -59,6 +59,7 @@ func worstBodies(size int) []struct {
 		{"many huge exponents", fill("[", "1e-"+digits(40), "]")},
 		{"deep arrays", fill("[", deepArray, "]")},
 		{"deep objects out of order", fill("[", deepObject, "]")},
+		{"small objects out of order", fill("[", `{"c":[],"b":{},"a":0}`, "]")},
 		{"many members", []byte(members.String())},
 		{"long escaped string", []byte(`{"s":"` + strings.Repeat(`\u00e9\n\"\\\ud83d\ude00`, (size-10)/26) + `"}`)},
 		{"escaped member names", fillf("{", func(i int) string { return fmt.Sprintf(`"\u0061\n\u00e9%d":1`, 1<<26-i) }, "}")},
