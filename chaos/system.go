@@ -372,21 +372,29 @@ func genCalls(name, path string) ([]GenCall, error) {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	for sc.Scan() {
-		m := logLine.FindStringSubmatch(sc.Text())
-		if m == nil {
-			continue
+		if g, ok := parseLogLine(name, sc.Text()); ok {
+			out = append(out, g)
 		}
-		at, err := time.Parse(time.RFC3339Nano, m[1])
-		if err != nil {
-			continue
-		}
-		g := GenCall{Task: m[3], Proc: name, Phase: "end", Result: resultOf(m[2]), At: at}
-		if strings.HasPrefix(m[2], "task reconciled") {
-			g.Phase, g.Result = "reconcile", ""
-		}
-		out = append(out, g)
 	}
 	return out, sc.Err()
+}
+
+// parseLogLine reads one worker log line: a generator call's end, a
+// reconcile, or nothing (ok false).
+func parseLogLine(proc, line string) (GenCall, bool) {
+	m := logLine.FindStringSubmatch(line)
+	if m == nil {
+		return GenCall{}, false
+	}
+	at, err := time.Parse(time.RFC3339Nano, m[1])
+	if err != nil {
+		return GenCall{}, false
+	}
+	g := GenCall{Task: m[3], Proc: proc, Phase: "end", Result: resultOf(m[2]), At: at}
+	if strings.HasPrefix(m[2], "task reconciled") {
+		g.Phase, g.Result = "reconcile", ""
+	}
+	return g, true
 }
 
 // resultOf shortens a worker's log message to the call's result.

@@ -1,0 +1,201 @@
+package main
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestParseLogLine(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 12, 3, 8, 37, 13, 502e6, time.UTC)
+	tests := []struct {
+		name   string
+		given  string
+		want   GenCall
+		wantOK bool
+	}{
+		{
+			name:   "done",
+			given:  `time=2026-12-03T08:37:13.502Z level=INFO msg="task done" task=0b5c7e1e-5f1a-4a53-9d51-6a3c1f0e2b11 images=2`,
+			want:   GenCall{Task: "0b5c7e1e-5f1a-4a53-9d51-6a3c1f0e2b11", Proc: "w", Phase: "end", Result: "done", At: at},
+			wantOK: true,
+		},
+		{
+			name:   "uncertain",
+			given:  `time=2026-12-03T08:37:13.502Z level=INFO msg="task uncertain: upstream timed out; will reconcile" task=x`,
+			want:   GenCall{Task: "x", Proc: "w", Phase: "end", Result: "uncertain", At: at},
+			wantOK: true,
+		},
+		{
+			name:   "failed",
+			given:  `time=2026-12-03T08:37:13.502Z level=INFO msg="task failed" task=y err="upstream refused the prompt (#fail)"`,
+			want:   GenCall{Task: "y", Proc: "w", Phase: "end", Result: "failed", At: at},
+			wantOK: true,
+		},
+		{
+			name:   "partial",
+			given:  `time=2026-12-03T08:37:13.502Z level=INFO msg="task failed with partial results; POST /v1/tasks/{id}/recover resumes it" task=z`,
+			want:   GenCall{Task: "z", Proc: "w", Phase: "end", Result: "partial", At: at},
+			wantOK: true,
+		},
+		{
+			name:   "a reconcile is no generation",
+			given:  `time=2026-12-03T08:37:13.502Z level=INFO msg="task reconciled: the upstream had finished" task=r images=1`,
+			want:   GenCall{Task: "r", Proc: "w", Phase: "reconcile", At: at},
+			wantOK: true,
+		},
+		{name: "another message", given: `time=2026-12-03T08:37:13.502Z level=WARN msg="pgstore: worker: lease lost; outcome discarded" task=x attempt=1`},
+		{name: "bad time", given: `time=yesterday level=INFO msg="task done" task=x`},
+		{name: "not slog", given: `chaos: start worker0 at 2026-12-03T08:37:13Z`},
+		{name: "empty", given: ``},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got, ok := parseLogLine("w", tc.given)
+			if ok != tc.wantOK || got != tc.want {
+				t.Errorf("parseLogLine(%q) = %+v, %v; want %+v, %v", tc.given, got, ok, tc.want, tc.wantOK)
+			}
+		})
+	}
+}
+
+func FuzzParseLogLine(f *testing.F) {
+	f.Add(`time=2026-12-03T08:37:13.502Z level=INFO msg="task done" task=x images=2`)
+	f.Add(`time=2026-12-03T08:37:13.502Z level=INFO msg="task reconciled: x" task=r`)
+	f.Add(`msg="task"`)
+	f.Fuzz(func(t *testing.T, line string) {
+		g, ok := parseLogLine("w", line)
+		if !ok {
+			return
+		}
+		if g.Task == "" || g.Proc != "w" || (g.Phase != "end" && g.Phase != "reconcile") {
+			t.Fatalf("parsed %q into %+v", line, g)
+		}
+	})
+}
+
+// TestJournalCalls reads the generator journal the example may write; a
+// torn last line (a process killed mid-write) ends it quietly.
+func TestJournalCalls(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "gen-journal.jsonl")
+	if _, ok, err := journalCalls(path, nil); ok || err != nil {
+		t.Fatalf("missing journal: ok %v, err %v; want absent", ok, err)
+	}
+	body := `{"task":"a","attempt":1,"pid":10,"at":"2026-12-03T08:37:13.502Z"}
+{"task":"a","attempt":2,"pid":11,"at":"2026-12-03T08:37:15Z"}
+{"task":"b","att`
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	names := map[int]string{10: "worker0", 11: "worker1"}
+	got, ok, err := journalCalls(path, func(pid int) string { return names[pid] })
+	if !ok || err != nil {
+		t.Fatalf("ok %v, err %v", ok, err)
+	}
+	if len(got) != 2 || got[0].Proc != "worker0" || got[1].Proc != "worker1" || got[1].Attempt != 2 || got[0].Phase != "start" {
+		t.Fatalf("got %+v", got)
+	}
+}
+
+// TestDeck: the same seed deals the same kinds; every round deals each
+// allowed kind once.
+func TestDeck(t *testing.T) {
+	t.Parallel()
+	deal := func(seed uint64, kinds []string, n int) []string {
+		nem := &nemesis{rng: rand.New(rand.NewPCG(seed, 1)), kinds: kinds}
+		out := make([]string, n)
+		for i := range out {
+			out[i] = nem.pick()
+		}
+		return out
+	}
+	a, b := deal(7, faultKinds, 3*len(faultKinds)), deal(7, faultKinds, 3*len(faultKinds))
+	if !slices.Equal(a, b) {
+		t.Fatalf("seed 7 dealt %v, then %v", a, b)
+	}
+	for r := range 3 {
+		round := slices.Clone(a[r*len(faultKinds) : (r+1)*len(faultKinds)])
+		slices.Sort(round)
+		want := slices.Clone(faultKinds)
+		slices.Sort(want)
+		if !slices.Equal(round, want) {
+			t.Errorf("round %d dealt %v, want each kind once", r, round)
+		}
+	}
+	if c := deal(8, faultKinds, len(faultKinds)); slices.Equal(c, a[:len(faultKinds)]) {
+		t.Errorf("seeds 7 and 8 dealt the same round %v", c)
+	}
+	if got := deal(1, []string{"flushall"}, 3); !slices.Equal(got, []string{"flushall", "flushall", "flushall"}) {
+		t.Errorf("one allowed kind dealt %v", got)
+	}
+}
+
+func TestParseKindsAndPolicy(t *testing.T) {
+	t.Parallel()
+	if k, err := parseKinds("all"); err != nil || len(k) != len(faultKinds) {
+		t.Errorf("all: %v, %v", k, err)
+	}
+	if k, err := parseKinds("none"); err != nil || len(k) != 0 {
+		t.Errorf("none: %v, %v", k, err)
+	}
+	if k, err := parseKinds("kill, flushall"); err != nil || !slices.Equal(k, []string{"kill", "flushall"}) {
+		t.Errorf("kill, flushall: %v, %v", k, err)
+	}
+	if _, err := parseKinds("kill,clock-skew"); err == nil {
+		t.Error("an unknown kind was accepted")
+	}
+	if p, err := parsePolicy("images=uncertain,music=retry"); err != nil || p["images"] != "uncertain" || p["music"] != "retry" {
+		t.Errorf("policy: %v, %v", p, err)
+	}
+	for _, bad := range []string{"images", "images=maybe"} {
+		if _, err := parsePolicy(bad); err == nil {
+			t.Errorf("policy %q accepted", bad)
+		}
+	}
+	var errOut bytes.Buffer
+	if _, err := parseOptions([]string{"-duration", "0s"}, &errOut); err == nil {
+		t.Error("-duration 0s accepted")
+	}
+	if _, err := parseOptions([]string{"extra"}, &errOut); err == nil {
+		t.Error("a stray argument accepted")
+	}
+}
+
+// TestRecorderConcurrent records from many goroutines at once (run with
+// -race) and reads every event back from the file.
+func TestRecorderConcurrent(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	rec := newRecorder(&buf)
+	var wg sync.WaitGroup
+	for i := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range 50 {
+				rec.request(Request{Client: i, Action: j, Route: routeSubmit, Status: 202})
+				rec.gen(GenCall{Task: "t", Proc: "w", Phase: "end"})
+			}
+		}()
+	}
+	wg.Wait()
+	if err := rec.flush(); err != nil {
+		t.Fatal(err)
+	}
+	h, err := ReadHistory(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Requests) != 32*50 || len(h.Gen) != 32*50 || len(rec.history().Requests) != 32*50 {
+		t.Fatalf("read back %d requests and %d calls, want %d each", len(h.Requests), len(h.Gen), 32*50)
+	}
+}
