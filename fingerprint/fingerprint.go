@@ -21,6 +21,12 @@ type Fingerprint string
 
 // A Spec says which parts of a request body take part in its fingerprint.
 // The zero Spec takes the whole body.
+//
+// Pointers match member names exactly. Because encoding/json and echo's
+// form binder also match names that differ only under case folding, a body
+// with a member (on a pointer's path) or form field named like a Fields or
+// Exclude pointer's token up to folding, but not exactly, is an error: the
+// handler could read a value the fingerprint does not cover.
 type Spec struct {
 	// Fields lists the RFC 6901 JSON Pointers ("/prompt", "/size/0",
 	// "/a~1b" for the member "a/b") whose values take part. A selected
