@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -212,8 +213,7 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 		st.emit(Event{Type: EventClaimed})
 		return st.run(c, next)
 	case Finished:
-		st.emit(Event{Type: EventReplayed, Status: res.Response.Status})
-		return replay(c, res.Response)
+		return st.replay(c, res.Response)
 	case Running:
 		st.emit(Event{Type: EventInProgress, Status: http.StatusConflict})
 		return writeProblem(c, http.StatusConflict, codeRequestInProgress,
@@ -357,8 +357,24 @@ func (st *call) wait(ctx context.Context, claim ClaimRequest, res ClaimResult) (
 	return res, nil
 }
 
-// replay writes a stored response byte for byte.
-func replay(c echo.Context, resp Response) error {
+// replay writes a stored response byte for byte, unless it carries a
+// Content-Encoding the request does not accept: then a gzip body is
+// decoded (Event.Reason "decoded"), and any other is refused with 406
+// encoding_not_acceptable (Event.Reason "encoding_not_acceptable").
+func (st *call) replay(c echo.Context, resp Response) error {
+	if ce := resp.Header["Content-Encoding"]; len(ce) > 0 && !acceptsEncoding(c.Request().Header["Accept-Encoding"], ce) {
+		body, ok := decodeForReplay(ce, resp.Body, st.m.cfg.MaxResponseBytes)
+		if !ok {
+			st.emit(Event{Type: EventReplayed, Status: http.StatusNotAcceptable, Reason: codeEncodingNotAcceptable})
+			return writeProblem(c, http.StatusNotAcceptable, codeEncodingNotAcceptable,
+				"The stored response to this request is sent with Content-Encoding "+strings.Join(ce, ", ")+
+					", which this request does not accept; retry with an Accept-Encoding that allows it.", 0)
+		}
+		resp = Response{Status: resp.Status, Header: withoutEncoding(resp.Header), Body: body}
+		st.emit(Event{Type: EventReplayed, Status: resp.Status, Reason: "decoded"})
+	} else {
+		st.emit(Event{Type: EventReplayed, Status: resp.Status})
+	}
 	h := c.Response().Header()
 	for name, v := range resp.Header {
 		h[name] = v

@@ -18,20 +18,24 @@ const (
 	codeBodyInvalid       = "body_invalid"
 	codeStoreUnavailable  = "store_unavailable"
 	codeScopeInvalid      = "scope_invalid"
+	// codeEncodingNotAcceptable: the stored response's Content-Encoding is
+	// not one the retry accepts, and it cannot be decoded for it.
+	codeEncodingNotAcceptable = "encoding_not_acceptable"
 )
 
 // problemTypeBase prefixes the code to make the RFC 9457 "type" URI.
 const problemTypeBase = "https://github.com/idemgate/idemgate#"
 
 var problemTitles = map[string]string{
-	codeKeyMissing:        "Idempotency key missing",
-	codeKeyInvalid:        "Idempotency key invalid",
-	codeKeyReused:         "Idempotency key reused",
-	codeRequestInProgress: "Request in progress",
-	codeBodyTooLarge:      "Request body too large",
-	codeBodyInvalid:       "Request body invalid",
-	codeStoreUnavailable:  "Idempotency store unavailable",
-	codeScopeInvalid:      "Identity unusable for idempotency",
+	codeKeyMissing:            "Idempotency key missing",
+	codeKeyInvalid:            "Idempotency key invalid",
+	codeKeyReused:             "Idempotency key reused",
+	codeRequestInProgress:     "Request in progress",
+	codeBodyTooLarge:          "Request body too large",
+	codeBodyInvalid:           "Request body invalid",
+	codeStoreUnavailable:      "Idempotency store unavailable",
+	codeScopeInvalid:          "Identity unusable for idempotency",
+	codeEncodingNotAcceptable: "Stored response encoding not acceptable",
 }
 
 // writeProblem answers an application/problem+json (RFC 9457) document.

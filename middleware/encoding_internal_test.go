@@ -1,0 +1,104 @@
+package middleware
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func TestAcceptsCoding(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		accept []string // Accept-Encoding values; nil: no header
+		coding string
+		want   bool
+	}{
+		{name: "no header accepts no coding", accept: nil, coding: "gzip", want: false},
+		{name: "empty header accepts no coding", accept: []string{""}, coding: "gzip", want: false},
+		{name: "listed", accept: []string{"gzip"}, coding: "gzip", want: true},
+		{name: "listed in another case", accept: []string{"GZip"}, coding: "gzip", want: true},
+		{name: "x-gzip is gzip", accept: []string{"x-gzip"}, coding: "gzip", want: true},
+		{name: "gzip is x-gzip", accept: []string{"gzip"}, coding: "x-gzip", want: true},
+		{name: "listed among others with OWS", accept: []string{"br ,\tdeflate , gzip ; q=0.8"}, coding: "gzip", want: true},
+		{name: "second header line", accept: []string{"br", "gzip"}, coding: "gzip", want: true},
+		{name: "q=0 refuses", accept: []string{"gzip;q=0"}, coding: "gzip", want: false},
+		{name: "q=0.000 refuses", accept: []string{"gzip;q=0.000"}, coding: "gzip", want: false},
+		{name: "q=0.001 accepts", accept: []string{"gzip;q=0.001"}, coding: "gzip", want: true},
+		{name: "Q=1 accepts", accept: []string{"gzip;Q=1"}, coding: "gzip", want: true},
+		{name: "listed twice, once with q=0, refuses", accept: []string{"gzip, gzip;q=0"}, coding: "gzip", want: false},
+		{name: "wildcard", accept: []string{"*"}, coding: "br", want: true},
+		{name: "wildcard with q=0", accept: []string{"*;q=0"}, coding: "br", want: false},
+		{name: "listed q=0 beats wildcard", accept: []string{"*, br;q=0"}, coding: "br", want: false},
+		{name: "listed beats wildcard q=0", accept: []string{"*;q=0, br"}, coding: "br", want: true},
+		{name: "other coding only", accept: []string{"deflate"}, coding: "gzip", want: false},
+		{name: "prefix is not the coding", accept: []string{"gzipx"}, coding: "gzip", want: false},
+		{name: "malformed q is ignored", accept: []string{"gzip;q=2"}, coding: "gzip", want: false},
+		{name: "malformed q on wildcard is ignored", accept: []string{"*;q=abc"}, coding: "gzip", want: false},
+		{name: "other parameter is malformed", accept: []string{"gzip;level=9"}, coding: "gzip", want: false},
+		{name: "too many q digits", accept: []string{"gzip;q=0.0001"}, coding: "gzip", want: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := acceptsCoding(tt.accept, tt.coding); got != tt.want {
+				t.Errorf("acceptsCoding(%q, %q) = %v, want %v", tt.accept, tt.coding, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestAcceptsEncoding(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		accept   []string
+		encoding []string // stored Content-Encoding values
+		want     bool
+	}{
+		{name: "every coding accepted", accept: []string{"gzip, br"}, encoding: []string{"br, gzip"}, want: true},
+		{name: "one coding not accepted", accept: []string{"gzip"}, encoding: []string{"br, gzip"}, want: false},
+		{name: "identity needs nothing", accept: nil, encoding: []string{"identity"}, want: true},
+		{name: "second value checked", accept: []string{"gzip"}, encoding: []string{"gzip", "br"}, want: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := acceptsEncoding(tt.accept, tt.encoding); got != tt.want {
+				t.Errorf("acceptsEncoding(%q, %q) = %v, want %v", tt.accept, tt.encoding, got, tt.want)
+			}
+		})
+	}
+}
+
+// FuzzAcceptEncoding: the Accept-Encoding parser never panics; it accepts
+// a coding only when the header names it (or an alias) or has "*"; adding
+// "coding;q=0" always refuses it; a qvalue it takes agrees with
+// strconv.ParseFloat.
+func FuzzAcceptEncoding(f *testing.F) {
+	for _, s := range []string{"gzip", "gzip;q=0", "*;q=0.5, br", "x-gzip, deflate;Q=1.000", " , ;q=", "gzip;q=0.0001", "*"} {
+		f.Add(s, "gzip")
+	}
+	f.Fuzz(func(t *testing.T, accept, coding string) {
+		got := acceptsCoding([]string{accept}, coding)
+		if !isToken(coding) {
+			return
+		}
+		lower := strings.ToLower(accept)
+		c := canonicalCoding(coding)
+		if got && !strings.Contains(lower, c) && !strings.Contains(lower, "*") &&
+			!(c == "gzip" && strings.Contains(lower, "x-gzip")) && !(c == "compress" && strings.Contains(lower, "x-compress")) {
+			t.Errorf("acceptsCoding(%q, %q) = true, but the header names neither it nor *", accept, coding)
+		}
+		if acceptsCoding([]string{accept + ", " + coding + ";q=0"}, coding) {
+			t.Errorf("acceptsCoding(%q + \", %s;q=0\") = true", accept, coding)
+		}
+		_, q, _ := strings.Cut(accept, "q=")
+		if positive, ok := parseQValue(q); ok {
+			v, err := strconv.ParseFloat(q, 64)
+			if err != nil || v < 0 || v > 1 || (v > 0) != positive {
+				t.Errorf("parseQValue(%q) = %v, ok; ParseFloat = %v, %v", q, positive, v, err)
+			}
+		}
+	})
+}

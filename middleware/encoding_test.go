@@ -1,0 +1,188 @@
+package middleware_test
+
+import (
+	"bytes"
+	"compress/gzip"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/labstack/echo/v4"
+	echomw "github.com/labstack/echo/v4/middleware"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate/middleware"
+)
+
+// encodingEnv is an echo with the middleware outermost and echo's Gzip
+// inside it (e.Use(idem); e.Use(Gzip)): what the middleware captures and
+// stores is the compressed body. The handler answers body, or, when
+// encoding is set, those bytes under that Content-Encoding itself.
+func encodingEnv(t *testing.T, body []byte, encoding string, configure func(*middleware.Config)) *env {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { client.Close() })
+	v := &env{e: echo.New(), mr: mr, client: client, store: middleware.NewRedisStore(client), events: &recorder{}}
+	cfg := middleware.Config{Store: v.store, Scope: testScope, OnEvent: v.events.add}
+	if configure != nil {
+		configure(&cfg)
+	}
+	v.e.Use(middleware.New(cfg))
+	// A handler that encodes its own answer is not compressed again.
+	v.e.Use(echomw.GzipWithConfig(echomw.GzipConfig{Skipper: func(echo.Context) bool { return encoding != "" }}))
+	v.e.POST("/v1/report", func(c echo.Context) error {
+		v.calls.Add(1)
+		if encoding != "" {
+			c.Response().Header().Set("Content-Encoding", encoding)
+		}
+		return c.Blob(http.StatusCreated, "application/json", body)
+	})
+	return v
+}
+
+func gunzip(t *testing.T, b []byte) []byte {
+	t.Helper()
+	r, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		t.Fatalf("not gzip: %v", err)
+	}
+	out, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatalf("bad gzip: %v", err)
+	}
+	return out
+}
+
+func (v *env) send(path, acceptEncoding string) *httptest.ResponseRecorder {
+	r := req{path: path, key: "k", body: imageBody}.build()
+	if acceptEncoding != "" {
+		r.Header.Set("Accept-Encoding", acceptEncoding)
+	}
+	rec := httptest.NewRecorder()
+	v.e.ServeHTTP(rec, r)
+	return rec
+}
+
+// TestReplayEncoding: a replay never sends a Content-Encoding the retry
+// did not accept. A stored gzip body is decoded for a retry that does not
+// accept gzip (when the decoded body fits MaxResponseBytes); a coding the
+// middleware cannot decode, or a body too large decoded, is refused with
+// 406 encoding_not_acceptable. A retry that accepts the stored coding gets
+// the stored bytes.
+func TestReplayEncoding(t *testing.T) {
+	t.Parallel()
+	report := []byte(`{"report":"` + strings.Repeat("all quiet; ", 200) + `"}`)
+	tests := []struct {
+		name       string
+		body       []byte // what the handler writes
+		encoding   string // Content-Encoding the handler sets itself
+		maxResp    int64
+		firstAE    string // Accept-Encoding of the first request
+		retryAE    string // Accept-Encoding of the retry
+		wantStatus int
+		wantCE     string // Content-Encoding of the retry's answer
+		wantBody   []byte // the retry's body after removing wantCE; nil: not checked
+	}{
+		{name: "gzip stored, retry without Accept-Encoding gets it decoded",
+			body: report, firstAE: "gzip", retryAE: "", wantStatus: 201, wantBody: report},
+		{name: "gzip stored, retry refusing gzip gets it decoded",
+			body: report, firstAE: "gzip", retryAE: "gzip;q=0, identity", wantStatus: 201, wantBody: report},
+		{name: "gzip stored, retry accepting gzip gets the stored bytes",
+			body: report, firstAE: "gzip", retryAE: "deflate, GZIP;q=0.5", wantStatus: 201, wantCE: "gzip", wantBody: report},
+		{name: "gzip stored, retry accepting any coding gets the stored bytes",
+			body: report, firstAE: "gzip", retryAE: "*", wantStatus: 201, wantCE: "gzip", wantBody: report},
+		{name: "identity stored, retry accepting gzip gets identity",
+			body: report, firstAE: "", retryAE: "gzip", wantStatus: 201, wantBody: report},
+		{name: "gzip too large decoded is refused",
+			body: bytes.Repeat([]byte{' '}, 64<<10), maxResp: 32 << 10, firstAE: "gzip", retryAE: "",
+			wantStatus: 406},
+		{name: "coding the middleware cannot decode is refused",
+			body: []byte("not really brotli"), encoding: "br", firstAE: "br", retryAE: "gzip", wantStatus: 406},
+		{name: "coding accepted by a wildcard is replayed",
+			body: []byte("not really brotli"), encoding: "br", firstAE: "br", retryAE: "gzip, *;q=0.1",
+			wantStatus: 201, wantCE: "br", wantBody: []byte("not really brotli")},
+		{name: "coding excluded despite a wildcard is refused",
+			body: []byte("not really brotli"), encoding: "br", firstAE: "br", retryAE: "br;q=0, *",
+			wantStatus: 406},
+		{name: "corrupt gzip is refused",
+			body: []byte("not gzip at all"), encoding: "gzip", firstAE: "gzip", retryAE: "", wantStatus: 406},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			v := encodingEnv(t, tt.body, tt.encoding, func(c *middleware.Config) { c.MaxResponseBytes = tt.maxResp })
+			first := v.send("/v1/report", tt.firstAE)
+			if first.Code != 201 {
+				t.Fatalf("first request = %d %s", first.Code, first.Body)
+			}
+			rec := v.send("/v1/report", tt.retryAE)
+			if v.calls.Load() != 1 {
+				t.Errorf("handler ran %d times, want 1", v.calls.Load())
+			}
+			if rec.Code != tt.wantStatus {
+				t.Fatalf("retry = %d %q, want %d", rec.Code, rec.Body, tt.wantStatus)
+			}
+			if tt.wantStatus == 406 {
+				if got := problemCode(t, rec); got != "encoding_not_acceptable" {
+					t.Errorf("problem code = %q, want encoding_not_acceptable", got)
+				}
+				if rec.Header().Get("Content-Encoding") != "" {
+					t.Errorf("refusal has Content-Encoding %q", rec.Header().Get("Content-Encoding"))
+				}
+				return
+			}
+			if rec.Header().Get("Idempotent-Replayed") != "true" {
+				t.Errorf("retry not replayed")
+			}
+			if got := rec.Header().Get("Content-Encoding"); got != tt.wantCE {
+				t.Fatalf("Content-Encoding = %q, want %q", got, tt.wantCE)
+			}
+			got := rec.Body.Bytes()
+			if tt.wantCE == "gzip" {
+				if !bytes.Equal(got, first.Body.Bytes()) {
+					t.Errorf("gzip replay differs from the first answer's bytes")
+				}
+				got = gunzip(t, got)
+			}
+			if !bytes.Equal(got, tt.wantBody) {
+				t.Errorf("body = %.60q…, want %.60q…", got, tt.wantBody)
+			}
+		})
+	}
+}
+
+// TestReplayEncodingOutside: with compression outside the middleware (the
+// placement the README recommends) the stored body is identity, and each
+// retry is compressed as it asks.
+func TestReplayEncodingOutside(t *testing.T) {
+	t.Parallel()
+	report := []byte(`{"report":"` + strings.Repeat("all quiet; ", 200) + `"}`)
+	v := newEnv(t, nil, nil)
+	e := echo.New()
+	e.Use(echomw.Gzip())
+	e.POST("/v1/report", func(c echo.Context) error {
+		v.calls.Add(1)
+		return c.Blob(http.StatusCreated, "application/json", report)
+	}, middleware.New(middleware.Config{Store: v.store, Scope: testScope}))
+	v.e = e
+	for i, ae := range []string{"gzip", "", "gzip"} {
+		rec := v.send("/v1/report", ae)
+		body := rec.Body.Bytes()
+		if ae == "gzip" {
+			if rec.Header().Get("Content-Encoding") != "gzip" {
+				t.Fatalf("request %d: Content-Encoding %q", i, rec.Header().Get("Content-Encoding"))
+			}
+			body = gunzip(t, body)
+		}
+		if !bytes.Equal(body, report) || rec.Code != 201 {
+			t.Fatalf("request %d = %d, body differs", i, rec.Code)
+		}
+	}
+	if v.calls.Load() != 1 {
+		t.Errorf("handler ran %d times", v.calls.Load())
+	}
+}
