@@ -44,6 +44,13 @@ type member struct {
 	escaped    bool
 }
 
+// A placed member is where a written member of a node lies: what emitRange
+// needs of a member, kept small as a body may hold a member every 6 bytes.
+type placed struct {
+	start, end      int // the member's bytes in state.out
+	nodes, nodesEnd int // state.nodes[nodes:nodesEnd] lie inside the member
+}
+
 // A node is an object written to state.out whose bytes there are not yet
 // canonical: its members are out of order, or a descendant's are. Nodes
 // are listed in the order their objects open; emitRange puts them right.
@@ -74,7 +81,7 @@ type state struct {
 
 	out     []byte   // the body's canonical tokens, objects' members in input order
 	nodes   []node   // the objects of out whose members need reordering
-	order   []member // members of the nodes, in canonical order
+	order   []placed // written members of the nodes, in canonical order
 	tmp     []byte   // the canonical body assembled from out
 	names   []byte   // decoded member names that held escapes
 	members []member // members of the open objects, innermost last
@@ -412,7 +419,7 @@ func (s *state) object(depth int, emit bool, a0, a1 int) error {
 			n.end, n.first, n.next = len(s.out), len(s.order), len(s.nodes)
 			for _, m := range ms {
 				if m.start >= 0 {
-					s.order = append(s.order, m)
+					s.order = append(s.order, placed{m.start, m.end, m.nodes, m.nodesEnd})
 				}
 			}
 			n.n = len(s.order) - n.first
