@@ -19,6 +19,12 @@
 // key splits unambiguously, and no '{' or '}', so a Redis Cluster never sees
 // a hash tag in it.
 //
+// [KindFor] derives a kind from an HTTP method and route template
+// ("POST /v1/images" is post-v1-images), always valid for Derive and
+// different for routes a router tells apart. [MaxTenant], [MaxUser] and
+// [MaxRequest] are the length limits Derive enforces, for callers that
+// refuse a too-long identity before deriving.
+//
 // Bad input is rejected with an error wrapping [ErrInvalid]; Derive never
 // repairs its input silently.
 package keyspace
