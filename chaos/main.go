@@ -362,14 +362,18 @@ func dumpTable(ctx context.Context, sys *system, rec *recorder) error {
 
 // Summary is the report of a run.
 type Summary struct {
-	Seed       int64          `json:"seed"`
-	Duration   string         `json:"duration"`
-	Plant      string         `json:"plant,omitempty"`
-	Faults     map[string]int `json:"faults"`
-	Requests   map[string]int `json:"requests"`
-	Actions    map[string]int `json:"actions"`
-	Tasks      map[string]int `json:"tasks"`
-	GenCalls   int            `json:"generator_calls"`
+	Seed     int64          `json:"seed"`
+	Duration string         `json:"duration"`
+	Plant    string         `json:"plant,omitempty"`
+	Faults   map[string]int `json:"faults"`
+	Requests map[string]int `json:"requests"`
+	Actions  map[string]int `json:"actions"`
+	Tasks    map[string]int `json:"tasks"`
+	GenCalls int            `json:"generator_calls"`
+	// Notes are oddities that break no invariant but deserve a look, e.g.
+	// a byte-identical retry refused with key_reused (a false conflict is
+	// safe, but it should not happen).
+	Notes      map[string]int `json:"notes,omitempty"`
 	Invariants []Result       `json:"invariants"`
 	Holds      bool           `json:"holds"`
 }
@@ -394,9 +398,35 @@ func summarize(h History) Summary {
 			s.GenCalls++
 		}
 	}
+	s.Notes = notes(h)
 	s.Invariants = Check(h)
 	s.Holds = Holds(s.Invariants)
 	return s
+}
+
+// notes counts oddities that break no invariant.
+func notes(h History) map[string]int {
+	type clientKey struct{ tenant, user, key string }
+	accepted := map[clientKey]string{} // fingerprint of the first 2xx
+	for _, q := range h.Requests {
+		k := clientKey{q.Tenant, q.User, q.Key}
+		if _, seen := accepted[k]; !seen && q.Route == routeSubmit && ok2xx(q) {
+			accepted[k] = q.FP
+		}
+	}
+	out := map[string]int{}
+	for _, q := range h.Requests {
+		fp, seen := accepted[clientKey{q.Tenant, q.User, q.Key}]
+		if q.Route == routeSubmit && q.Code == "key_reused" && seen && fp == q.FP {
+			out["identical retry refused with key_reused"]++
+		}
+	}
+	for _, a := range h.Actions {
+		if a.Outcome == "rejected" {
+			out["action rejected with a 4xx: "+a.Detail]++
+		}
+	}
+	return out
 }
 
 // outcomeOf names a request's outcome for the summary.
@@ -437,6 +467,9 @@ func report(w io.Writer, h History, asJSON bool) int {
 	table(tw, "client actions by outcome", s.Actions)
 	table(tw, "tasks by final state", s.Tasks)
 	fmt.Fprintf(tw, "generator calls\t%d\n\n", s.GenCalls)
+	if len(s.Notes) > 0 {
+		table(tw, "notes (no invariant broken)", s.Notes)
+	}
 	fmt.Fprintf(tw, "invariant\tverdict\n")
 	for _, r := range s.Invariants {
 		verdict := "holds"

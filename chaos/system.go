@@ -102,8 +102,15 @@ func startSystem(ctx context.Context, cfg systemConfig) (s *system, err error) {
 	args = append(args, "./example")
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = cfg.root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return s, fmt.Errorf("chaos: go %s: %w\n%s", strings.Join(args, " "), err, out)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	forker.run(func() { err = cmd.Start() })
+	if err == nil {
+		err = cmd.Wait()
+	}
+	if err != nil {
+		return s, fmt.Errorf("chaos: go %s: %w\n%s", strings.Join(args, " "), err, out.String())
 	}
 	s.log("built the example%s", map[bool]string{true: " with the plant " + cfg.plant, false: ""}[cfg.plant != ""])
 
