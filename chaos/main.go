@@ -273,6 +273,9 @@ func soak(ctx context.Context, o options, logf func(string, ...any)) (History, s
 		return History{}, sys.dir, err
 	}
 	for _, p := range sys.procs {
+		if p.kind != workerProc {
+			continue // API nodes run no workers (-workers 0)
+		}
 		calls, err := genCalls(p.name, p.logf)
 		if err != nil {
 			return History{}, sys.dir, fmt.Errorf("chaos: read the log of %s: %w", p.name, err)

@@ -51,6 +51,7 @@ func TestParseLogLine(t *testing.T) {
 			wantOK: true,
 		},
 		{name: "another message", given: `time=2026-12-03T08:37:13.502Z level=WARN msg="pgstore: worker: lease lost; outcome discarded" task=x attempt=1`},
+		{name: "another task message", given: `time=2026-12-03T08:37:13.502Z level=INFO msg="task cancelled" task=x`},
 		{name: "bad time", given: `time=yesterday level=INFO msg="task done" task=x`},
 		{name: "not slog", given: `chaos: start worker0 at 2026-12-03T08:37:13Z`},
 		{name: "empty", given: ``},

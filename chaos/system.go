@@ -366,9 +366,9 @@ func (p *proc) kill() {
 // how a generator call or a reconcile ended.
 var logLine = regexp.MustCompile(`^time=(\S+) level=\S+ msg="(task [^"]*)" task=(\S+)`)
 
-// genCalls reads the generator calls of process name from its log: every
-// "task …" line ends a call (done, failed, uncertain, partial), except
-// "task reconciled", which is a reconcile query.
+// genCalls reads the generator calls of process name from its log: a
+// "task done", "task failed…" or "task uncertain…" line ends a call;
+// "task reconciled…" is a reconcile query; other lines are no call.
 func genCalls(name, path string) ([]GenCall, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -398,8 +398,11 @@ func parseLogLine(proc, line string) (GenCall, bool) {
 		return GenCall{}, false
 	}
 	g := GenCall{Task: m[3], Proc: proc, Phase: "end", Result: resultOf(m[2]), At: at}
-	if strings.HasPrefix(m[2], "task reconciled") {
+	switch {
+	case strings.HasPrefix(m[2], "task reconciled"):
 		g.Phase, g.Result = "reconcile", ""
+	case g.Result == m[2]:
+		return GenCall{}, false // another message about a task: no call
 	}
 	return g, true
 }
