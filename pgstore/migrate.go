@@ -171,7 +171,7 @@ func (s *Store) apply(ctx context.Context, m migrator, v migration) error {
 			if _, err := tx.Exec(ctx, v.sql); err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, sqlRecordVersion, v.version, v.name)
+			_, err := tx.Exec(ctx, sqlRecordVersion, pgx.NamedArgs{"version": v.version, "name": v.name})
 			return err
 		})
 	}
@@ -182,7 +182,7 @@ func (s *Store) apply(ctx context.Context, m migrator, v migration) error {
 		}
 	}
 	s.hook(ctx, fmt.Sprintf("v%d: record", v.version), m.conn)
-	_, err := m.conn.Exec(ctx, sqlRecordVersion, v.version, v.name)
+	_, err := m.conn.Exec(ctx, sqlRecordVersion, pgx.NamedArgs{"version": v.version, "name": v.name})
 	return err
 }
 
@@ -202,7 +202,7 @@ type indexState struct {
 // readIndex reads index name of the migrated schema's tasks table back;
 // found is false when that table has no such index.
 func readIndex(ctx context.Context, m migrator, name string) (indexState, bool, error) {
-	rows, _ := m.conn.Query(ctx, sqlIndexState, name, m.schema)
+	rows, _ := m.conn.Query(ctx, sqlIndexState, pgx.NamedArgs{"index": name, "schema": m.schema})
 	st, err := pgx.CollectOneRow(rows, pgx.RowToStructByName[indexState])
 	if errors.Is(err, pgx.ErrNoRows) {
 		return indexState{}, false, nil

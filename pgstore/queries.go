@@ -1,5 +1,10 @@
 package pgstore
 
+import (
+	"fmt"
+	"strings"
+)
+
 // Every SQL statement of the package lives in this file.
 //
 // Times that fence work (leases, run_after) are computed by the database
@@ -48,7 +53,7 @@ const (
 	applied_at timestamptz NOT NULL DEFAULT now()
 )`
 	sqlAppliedVersions = `SELECT version FROM idemgate_schema_migrations ORDER BY version`
-	sqlRecordVersion   = `INSERT INTO idemgate_schema_migrations (version, name) VALUES ($1, $2)
+	sqlRecordVersion   = `INSERT INTO idemgate_schema_migrations (version, name) VALUES (@version, @name)
 ON CONFLICT (version) DO NOTHING`
 
 	// The lock is (class, hashtext(schema)): one migrator per schema.
@@ -164,8 +169,8 @@ FROM pg_index i
 JOIN pg_class c ON c.oid = i.indexrelid
 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-WHERE i.indrelid = to_regclass(quote_ident($2) || '.idemgate_tasks') AND c.relname = $1
-	AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = $2)
+WHERE i.indrelid = to_regclass(quote_ident(@schema) || '.idemgate_tasks') AND c.relname = @index
+	AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = @schema)
 GROUP BY i.indisvalid, i.indisready, i.indisunique`
 
 	sqlTableExists = `SELECT to_regclass('idemgate_tasks') IS NOT NULL`
@@ -179,18 +184,18 @@ const (
 	// is still one round trip. The lookup runs on the statement's
 	// snapshot, so a winner that committed after it began is not seen:
 	// then no row comes back and the caller runs the statement again.
-	// $9 asks for a NOTIFY, sent with the commit, for an inserted row only.
+	// @notify asks for a NOTIFY, sent with the commit, for an inserted row only.
 	sqlSubmit = `WITH ins AS (
 	INSERT INTO idemgate_tasks AS t
 		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $10)
+	VALUES (@tenant, @owner, @kind, @runtime, @network, @key, @fingerprint, @params, @trace)
 	ON CONFLICT (tenant, idempotency_key, runtime, network) DO NOTHING
 	RETURNING ` + tTaskColumns + `
 )
-SELECT *, false AS duplicate FROM ins WHERE NOT $9::boolean OR idemgate_tasks_notify(ins.kind)
+SELECT *, false AS duplicate FROM ins WHERE NOT @notify::boolean OR idemgate_tasks_notify(ins.kind)
 UNION ALL
 SELECT ` + taskColumns + `, true AS duplicate FROM idemgate_tasks
-WHERE tenant = $1 AND idempotency_key = $6 AND runtime = $4 AND network = $5
+WHERE tenant = @tenant AND idempotency_key = @key AND runtime = @runtime AND network = @network
 	AND NOT EXISTS (SELECT FROM ins)`
 
 	// sqlSubmitPlain is Submit while the wide index is not (yet) valid, as
@@ -199,163 +204,60 @@ WHERE tenant = $1 AND idempotency_key = $6 AND runtime = $4 AND network = $5
 	sqlSubmitPlain = `WITH ins AS (
 	INSERT INTO idemgate_tasks
 		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $10)
+	VALUES (@tenant, @owner, @kind, @runtime, @network, @key, @fingerprint, @params, @trace)
 	RETURNING ` + taskColumns + `
 )
-SELECT *, false AS duplicate FROM ins WHERE NOT $9::boolean OR idemgate_tasks_notify(ins.kind)`
+SELECT *, false AS duplicate FROM ins WHERE NOT @notify::boolean OR idemgate_tasks_notify(ins.kind)`
 
 	// sqlByKey reads a task back by its full key.
 	sqlByKey = `SELECT ` + taskColumns + `, true AS duplicate FROM idemgate_tasks
-WHERE tenant = $1 AND idempotency_key = $2 AND runtime = $3 AND network = $4`
+WHERE tenant = @tenant AND idempotency_key = @key AND runtime = @runtime AND network = @network`
 
 	// sqlGet scopes the lookup to the caller: anyone else's task is absent.
 	sqlGet = `SELECT ` + taskColumns + `, false AS duplicate FROM idemgate_tasks
-WHERE id = $1::uuid AND tenant = $2 AND owner = $3`
+WHERE id = @id::uuid AND tenant = @tenant AND owner = @owner`
 
 	// sqlRecover puts a failed task that kept partial results back in line,
-	// on the same row. tries restarts (a fresh attempt budget); attempt,
-	// the fencing token, never goes back.
+	// on the same row. A partial result is a real item: not JSON null, the
+	// rule a success is held to. tries restarts (a fresh attempt budget);
+	// attempt, the fencing token, never goes back.
 	sqlRecover = `WITH rec AS (
 	UPDATE idemgate_tasks SET state = 'retrying', tries = 0,
 		recoveries = recoveries + 1, error = '', run_after = now(), finished_at = NULL,
 		updated_at = now()
-	WHERE id = $1::uuid AND tenant = $2 AND owner = $3 AND state = 'failed'
-		AND jsonb_array_length(results) > 0 AND recoveries < $4
+	WHERE id = @id::uuid AND tenant = @tenant AND owner = @owner AND state = 'failed'
+		AND EXISTS (SELECT FROM jsonb_array_elements(results) AS r(item) WHERE r.item <> 'null'::jsonb)
+		AND recoveries < @max_recoveries
 	RETURNING ` + taskColumns + `
 )
 SELECT *, false AS duplicate FROM rec WHERE idemgate_tasks_notify(rec.kind)`
 
-	// sqlPrune deletes one batch of finished tasks; SKIP LOCKED keeps it
-	// out of the way of anything touching those rows.
+	// sqlCancel ends an unfinished task as cancelled and tells the workers,
+	// whose running attempt of it (if any) then stops. A finished task is
+	// left alone: nothing comes back, and the caller reads it to say why.
+	sqlCancel = `WITH can AS (
+	UPDATE idemgate_tasks SET state = 'cancelled', error = 'cancelled',
+		lease_until = NULL, locked_by = NULL, finished_at = now(), updated_at = now()
+	WHERE id = @id::uuid AND tenant = @tenant AND owner = @owner
+		AND state IN ('pending', 'running', 'retrying', 'uncertain')
+	RETURNING ` + taskColumns + `
+)
+SELECT *, false AS duplicate FROM can WHERE idemgate_tasks_notify_cancel(can.id)`
+
+	// sqlPrune deletes one batch of tasks that finished more than
+	// @older_us ago (and so were submitted before that too); SKIP LOCKED
+	// keeps it out of the way of anything touching those rows. The state
+	// list is the predicate of the finished-task index.
 	sqlPrune = `WITH doomed AS (
 	SELECT id FROM idemgate_tasks
-	WHERE state IN ('succeeded', 'failed') AND finished_at < now() - $1::bigint * interval '1 microsecond'
+	WHERE state IN ('succeeded', 'failed', 'cancelled')
+		AND finished_at < now() - @older_us::bigint * interval '1 microsecond'
 	ORDER BY finished_at
-	LIMIT $2
+	LIMIT @limit
 	FOR UPDATE SKIP LOCKED
 )
 DELETE FROM idemgate_tasks t USING doomed WHERE t.id = doomed.id`
-)
 
-// Workers. Every transition of a claimed task is fenced by
-// WHERE id = $1 AND attempt = $2 AND state = <the state it was claimed in>.
-const (
-	// sqlClaim takes up to $1 runnable tasks: river's shape, a SKIP LOCKED
-	// CTE feeding one UPDATE … RETURNING.
-	sqlClaim = `WITH picked AS (
-	SELECT id FROM idemgate_tasks
-	WHERE state IN ('pending', 'retrying') AND run_after <= now()
-		AND (cardinality($3::text[]) = 0 OR kind = ANY($3::text[]))
-	ORDER BY run_after
-	LIMIT $1
-	FOR UPDATE SKIP LOCKED
-)
-UPDATE idemgate_tasks t SET state = 'running', attempt = t.attempt + 1, tries = t.tries + 1,
-	lease_until = now() + $2::bigint * interval '1 microsecond', locked_by = $4,
-	updated_at = now()
-FROM picked WHERE t.id = picked.id
-RETURNING ` + tTaskColumns + `, false AS duplicate`
-
-	// sqlClaimUncertain takes uncertain tasks due for reconciliation. The
-	// state stays uncertain; run_after moves past the lease so no other
-	// worker reconciles the task meanwhile, and attempt is the fence.
-	sqlClaimUncertain = `WITH picked AS (
-	SELECT id FROM idemgate_tasks
-	WHERE state = 'uncertain' AND run_after <= now()
-		AND (cardinality($3::text[]) = 0 OR kind = ANY($3::text[]))
-	ORDER BY run_after
-	LIMIT $1
-	FOR UPDATE SKIP LOCKED
-)
-UPDATE idemgate_tasks t SET attempt = t.attempt + 1,
-	run_after = now() + $2::bigint * interval '1 microsecond', locked_by = $4,
-	updated_at = now()
-FROM picked WHERE t.id = picked.id
-RETURNING ` + tTaskColumns + `, false AS duplicate`
-
-	// sqlFinishBatch ends many tasks, each succeeded or failed, with its
-	// results and error: the hot path of a busy worker, one statement per
-	// batch. Each row is fenced like a single transition.
-	sqlFinishBatch = `UPDATE idemgate_tasks t SET state = x.state, results = x.results, error = x.error,
-	lease_until = NULL, locked_by = NULL, finished_at = now(), updated_at = now()
-FROM unnest($1::text[], $2::int[], $3::text[], $4::jsonb[], $5::text[]) AS x(id, attempt, state, results, error)
-WHERE t.id = x.id::uuid AND t.attempt = x.attempt AND t.state = 'running'
-RETURNING t.id::text`
-
-	// sqlFinish ends a task: succeeded or failed ($4), with results and error.
-	sqlFinish = `UPDATE idemgate_tasks SET state = $4, results = $5, error = $6,
-	lease_until = NULL, locked_by = NULL, finished_at = now(), updated_at = now()
-WHERE id = $1::uuid AND attempt = $2 AND state = $3`
-
-	// sqlUncertain parks a task until a reconcile check in $4 µs.
-	sqlUncertain = `UPDATE idemgate_tasks SET state = 'uncertain', error = $5,
-	run_after = now() + $4::bigint * interval '1 microsecond',
-	lease_until = NULL, locked_by = NULL, updated_at = now()
-WHERE id = $1::uuid AND attempt = $2 AND state = $3`
-
-	// sqlRetry requeues a task after $4 µs, or after the backoff when $4 < 0;
-	// past $5 tries it fails instead. $6 is the error; $7, $8, $9 the
-	// backoff base and cap (µs) and the jitter fraction.
-	sqlRetry = `UPDATE idemgate_tasks SET
-	state = CASE WHEN tries >= $5::int THEN 'failed' ELSE 'retrying' END,
-	error = CASE WHEN tries >= $5::int THEN 'gave up after ' || tries || ' attempts: ' || $6::text
-		ELSE $6::text END,
-	run_after = now() + (CASE WHEN $4::bigint >= 0 THEN $4::bigint::float8
-		ELSE least($8::float8, $7::float8 * power(2, least(greatest(tries - 1, 0), 40)))
-			* (1 - $9::float8 * random()) END) * interval '1 microsecond',
-	finished_at = CASE WHEN tries >= $5::int THEN now() END,
-	lease_until = NULL, locked_by = NULL, updated_at = now()
-WHERE id = $1::uuid AND attempt = $2 AND state = $3`
-
-	// sqlRelease hands a task back at shutdown, to run again at once. The
-	// attempt counts, like an expired lease: a handler that never finishes
-	// within the shutdown deadline would otherwise come back at every
-	// restart for ever. Past $3 tries the task fails instead. Only a
-	// requeued task is announced.
-	sqlRelease = `WITH rel AS (
-	UPDATE idemgate_tasks SET
-		state = CASE WHEN tries >= $3::int THEN 'failed' ELSE 'retrying' END,
-		error = CASE WHEN tries >= $3::int THEN 'released at shutdown on attempt ' || tries || ' of ' || $3::int
-			|| ': the handler did not finish in time' ELSE error END,
-		finished_at = CASE WHEN tries >= $3::int THEN now() END,
-		run_after = now(), lease_until = NULL, locked_by = NULL, updated_at = now()
-	WHERE id = $1::uuid AND attempt = $2 AND state = 'running'
-	RETURNING kind, state
-)
-SELECT count(*) FROM rel WHERE CASE WHEN rel.state = 'retrying' THEN idemgate_tasks_notify(rel.kind) ELSE true END`
-
-	// sqlHeartbeat extends the leases of every task a worker holds and
-	// returns those it still holds.
-	sqlHeartbeat = `UPDATE idemgate_tasks t
-SET lease_until = now() + $3::bigint * interval '1 microsecond'
-FROM unnest($1::text[], $2::int[]) AS x(id, attempt)
-WHERE t.id = x.id::uuid AND t.attempt = x.attempt AND t.state = 'running'
-RETURNING t.id::text, t.attempt`
-
-	// sqlRescue requeues tasks whose lease ran out (their worker died or
-	// hung) with exponential backoff and jitter, or fails them past $2
-	// tries. $3, $4, $5: backoff base and cap (µs), jitter fraction.
-	sqlRescue = `WITH expired AS (
-	SELECT id FROM idemgate_tasks
-	WHERE state = 'running' AND lease_until < now()
-	ORDER BY lease_until
-	LIMIT $1
-	FOR UPDATE SKIP LOCKED
-)
-UPDATE idemgate_tasks t SET
-	state = CASE WHEN t.tries >= $2::int THEN 'failed' ELSE 'retrying' END,
-	error = CASE WHEN t.tries >= $2::int THEN 'lease expired on attempt ' || t.tries || ' of ' || $2::int
-		ELSE 'lease expired' END,
-	run_after = now() + least($4::float8, $3::float8 * power(2, least(greatest(t.tries - 1, 0), 40)))
-		* (1 - $5::float8 * random()) * interval '1 microsecond',
-	finished_at = CASE WHEN t.tries >= $2::int THEN now() END,
-	lease_until = NULL, locked_by = NULL, updated_at = now()
-FROM expired WHERE t.id = expired.id
-RETURNING t.id::text AS id, t.kind, t.attempt`
-)
-
-// Stats.
-const (
 	// sqlStats counts unfinished tasks by kind and state, with each group's
 	// oldest runnable and oldest task, in µs of age. The WHERE clause
 	// matches the partial indexes of those states, so finished tasks,
@@ -366,4 +268,225 @@ const (
 FROM idemgate_tasks
 WHERE state IN ('pending', 'retrying', 'running', 'uncertain')
 GROUP BY kind, state`
+)
+
+// claimKindsSQL is sqlClaim for some kinds only. Each kind is read from
+// the claim index (kind, run_after) by a CTE of its own that names the
+// kind as a literal, so that the planner, which knows how common each
+// kind is, never walks the index of all runnable tasks past another
+// kind's backlog (with a parameter, a generic plan may). The oldest of
+// all kinds' candidates come first. Every kind must pass literalKind.
+func claimKindsSQL(kinds []string) string {
+	var b strings.Builder
+	b.WriteString("WITH ")
+	for i, kind := range kinds {
+		fmt.Fprintf(&b, `k%d AS (
+	SELECT id, run_after FROM idemgate_tasks
+	WHERE kind = '%s' AND state IN ('pending', 'retrying') AND run_after <= now()
+		AND id <> ALL(coalesce(@held::uuid[], '{}'))
+	ORDER BY run_after
+	LIMIT @limit
+	FOR UPDATE SKIP LOCKED
+), `, i, kind)
+	}
+	b.WriteString("picked AS (\n\tSELECT id FROM (")
+	for i := range kinds {
+		if i > 0 {
+			b.WriteString(" UNION ALL ")
+		}
+		fmt.Fprintf(&b, "SELECT * FROM k%d", i)
+	}
+	b.WriteString(`) r
+	ORDER BY run_after
+	LIMIT @limit
+)
+UPDATE idemgate_tasks t SET ` + claimSet + `
+FROM picked WHERE t.id = picked.id
+RETURNING ` + tTaskColumns + `, false AS duplicate`)
+	return b.String()
+}
+
+// literalKind reports whether kind can be written into SQL as a literal
+// as it is: letters, digits and a few punctuation marks, no quote, no
+// backslash (keyspace's kinds all can).
+func literalKind(kind string) bool {
+	if kind == "" || len(kind) > 128 {
+		return false
+	}
+	for _, c := range []byte(kind) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("_-.:/", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// sqlClaimAnyOf is sqlClaim for kinds that cannot be literals: correct,
+// but the planner may scan other kinds' backlog.
+const sqlClaimAnyOf = `WITH picked AS (
+	SELECT id FROM idemgate_tasks
+	WHERE kind = ANY(@kinds::text[]) AND state IN ('pending', 'retrying') AND run_after <= now()
+		AND id <> ALL(coalesce(@held::uuid[], '{}'))
+	ORDER BY run_after
+	LIMIT @limit
+	FOR UPDATE SKIP LOCKED
+)
+UPDATE idemgate_tasks t SET ` + claimSet + `
+FROM picked WHERE t.id = picked.id
+RETURNING ` + tTaskColumns + `, false AS duplicate`
+
+// Workers. Every transition of a claimed task is fenced by
+// WHERE id = @id AND attempt = @attempt AND state = <the state it was
+// claimed in>. Durations are microseconds (@…_us).
+//
+// A lease's end in the row (lease_until) is the claim's or heartbeat's
+// now() plus the lease plus a margin; the worker holding it gives up the
+// attempt at its own send time plus the lease minus that margin. So the
+// holder stops, by its own clock, a margin before the lease ends and
+// another margin before any rescuer may take the task.
+const (
+	// claimSet is the SET list of a claim: the attempt's lease and the
+	// kind's lost-attempt policy, which rescuers apply to the row.
+	claimSet = `state = 'running', attempt = t.attempt + 1, tries = t.tries + 1,
+	lease_until = now() + @lease_us::bigint * interval '1 microsecond', locked_by = @worker,
+	lost = CASE WHEN t.kind = ANY(@uncertain_kinds::text[]) THEN 'uncertain' ELSE 'retry' END,
+	updated_at = now()`
+
+	// sqlClaim takes up to @limit runnable tasks of any kind, oldest
+	// first: river's shape, a SKIP LOCKED CTE feeding one UPDATE …
+	// RETURNING. @held are tasks whose earlier attempt still runs in this
+	// worker: it never runs two attempts of one task.
+	sqlClaim = `WITH picked AS (
+	SELECT id FROM idemgate_tasks
+	WHERE state IN ('pending', 'retrying') AND run_after <= now()
+		AND id <> ALL(coalesce(@held::uuid[], '{}'))
+	ORDER BY run_after
+	LIMIT @limit
+	FOR UPDATE SKIP LOCKED
+)
+UPDATE idemgate_tasks t SET ` + claimSet + `
+FROM picked WHERE t.id = picked.id
+RETURNING ` + tTaskColumns + `, false AS duplicate`
+
+	// sqlClaimUncertain takes uncertain tasks due for reconciliation. The
+	// state stays uncertain; run_after moves past the lease so no other
+	// worker reconciles the task meanwhile, and attempt is the fence.
+	sqlClaimUncertain = `WITH picked AS (
+	SELECT id FROM idemgate_tasks
+	WHERE state = 'uncertain' AND run_after <= now()
+		AND (cardinality(@kinds::text[]) = 0 OR kind = ANY(@kinds::text[]))
+		AND id <> ALL(coalesce(@held::uuid[], '{}'))
+	ORDER BY run_after
+	LIMIT @limit
+	FOR UPDATE SKIP LOCKED
+)
+UPDATE idemgate_tasks t SET attempt = t.attempt + 1,
+	run_after = now() + @lease_us::bigint * interval '1 microsecond', locked_by = @worker,
+	updated_at = now()
+FROM picked WHERE t.id = picked.id
+RETURNING ` + tTaskColumns + `, false AS duplicate`
+
+	// sqlFinishBatch ends many running tasks, each succeeded or failed,
+	// with its results and error: the hot path of a busy worker, one
+	// statement per batch. Each row is fenced like a single transition.
+	sqlFinishBatch = `UPDATE idemgate_tasks t SET state = x.state, results = x.results, error = x.error,
+	lease_until = NULL, locked_by = NULL, finished_at = now(), updated_at = now()
+FROM unnest(@ids::text[], @attempts::int[], @states::text[], @results::jsonb[], @errors::text[])
+	AS x(id, attempt, state, results, error)
+WHERE t.id = x.id::uuid AND t.attempt = x.attempt AND t.state = 'running'
+RETURNING t.id::text`
+
+	// sqlFinish ends a task: succeeded or failed (@to), with results and error.
+	sqlFinish = `UPDATE idemgate_tasks SET state = @to, results = @results, error = @error,
+	lease_until = NULL, locked_by = NULL, finished_at = now(), updated_at = now()
+WHERE id = @id::uuid AND attempt = @attempt AND state = @from
+RETURNING state`
+
+	// sqlUncertain parks a task until a reconcile check in @after_us.
+	sqlUncertain = `UPDATE idemgate_tasks SET state = 'uncertain', error = @error,
+	run_after = now() + @after_us::bigint * interval '1 microsecond',
+	lease_until = NULL, locked_by = NULL, updated_at = now()
+WHERE id = @id::uuid AND attempt = @attempt AND state = @from
+RETURNING state`
+
+	// backoff is the delay before try number tries + 1, in µs:
+	// min(@backoff_max_us, @backoff_base_us·2^(tries−1)), less a random
+	// jitter of up to @jitter of it.
+	backoff = `least(@backoff_max_us::float8, @backoff_base_us::float8 * power(2, least(greatest(tries - 1, 0), 40)))
+	* (1 - @jitter::float8 * random())`
+
+	// tBackoff is backoff for the alias t.
+	tBackoff = `least(@backoff_max_us::float8, @backoff_base_us::float8 * power(2, least(greatest(t.tries - 1, 0), 40)))
+	* (1 - @jitter::float8 * random())`
+
+	// sqlRetry requeues a task after @after_us, or after the backoff when
+	// @after_us < 0; past @max_attempts tries it fails instead.
+	sqlRetry = `UPDATE idemgate_tasks SET
+	state = CASE WHEN tries >= @max_attempts::int THEN 'failed' ELSE 'retrying' END,
+	error = CASE WHEN tries >= @max_attempts::int THEN 'gave up after ' || tries || ' attempts: ' || @error::text
+		ELSE @error::text END,
+	run_after = now() + (CASE WHEN @after_us::bigint >= 0 THEN @after_us::bigint::float8
+		ELSE ` + backoff + ` END) * interval '1 microsecond',
+	finished_at = CASE WHEN tries >= @max_attempts::int THEN now() END,
+	lease_until = NULL, locked_by = NULL, updated_at = now()
+WHERE id = @id::uuid AND attempt = @attempt AND state = @from
+RETURNING state`
+
+	// sqlRelease hands a task back at shutdown, by its kind's policy: to
+	// run again at once, or, when an upstream call may have happened, as
+	// uncertain for a reconcile check in @reconcile_us. The attempt
+	// counts, like an expired lease: a handler that never finishes within
+	// the shutdown deadline would otherwise come back at every restart for
+	// ever. Past @max_attempts tries the task fails instead. Only a
+	// requeued task is announced.
+	sqlRelease = `WITH rel AS (
+	UPDATE idemgate_tasks SET
+		state = CASE WHEN lost = 'uncertain' THEN 'uncertain'
+			WHEN tries >= @max_attempts::int THEN 'failed' ELSE 'retrying' END,
+		error = CASE WHEN lost = 'uncertain' THEN 'released at shutdown on attempt ' || tries
+				|| ': the upstream outcome is unknown'
+			WHEN tries >= @max_attempts::int THEN 'released at shutdown on attempt ' || tries || ' of '
+				|| @max_attempts::int || ': the handler did not finish in time'
+			ELSE error END,
+		finished_at = CASE WHEN lost <> 'uncertain' AND tries >= @max_attempts::int THEN now() END,
+		run_after = CASE WHEN lost = 'uncertain' THEN now() + @reconcile_us::bigint * interval '1 microsecond'
+			ELSE now() END,
+		lease_until = NULL, locked_by = NULL, updated_at = now()
+	WHERE id = @id::uuid AND attempt = @attempt AND state = 'running'
+	RETURNING kind, state
+)
+SELECT state FROM rel WHERE CASE WHEN rel.state = 'retrying' THEN idemgate_tasks_notify(rel.kind) ELSE true END`
+
+	// sqlHeartbeat extends the leases of every task a worker holds and
+	// returns those it still holds.
+	sqlHeartbeat = `UPDATE idemgate_tasks t
+SET lease_until = now() + @lease_us::bigint * interval '1 microsecond'
+FROM unnest(@ids::text[], @attempts::int[]) AS x(id, attempt)
+WHERE t.id = x.id::uuid AND t.attempt = x.attempt AND t.state = 'running'
+RETURNING t.id::text AS id, t.attempt`
+
+	// sqlRescue takes back tasks whose lease ran out (their worker died,
+	// hung or was cut off) by each row's lost-attempt policy: uncertain,
+	// for a reconcile check in @reconcile_us; or requeued with backoff
+	// and jitter, failed past @max_attempts tries.
+	sqlRescue = `WITH expired AS (
+	SELECT id FROM idemgate_tasks
+	WHERE state = 'running' AND lease_until < now()
+	ORDER BY lease_until
+	LIMIT @limit
+	FOR UPDATE SKIP LOCKED
+)
+UPDATE idemgate_tasks t SET
+	state = CASE WHEN t.lost = 'uncertain' THEN 'uncertain'
+		WHEN t.tries >= @max_attempts::int THEN 'failed' ELSE 'retrying' END,
+	error = CASE WHEN t.lost = 'uncertain' THEN 'lease expired on attempt ' || t.tries
+			|| ': the upstream outcome is unknown'
+		WHEN t.tries >= @max_attempts::int THEN 'lease expired on attempt ' || t.tries || ' of ' || @max_attempts::int
+		ELSE 'lease expired' END,
+	run_after = now() + (CASE WHEN t.lost = 'uncertain' THEN @reconcile_us::bigint::float8
+		ELSE ` + tBackoff + ` END) * interval '1 microsecond',
+	finished_at = CASE WHEN t.lost <> 'uncertain' AND t.tries >= @max_attempts::int THEN now() END,
+	lease_until = NULL, locked_by = NULL, updated_at = now()
+FROM expired WHERE t.id = expired.id
+RETURNING t.id::text AS id, t.kind, t.attempt, t.state`
 )

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,6 +25,10 @@ var (
 	// exists.
 	ErrNotFound = errors.New("pgstore: task not found")
 
+	// ErrFinished reports that Cancel found the task already finished
+	// (succeeded or failed): it changed nothing.
+	ErrFinished = errors.New("pgstore: task already finished")
+
 	// ErrNotRecoverable reports that Recover refused a task; the wrapping
 	// error says why (not failed, no partial results, recovered too often).
 	ErrNotRecoverable = errors.New("pgstore: task cannot be recovered")
@@ -43,9 +46,9 @@ const submitTries = 5
 type State string
 
 // The states of a task. Pending, running, retrying and uncertain are
-// unfinished: a client keeps polling the same task ID. Succeeded and
-// failed are final, except that Recover may move a failed task that kept
-// partial results back to retrying.
+// unfinished: a client keeps polling the same task ID. Succeeded, failed
+// and cancelled are final, except that Recover may move a failed task
+// that kept partial results back to retrying.
 const (
 	StatePending   State = "pending"   // accepted, waiting for a worker
 	StateRunning   State = "running"   // a worker holds a lease on it
@@ -101,11 +104,12 @@ type Task struct {
 // number of Stores in any number of processes may share one database.
 type Store struct {
 	pool *pgxpool.Pool
-	now  func() time.Time
 
-	// lastNotify is when Submit last announced a new task, per kind, in
-	// Unix nanoseconds of now.
-	lastNotify sync.Map // kind → *atomic.Int64
+	// elapsed is monotonic time since the Store was made: the clock of
+	// the NOTIFY rate limit, which a step of the wall clock cannot stop.
+	elapsed func() time.Duration
+	// announce limits Submit's NOTIFYs to one per kind per notifyEvery.
+	announce notifyLimiter
 
 	test *storeTestHooks // nil except in this package's tests
 }
@@ -150,32 +154,46 @@ func New(ctx context.Context, pool *pgxpool.Pool) (*Store, error) {
 }
 
 func newStore(pool *pgxpool.Pool) *Store {
-	return &Store{pool: pool, now: time.Now}
+	epoch := time.Now()
+	return &Store{pool: pool, elapsed: func() time.Duration { return time.Since(epoch) }}
 }
 
 // notifyEvery is the least time between two NOTIFYs of one kind from one
 // Store's Submit. A NOTIFY serializes commits database-wide (Postgres
 // takes a global lock from pre-commit to commit end), so Submit announces
-// a burst of new tasks once instead of per task; a woken worker claims
-// again notifyRecheck later to catch the rest of the burst.
+// a burst of new tasks once instead of per task; a worker claims again
+// notifyRecheck after the last notification it got, to catch the rest.
 const (
 	notifyEvery   = 25 * time.Millisecond
 	notifyRecheck = 4 * notifyEvery
 )
 
-// shouldNotify reports whether a new task of kind needs announcing.
-func (s *Store) shouldNotify(kind string) bool {
-	v, ok := s.lastNotify.Load(kind)
-	if !ok {
-		return true
-	}
-	return s.now().UnixNano()-v.(*atomic.Int64).Load() >= int64(notifyEvery)
+// notifyLimiter decides which Submits announce their task: the first of
+// a kind, then one per notifyEvery. Times are monotonic offsets, passed
+// in (as x/time/rate does), so no wall clock is involved.
+type notifyLimiter struct {
+	mu   sync.Mutex
+	last map[string]time.Duration // kind → when it was last announced
 }
 
-// notified records that a NOTIFY for kind went out with a commit.
-func (s *Store) notified(kind string) {
-	v, _ := s.lastNotify.LoadOrStore(kind, new(atomic.Int64))
-	v.(*atomic.Int64).Store(s.now().UnixNano())
+// due reports whether a task of kind submitted at now needs announcing.
+func (l *notifyLimiter) due(kind string, now time.Duration) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	last, ok := l.last[kind]
+	return !ok || now-last >= notifyEvery
+}
+
+// sent records that a NOTIFY for kind went out with a commit at now.
+func (l *notifyLimiter) sent(kind string, now time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.last == nil {
+		l.last = map[string]time.Duration{}
+	}
+	if last, ok := l.last[kind]; !ok || now > last {
+		l.last[kind] = now
+	}
 }
 
 // Submit stores t, or returns the task that already holds its key
@@ -188,10 +206,11 @@ func (s *Store) notified(kind string) {
 // delivered when it commits (bursts are announced at most once per 25ms
 // per kind, and workers poll as well).
 func (s *Store) Submit(ctx context.Context, t NewTask) (Task, error) {
-	notify := s.shouldNotify(t.Kind)
+	now := s.elapsed()
+	notify := s.announce.due(t.Kind, now)
 	got, err := submit(ctx, s.pool, t, notify, false)
 	if err == nil && notify && !got.Duplicate {
-		s.notified(t.Kind)
+		s.announce.sent(t.Kind, now)
 	}
 	return got, err
 }
@@ -215,7 +234,9 @@ func submit(ctx context.Context, q querier, t NewTask, notify, savepoints bool) 
 	if len(t.Params) > 0 {
 		params = []byte(t.Params)
 	}
-	args := []any{t.Tenant, t.Owner, t.Kind, t.Runtime, t.Network, t.IdempotencyKey, t.Fingerprint, params, notify, t.Trace}
+	args := pgx.NamedArgs{"tenant": t.Tenant, "owner": t.Owner, "kind": t.Kind, "runtime": t.Runtime,
+		"network": t.Network, "key": t.IdempotencyKey, "fingerprint": t.Fingerprint, "params": params,
+		"trace": storableText(t.Trace), "notify": notify}
 	for range submitTries {
 		got, found, err := submitOnce(ctx, q, args, savepoints)
 		if err != nil {
@@ -235,19 +256,18 @@ func submit(ctx context.Context, q querier, t NewTask, notify, savepoints bool) 
 
 // submitOnce runs the submit statement once; found is false when the key
 // is held by a row this snapshot cannot see.
-func submitOnce(ctx context.Context, q querier, args []any, savepoints bool) (Task, bool, error) {
-	got, found, err := run(ctx, q, savepoints, sqlSubmit, args...)
+func submitOnce(ctx context.Context, q querier, args pgx.NamedArgs, savepoints bool) (Task, bool, error) {
+	got, found, err := run(ctx, q, savepoints, sqlSubmit, args)
 	if err == nil {
 		return got, found, nil
 	}
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "42P10" {
+	if sqlState(err) != codeNoConflictTarget {
 		return readBackOnViolation(ctx, q, args, err, savepoints)
 	}
-	// 42P10: no valid unique index matches the conflict target, i.e. the
-	// schema is still v1 or v2's index is being built. Insert plainly and
-	// let a unique violation name the index that caught it.
-	got, found, err = run(ctx, q, savepoints, sqlSubmitPlain, args...)
+	// No valid unique index matches the conflict target, i.e. the schema
+	// is still v1 or v2's index is being built. Insert plainly and let a
+	// unique violation name the index that caught it.
+	got, found, err = run(ctx, q, savepoints, sqlSubmitPlain, args)
 	if err == nil {
 		return got, found, nil
 	}
@@ -256,13 +276,12 @@ func submitOnce(ctx context.Context, q querier, args []any, savepoints bool) (Ta
 
 // readBackOnViolation turns a unique violation on one of the key indexes
 // into a read-back of the row by its full key.
-func readBackOnViolation(ctx context.Context, q querier, args []any, err error, savepoints bool) (Task, bool, error) {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "23505" ||
-		(pgErr.ConstraintName != indexKeyNarrow && pgErr.ConstraintName != indexKeyWide) {
+func readBackOnViolation(ctx context.Context, q querier, args pgx.NamedArgs, err error, savepoints bool) (Task, bool, error) {
+	if !isUniqueViolation(err, indexKeyNarrow, indexKeyWide) {
 		return Task{}, false, interpretError("submit", err)
 	}
-	got, found, err := run(ctx, q, savepoints, sqlByKey, args[0], args[5], args[3], args[4])
+	got, found, err := run(ctx, q, savepoints, sqlByKey, pgx.NamedArgs{
+		"tenant": args["tenant"], "key": args["key"], "runtime": args["runtime"], "network": args["network"]})
 	if err != nil {
 		return Task{}, false, interpretError("submit: read back", err)
 	}
@@ -321,7 +340,7 @@ func (s *Store) Get(ctx context.Context, tenant, owner, id string) (Task, error)
 	if !validID(id) {
 		return Task{}, ErrNotFound
 	}
-	t, found, err := queryTask(ctx, s.pool, sqlGet, id, tenant, owner)
+	t, found, err := queryTask(ctx, s.pool, sqlGet, pgx.NamedArgs{"id": id, "tenant": tenant, "owner": owner})
 	if err != nil {
 		return Task{}, interpretError("get", err)
 	}
@@ -340,7 +359,8 @@ func (s *Store) Recover(ctx context.Context, tenant, owner, id string) (Task, er
 	if !validID(id) {
 		return Task{}, ErrNotFound
 	}
-	t, found, err := queryTask(ctx, s.pool, sqlRecover, id, tenant, owner, MaxRecoveries)
+	t, found, err := queryTask(ctx, s.pool, sqlRecover, pgx.NamedArgs{"id": id, "tenant": tenant, "owner": owner,
+		"max_recoveries": MaxRecoveries})
 	if err != nil {
 		return Task{}, interpretError("recover", err)
 	}
@@ -356,7 +376,7 @@ func (s *Store) Recover(ctx context.Context, tenant, owner, id string) (Task, er
 	switch {
 	case cur.State != StateFailed:
 		why = fmt.Sprintf("task is %s, not failed", cur.State)
-	case len(cur.Results) == 0:
+	case realItems(cur.Results) == nil:
 		why = "task failed without partial results; submit a new request"
 	case cur.Recoveries >= MaxRecoveries:
 		why = fmt.Sprintf("task was recovered %d times already", cur.Recoveries)
@@ -366,18 +386,52 @@ func (s *Store) Recover(ctx context.Context, tenant, owner, id string) (Task, er
 	return Task{}, fmt.Errorf("%w: %s", ErrNotRecoverable, why)
 }
 
+// Cancel ends an unfinished task (pending, running, retrying or
+// uncertain) as cancelled, a final state, and returns it. A running
+// attempt of it is told at once (LISTEN/NOTIFY) and its handler's
+// context is cancelled; whatever it returns is discarded. Cancel is
+// idempotent: a cancelled task is returned as it is. A task that already
+// succeeded or failed is not changed: Cancel returns it with an error
+// wrapping ErrFinished. Another caller's task is ErrNotFound.
+func (s *Store) Cancel(ctx context.Context, tenant, owner, id string) (Task, error) {
+	if !validID(id) {
+		return Task{}, ErrNotFound
+	}
+	t, found, err := queryTask(ctx, s.pool, sqlCancel, pgx.NamedArgs{"id": id, "tenant": tenant, "owner": owner})
+	if err != nil {
+		return Task{}, interpretError("cancel", err)
+	}
+	if found {
+		return t, nil
+	}
+	cur, err := s.Get(ctx, tenant, owner, id)
+	if err != nil {
+		return Task{}, fmt.Errorf("pgstore: cancel: %w", err)
+	}
+	if cur.State == StateCancelled {
+		return cur, nil
+	}
+	return cur, fmt.Errorf("pgstore: cancel: task %s: %w", cur.State, ErrFinished)
+}
+
 // pruneBatch bounds how many rows one Prune statement deletes, so no
 // statement holds many row locks or runs long.
 const pruneBatch = 1000
 
-// Prune deletes tasks that finished (succeeded or failed) more than
-// olderThan ago, in batches of a thousand rows, and returns how many it
-// deleted. Unfinished tasks are never pruned. Safe to run from several
-// nodes at once.
+// Prune deletes tasks that finished (succeeded, failed or cancelled)
+// more than olderThan ago, in batches of a thousand rows, and returns how
+// many it deleted.
+// Unfinished tasks are never pruned (Stats shows how old they get).
+//
+// A pruned task's key is free again: a retry of its request would make a
+// new task. So olderThan must be at least the retention of whatever
+// answers retries before they reach Submit (the middleware's Retention):
+// then no client can still be replayed the task when it goes. Safe to run
+// from several nodes at once.
 func (s *Store) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
 	var total int64
 	for {
-		tag, err := s.pool.Exec(ctx, sqlPrune, olderThan.Microseconds(), pruneBatch)
+		tag, err := s.pool.Exec(ctx, sqlPrune, pgx.NamedArgs{"older_us": olderThan.Microseconds(), "limit": pruneBatch})
 		if err != nil {
 			return total, interpretError("prune", err)
 		}
@@ -393,22 +447,4 @@ func (s *Store) Prune(ctx context.Context, olderThan time.Duration) (int64, erro
 func validID(id string) bool {
 	var u pgtype.UUID
 	return len(id) == 36 && u.Scan(id) == nil
-}
-
-// interpretError wraps a database error for the operation op; it is the
-// one place where errors are translated.
-func interpretError(op string, err error) error {
-	if errors.Is(err, pgx.ErrNoRows) {
-		return ErrNotFound
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "42P01": // undefined_table
-			return fmt.Errorf("pgstore: %s: schema missing (run Migrate): %w", op, err)
-		case "22P02": // invalid_text_representation: Params is not JSON
-			return fmt.Errorf("pgstore: %s: params: %w", op, err)
-		}
-	}
-	return fmt.Errorf("pgstore: %s: %w", op, err)
 }

@@ -273,7 +273,6 @@ func TestSubmitWakesListeners(t *testing.T) {
 
 func TestSubmitAnnouncesBurstsOnce(t *testing.T) {
 	t.Parallel()
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	tests := []struct {
 		name  string
 		given time.Duration // since the last announcement; < 0: none yet
@@ -288,14 +287,14 @@ func TestSubmitAnnouncesBurstsOnce(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			now := t0
-			s := &Store{now: func() time.Time { return now }}
+			var l notifyLimiter
+			now := time.Hour
 			if tt.given >= 0 {
-				s.notified("image")
-				now = now.Add(tt.given)
+				l.sent("image", now)
+				now += tt.given
 			}
-			if got := s.shouldNotify(tt.kind); got != tt.want {
-				t.Fatalf("shouldNotify(%q) = %v; want %v", tt.kind, got, tt.want)
+			if got := l.due(tt.kind, now); got != tt.want {
+				t.Fatalf("due(%q) = %v; want %v", tt.kind, got, tt.want)
 			}
 		})
 	}

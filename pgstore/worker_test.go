@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // runWorker starts w and returns a stop function that cancels it and
@@ -307,7 +309,7 @@ func TestStaleTransitionsAreFenced(t *testing.T) {
 	ctx := context.Background()
 	task := mustSubmit(t, s, newTask("fenced"))
 	w := newWorker(t, s, WorkerConfig{Handler: func(context.Context, Task) Outcome { return Outcome{} }, Lease: time.Hour})
-	claimed, err := w.claim(ctx, 10)
+	claimed, _, err := w.claim(ctx, 10)
 	if err != nil || len(claimed) != 1 || claimed[0].Attempt != 1 {
 		t.Fatalf("claim = %+v, %v; want attempt 1 of the task", claimed, err)
 	}
@@ -316,12 +318,13 @@ func TestStaleTransitionsAreFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, o := range []Outcome{Succeeded(json.RawMessage(`1`)), Failed(errors.New("x")), Retry(0, errors.New("x")), Uncertain(errors.New("x")), {}} {
-		applied, err := w.finish(ctx, claimed[0], StateRunning, o)
+		tr := decide(verdict{from: StateRunning, returned: true, outcome: o})
+		_, applied, err := w.completer.write(ctx, claimed[0], StateRunning, tr)
 		if err != nil || applied {
 			t.Fatalf("stale finish %+v = %v, %v; want rejected", o, applied, err)
 		}
 	}
-	if _, err := s.pool.Exec(ctx, sqlRelease, task.ID, 1, 5); err != nil {
+	if _, err := s.pool.Exec(ctx, sqlRelease, pgx.NamedArgs{"id": task.ID, "attempt": 1, "max_attempts": 5, "reconcile_us": 1}); err != nil {
 		t.Fatal(err)
 	}
 	got, _ := s.Get(ctx, task.Tenant, task.Owner, task.ID)
@@ -386,7 +389,7 @@ func TestHeartbeatKeepsTheLease(t *testing.T) {
 		return err == nil && expiredOnce
 	})
 	rescuer := newWorker(t, s, cfg)
-	if n, err := rescuer.rescue(context.Background()); err != nil || n != 0 {
+	if n, err := rescuer.rescuer.rescue(context.Background()); err != nil || n != 0 {
 		t.Fatalf("rescue = %d, %v; want nothing to rescue while heartbeats run", n, err)
 	}
 	close(unblock)
@@ -418,7 +421,7 @@ func TestRescueBacksOffThenFails(t *testing.T) {
 				lease_until = now() - interval '1 second' WHERE id = $1::uuid`, task.ID, tt.tries); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := w.rescue(ctx); err != nil {
+			if _, err := w.rescuer.rescue(ctx); err != nil {
 				t.Fatal(err)
 			}
 			var (
@@ -521,7 +524,7 @@ func TestUncertainWaitsForReconcile(t *testing.T) {
 	if _, err := s.pool.Exec(ctx, "UPDATE idemgate_tasks SET run_after = now() - interval '1 hour', lease_until = now() - interval '1 hour' WHERE id = $1::uuid", task.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.rescue(ctx); err != nil {
+	if _, err := w.rescuer.rescue(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// A task submitted later gets done: the worker kept claiming.
@@ -612,6 +615,7 @@ func TestRecoverRefuses(t *testing.T) {
 		{name: "pending", given: "state = 'pending'", wantErr: ErrNotRecoverable, wantMsg: "pending, not failed"},
 		{name: "uncertain", given: "state = 'uncertain'", wantErr: ErrNotRecoverable, wantMsg: "uncertain, not failed"},
 		{name: "failed without partial results", given: "state = 'failed'", wantErr: ErrNotRecoverable, wantMsg: "without partial results"},
+		{name: "failed with only null results", given: "state = 'failed', results = '[null, null]'", wantErr: ErrNotRecoverable, wantMsg: "without partial results"},
 		{name: "recovered too often", given: fmt.Sprintf("state = 'failed', results = '[1]', recoveries = %d", MaxRecoveries),
 			wantErr: ErrNotRecoverable, wantMsg: "recovered 3 times"},
 		{name: "last allowed recovery", given: fmt.Sprintf("state = 'failed', results = '[1]', recoveries = %d", MaxRecoveries-1)},
@@ -777,8 +781,10 @@ func TestPruneDeletesOnlyOldFinishedTasks(t *testing.T) {
 	if _, err := s.pool.Exec(ctx, `INSERT INTO idemgate_tasks
 		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, state, finished_at)
 		SELECT 'acme', 'o', 'k', 'r', 'n', 'old-' || g, 'f',
-			CASE WHEN g % 2 = 0 THEN 'succeeded' ELSE 'failed' END, now() - interval '2 hours'
-		FROM generate_series(1, 2500) g`); err != nil {
+			CASE WHEN g % 3 = 0 THEN 'succeeded' WHEN g % 3 = 1 THEN 'failed' ELSE 'cancelled' END,
+			now() - interval '2 hours'
+		FROM generate_series(1, 2500) g;
+		UPDATE idemgate_tasks SET created_at = now() - interval '3 hours'`); err != nil {
 		t.Fatal(err)
 	}
 	recent := mustSubmit(t, s, newTask("recent"))
@@ -797,6 +803,9 @@ func TestPruneDeletesOnlyOldFinishedTasks(t *testing.T) {
 		t.Fatalf("%d tasks left; want the recent and the unfinished one", left)
 	}
 }
+
+// listening matches a worker's LISTEN session in pg_stat_activity.
+const listening = "query LIKE 'LISTEN %'"
 
 func TestWorkerWakeUp(t *testing.T) {
 	t.Parallel()
@@ -829,7 +838,7 @@ func TestWorkerWakeUp(t *testing.T) {
 			// Wait until the worker listens and is idle: it claimed at start
 			// and once more on the wake-up it gives itself after LISTEN.
 			waitFor(t, func() bool {
-				return countActivity(t, s.pool, "query = 'LISTEN "+notifyChannel+"'") == 1 && w.claims.Load() >= 2
+				return countActivity(t, s.pool, listening) == 1 && w.claims.Load() >= 2
 			})
 			id := tt.submit(t, s)
 			waitState(t, s, id, StateSucceeded)

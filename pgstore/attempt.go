@@ -1,0 +1,128 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Why an attempt's context was cancelled (context.Cause).
+var (
+	errLeaseLost    = errors.New("pgstore: lease lost: another attempt holds the task")
+	errLeaseExpired = errors.New("pgstore: lease not confirmed in time")
+	errTimedOut     = errors.New("pgstore: attempt timed out")
+	errCancelled    = errors.New("pgstore: task cancelled")
+	errShutdown     = errors.New("pgstore: worker shut down; task released")
+)
+
+// errWorkerStopped refuses the write of a handler that outlived Run.
+var errWorkerStopped = errors.New("pgstore: worker stopped; outcome discarded")
+
+// attempt is one run of the Handler (or of Reconcile) on a claimed task.
+type attempt struct {
+	task   Task
+	from   State // running; uncertain for a Reconcile
+	policy KindPolicy
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	began  time.Time
+
+	// expiry cancels ctx when the lease can no longer be confirmed: the
+	// claim's or last confirmed heartbeat's send time plus the lease less
+	// its margin, by this process's monotonic clock.
+	expiry *time.Timer
+	// settled is set once the attempt's transition was written (or given
+	// up): the heartbeat no longer extends its lease.
+	settled atomic.Bool
+}
+
+func newAttempt(base context.Context, t Task, from State, policy KindPolicy, sent time.Time, lease time.Duration) *attempt {
+	ctx, cancel := context.WithCancelCause(base)
+	a := &attempt{task: t, from: from, policy: policy, ctx: ctx, cancel: cancel, began: time.Now()}
+	a.expiry = time.AfterFunc(time.Until(sent.Add(lease-leaseMargin(lease))), func() { cancel(errLeaseExpired) })
+	return a
+}
+
+// confirm moves the local lease deadline after a heartbeat sent at sent
+// extended the lease, unless the attempt has ended already.
+func (a *attempt) confirm(sent time.Time, lease time.Duration) {
+	if a.ctx.Err() != nil {
+		return
+	}
+	a.expiry.Reset(time.Until(sent.Add(lease - leaseMargin(lease))))
+}
+
+// stop ends the attempt's timers and context.
+func (a *attempt) stop() {
+	a.expiry.Stop()
+	a.cancel(nil)
+}
+
+// attempts are the attempts a worker runs, by task ID: at most one per
+// task, so that a worker never runs a task twice at once.
+type attempts struct {
+	mu sync.Mutex
+	m  map[string]*attempt
+}
+
+// add registers a; an earlier attempt of the same task (which the claim
+// excludes, so only a bug could leave) is cancelled as stale.
+func (as *attempts) add(a *attempt) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	if as.m == nil {
+		as.m = map[string]*attempt{}
+	}
+	if old := as.m[a.task.ID]; old != nil {
+		old.cancel(errLeaseLost)
+	}
+	as.m[a.task.ID] = a
+}
+
+// remove unregisters a, unless a newer attempt replaced it.
+func (as *attempts) remove(a *attempt) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	if as.m[a.task.ID] == a {
+		delete(as.m, a.task.ID)
+	}
+}
+
+func (as *attempts) get(id string) *attempt {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	return as.m[id]
+}
+
+func (as *attempts) count() int {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	return len(as.m)
+}
+
+// ids returns the IDs of every task with an attempt in this worker.
+func (as *attempts) ids() []string {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	out := make([]string, 0, len(as.m))
+	for id := range as.m {
+		out = append(out, id)
+	}
+	return out
+}
+
+// leased returns the attempts whose lease the heartbeat keeps: running,
+// not yet settled, context not ended.
+func (as *attempts) leased() []*attempt {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	out := make([]*attempt, 0, len(as.m))
+	for _, a := range as.m {
+		if a.from == StateRunning && !a.settled.Load() && a.ctx.Err() == nil {
+			out = append(out, a)
+		}
+	}
+	return out
+}
