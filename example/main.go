@@ -54,6 +54,9 @@ Environment (a flag, when given, wins):
                 (printed with a warning: never use it outside a laptop)
   WORKERS       in-process workers (-workers); default 2
   GEN_TIME      stand-in generation time per task (-gen-time); default 1.5s
+  READ_HEADER_TIMEOUT, READ_TIMEOUT, WRITE_TIMEOUT, IDLE_TIMEOUT
+                HTTP server limits (-read-header-timeout 5s, -read-timeout 10s,
+                -write-timeout 30s, -idle-timeout 60s)
   DEMO_URL      server the demo talks to (-url); unset: an embedded one
 
 API (bearer token with claims tenant, sub, exp):
@@ -125,6 +128,7 @@ type settings struct {
 	workers     int
 	genTime     time.Duration
 	obs         obsSettings
+	limits      serverLimits // HTTP server timeouts (serve.go)
 }
 
 // newFlagSet returns a flag set for cmd whose -h prints summary, the flags

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -27,8 +28,13 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	s.addStoreFlags(fs, getenv, true)
 	s.addWorkerFlags(fs, getenv, 2)
 	s.obs.addObsFlags(fs, getenv, stdout)
+	s.limits.addFlags(fs, getenv)
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if err := s.limits.validate(); err != nil {
+		fmt.Fprintln(stderr, err)
+		return errUsage
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
 	n, err := startNode(ctx, s, logger, stderr)
@@ -48,6 +54,68 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 		fmt.Fprintf(stdout, "removed the throwaway cluster %s\n", n.b.throwaway)
 	}
 	return err
+}
+
+// serverLimits bound how long a client may hold the server: headers or a
+// body trickled byte by byte, a response it does not read, a keep-alive
+// connection left idle. A zero field takes its default.
+type serverLimits struct {
+	readHeader, read, write, idle time.Duration
+}
+
+// Defaults of serverLimits. A request body of the API is at most 1 MiB
+// (the middleware's MaxBodyBytes), so 10 s to read a whole request is
+// generous for any real client and short for a trickle. The write timeout
+// runs from the end of the request's headers to the end of the response,
+// so it covers the handler too: WaitInFlight (2 s) and the idempotency
+// store's calls fit in it many times over.
+const (
+	defaultReadHeaderTimeout = 5 * time.Second
+	defaultReadTimeout       = 10 * time.Second
+	defaultWriteTimeout      = 30 * time.Second
+	defaultIdleTimeout       = 60 * time.Second
+)
+
+func (l *serverLimits) addFlags(fs *flag.FlagSet, getenv func(string) string) {
+	fs.DurationVar(&l.readHeader, "read-header-timeout", envDuration(getenv, "READ_HEADER_TIMEOUT", defaultReadHeaderTimeout),
+		"time to read a request's headers (env READ_HEADER_TIMEOUT)")
+	fs.DurationVar(&l.read, "read-timeout", envDuration(getenv, "READ_TIMEOUT", defaultReadTimeout),
+		"time to read a whole request, body included; a slower one is cut off (env READ_TIMEOUT)")
+	fs.DurationVar(&l.write, "write-timeout", envDuration(getenv, "WRITE_TIMEOUT", defaultWriteTimeout),
+		"time from the end of a request's headers to the end of its response (env WRITE_TIMEOUT)")
+	fs.DurationVar(&l.idle, "idle-timeout", envDuration(getenv, "IDLE_TIMEOUT", defaultIdleTimeout),
+		"how long an idle keep-alive connection stays open (env IDLE_TIMEOUT)")
+}
+
+// validate refuses negative limits: net/http would set deadlines in the
+// past and fail every request.
+func (l serverLimits) validate() error {
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"read-header-timeout", l.readHeader}, {"read-timeout", l.read}, {"write-timeout", l.write}, {"idle-timeout", l.idle}} {
+		if d.v < 0 {
+			return fmt.Errorf("-%s must not be negative, got %v", d.flag, d.v)
+		}
+	}
+	return nil
+}
+
+// server returns an HTTP server for h under the limits.
+func (l serverLimits) server(h http.Handler) *http.Server {
+	or := func(d, def time.Duration) time.Duration {
+		if d <= 0 {
+			return def
+		}
+		return d
+	}
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: or(l.readHeader, defaultReadHeaderTimeout),
+		ReadTimeout:       or(l.read, defaultReadTimeout),
+		WriteTimeout:      or(l.write, defaultWriteTimeout),
+		IdleTimeout:       or(l.idle, defaultIdleTimeout),
+	}
 }
 
 // node is one serving process: HTTP API, in-process workers, stores.
@@ -102,7 +170,7 @@ func startNode(ctx context.Context, s settings, logger *slog.Logger, stderr io.W
 		b.close()
 		return nil, err
 	}
-	n.srv = &http.Server{Handler: withPage(a.handler(), n.obs, secret, s.jwtSecret == ""), ReadHeaderTimeout: 10 * time.Second}
+	n.srv = s.limits.server(withPage(a.handler(), n.obs, secret, s.jwtSecret == ""))
 	go func() {
 		err := n.srv.Serve(n.ln)
 		if errors.Is(err, http.ErrServerClosed) {
