@@ -70,10 +70,15 @@ func (a *admin) close(ctx context.Context) error {
 // printObs adds the page, metrics and traces lines to the startup output.
 func printObs(w io.Writer, apiURL string, a *admin, o *observer) {
 	fmt.Fprintf(w, "  page:     %s/ (sign in as a dev tenant and user, generate, retry, reword)\n", apiURL)
-	if u := a.url(); u != "" {
-		fmt.Fprintf(w, "  metrics:  %s/metrics\n", u)
-	}
+	printAdmin(w, a)
 	if o != nil {
 		fmt.Fprintf(w, "  traces:   %s\n", o.traceOut)
+	}
+}
+
+// printAdmin adds the metrics line to a worker's startup output.
+func printAdmin(w io.Writer, a *admin) {
+	if u := a.url(); u != "" {
+		fmt.Fprintf(w, "  metrics:  %s/metrics\n", u)
 	}
 }

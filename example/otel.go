@@ -182,7 +182,7 @@ func startObs(ctx context.Context, s obsSettings, service string, tasks *pgstore
 	}
 	if tasks != nil {
 		// Stopped with the meter provider at shutdown.
-		if _, err := o.rec.ObserveTasks(tasks); err != nil {
+		if _, err := o.rec.ObserveTasks(tasks, kindImages, kindMusic); err != nil {
 			_ = o.shutdown(ctx)
 			return nil, nil, err
 		}

@@ -178,12 +178,17 @@ var unfinished = []pgstore.State{pgstore.StatePending, pgstore.StateRunning, pgs
 
 // ObserveTasks reports s's task counts (idemgate.tasks) and the age of
 // its oldest runnable and uncertain task (idemgate.task.oldest.age),
-// read with one Stats call per collection. Call the returned function to
-// stop. Only one process needs to: the figures are the database's.
-func (r *Recorder) ObserveTasks(s StatsReader) (unregister func() error, err error) {
+// read with one Stats call per collection. Each of kinds, and every kind
+// seen since, reports all its unfinished states, zeros included. Call the
+// returned function to stop. One process is enough: the figures are the
+// database's.
+func (r *Recorder) ObserveTasks(s StatsReader, kinds ...string) (unregister func() error, err error) {
 	m := r.tasks
 	var mu sync.Mutex // two readers may collect at once
-	kinds := map[string]bool{}
+	known := map[string]bool{}
+	for _, k := range kinds {
+		known[k] = true
+	}
 	reg, err := m.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		st, err := s.Stats(ctx)
 		if err != nil {
@@ -192,9 +197,9 @@ func (r *Recorder) ObserveTasks(s StatsReader) (unregister func() error, err err
 		mu.Lock()
 		defer mu.Unlock()
 		for kind := range st.Counts {
-			kinds[kind] = true
+			known[kind] = true
 		}
-		for kind := range kinds {
+		for kind := range known {
 			for _, state := range unfinished {
 				o.ObserveInt64(m.tasks, int64(st.Counts[kind][state]), metric.WithAttributes(
 					keyTaskKind.String(kind), keyTaskState.String(string(state))))

@@ -121,7 +121,7 @@ func TestTaskMetrics(t *testing.T) {
 	t.Parallel()
 	b := setup(t, otelidem.Config{})
 	s, pool := newStore(t)
-	unregister, err := b.rec.ObserveTasks(s)
+	unregister, err := b.rec.ObserveTasks(s, "music") // a kind with no task yet still reports zeros
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,6 +152,9 @@ func TestTaskMetrics(t *testing.T) {
 		if got := gauge(t, rm, "idemgate.tasks", kind, state(c.state)); got != c.want {
 			t.Errorf("before: idemgate.tasks{%s} = %v, want %v", c.state, got, c.want)
 		}
+	}
+	if got := gauge(t, rm, "idemgate.tasks", attribute.String("idemgate.task.kind", "music"), state("pending")); got != 0 {
+		t.Errorf("idemgate.tasks{music,pending} = %v, want 0", got)
 	}
 	if got := gauge(t, rm, "idemgate.task.oldest.age", attribute.String("idemgate.task.queue", "runnable")); got <= 0 {
 		t.Errorf("oldest runnable age = %v, want > 0 with a pending task", got)
