@@ -139,6 +139,8 @@ func why(v verdict) string {
 		return fmt.Sprintf("handler panic: %v", v.cause)
 	case endTimedOut:
 		return "attempt timed out"
+	case endReturned:
+		return "returned no outcome"
 	default:
 		if v.cause != nil {
 			return "attempt lost: " + v.cause.Error()

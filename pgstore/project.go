@@ -16,7 +16,8 @@ type Projection struct {
 	// Results is non-nil only for a success, and then has at least one
 	// item. Partial results of an unfinished or failed task never show.
 	Results []json.RawMessage
-	// Error is set (never empty) for every failure.
+	// Error is set (never empty) for every failure and for a cancelled
+	// task.
 	Error string
 }
 
@@ -35,7 +36,9 @@ const (
 //   - succeeded with at least one result item that is not JSON null: the
 //     results (null items left out);
 //   - succeeded with none: failed, "no result items";
-//   - failed: failed with its error ("task failed" if none was recorded).
+//   - failed: failed with its error ("task failed" if none was recorded);
+//   - cancelled: cancelled, final, with the error "cancelled" (no results,
+//     even if some were made).
 //
 // A state Project does not know (a newer schema's) is shown as unfinished,
 // so a client keeps polling rather than resubmitting.
@@ -59,6 +62,8 @@ func Project(t Task) Projection {
 		if p.Error == "" {
 			p.Error = "task failed"
 		}
+	case StateCancelled:
+		p.Error = "cancelled"
 	default:
 		p.PollAfter = pollUncertain
 	}

@@ -34,6 +34,8 @@ func TestProject(t *testing.T) {
 			want: Projection{TaskID: "a", State: StateFailed, Error: "quota"}},
 		{name: "failed never has an empty error", given: Task{ID: "a", State: StateFailed},
 			want: Projection{TaskID: "a", State: StateFailed, Error: "task failed"}},
+		{name: "cancelled is final, without results", given: Task{ID: "a", State: StateCancelled, Error: "cancelled", Results: []json.RawMessage{img}},
+			want: Projection{TaskID: "a", State: StateCancelled, Error: "cancelled"}},
 		{name: "unknown state keeps the client polling", given: Task{ID: "a", State: "paused"},
 			want: Projection{TaskID: "a", State: "paused", PollAfter: pollUncertain}},
 	}
@@ -44,7 +46,7 @@ func TestProject(t *testing.T) {
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Fatalf("Project = %+v; want %+v", got, tt.want)
 			}
-			if (got.PollAfter > 0) == (got.State == StateSucceeded || got.State == StateFailed) {
+			if (got.PollAfter > 0) == (got.State == StateSucceeded || got.State == StateFailed || got.State == StateCancelled) {
 				t.Fatalf("PollAfter %v in state %s", got.PollAfter, got.State)
 			}
 		})

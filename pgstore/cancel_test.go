@@ -1,0 +1,168 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestCancel(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	tests := []struct {
+		name      string
+		given     string // SQL SET clause on a fresh task; "" leaves it pending
+		owner     string // "" is the task's owner
+		id        string // "" is the task's ID
+		wantErr   error
+		wantState State
+	}{
+		{name: "pending", wantState: StateCancelled},
+		{name: "retrying", given: "state = 'retrying'", wantState: StateCancelled},
+		{name: "uncertain", given: "state = 'uncertain'", wantState: StateCancelled},
+		{name: "running", given: "state = 'running', attempt = 1", wantState: StateCancelled},
+		{name: "cancelled again changes nothing", given: "state = 'cancelled'", wantState: StateCancelled},
+		{name: "succeeded is left alone", given: "state = 'succeeded', results = '[1]'", wantErr: ErrFinished, wantState: StateSucceeded},
+		{name: "failed is left alone", given: "state = 'failed', error = 'x'", wantErr: ErrFinished, wantState: StateFailed},
+		{name: "another owner's task", owner: "someone-else", wantErr: ErrNotFound},
+		{name: "no such task", id: "00000000-0000-0000-0000-000000000000", wantErr: ErrNotFound},
+		{name: "not an ID", id: "x'; DROP TABLE idemgate_tasks; --", wantErr: ErrNotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			task := mustSubmit(t, s, newTask("cancel-"+tt.name))
+			if tt.given != "" {
+				if _, err := s.pool.Exec(ctx, "UPDATE idemgate_tasks SET "+tt.given+" WHERE id = $1::uuid", task.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			owner, id := task.Owner, task.ID
+			if tt.owner != "" {
+				owner = tt.owner
+			}
+			if tt.id != "" {
+				id = tt.id
+			}
+			got, err := s.Cancel(ctx, task.Tenant, owner, id)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("Cancel err = %v; want %v", err, tt.wantErr)
+			}
+			if tt.wantState == "" {
+				return
+			}
+			if got.ID != task.ID || got.State != tt.wantState || state(t, s, task.ID) != tt.wantState {
+				t.Fatalf("Cancel = %s %s (stored %s); want %s", got.ID, got.State, state(t, s, task.ID), tt.wantState)
+			}
+			if tt.wantState == StateCancelled {
+				p := Project(got)
+				if p.State != StateCancelled || p.PollAfter != 0 || p.Results != nil || p.Error == "" {
+					t.Fatalf("a cancelled task projects as %+v; want final, no results, an error", p)
+				}
+			}
+		})
+	}
+}
+
+// TestCancelStopsTheRunningAttempt: the notification reaches the worker
+// running the task, whose handler's context is cancelled; the
+// heartbeat and polling are too slow to be the ones that noticed.
+func TestCancelStopsTheRunningAttempt(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	cause := make(chan error, 1)
+	entered := make(chan struct{})
+	var got events
+	w := newWorker(t, s, WorkerConfig{Lease: time.Hour, Heartbeat: 30 * time.Minute, PollInterval: time.Hour, OnEvent: got.add,
+		Handler: func(ctx context.Context, t Task) Outcome {
+			close(entered)
+			<-ctx.Done()
+			cause <- context.Cause(ctx)
+			return Succeeded(json.RawMessage(`"too late"`))
+		}})
+	runWorker(t, w)
+	waitFor(t, func() bool { return countActivity(t, s.pool, listening) == 1 })
+	task := mustSubmit(t, s, newTask("cancel-running"))
+	<-entered
+	if _, err := s.Cancel(context.Background(), task.Tenant, task.Owner, task.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-cause:
+		if !errors.Is(err, errCancelled) {
+			t.Fatalf("handler's context ended by %v; want the cancellation", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the running attempt was not cancelled")
+	}
+	waitFor(t, func() bool { return len(got.of(task.ID)) == 2 })
+	if evs := got.of(task.ID); evs[1] != WorkerCancelled {
+		t.Fatalf("events %v; want claimed, cancelled", evs)
+	}
+	if g := mustGet(t, s, task); g.State != StateCancelled || len(g.Results) != 0 {
+		t.Fatalf("task %s with results %s; the late success must not apply", g.State, g.Results)
+	}
+}
+
+// TestCancelWhileWorkersRun cancels tasks from many goroutines while
+// several workers run them: every task ends succeeded or cancelled, a
+// cancelled one has no results, and no task runs twice.
+func TestCancelWhileWorkersRun(t *testing.T) {
+	t.Parallel()
+	s, db := setup(t)
+	const total = 400
+	var c calls
+	handler := func(ctx context.Context, task Task) Outcome {
+		c.add(task.ID)
+		select {
+		case <-ctx.Done():
+			return Retry(0, ctx.Err())
+		case <-time.After(time.Duration(rand.IntN(3)) * time.Millisecond):
+		}
+		return Succeeded(json.RawMessage(`1`))
+	}
+	for i := range 3 {
+		runWorker(t, newWorker(t, newStore(db.pool(t)), WorkerConfig{Name: fmt.Sprint("w", i), Concurrency: 8, Handler: handler}))
+	}
+	tasks := make([]Task, total)
+	for i := range tasks {
+		tasks[i] = mustSubmit(t, s, newTask(fmt.Sprint("race-", i)))
+	}
+	var wg sync.WaitGroup
+	var cancelled atomic.Int64
+	for g := range 16 {
+		wg.Go(func() {
+			for i := g; i < total; i += 16 {
+				if i%2 == 0 {
+					continue
+				}
+				if _, err := s.Cancel(context.Background(), tasks[i].Tenant, tasks[i].Owner, tasks[i].ID); err == nil {
+					cancelled.Add(1)
+				} else if !errors.Is(err, ErrFinished) {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	waitFor(t, func() bool {
+		return countRows(t, s.pool, "state IN ('succeeded', 'cancelled')") == total
+	})
+	if n := countRows(t, s.pool, "state = 'cancelled' AND results <> '[]'"); n != 0 {
+		t.Fatalf("%d cancelled tasks have results", n)
+	}
+	if n := countRows(t, s.pool, "state = 'cancelled'"); n != int(cancelled.Load()) {
+		t.Fatalf("%d tasks cancelled; Cancel succeeded %d times", n, cancelled.Load())
+	}
+	for _, task := range tasks {
+		if n := c.get(task.ID); n > 1 {
+			t.Fatalf("task %s ran %d times", task.ID, n)
+		}
+	}
+}
