@@ -73,12 +73,8 @@ type Recorder struct {
 	waitDur   metric.Float64Histogram
 	tasks     *taskInstruments
 	attempts  sync.Map // attemptKey → *openAttempt
-	routesMu  sync.Mutex
-	routeAttr map[string]routeAttrs // Event.Route → its attributes, parsed once
+	eventSets sync.Map // eventKey → metric.MeasurementOption
 }
-
-// routeAttrs are the attributes parsed from an Event.Route.
-type routeAttrs struct{ method, route attribute.KeyValue }
 
 // New returns a Recorder whose instruments are registered with cfg's
 // meter provider.
@@ -93,7 +89,7 @@ func New(cfg Config) (*Recorder, error) {
 		cfg.Propagator = propagation.TraceContext{}
 	}
 	m := cfg.MeterProvider.Meter(scope)
-	r := &Recorder{cfg: cfg, tracer: cfg.TracerProvider.Tracer(scope), routeAttr: map[string]routeAttrs{}}
+	r := &Recorder{cfg: cfg, tracer: cfg.TracerProvider.Tracer(scope)}
 	var err, e error
 	r.requests, e = m.Int64Counter("idemgate.requests", metric.WithUnit("{request}"),
 		metric.WithDescription("Requests with an idempotency key, by what the middleware did (idemgate.outcome). "+
@@ -123,46 +119,56 @@ func New(cfg Config) (*Recorder, error) {
 // (or call it from yours).
 func (r *Recorder) OnEvent(ev middleware.Event) {
 	ctx := context.Background()
-	ra := r.route(ev.Route)
-	attrs := make([]attribute.KeyValue, 0, 6)
-	attrs = append(attrs, ra.method, ra.route, keyKind.String(ev.Kind))
-	if r.cfg.Tenant && ev.Tenant != "" {
-		attrs = append(attrs, keyTenant.String(ev.Tenant))
-	}
+	set := r.eventSet(ev)
 	switch ev.Type {
 	case middleware.EventWaited:
-		attrs = append(attrs, keyWaitResult.String(ev.Reason))
-		r.waitDur.Record(ctx, ev.Latency.Seconds(), metric.WithAttributes(attrs...))
-		return
+		r.waitDur.Record(ctx, ev.Latency.Seconds(), set)
 	case middleware.EventClaimed, middleware.EventReplayed, middleware.EventReused, middleware.EventInProgress:
-		attrs = append(attrs, keyOutcome.String(ev.Type.String()))
-		set := metric.WithAttributeSet(attribute.NewSet(attrs...))
 		r.decision.Record(ctx, ev.Latency.Seconds(), set)
 		r.requests.Add(ctx, 1, set)
-		return
-	case middleware.EventReleased, middleware.EventLeaseLost, middleware.EventStoreError:
-		attrs = append(attrs, keyReason.String(ev.Reason))
+	default:
+		r.requests.Add(ctx, 1, set)
 	}
-	attrs = append(attrs, keyOutcome.String(ev.Type.String()))
-	r.requests.Add(ctx, 1, metric.WithAttributes(attrs...))
 }
 
-// route splits "POST /v1/images" into its method and route attributes.
-// Routes are templates from the application's code, so the cache is
-// bounded by the number of routes.
-func (r *Recorder) route(s string) routeAttrs {
-	r.routesMu.Lock()
-	defer r.routesMu.Unlock()
-	if a, ok := r.routeAttr[s]; ok {
-		return a
+// eventKey is what an event's attributes depend on.
+type eventKey struct {
+	typ                         middleware.EventType
+	route, kind, tenant, reason string
+}
+
+// eventSet returns the attributes of ev, built once per distinct set: the
+// sets are as few as the series they make.
+func (r *Recorder) eventSet(ev middleware.Event) metric.MeasurementOption {
+	k := eventKey{typ: ev.Type, route: ev.Route, kind: ev.Kind}
+	if r.cfg.Tenant {
+		k.tenant = ev.Tenant
 	}
-	method, route, ok := strings.Cut(s, " ")
+	switch ev.Type {
+	case middleware.EventWaited, middleware.EventReleased, middleware.EventLeaseLost, middleware.EventStoreError:
+		k.reason = ev.Reason
+	}
+	if o, ok := r.eventSets.Load(k); ok {
+		return o.(metric.MeasurementOption)
+	}
+	method, route, ok := strings.Cut(k.route, " ")
 	if !ok {
-		method, route = "_OTHER", s
+		method, route = "_OTHER", k.route
 	}
-	a := routeAttrs{keyMethod.String(method), keyRoute.String(route)}
-	r.routeAttr[s] = a
-	return a
+	attrs := []attribute.KeyValue{keyMethod.String(method), keyRoute.String(route), keyKind.String(k.kind)}
+	if k.tenant != "" {
+		attrs = append(attrs, keyTenant.String(k.tenant))
+	}
+	if k.typ == middleware.EventWaited {
+		attrs = append(attrs, keyWaitResult.String(k.reason))
+	} else {
+		attrs = append(attrs, keyOutcome.String(k.typ.String()))
+		if k.reason != "" {
+			attrs = append(attrs, keyReason.String(k.reason))
+		}
+	}
+	o, _ := r.eventSets.LoadOrStore(k, metric.WithAttributeSet(attribute.NewSet(attrs...)))
+	return o.(metric.MeasurementOption)
 }
 
 // Server returns echo middleware that starts a server span per request,
