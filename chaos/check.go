@@ -304,7 +304,11 @@ func (c *checker) cutOff(earlier []GenCall, from, to time.Time) bool {
 func callList(cs []GenCall) string {
 	parts := make([]string, len(cs))
 	for i, g := range cs {
-		parts[i] = fmt.Sprintf("%s@%s:%s", g.Proc, g.At.Format(timeFmt), g.Result)
+		what := g.Result
+		if what == "" {
+			what = g.Phase
+		}
+		parts[i] = fmt.Sprintf("%s@%s:%s", g.Proc, g.At.Format(timeFmt), what)
 	}
 	return "[" + strings.Join(parts, " ") + "]"
 }

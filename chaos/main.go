@@ -396,8 +396,12 @@ func summarize(h History) Summary {
 	for _, w := range h.Rows {
 		s.Tasks[w.State]++
 	}
+	counted := "end"
+	if h.Meta.Journal {
+		counted = "start"
+	}
 	for _, g := range h.Gen {
-		if g.Phase == "end" || g.Phase == "start" && h.Meta.Journal {
+		if g.Phase == counted {
 			s.GenCalls++
 		}
 	}
