@@ -185,6 +185,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	code := report(stdout, h, o.asJSON)
 	if code != 0 || o.keep {
+		os.Remove(filepath.Join(dir, "example")) // the binary is rebuilt at will; the logs are not
 		fmt.Fprintf(stderr, "chaos: history and logs kept in %s\n", dir)
 	} else {
 		os.RemoveAll(dir)
