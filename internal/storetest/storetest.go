@@ -50,6 +50,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"ConcurrentClaimsOneWinner", testConcurrentClaims},
 		{"CanceledContext", testCanceled},
 		{"ResentClaimAndComplete", testResent},
+		{"ReleaseAfterUnansweredClaim", testReleaseUnanswered},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -243,6 +244,41 @@ func testRelease(t *testing.T, h Harness) {
 	// After a release even other parameters may claim the key.
 	other := mismatches(req)["fingerprint"]
 	claim(t, h, key, other, middleware.Claimed)
+}
+
+// testReleaseUnanswered: after a Claim call that returned an error, the
+// middleware releases with the token it sent, not knowing whether the
+// claim happened. If it did (even resent), the key is free again; if
+// another request holds the key, or a response is stored, nothing changes.
+func testReleaseUnanswered(t *testing.T, h Harness) {
+	key, req := Key(t), claimReq(h)
+	claim(t, h, key, req, middleware.Claimed)
+	claim(t, h, key, req, middleware.Claimed) // the client library resent it
+	if err := h.Store.Release(ctx(t), key, req.Token); err != nil {
+		t.Fatalf("Release of a claim whose answer was lost: %v", err)
+	}
+	again := req
+	again.Token = token()
+	claim(t, h, key, again, middleware.Claimed)
+
+	// Held by another request: our claim never happened.
+	lost := req
+	lost.Token = token()
+	if err := h.Store.Release(ctx(t), key, lost.Token); !errors.Is(err, middleware.ErrLeaseLost) {
+		t.Errorf("Release with an unclaimed token = %v, want ErrLeaseLost", err)
+	}
+	claim(t, h, key, lost, middleware.Running)
+
+	// Finished: the stored response stays.
+	if err := h.Store.Complete(ctx(t), key, again.Token, sampleResponse(), time.Hour); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	for _, tok := range []middleware.Token{lost.Token, again.Token} {
+		if err := h.Store.Release(ctx(t), key, tok); !errors.Is(err, middleware.ErrLeaseLost) {
+			t.Errorf("Release of a finished record = %v, want ErrLeaseLost", err)
+		}
+	}
+	claim(t, h, key, lost, middleware.Finished)
 }
 
 func testWrongToken(t *testing.T, h Harness) {
