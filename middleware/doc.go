@@ -27,18 +27,32 @@
 // key_reused for other parameters, or runs the handler under a renewed lease
 // and stores its response for Retention (statuses Cacheable accepts) or
 // releases the claim so a retry runs (5xx, 408, 409, 425, 429, errors,
-// panics, responses over MaxResponseBytes).
+// panics, responses over MaxResponseBytes). A response the handler wrote in
+// full is stored even if the client left and the write to it failed; a
+// claim call that failed is released (fenced by its own token) in case the
+// store ran it and only its answer was lost.
+//
+// Put compressing middleware outside this one (e.Use(middleware.Gzip())
+// before it): then the stored body is identity and each answer is
+// compressed as its request asks. Inside, the first client's encoding is
+// stored, and a retry that does not accept it gets it decoded (gzip) or 406
+// encoding_not_acceptable.
 //
 // Errors are application/problem+json (RFC 9457) with a "code" member:
 //
 //	key_missing          400  no key and Config.Required
 //	key_invalid          400  repeated, empty, over 255 bytes, non-printable
 //	body_too_large       413  body over MaxBodyBytes
-//	body_invalid         400  body the fingerprint cannot parse (reason in detail)
+//	body_invalid         400  body the fingerprint cannot parse (reason and byte
+//	                          offset in detail, never body content)
+//	scope_invalid        400  tenant or user from Scope is empty or over 255 bytes
 //	key_reused           409  key used with other parameters (MismatchStatus, e.g. 422)
 //	request_in_progress  409  same request still running; Retry-After
 //	                          (time left on the lease, at most Lease/3, at least 1 s)
 //	store_unavailable    503  store unreachable (unless FailOpen); Retry-After
+//	encoding_not_acceptable
+//	                     406  stored Content-Encoding the retry does not accept
+//	                          and that cannot be decoded for it
 //
 // The Store interface is small enough to implement on Postgres or DynamoDB;
 // RedisStore implements it on a single Redis, Sentinel or Cluster with one

@@ -55,7 +55,10 @@ type Event struct {
 	// Status is the response status, when the event has one.
 	Status int
 	// Reason is a short machine-readable cause, e.g. "not_cacheable",
-	// "handler_error", "panic", "response_too_large", "claim", "complete".
+	// "handler_error", "panic", "response_too_large", "claim", "complete";
+	// "claim_failed" for the release after a failed claim call; "decoded"
+	// and "encoding_not_acceptable" for a replay whose stored encoding the
+	// retry did not accept.
 	Reason string
 	// Err is the store error, for EventStoreError and EventFailOpen.
 	Err error
