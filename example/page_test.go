@@ -162,6 +162,13 @@ func TestPage(t *testing.T) {
 	if !strings.Contains(title, "409") || detail == "" || code != "code: key_reused" {
 		t.Errorf("conflict shown as title %q detail %q %q; want the problem's title (409), detail and code key_reused", title, detail, code)
 	}
+	// When the server names the changed fields (problem member "changed"),
+	// the page shows them.
+	if strings.Contains(text(t, ctx, `document.querySelector("#log li:last-child").innerText`), `"changed"`) {
+		if got := text(t, ctx, `(document.querySelector("#problem .changed") || {innerText: ""}).innerText`); !strings.Contains(got, "/prompt") {
+			t.Errorf("the server said what changed, the page shows %q", got)
+		}
+	}
 	if got := text(t, ctx, `document.getElementById("prompt").value`); !strings.Contains(got, "dusk") {
 		t.Errorf("reworded prompt %q", got)
 	}
@@ -257,5 +264,57 @@ func TestPageAssets(t *testing.T) {
 	}
 	if rec := get("/web/nope.js"); rec.Code != http.StatusNotFound {
 		t.Errorf("GET /web/nope.js: %d, want 404", rec.Code)
+	}
+}
+
+// TestPageButtons drives the page against a scripted stand-in of the API,
+// for what the real one may not answer yet: the 409's "changed" member and
+// the cancel route. It checks what the page renders, not the server.
+func TestPageButtons(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a browser")
+	}
+	ctx := browser(t)
+	e := echo.New()
+	registerPage(e, []byte(devSecret))
+	var submits int
+	e.POST("/v1/images", func(c echo.Context) error {
+		submits++
+		if submits == 1 {
+			return c.JSON(http.StatusAccepted, map[string]any{"task_id": "t-1", "status": "pending", "poll_after_ms": 60000})
+		}
+		return c.JSONBlob(http.StatusConflict, []byte(`{"type":"https://github.com/idemgate/idemgate#key_reused",`+
+			`"title":"Idempotency key reused","status":409,"detail":"other parameters","code":"key_reused","changed":["/prompt"]}`))
+	})
+	e.POST("/v1/tasks/:id/cancel", func(c echo.Context) error {
+		return c.JSON(http.StatusOK, map[string]any{"task_id": c.Param("id"), "status": "cancelled", "error": "cancelled by the owner"})
+	})
+	srv := httptest.NewServer(e)
+	t.Cleanup(srv.Close)
+
+	click := func(id string) {
+		t.Helper()
+		if err := chromedp.Do(ctx, chromedp.Click(chromedp.ID(id), chromedp.NodeVisible)); err != nil {
+			t.Fatalf("click %s: %v", id, err)
+		}
+	}
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.ID("generate-btn"))); err != nil {
+		t.Fatal(err)
+	}
+	click("signin-btn")
+	waitFor(t, ctx, "sign in", `document.getElementById("who").textContent.includes("signed in")`)
+	click("generate-btn")
+	waitFor(t, ctx, "202 shown", `document.getElementById("status").innerText.includes("t-1")`)
+
+	click("reword-btn")
+	waitFor(t, ctx, "changed shown", `(document.querySelector("#problem .changed") || {innerText: ""}).innerText.includes("/prompt")`)
+	if got := text(t, ctx, `document.querySelector("#problem .detail").innerText`); got != "other parameters" {
+		t.Errorf("detail %q", got)
+	}
+
+	click("cancel-btn")
+	waitFor(t, ctx, "cancelled shown", `document.getElementById("status").innerText.includes("cancelled")`)
+	if got := text(t, ctx, `document.querySelector("#problem .title").innerText`); !strings.Contains(got, "cancelled") {
+		t.Errorf("after cancel the page shows %q, want the task's end", got)
 	}
 }

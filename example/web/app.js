@@ -256,7 +256,9 @@ async function cancelTask() {
   r.log();
   if (r.status !== 200) { showProblem(r.json, r.status); return; }
   setStatus(["Cancel: ", statusBadge(r), ` task ${r.json.task_id} `, { cls: "state", text: r.json.status }]);
+  showProblem(null);
   if (r.json.poll_after_ms) schedulePoll(r.json.poll_after_ms);
+  else if (r.json.status !== "succeeded") showProblem({ title: `Task ${r.json.status}`, detail: r.json.error || "" });
 }
 
 // newAction starts the next business action: new parameters, new key.
