@@ -59,7 +59,7 @@ func run(ctx context.Context, quick, stmts bool, rows []string) error {
 		return err
 	}
 	before := loadAverage()
-	dbs, err := startDatabases(ctx, os.Getenv("DATABASE_URL"), stmts)
+	dbs, err := startDatabases(ctx, os.Getenv("DATABASE_URL"), stmts, connsNeeded(size))
 	if err != nil {
 		return err
 	}
@@ -90,7 +90,7 @@ func run(ctx context.Context, quick, stmts bool, rows []string) error {
 func newBench(ctx context.Context, exe string, dsns map[string]string, size sizes) (*bench, error) {
 	b := &bench{exe: exe, dsns: dsns, queues: map[string]queue{}, size: size, log: os.Stderr, res: newResults()}
 	for _, sys := range systems() {
-		q, err := openQueue(ctx, sys, dsns[sys], max(size.Clients, size.BatchClients)+2)
+		q, err := openQueue(ctx, sys, dsns[sys], submitConns(size))
 		if err != nil {
 			b.close()
 			return nil, fmt.Errorf("%s: %w", sys, err)
@@ -98,6 +98,16 @@ func newBench(ctx context.Context, exe string, dsns map[string]string, size size
 		b.queues[sys] = q
 	}
 	return b, nil
+}
+
+// submitConns is the pool size of each system's inserting side.
+func submitConns(size sizes) int { return max(size.Clients, size.BatchClients) + 2 }
+
+// connsNeeded is how many connections a run holds at most: every
+// inserting side, plus a worker process per system in the latency row.
+func connsNeeded(size sizes) int {
+	n := len(systems()) * (submitConns(size) + workerConns(size.Slots))
+	return n + 5 // the admin and statements connections, with room
 }
 
 func (b *bench) close() {

@@ -26,8 +26,9 @@ type databases struct {
 
 // startDatabases starts a throwaway server (or uses the one at adminURL)
 // and creates a database for each system. With statements, the throwaway
-// server loads pg_stat_statements.
-func startDatabases(ctx context.Context, adminURL string, statements bool) (*databases, error) {
+// server loads pg_stat_statements. The server must allow conns
+// connections.
+func startDatabases(ctx context.Context, adminURL string, statements bool, conns int) (*databases, error) {
 	d := &databases{admin: adminURL, dsns: map[string]string{}}
 	if d.admin == "" {
 		sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
@@ -51,9 +52,17 @@ func startDatabases(ctx context.Context, adminURL string, statements bool) (*dat
 		return nil, fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(ctx)
-	if err := conn.QueryRow(ctx, "SHOW server_version").Scan(&d.version); err != nil {
+	var maxConns, reserved int
+	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version'),
+	current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int`).
+		Scan(&d.version, &maxConns, &reserved); err != nil {
 		d.close()
 		return nil, err
+	}
+	if maxConns-reserved < conns {
+		d.close()
+		return nil, fmt.Errorf("the server allows %d connections (max_connections %d less %d reserved); the run needs %d",
+			maxConns-reserved, maxConns, reserved, conns)
 	}
 	for _, sys := range systems() {
 		name := fmt.Sprintf("riverbench_%d_%s", os.Getpid(), strings.ReplaceAll(sys, "-", "_"))

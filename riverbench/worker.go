@@ -38,7 +38,7 @@ func workerMain(args []string) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pool, rt, err := newPool(ctx, *dsn, *slots+4)
+	pool, rt, err := newPool(ctx, *dsn, workerConns(*slots))
 	if err != nil {
 		return err
 	}
@@ -111,6 +111,10 @@ func workerMain(args []string) error {
 	return stop()
 }
 
+// workerConns is the pool size of a worker process with slots slots, the
+// same for every system.
+func workerConns(slots int) int { return slots + 4 }
+
 // workerProc is a running worker subprocess.
 type workerProc struct {
 	cmd    *exec.Cmd
@@ -169,13 +173,18 @@ func spawnWorker(ctx context.Context, exe, sys, dsn string, slots int, onStart f
 		}
 		close(p.exited)
 	}()
+	timeout := time.NewTimer(time.Minute)
+	defer timeout.Stop()
 	select {
 	case <-ready:
 		return p, nil
 	case <-p.exited:
 		return nil, fmt.Errorf("worker %s exited before ready: %v", sys, p.err)
+	case <-timeout.C:
+		_ = p.stop()
+		return nil, fmt.Errorf("worker %s not ready within a minute", sys)
 	case <-ctx.Done():
-		p.stop()
+		_ = p.stop()
 		return nil, ctx.Err()
 	}
 }
