@@ -42,7 +42,7 @@ type sizes struct {
 func quickSizes() sizes {
 	return sizes{Rounds: 3, Inserts: 1500, Clients: 16, BatchSize: 100, Batches: 15, BatchClients: 4,
 		WorkRounds: 2, WorkTasks: 2000, WorkTasksSlow: 400, Slots: 16,
-		LatencyRounds: 1, LatencySamples: 60, LatencySlot: 50 * time.Millisecond, Settle: 300 * time.Millisecond}
+		LatencyRounds: 1, LatencySamples: 100, LatencySlot: 50 * time.Millisecond, Settle: 300 * time.Millisecond}
 }
 
 func fullSizes() sizes {
