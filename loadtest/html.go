@@ -141,6 +141,8 @@ func (p plot) svg() template.HTML {
 // short formats a figure for an axis or a tooltip.
 func short(v float64) string {
 	switch {
+	case v == 0:
+		return "0"
 	case v >= 10000:
 		return fmt.Sprintf("%.0fk", v/1000)
 	case v >= 100:
