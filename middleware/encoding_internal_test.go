@@ -102,3 +102,28 @@ func FuzzAcceptEncoding(f *testing.F) {
 		}
 	})
 }
+
+func TestWithoutEncoding(t *testing.T) {
+	t.Parallel()
+	stored := map[string][]string{
+		"Content-Encoding": {"gzip"},
+		"Etag":             {`"v1-gz"`},
+		"Vary":             {"Accept-Encoding"},
+	}
+	got := withoutEncoding(stored)
+	if _, ok := got["Content-Encoding"]; ok {
+		t.Errorf("Content-Encoding kept: %v", got)
+	}
+	if e := got.Get("Etag"); e != `W/"v1-gz"` {
+		t.Errorf("ETag = %q, want the strong tag made weak", e)
+	}
+	if v := got.Get("Vary"); v != "Accept-Encoding" {
+		t.Errorf("Vary = %q", v)
+	}
+	if stored["Content-Encoding"] == nil || stored["Etag"][0] != `"v1-gz"` {
+		t.Errorf("the stored header was changed: %v", stored)
+	}
+	if e := withoutEncoding(map[string][]string{"Etag": {`W/"x"`}}).Get("Etag"); e != `W/"x"` {
+		t.Errorf("weak ETag = %q, want it unchanged", e)
+	}
+}
