@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -137,5 +139,40 @@ func TestObsFlags(t *testing.T) {
 	// gRPC is refused with a clear error rather than silently ignored.
 	if _, err := newObserver(context.Background(), obsSettings{traces: "otlp+grpc"}, "serve"); err == nil || !strings.Contains(err.Error(), "http/protobuf") {
 		t.Errorf("otlp over grpc: %v; want an error naming http/protobuf", err)
+	}
+}
+
+// TestOTLPTraces points the OTLP exporter at a stand-in collector through
+// the usual environment variable and checks that spans arrive there.
+func TestOTLPTraces(t *testing.T) {
+	got := make(chan *http.Request, 16)
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		got <- r
+	}))
+	defer collector.Close()
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL)
+
+	var s obsSettings
+	s.addObsFlags(flag.NewFlagSet("t", flag.ContinueOnError), os.Getenv, io.Discard)
+	o, err := newObserver(context.Background(), s, "serve")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(o.traceOut, "OTLP") {
+		t.Fatalf("traces %q, want OTLP", o.traceOut)
+	}
+	_, span := o.tp.Tracer("test").Start(context.Background(), "a span")
+	span.End()
+	if err := o.shutdown(context.Background()); err != nil { // flushes
+		t.Fatal(err)
+	}
+	select {
+	case r := <-got:
+		if r.Method != http.MethodPost || r.URL.Path != "/v1/traces" || r.Header.Get("Content-Type") != "application/x-protobuf" {
+			t.Errorf("collector got %s %s (%s), want POST /v1/traces protobuf", r.Method, r.URL.Path, r.Header.Get("Content-Type"))
+		}
+	default:
+		t.Fatal("no spans reached the collector")
 	}
 }
