@@ -332,3 +332,30 @@ func names(spans []sdktrace.ReadOnlySpan) []string {
 	}
 	return out
 }
+
+// TestFailOpenMetrics: with FailOpen, a request while the store is down
+// runs unprotected; the metrics say so (store_error at the claim, then
+// fail_open) and its server span records the 202.
+func TestFailOpenMetrics(t *testing.T) {
+	b := setup(t, otelidem.Config{})
+	s := newService(t, b)
+	s.e.POST("/v1/open", func(c echo.Context) error { return c.NoContent(http.StatusAccepted) },
+		middleware.New(middleware.Config{
+			Store:    b.rec.Store(middleware.NewRedisStore(s.rdb)),
+			Scope:    func(c echo.Context) (string, string, error) { return "acme", "alice", nil },
+			Kind:     "open",
+			FailOpen: true,
+			OnEvent:  b.rec.OnEvent,
+		}))
+	s.mr.Close()
+	if rec := s.postTo("/v1/open", "k", "p"); rec.Code != http.StatusAccepted {
+		t.Fatalf("status %d, want the handler's 202", rec.Code)
+	}
+	rm := b.collect(t)
+	route := attribute.String("http.route", "/v1/open")
+	for outcome, want := range map[string]int64{"store_error": 1, "fail_open": 1, "claimed": 0} {
+		if got := count(t, rm, "idemgate.requests", route, attribute.String("idemgate.outcome", outcome)); got != want {
+			t.Errorf("idemgate.requests{%s} = %d, want %d", outcome, got, want)
+		}
+	}
+}
