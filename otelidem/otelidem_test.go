@@ -335,7 +335,7 @@ func names(spans []sdktrace.ReadOnlySpan) []string {
 
 // TestFailOpenMetrics: with FailOpen, a request while the store is down
 // runs unprotected; the metrics say so (store_error at the claim, then
-// fail_open) and its server span records the 202.
+// fail_open) and the handler answers.
 func TestFailOpenMetrics(t *testing.T) {
 	b := setup(t, otelidem.Config{})
 	s := newService(t, b)
