@@ -237,7 +237,7 @@ func (c *checker) five() Result {
 	calls := map[string][]GenCall{}
 	reconciled := map[string]bool{}
 	phase := "end"
-	if c.h.Meta.Journal {
+	if c.h.Meta.Starts {
 		phase = "start"
 	}
 	for _, g := range c.h.Gen {
@@ -282,8 +282,8 @@ func policyName(p string) string {
 }
 
 // cutOff reports whether a fault could have cut off one of the earlier
-// calls: one on its process or on every process, active at some time in
-// [from, to].
+// calls: one on its process (any process, when the call log does not say
+// which) or on every process, active at some time in [from, to].
 func (c *checker) cutOff(earlier []GenCall, from, to time.Time) bool {
 	for _, f := range c.h.Faults {
 		if f.End.Before(from) || f.Start.After(to) {
@@ -293,7 +293,7 @@ func (c *checker) cutOff(earlier []GenCall, from, to time.Time) bool {
 			return true
 		}
 		for _, g := range earlier {
-			if g.Proc == f.Target {
+			if g.Proc == f.Target || g.Proc == "" {
 				return true
 			}
 		}

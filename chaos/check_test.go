@@ -249,36 +249,52 @@ func TestCheck(t *testing.T) {
 			},
 		},
 		{
-			name: "5: with the journal, a call cut off by a kill still counts",
+			name: "5: counted at their start, a call cut off by a kill still counts",
 			given: func() *fixture {
-				// worker0 started the call and was killed (no end line);
-				// the task was handed out again and worker1 generated.
+				// A worker started the call and was killed (no end line);
+				// the task was handed out again and generated again. The
+				// upstream's log does not say which worker called.
 				f := healthy("uncertain")
-				f.h.Meta.Journal = true
+				f.h.Meta.Starts = true
 				f.h.Rows[0].Attempt = 2
 				f.h.Gen = []GenCall{
-					{Task: "T1", Proc: "worker0", Phase: "start", Attempt: 1, At: at(2.5)},
-					{Task: "T1", Proc: "worker1", Phase: "start", Attempt: 2, At: at(34)},
+					{Task: "T1", Phase: "start", Result: "ok", At: at(2.5)},
+					{Task: "T1", Phase: "start", Result: "ok", At: at(34)},
 					{Task: "T1", Proc: "worker1", Phase: "end", Result: "done", At: at(35)},
 				}
 				f.h.Faults = append(f.h.Faults, Fault{Kind: "kill", Target: "worker0", Start: at(3), End: at(4)})
 				return f
 			},
-			want: map[int]string{5: "worker0@09:00:02.500:start worker1@09:00:34.000:start"},
+			want: map[int]string{5: "[@09:00:02.500:ok @09:00:34.000:ok]"},
 		},
 		{
-			name: "5: with the journal under retry, the kill explains the second call",
+			name: "5: counted at their start under retry, a worker's kill explains the second call",
 			given: func() *fixture {
 				f := healthy("retry")
-				f.h.Meta.Journal = true
+				f.h.Meta.Starts = true
 				f.h.Rows[0].Attempt = 2
 				f.h.Gen = []GenCall{
-					{Task: "T1", Proc: "worker0", Phase: "start", Attempt: 1, At: at(2.5)},
-					{Task: "T1", Proc: "worker1", Phase: "start", Attempt: 2, At: at(34)},
+					{Task: "T1", Phase: "start", At: at(2.5)},
+					{Task: "T1", Phase: "start", At: at(34)},
 				}
 				f.h.Faults = append(f.h.Faults, Fault{Kind: "kill", Target: "worker0", Start: at(3), End: at(4)})
 				return f
 			},
+		},
+		{
+			name: "5: counted at their start under retry, no fault explains the second call",
+			given: func() *fixture {
+				f := healthy("retry")
+				f.h.Meta.Starts = true
+				f.h.Rows[0].Attempt = 2
+				f.h.Gen = []GenCall{
+					{Task: "T1", Phase: "start", At: at(2.5)},
+					{Task: "T1", Phase: "start", At: at(34)},
+				}
+				f.h.Faults = append(f.h.Faults, Fault{Kind: "kill", Target: "worker0", Start: at(40), End: at(41)})
+				return f
+			},
+			want: map[int]string{5: "no fault on an earlier call's process"},
 		},
 		{
 			name: "6: an action unfinished at the deadline",

@@ -39,9 +39,10 @@ type Meta struct {
 	// (no second generator call, ever) or "retry" (a second call only
 	// after an attempt was cut off by a fault).
 	Policy map[string]string `json:"policy"`
-	// Journal reports that generator calls were recorded when they start
-	// (the generator's durable journal), not only when they end (logs).
-	Journal bool `json:"journal"`
+	// Starts reports that generator calls were recorded when they start
+	// (the stand-in upstream's call log in Postgres), not only when they
+	// end (the workers' logs): then a call cut off by a kill counts too.
+	Starts bool `json:"starts"`
 }
 
 // Params are the parameters of an image request that the server
@@ -113,9 +114,10 @@ type Action struct {
 	Detail  string `json:"detail,omitempty"`
 }
 
-// GenCall is one call of the stand-in generator, from a worker's log
-// (Phase "end": the call finished with Result) or its journal (Phase
-// "start"), or a reconcile query (Phase "reconcile": not a generation).
+// GenCall is one call of the stand-in generator: from the upstream's call
+// log (Phase "start", Proc unknown), from a worker's log (Phase "end": the
+// call finished with Result), or a reconcile query (Phase "reconcile": not
+// a generation).
 type GenCall struct {
 	Type    string    `json:"type"` // "gen"
 	Task    string    `json:"task"`

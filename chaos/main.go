@@ -285,14 +285,14 @@ func soak(ctx context.Context, o options, logf func(string, ...any)) (History, s
 			rec.gen(g)
 		}
 	}
-	starts, journal, err := journalCalls(filepath.Join(sys.dir, "gen-journal.jsonl"), sys.procOf)
+	starts, found, err := upstreamCalls(ctx, sys)
 	if err != nil {
-		return History{}, sys.dir, fmt.Errorf("chaos: read the generator journal: %w", err)
+		return History{}, sys.dir, err
 	}
 	for _, g := range starts {
 		rec.gen(g)
 	}
-	meta.Journal = journal
+	meta.Starts = found
 	meta.End = time.Now()
 	rec.meta(meta)
 	if err := rec.flush(); err != nil {
@@ -323,6 +323,34 @@ func waitTasksEnd(ctx context.Context, sys *system, deadline time.Time) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// upstreamCalls reads the stand-in upstream's call log, when the example
+// keeps one (idemgate_example_upstream_calls: a row per request received,
+// written before the generator runs): every generator call at its start,
+// durable across kills. found is false when there is no such table.
+func upstreamCalls(ctx context.Context, sys *system) (calls []GenCall, found bool, err error) {
+	conn, err := pgx.Connect(ctx, sys.pg.DSN("postgres"))
+	if err != nil {
+		return nil, false, fmt.Errorf("chaos: connect to postgres: %w", err)
+	}
+	defer conn.Close(context.Background())
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('idemgate_example_upstream_calls') IS NOT NULL`).Scan(&found); err != nil || !found {
+		return nil, false, err
+	}
+	rows, err := conn.Query(ctx, `SELECT ref, outcome, sent_at FROM idemgate_example_upstream_calls ORDER BY id`)
+	if err != nil {
+		return nil, false, fmt.Errorf("chaos: read the upstream's calls: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		g := GenCall{Phase: "start"}
+		if err := rows.Scan(&g.Task, &g.Result, &g.At); err != nil {
+			return nil, false, fmt.Errorf("chaos: read an upstream call: %w", err)
+		}
+		calls = append(calls, g)
+	}
+	return calls, true, rows.Err()
 }
 
 // dumpTable records every task row, with its results checked for PNGs.
@@ -398,7 +426,7 @@ func summarize(h History) Summary {
 		s.Tasks[w.State]++
 	}
 	counted := "end"
-	if h.Meta.Journal {
+	if h.Meta.Starts {
 		counted = "start"
 	}
 	for _, g := range h.Gen {

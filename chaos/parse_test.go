@@ -82,28 +82,34 @@ func FuzzParseLogLine(f *testing.F) {
 	})
 }
 
-// TestJournalCalls reads the generator journal the example may write; a
-// torn last line (a process killed mid-write) ends it quietly.
-func TestJournalCalls(t *testing.T) {
+// TestGenCalls reads a worker's log: the outcome a reconcile logs right
+// after "task reconciled" is no generator call; a run after "the upstream
+// never got it" is one.
+func TestGenCalls(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	path := filepath.Join(dir, "gen-journal.jsonl")
-	if _, ok, err := journalCalls(path, nil); ok || err != nil {
-		t.Fatalf("missing journal: ok %v, err %v; want absent", ok, err)
-	}
-	body := `{"task":"a","attempt":1,"pid":10,"at":"2026-12-03T08:37:13.502Z"}
-{"task":"a","attempt":2,"pid":11,"at":"2026-12-03T08:37:15Z"}
-{"task":"b","att`
-	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+	log := `chaos: start worker0 at 2026-12-03T08:48:00Z
+time=2026-12-03T08:48:12.088Z level=INFO msg="task uncertain: upstream timed out; will reconcile" task=a
+time=2026-12-03T08:48:41.090Z level=INFO msg="task reconciled: the upstream had finished" task=a images=1
+time=2026-12-03T08:48:41.093Z level=INFO msg="task done" task=a images=1
+time=2026-12-03T08:48:42.000Z level=INFO msg="task reconciled: the upstream never got it; running it again" task=b
+time=2026-12-03T08:48:45.000Z level=INFO msg="task done" task=b images=1
+time=2026-12-03T08:48:45.010Z level=INFO msg="task done" task=c images=2
+`
+	path := filepath.Join(t.TempDir(), "worker0.log")
+	if err := os.WriteFile(path, []byte(log), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	names := map[int]string{10: "worker0", 11: "worker1"}
-	got, ok, err := journalCalls(path, func(pid int) string { return names[pid] })
-	if !ok || err != nil {
-		t.Fatalf("ok %v, err %v", ok, err)
+	got, err := genCalls("worker0", path)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if len(got) != 2 || got[0].Proc != "worker0" || got[1].Proc != "worker1" || got[1].Attempt != 2 || got[0].Phase != "start" {
-		t.Fatalf("got %+v", got)
+	var calls []string
+	for _, g := range got {
+		calls = append(calls, g.Task+":"+g.Phase+":"+g.Result)
+	}
+	want := []string{"a:end:uncertain", "a:reconcile:", "b:reconcile:", "b:end:done", "c:end:done"}
+	if !slices.Equal(calls, want) {
+		t.Errorf("genCalls = %v, want %v", calls, want)
 	}
 }
 

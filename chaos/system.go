@@ -5,10 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -28,7 +25,7 @@ import (
 // API nodes and two worker processes of the example, each link from a
 // process to a server going through a proxy of its own.
 type system struct {
-	dir    string // run directory: binary, logs, journal
+	dir    string // run directory: binary, logs, history
 	bin    string // the example binary
 	secret string // JWT secret shared with the clients
 	env    []string
@@ -59,7 +56,6 @@ type proc struct {
 	links map[string]*proxy.Proxy // "redis", "pg" → the proxy of this process's link
 
 	mu     sync.Mutex
-	pids   []int // of every run, for the journal
 	cmd    *exec.Cmd
 	done   chan struct{}
 	paused bool
@@ -125,9 +121,6 @@ func startSystem(ctx context.Context, cfg systemConfig) (s *system, err error) {
 	s.env = []string{
 		"JWT_SECRET=" + s.secret,
 		"GEN_TIME=" + cfg.genTime.String(),
-		// The generator's durable journal of calls, for when the example
-		// offers one (see the report); harmless otherwise.
-		"GEN_JOURNAL=" + filepath.Join(dir, "gen-journal.jsonl"),
 		plantEnv + "=" + cfg.plant,
 	}
 	for i := range 2 {
@@ -181,21 +174,6 @@ func startSystem(ctx context.Context, cfg systemConfig) (s *system, err error) {
 		}
 	}
 	return s, nil
-}
-
-// procOf names the process that had pid ("?" if none of ours).
-func (s *system) procOf(pid int) string {
-	for _, p := range s.procs {
-		p.mu.Lock()
-		for _, q := range p.pids {
-			if q == pid {
-				p.mu.Unlock()
-				return p.name
-			}
-		}
-		p.mu.Unlock()
-	}
-	return "?"
 }
 
 // api returns the API nodes.
@@ -309,7 +287,6 @@ func (p *proc) start(bin string) error {
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
 	p.cmd, p.done, p.paused = cmd, done, false
-	p.pids = append(p.pids, cmd.Process.Pid)
 	return nil
 }
 
@@ -378,13 +355,27 @@ func genCalls(name, path string) ([]GenCall, error) {
 	var out []GenCall
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	reconciled := map[string]time.Time{}
 	for sc.Scan() {
-		if g, ok := parseLogLine(name, sc.Text()); ok {
+		g, ok := parseLogLine(name, sc.Text())
+		switch {
+		case !ok:
+		case g.Phase == "reconcile":
+			reconciled[g.Task] = g.At
+			out = append(out, g)
+		case g.At.Sub(reconciled[g.Task]) < reconcileEcho:
+			// The outcome a reconcile found, logged as the task's end
+			// right after "task reconciled": no generation.
+		default:
 			out = append(out, g)
 		}
 	}
 	return out, sc.Err()
 }
+
+// reconcileEcho is how soon after a "task reconciled" line an outcome line
+// of the same task is the reconcile's own outcome, not a generator call.
+const reconcileEcho = 100 * time.Millisecond
 
 // parseLogLine reads one worker log line: a generator call's end, a
 // reconcile, or nothing (ok false).
@@ -420,38 +411,6 @@ func resultOf(msg string) string {
 		return "failed"
 	}
 	return msg
-}
-
-// journalCalls reads the generator's journal, if the example wrote one:
-// JSON lines {"task","attempt","pid","at"} appended before each call.
-func journalCalls(path string, procOf func(pid int) string) ([]GenCall, bool, error) {
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, false, nil
-	}
-	if err != nil {
-		return nil, false, err
-	}
-	defer f.Close()
-	var out []GenCall
-	dec := json.NewDecoder(f)
-	for {
-		var e struct {
-			Task    string    `json:"task"`
-			Attempt int       `json:"attempt"`
-			PID     int       `json:"pid"`
-			At      time.Time `json:"at"`
-		}
-		err := dec.Decode(&e)
-		if errors.Is(err, io.EOF) {
-			return out, true, nil
-		}
-		if err != nil {
-			// A torn last line (a process killed mid-write) ends the journal.
-			return out, true, nil
-		}
-		out = append(out, GenCall{Task: e.Task, Proc: procOf(e.PID), Phase: "start", Attempt: e.Attempt, At: e.At})
-	}
 }
 
 // tailFile returns the last n lines of a file, for error messages.
