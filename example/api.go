@@ -38,6 +38,11 @@ const (
 	taskNetwork = "local"
 )
 
+// idemRetention is how long the middleware keeps a request's answer for
+// replays. Finished tasks are kept longer (taskRetention): a retry that
+// finds no record in Redis must still find its task in Postgres.
+const idemRetention = 24 * time.Hour
+
 // api is the HTTP side of the service.
 type api struct {
 	store  *pgstore.Store
@@ -45,6 +50,7 @@ type api struct {
 	redis  redis.UniversalClient
 	secret []byte
 	logger *slog.Logger
+	obs    *observer // nil: no telemetry
 }
 
 // handler returns the echo instance serving the routes.
@@ -63,6 +69,7 @@ func (a *api) handler() *echo.Echo {
 			Kind:        kind,
 			Fingerprint: fingerprint.Spec{Fields: fields},
 			Required:    true,
+			Retention:   idemRetention,
 			// A duplicate that arrives while the first is still being
 			// stored waits for its answer instead of getting a 409.
 			WaitInFlight: 2 * time.Second,
@@ -76,6 +83,7 @@ func (a *api) handler() *echo.Echo {
 	v1.POST("/music", a.submitMusic, idem(kindMusic, "/prompt", "/seconds"))
 	v1.GET("/tasks/:id", a.getTask)
 	v1.POST("/tasks/:id/recover", a.recoverTask)
+	v1.POST("/tasks/:id/cancel", a.cancelTask)
 	return e
 }
 
@@ -239,7 +247,7 @@ func (a *api) submit(c echo.Context, params any) error {
 	if err != nil {
 		return fmt.Errorf("submit: encode params: %w", err)
 	}
-	task, err := a.store.Submit(c.Request().Context(), pgstore.NewTask{
+	task, err := a.obs.submit(c.Request().Context(), pgstore.NewTask{
 		Tenant:         req.Key.Tenant(),
 		Owner:          req.Key.Owner(),
 		Kind:           req.Key.Kind(),
@@ -248,7 +256,7 @@ func (a *api) submit(c echo.Context, params any) error {
 		IdempotencyKey: req.Key.Task(),
 		Fingerprint:    string(req.Fingerprint),
 		Params:         raw,
-	})
+	}, a.store.Submit)
 	if errors.Is(err, pgstore.ErrConflict) {
 		return middleware.ErrKeyReused
 	}
@@ -379,6 +387,30 @@ func (a *api) recoverTask(c echo.Context) error {
 	}
 	c.Response().Header().Set(echo.HeaderLocation, "/v1/tasks/"+t.ID)
 	return c.JSON(http.StatusAccepted, v)
+}
+
+// cancelTask ends the caller's task as cancelled and answers 200 with
+// the task as GET shows it: the same answer however often it is sent. A
+// task that had already finished stays as it was, and the answer shows
+// that (succeeded or failed). A running attempt is stopped.
+func (a *api) cancelTask(c echo.Context) error {
+	tenant, ownerID, err := owner(c)
+	if err != nil {
+		return err
+	}
+	t, err := a.store.Cancel(c.Request().Context(), tenant, ownerID, c.Param("id"))
+	switch {
+	case errors.Is(err, pgstore.ErrNotFound):
+		return errTaskNotFound()
+	case err != nil && !errors.Is(err, pgstore.ErrFinished):
+		return fmt.Errorf("cancel task: %w", err)
+	}
+	v, err := viewOf(t)
+	if err != nil {
+		return err
+	}
+	c.Response().Header().Set("Cache-Control", "no-store")
+	return c.JSON(http.StatusOK, v)
 }
 
 // retrySeconds rounds d up to whole seconds, at least 1, for Retry-After.

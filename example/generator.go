@@ -13,13 +13,16 @@ import (
 	"image/png"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Prompt markers make the stand-in generator misbehave on purpose, so that
 // every task state can be reached by hand.
 const (
 	markerFail    = "#fail"    // the upstream refuses: the task fails
-	markerTimeout = "#timeout" // the upstream times out: the task becomes uncertain, then is reconciled
+	markerTimeout = "#timeout" // the upstream answers too late: the task becomes uncertain, then is reconciled
 	markerEmpty   = "#empty"   // the upstream answers with no images: succeeded, projected as failed
 	markerPartial = "#partial" // the upstream fails after the first image: failed with partial results
 )
@@ -97,20 +100,6 @@ func (g generator) generate(ctx context.Context, p imageParams, from int) ([][]b
 	return out, nil
 }
 
-// reconcile asks the stand-in upstream what became of a request that timed
-// out: it did finish, late, so the task gets the images it would have had.
-func (g generator) reconcile(p imageParams) ([][]byte, error) {
-	out := make([][]byte, 0, p.N)
-	for i := range p.N {
-		b, err := renderPNG(p, i)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, b)
-	}
-	return out, nil
-}
-
 // aspectSizes are the pixel sizes of the supported aspect ratios.
 var aspectSizes = map[string]image.Point{
 	"1:1":  {128, 128},
@@ -174,4 +163,132 @@ func isqrt(n int) int {
 // dataURL wraps PNG bytes as a data URL.
 func dataURL(png []byte) string {
 	return "data:image/png;base64," + base64.StdEncoding.EncodeToString(png)
+}
+
+// upstream is the stand-in for the image API as a service: a request is
+// sent (call) under the caller's reference, the task ID, and the API
+// keeps a log of the requests it received, so that it can say later what
+// became of one (lookup): what a real API's "get job by client reference"
+// endpoint is for, and what makes reconciling an uncertain task real.
+// The log lives in the service's database, standing in for the API's
+// own: every process of the service sees the same upstream.
+type upstream struct {
+	gen generator
+	log *pgxpool.Pool
+}
+
+// upstreamSchema creates the stand-in upstream's call log, once per
+// database (serialized, so that processes starting together agree).
+const upstreamSchema = `SELECT pg_advisory_xact_lock(8192, 1);
+CREATE TABLE IF NOT EXISTS idemgate_example_upstream_calls (
+	id      bigserial   PRIMARY KEY,
+	ref     text        NOT NULL, -- the caller's reference: the task ID
+	outcome text        NOT NULL, -- what the upstream will answer: ok, late, refused, empty, partial
+	sent_at timestamptz NOT NULL DEFAULT now(),
+	done_at timestamptz NOT NULL  -- when the upstream is done with it
+);
+CREATE INDEX IF NOT EXISTS idemgate_example_upstream_calls_ref ON idemgate_example_upstream_calls (ref, id)`
+
+// Outcomes of a call, as the stand-in upstream logs them.
+const (
+	callOK      = "ok"      // images after took
+	callLate    = "late"    // images, but after the caller stopped waiting (#timeout)
+	callRefused = "refused" // #fail
+	callEmpty   = "empty"   // #empty
+	callPartial = "partial" // #partial: one image, then a failure
+)
+
+// prepare creates the call log.
+func (u upstream) prepare(ctx context.Context) error {
+	return pgx.BeginFunc(ctx, u.log, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, upstreamSchema)
+		return err
+	})
+}
+
+// errNotSent is a call that never reached the upstream.
+var errNotSent = errors.New("upstream: request not sent")
+
+// call sends request ref for p, resuming after from images, and waits
+// for the answer as the stand-in generator gives it. Once the request is
+// logged, the upstream does the work whatever becomes of the caller.
+func (u upstream) call(ctx context.Context, ref string, p imageParams, from int) ([][]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %w", errNotSent, err) // a cancelled attempt sends nothing
+	}
+	took := u.gen.took
+	outcome := callOK
+	switch {
+	case strings.Contains(p.Prompt, markerFail):
+		outcome = callRefused
+	case strings.Contains(p.Prompt, markerTimeout):
+		outcome, took = callLate, 2*took
+	case strings.Contains(p.Prompt, markerEmpty):
+		outcome = callEmpty
+	case strings.Contains(p.Prompt, markerPartial) && from == 0:
+		outcome = callPartial
+	}
+	if _, err := u.log.Exec(ctx, `INSERT INTO idemgate_example_upstream_calls (ref, outcome, done_at)
+		VALUES (@ref, @outcome, now() + @took_us::bigint * interval '1 microsecond')`,
+		pgx.NamedArgs{"ref": ref, "outcome": outcome, "took_us": took.Microseconds()}); err != nil {
+		return nil, fmt.Errorf("%w: %w", errNotSent, err)
+	}
+	return u.gen.generate(ctx, p, from)
+}
+
+// callState is what the upstream says of a request.
+type callState int
+
+const (
+	callNever   callState = iota // no such request was received
+	callRunning                  // received, not done yet
+	callDone                     // done: its outcome tells how
+)
+
+// lookup says what became of the latest request ref and, when done,
+// what it came to: its images (for ok and late), or its error.
+func (u upstream) lookup(ctx context.Context, ref string, p imageParams, from int) (callState, [][]byte, error) {
+	var (
+		outcome string
+		done    bool
+	)
+	err := u.log.QueryRow(ctx, `SELECT outcome, done_at <= now() FROM idemgate_example_upstream_calls
+		WHERE ref = @ref ORDER BY id DESC LIMIT 1`, pgx.NamedArgs{"ref": ref}).Scan(&outcome, &done)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return callNever, nil, nil
+	case err != nil:
+		return 0, nil, fmt.Errorf("upstream: lookup: %w", err)
+	case !done:
+		return callRunning, nil, nil
+	}
+	switch outcome {
+	case callRefused:
+		return callDone, nil, errUpstreamRefused
+	case callEmpty:
+		return callDone, nil, nil
+	case callPartial:
+		b, err := renderPNG(p, from)
+		if err != nil {
+			return callDone, nil, err
+		}
+		return callDone, nil, &partialError{made: [][]byte{b}}
+	}
+	out := make([][]byte, 0, p.N)
+	for i := from; i < p.N; i++ {
+		b, err := renderPNG(p, i)
+		if err != nil {
+			return callDone, nil, err
+		}
+		out = append(out, b)
+	}
+	return callDone, out, nil
+}
+
+// calls counts the requests the upstream received for ref.
+func (u upstream) calls(ctx context.Context, ref string) (int, error) {
+	var n int
+	err := u.log.QueryRow(ctx, `SELECT count(*) FROM idemgate_example_upstream_calls WHERE ref = @ref`,
+		pgx.NamedArgs{"ref": ref}).Scan(&n)
+	return n, err
 }

@@ -66,10 +66,11 @@ API (bearer token with claims tenant, sub, exp):
   POST /v1/music           {prompt, seconds}; Idempotency-Key required
   GET  /v1/tasks/{id}      {task_id, status, poll_after_ms?, images?, error?}
   POST /v1/tasks/{id}/recover
+  POST /v1/tasks/{id}/cancel   stops the task (owner only, idempotent)  → 200 {task_id, status}
 
 Prompt markers for the stand-in generator (put them anywhere in the prompt):
   #fail      the upstream refuses             → failed
-  #timeout   the upstream times out           → uncertain, then reconciled → succeeded
+  #timeout   the upstream answers too late    → uncertain, then reconciled → succeeded
   #empty     the upstream returns no images   → failed ("no result items")
   #partial   the upstream fails after 1 image → failed, recoverable via /recover
 

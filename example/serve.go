@@ -163,8 +163,8 @@ func startNode(ctx context.Context, s settings, logger *slog.Logger, stderr io.W
 		return nil, err
 	}
 	// Requests are served only after openBackends migrated the schema.
-	a := &api{store: b.store, pool: b.pool, redis: b.redis, secret: secret, logger: logger}
-	n.workers, err = startWorkers(b.store, s.workers, generator{took: s.genTime}, logger)
+	a := &api{store: b.store, pool: b.pool, redis: b.redis, secret: secret, logger: logger, obs: n.obs}
+	n.workers, err = startWorkers(b, s.workers, generator{took: s.genTime}, logger, n.obs)
 	if err != nil {
 		n.ln.Close()
 		b.close()
@@ -238,7 +238,7 @@ func cmdWorker(ctx context.Context, args []string, getenv func(string) string, s
 		return err
 	}
 	defer b.close()
-	w, err := startWorkers(b.store, s.workers, generator{took: s.genTime}, logger)
+	w, err := startWorkers(b, s.workers, generator{took: s.genTime}, logger, nil)
 	if err != nil {
 		return err
 	}

@@ -21,42 +21,128 @@ const (
 	// workerDrain is how long running tasks may finish at shutdown before
 	// they are handed back to the queue; within shutdownBudget.
 	workerDrain = 4 * time.Second
+	// pruneEvery is how often a worker process deletes tasks that
+	// finished longer than taskRetention ago.
+	pruneEvery = 10 * time.Minute
 )
 
-// workerPool runs a pgstore worker in this process.
+// taskRetention is how long a finished task stays in Postgres. A pruned
+// task's key is free again, so a retry of its request would make a new
+// task: it must outlive every replay of the request the middleware
+// could still serve (idemRetention), and does, by a day of slack.
+const taskRetention = idemRetention + 24*time.Hour
+
+// attemptTimeout bounds one attempt of a task: generously above the
+// stand-in generator's time (which the -gen-time flag sets).
+func attemptTimeout(genTime time.Duration) time.Duration {
+	return max(30*time.Second, 4*genTime)
+}
+
+// workerPool runs a pgstore worker and the pruner in this process.
 type workerPool struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
-// startWorkers runs up to n tasks at once on store; n == 0 runs none.
-func startWorkers(store *pgstore.Store, n int, gen generator, logger *slog.Logger) (*workerPool, error) {
+// startWorkers runs up to n tasks at once on b's store, and prunes old
+// tasks; n == 0 runs none (and prunes nothing). obs, when not nil,
+// instruments the worker.
+func startWorkers(b *backends, n int, gen generator, logger *slog.Logger, obs *observer) (*workerPool, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &workerPool{cancel: cancel, done: make(chan struct{})}
 	if n <= 0 {
 		close(p.done)
 		return p, nil
 	}
-	r := runner{gen: gen, logger: logger}
-	w, err := pgstore.NewWorker(store, pgstore.WorkerConfig{
-		Handler:           r.handle,
-		Reconcile:         r.reconcile,
-		Kinds:             []string{kindImages, kindMusic},
+	up := upstream{gen: gen, log: b.pool}
+	if err := up.prepare(ctx); err != nil {
+		cancel()
+		return nil, fmt.Errorf("stand-in upstream: %w", err)
+	}
+	r := runner{up: up, logger: logger}
+	cfg := pgstore.WorkerConfig{
+		Handler:   r.handle,
+		Reconcile: r.reconcile,
+		Kinds:     []string{kindImages, kindMusic},
+		Policies: map[string]pgstore.KindPolicy{
+			// A generation is paid for: an attempt cut off after the
+			// request went out must not make a second one. It becomes
+			// uncertain, and reconcile asks the upstream.
+			kindImages: {Timeout: attemptTimeout(gen.took), Lost: pgstore.LostUncertain},
+			// Music is rendered in process: running it again is free.
+			kindMusic: {Timeout: attemptTimeout(gen.took), Lost: pgstore.LostRetry},
+		},
 		Concurrency:       n,
 		RescueInterval:    rescueEvery,
 		ReconcileInterval: reconcileAfter,
 		ShutdownTimeout:   workerDrain,
 		Logger:            logger,
-	})
+	}
+	obs.worker(&cfg)
+	w, err := pgstore.NewWorker(b.store, cfg)
 	if err != nil {
 		cancel()
 		return nil, err
 	}
+	var wg workers
+	wg.run(func() { _ = w.Run(ctx) })
+	wg.run(func() { prune(ctx, b.store, logger) })
 	go func() {
 		defer close(p.done)
-		_ = w.Run(ctx)
+		wg.wait()
 	}()
 	return p, nil
+}
+
+// workers waits for a few goroutines.
+type workers struct{ done []chan struct{} }
+
+func (ws *workers) run(f func()) {
+	done := make(chan struct{})
+	ws.done = append(ws.done, done)
+	go func() {
+		defer close(done)
+		f()
+	}()
+}
+
+func (ws *workers) wait() {
+	for _, d := range ws.done {
+		<-d
+	}
+}
+
+// prune runs pruneOnce now and every pruneEvery until ctx ends.
+func prune(ctx context.Context, store *pgstore.Store, logger *slog.Logger) {
+	t := time.NewTicker(pruneEvery)
+	defer t.Stop()
+	for {
+		pruneOnce(ctx, store, logger)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// pruneOnce deletes tasks that finished more than taskRetention ago, and
+// says so when uncertain tasks wait (they are never pruned): how many,
+// and the oldest one's age.
+func pruneOnce(ctx context.Context, store *pgstore.Store, logger *slog.Logger) {
+	if n, err := store.Prune(ctx, taskRetention); err != nil && ctx.Err() == nil {
+		logger.Warn("prune tasks", "err", err)
+	} else if n > 0 {
+		logger.Info("pruned finished tasks", "tasks", n, "older_than", taskRetention)
+	}
+	if st, err := store.Stats(ctx); err == nil && st.OldestUncertain > 0 {
+		uncertain := 0
+		for _, states := range st.Counts {
+			uncertain += states[pgstore.StateUncertain]
+		}
+		logger.Warn("uncertain tasks wait for reconciliation", "tasks", uncertain,
+			"oldest", st.OldestUncertain.Round(time.Second))
+	}
 }
 
 // stop ends the workers: running tasks finish or are handed back. It
@@ -69,9 +155,9 @@ func (p *workerPool) stop(ctx context.Context) {
 	}
 }
 
-// runner turns tasks into calls of the stand-in generator.
+// runner turns tasks into calls of the stand-in upstream.
 type runner struct {
-	gen    generator
+	up     upstream
 	logger *slog.Logger
 }
 
@@ -94,7 +180,12 @@ func (r runner) images(ctx context.Context, t pgstore.Task) pgstore.Outcome {
 		return pgstore.Failed(fmt.Errorf("bad task params: %w", err))
 	}
 	kept := t.Results
-	made, err := r.gen.generate(ctx, p, len(kept))
+	made, err := r.up.call(ctx, t.ID, p, len(kept))
+	return r.imageOutcome(t, kept, made, err, ctx.Err() != nil)
+}
+
+// imageOutcome turns what the upstream answered into the task's outcome.
+func (r runner) imageOutcome(t pgstore.Task, kept []json.RawMessage, made [][]byte, err error, interrupted bool) pgstore.Outcome {
 	var partial *partialError
 	switch {
 	case errors.Is(err, errUpstreamTimeout):
@@ -103,8 +194,12 @@ func (r runner) images(ctx context.Context, t pgstore.Task) pgstore.Outcome {
 	case errors.As(err, &partial):
 		r.logger.Info("task failed with partial results; POST /v1/tasks/{id}/recover resumes it", "task", t.ID)
 		return pgstore.Failed(err, append(kept, encodeImages(partial.made)...)...)
-	case err != nil && ctx.Err() != nil:
-		return pgstore.Retry(0, fmt.Errorf("interrupted: %w", context.Cause(ctx)))
+	case errors.Is(err, errNotSent):
+		// Nothing reached the upstream: safe to run again.
+		return pgstore.Retry(0, err)
+	case err != nil && interrupted:
+		// The request went out: the kind's policy (uncertain) decides.
+		return pgstore.Uncertain(fmt.Errorf("interrupted: %w", err))
 	case err != nil:
 		r.logger.Info("task failed", "task", t.ID, "err", err)
 		return pgstore.Failed(err)
@@ -115,25 +210,47 @@ func (r runner) images(ctx context.Context, t pgstore.Task) pgstore.Outcome {
 }
 
 // reconcile resolves an uncertain task by asking the upstream what became
-// of it: the stand-in upstream finished late, so the task gets its images
-// on the same task ID.
+// of its request: never received (run it again), still running (ask
+// later), or done (its images, or its error, on the same task ID).
 func (r runner) reconcile(ctx context.Context, t pgstore.Task) pgstore.Outcome {
 	switch t.Kind {
 	case kindImages:
-		var p imageParams
-		if err := json.Unmarshal(t.Params, &p); err != nil {
-			return pgstore.Failed(fmt.Errorf("bad task params: %w", err))
-		}
-		made, err := r.gen.reconcile(p)
-		if err != nil {
-			return pgstore.Failed(err)
-		}
-		r.logger.Info("task reconciled: the upstream had finished", "task", t.ID, "images", len(made))
-		return pgstore.Succeeded(encodeImages(made)...)
+		_, o := r.reconcileImages(ctx, t)
+		return o
 	case kindMusic:
 		return r.music(ctx, t)
 	}
 	return pgstore.Failed(fmt.Errorf("unknown task kind %q", t.Kind))
+}
+
+// What reconciling an image task found out.
+type finding int
+
+const (
+	foundNothing  finding = iota // the upstream could not be asked: ask again later
+	foundNever                   // the upstream never received the request: run it again
+	foundRunning                 // the upstream still works on it: ask again later
+	foundFinished                // the upstream is done: its answer ends the task
+)
+
+func (r runner) reconcileImages(ctx context.Context, t pgstore.Task) (finding, pgstore.Outcome) {
+	var p imageParams
+	if err := json.Unmarshal(t.Params, &p); err != nil {
+		return foundFinished, pgstore.Failed(fmt.Errorf("bad task params: %w", err))
+	}
+	kept := t.Results
+	state, made, err := r.up.lookup(ctx, t.ID, p, len(kept))
+	switch {
+	case err != nil && state != callDone:
+		return foundNothing, pgstore.Uncertain(err)
+	case state == callNever:
+		r.logger.Info("task reconciled: the upstream never got it; running it again", "task", t.ID)
+		return foundNever, pgstore.Retry(0, errors.New("the upstream never received the request"))
+	case state == callRunning:
+		return foundRunning, pgstore.Uncertain(errors.New("the upstream is still working on it"))
+	}
+	r.logger.Info("task reconciled: the upstream had finished", "task", t.ID, "images", len(made))
+	return foundFinished, r.imageOutcome(t, kept, made, err, false)
 }
 
 func (r runner) music(ctx context.Context, t pgstore.Task) pgstore.Outcome {
@@ -141,7 +258,7 @@ func (r runner) music(ctx context.Context, t pgstore.Task) pgstore.Outcome {
 	if err := json.Unmarshal(t.Params, &p); err != nil {
 		return pgstore.Failed(fmt.Errorf("bad task params: %w", err))
 	}
-	if err := r.gen.wait(ctx); err != nil {
+	if err := r.up.gen.wait(ctx); err != nil {
 		return pgstore.Retry(0, fmt.Errorf("interrupted: %w", err))
 	}
 	track, _ := json.Marshal(wavDataURL(renderWAV(p)))

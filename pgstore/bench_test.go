@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -249,4 +250,80 @@ func BenchmarkClaimComplete(b *testing.B) {
 	stop()
 	b.ReportMetric(float64(n)/elapsed.Seconds(), "tasks/s")
 	b.ReportMetric(float64(elapsed.Nanoseconds())/float64(n), "ns/op")
+}
+
+// BenchmarkClaimMixedBacklog measures the claim of one kind's task in two
+// databases: one with only that kind's tasks, one where a 100k-task
+// backlog of two other kinds came first. Claims alternate between the two
+// in rounds, so that the machine's load hits both alike. It reports the
+// ratio of their costs (1 is flat) and the buffers each claim reads. Each
+// claim runs in a transaction that is rolled back, so every claim meets
+// the same table.
+func BenchmarkClaimMixedBacklog(b *testing.B) {
+	ctx := context.Background()
+	type side struct {
+		s    *Store
+		sql  string
+		args pgx.NamedArgs
+		took time.Duration
+	}
+	var sides [2]*side // alone, behind the backlog
+	for i := range sides {
+		s, _ := benchStore(b, 2)
+		if _, err := s.pool.Exec(ctx, `INSERT INTO idemgate_tasks
+			(tenant, owner, kind, runtime, network, idempotency_key, fingerprint)
+			SELECT 'acme', 'o', 'image', 'gpu', 'main', 'image-' || g, 'f' FROM generate_series(1, 1000) g`); err != nil {
+			b.Fatal(err)
+		}
+		if i == 1 {
+			if _, err := s.pool.Exec(ctx, `INSERT INTO idemgate_tasks
+				(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, run_after)
+				SELECT 'acme', 'o', CASE WHEN g % 2 = 0 THEN 'video' ELSE 'audio' END, 'gpu', 'main', 'other-' || g, 'f',
+					now() - interval '1 hour'
+				FROM generate_series(1, 100000) g`); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if _, err := s.pool.Exec(ctx, "VACUUM ANALYZE idemgate_tasks"); err != nil {
+			b.Fatal(err)
+		}
+		w := newWorker(b, s, WorkerConfig{Kinds: []string{"image"}, Handler: func(context.Context, Task) Outcome { return Outcome{} }})
+		sql, args := w.claimStatement(1)
+		sides[i] = &side{s: s, sql: sql, args: args}
+	}
+	claim := func(sd *side) time.Duration {
+		start := time.Now()
+		err := pgx.BeginFunc(ctx, sd.s.pool, func(tx pgx.Tx) error {
+			rows, _ := tx.Query(ctx, sd.sql, sd.args)
+			got, err := pgx.CollectRows(rows, pgx.RowToStructByName[Task])
+			if err == nil && len(got) != 1 {
+				err = fmt.Errorf("claimed %d tasks; want 1", len(got))
+			}
+			if err != nil {
+				return err
+			}
+			return errRollback
+		})
+		if !errors.Is(err, errRollback) {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	for range 20 { // warm up: plans cached, pages in memory
+		claim(sides[0])
+		claim(sides[1])
+	}
+	n := max(b.N, 500)
+	b.ResetTimer()
+	for i := range n {
+		sides[i%2].took += claim(sides[i%2])
+		sides[(i+1)%2].took += claim(sides[(i+1)%2])
+	}
+	b.StopTimer()
+	alone, behind := sides[0].took/time.Duration(n), sides[1].took/time.Duration(n)
+	b.ReportMetric(float64(alone.Microseconds()), "alone-µs/claim")
+	b.ReportMetric(float64(behind.Microseconds()), "behind-100k-µs/claim")
+	b.ReportMetric(float64(behind)/float64(alone), "behind/alone")
+	b.ReportMetric(float64(claimBuffers(b, sides[0].s, []string{"image"})), "alone-buffers")
+	b.ReportMetric(float64(claimBuffers(b, sides[1].s, []string{"image"})), "behind-100k-buffers")
 }
