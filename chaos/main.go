@@ -402,6 +402,9 @@ type Summary struct {
 	Actions  map[string]int `json:"actions"`
 	Tasks    map[string]int `json:"tasks"`
 	GenCalls int            `json:"generator_calls"`
+	// CallsFrom says where the calls were counted: the upstream's call log
+	// (at their start) or the workers' logs (at their end).
+	CallsFrom string `json:"calls_from"`
 	// Notes are oddities that break no invariant but deserve a look, e.g.
 	// a byte-identical retry refused with key_reused (a false conflict is
 	// safe, but it should not happen).
@@ -426,8 +429,9 @@ func summarize(h History) Summary {
 		s.Tasks[w.State]++
 	}
 	counted := "end"
+	s.CallsFrom = "worker logs (at their end)"
 	if h.Meta.Starts {
-		counted = "start"
+		counted, s.CallsFrom = "start", "upstream call log (at their start)"
 	}
 	for _, g := range h.Gen {
 		if g.Phase == counted {
@@ -502,7 +506,7 @@ func report(w io.Writer, h History, asJSON bool) int {
 	table(tw, "requests by outcome", s.Requests)
 	table(tw, "client actions by outcome", s.Actions)
 	table(tw, "tasks by final state", s.Tasks)
-	fmt.Fprintf(tw, "generator calls\t%d\n\n", s.GenCalls)
+	fmt.Fprintf(tw, "generator calls, from the %s\t%d\n\n", s.CallsFrom, s.GenCalls)
 	if len(s.Notes) > 0 {
 		table(tw, "notes (no invariant broken)", s.Notes)
 	}
