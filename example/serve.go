@@ -229,6 +229,7 @@ func cmdWorker(ctx context.Context, args []string, getenv func(string) string, s
 	var s settings
 	s.addStoreFlags(fs, getenv, false)
 	s.addWorkerFlags(fs, getenv, 2)
+	s.obs.addObsFlags(fs, getenv, stdout)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -238,17 +239,24 @@ func cmdWorker(ctx context.Context, args []string, getenv func(string) string, s
 		return err
 	}
 	defer b.close()
-	w, err := startWorkers(b, s.workers, generator{took: s.genTime}, logger, nil)
+	obs, adm, err := startObs(ctx, s.obs, "worker", nil, stderr)
 	if err != nil {
 		return err
 	}
+	w, err := startWorkers(b, s.workers, generator{took: s.genTime}, logger, obs)
+	if err != nil {
+		_ = adm.close(ctx)
+		_ = obs.shutdown(ctx)
+		return err
+	}
 	fmt.Fprintf(stdout, "idemgate example worker running (%d workers)\n  postgres: %s\n", s.workers, b.pgInfo)
+	printAdmin(stdout, adm)
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "shutting down")
 	stopCtx, cancel := context.WithTimeout(context.Background(), shutdownBudget-2*time.Second)
 	defer cancel()
 	w.stop(stopCtx)
-	return nil
+	return errors.Join(adm.close(stopCtx), obs.shutdown(stopCtx))
 }
 
 func cmdMigrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
