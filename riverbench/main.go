@@ -40,16 +40,17 @@ func main() {
 	quick := flag.Bool("quick", false, "a short run (about 1–2 minutes) instead of the full one")
 	rows := flag.String("rows", allRowNames, "rows to run, comma-separated")
 	stmts := flag.Bool("statements", false, "load pg_stat_statements and print each row's top statements per system (for profiling)")
+	profileDir := flag.String("profile", "", "write a CPU profile of every worker process to this directory (SYSTEM-N.pprof)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *quick, *stmts, strings.Split(*rows, ",")); err != nil {
+	if err := run(ctx, *quick, *stmts, *profileDir, strings.Split(*rows, ",")); err != nil {
 		fmt.Fprintln(os.Stderr, "riverbench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, quick, stmts bool, rows []string) error {
+func run(ctx context.Context, quick, stmts bool, profileDir string, rows []string) error {
 	size := fullSizes()
 	if quick {
 		size = quickSizes()
@@ -70,6 +71,7 @@ func run(ctx context.Context, quick, stmts bool, rows []string) error {
 	}
 	defer b.close()
 	b.serverCPU = dbs.cpu
+	b.profileDir = profileDir
 	if stmts {
 		if b.stmts, err = openStatements(ctx, dbs.admin); err != nil {
 			return err

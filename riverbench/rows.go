@@ -119,6 +119,8 @@ type bench struct {
 	log    io.Writer // progress
 	res    *results
 	stmts  *statements // nil unless profiling
+	// profileDir, when set, gets a CPU profile of every worker process.
+	profileDir string
 	// serverCPU reads the server's CPU time so far; nil when unknown.
 	serverCPU func() time.Duration
 }
@@ -368,7 +370,7 @@ func (b *bench) work(ctx context.Context, r int, sys string, procs int, backlog 
 		}
 	}()
 	for range procs {
-		w, err := spawnWorker(ctx, b.exe, sys, b.dsns[sys], b.size.Slots, nil)
+		w, err := spawnWorker(ctx, b.exe, sys, b.dsns[sys], b.size.Slots, b.profileDir, nil)
 		if err != nil {
 			return err
 		}
@@ -472,7 +474,7 @@ func (b *bench) latency(ctx context.Context, r int) error {
 		if err := b.queues[sys].reset(ctx); err != nil {
 			return err
 		}
-		w, err := spawnWorker(ctx, b.exe, sys, b.dsns[sys], b.size.Slots, onStart)
+		w, err := spawnWorker(ctx, b.exe, sys, b.dsns[sys], b.size.Slots, b.profileDir, onStart)
 		if err != nil {
 			return err
 		}

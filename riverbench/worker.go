@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,8 +35,20 @@ func workerMain(args []string) error {
 	dsn := fs.String("dsn", "", "database to work on")
 	slots := fs.Int("slots", 16, "tasks run at once")
 	report := fs.Bool("report", false, "print each handler start")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole process to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -128,11 +142,21 @@ type workerProc struct {
 }
 
 // spawnWorker starts the worker subcommand of exe for sys and waits until
-// it reports ready. onStart, if not nil, receives each handler start.
-func spawnWorker(ctx context.Context, exe, sys, dsn string, slots int, onStart func(key string, at time.Time)) (*workerProc, error) {
+// it reports ready. onStart, if not nil, receives each handler start. With
+// profileDir, the worker writes a CPU profile there.
+func spawnWorker(ctx context.Context, exe, sys, dsn string, slots int, profileDir string,
+	onStart func(key string, at time.Time)) (*workerProc, error) {
 	args := []string{"worker", "-system", sys, "-dsn", dsn, "-slots", strconv.Itoa(slots)}
 	if onStart != nil {
 		args = append(args, "-report")
+	}
+	if profileDir != "" {
+		f, err := os.CreateTemp(profileDir, sys+"-*.pprof")
+		if err != nil {
+			return nil, err
+		}
+		f.Close()
+		args = append(args, "-cpuprofile", filepath.Clean(f.Name()))
 	}
 	cmd := exec.Command(exe, args...)
 	cmd.Stderr = os.Stderr
