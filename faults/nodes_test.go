@@ -148,10 +148,26 @@ func submitOne(t *testing.T, url string, auth http.Header, key string) string {
 	return r.taskID
 }
 
+// upstreamCalls counts the requests the example's stand-in upstream
+// received for a task.
+func upstreamCalls(t *testing.T, db *pgxpool.Pool, id string) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(context.Background(), `SELECT count(*) FROM idemgate_example_upstream_calls WHERE ref = $1`, id).Scan(&n); err != nil {
+		t.Fatalf("count upstream calls of %s: %v", id, err)
+	}
+	return n
+}
+
 // TestWorkerKilled SIGKILLs a worker process mid-task and freezes another
-// (SIGSTOP) mid-task: after the lease, a third worker rescues both tasks and
-// completes each once; when the frozen worker wakes up, its stale
-// completion is rejected and the tasks stay as the rescuer left them.
+// (SIGSTOP) mid-task, each after its request reached the upstream. Image
+// tasks are paid generations: a lost attempt becomes uncertain and a
+// third worker reconciles it by asking the upstream, which never gets a
+// second request. The killed worker's 10-minute generation is still
+// running upstream, so its task stays uncertain; the frozen worker's 2s
+// one is done, so its task succeeds on the same ID with the upstream's
+// images. When the frozen worker wakes up, its stale completion is
+// rejected and the tasks stay as the reconciler left them.
 func TestWorkerKilled(t *testing.T) {
 	t.Parallel()
 	const tenant = "faults-worker-killed"
@@ -159,17 +175,17 @@ func TestWorkerKilled(t *testing.T) {
 	_, url := startServe(t, "API node", c.env)
 	ctx := context.Background()
 
-	running := func(id string) func() bool {
-		return func() bool { return readTask(t, c.db, id).state == "running" }
+	sent := func(id string) func() bool {
+		return func() bool { return readTask(t, c.db, id).state == "running" && upstreamCalls(t, c.db, id) == 1 }
 	}
 	// Worker 1 would take 10 minutes: it is killed mid-task.
 	w1 := startProc(t, "worker 1", c.env, "worker", "-workers", "1", "-gen-time", "10m")
 	id1 := submitOne(t, url, c.auth, "worker-killed-1")
-	waitFor(t, 30*time.Second, "task 1 running on worker 1", running(id1))
+	waitFor(t, 30*time.Second, "task 1 running on worker 1, its request sent", sent(id1))
 	// Worker 2 would finish in 2s: it is frozen before, and wakes long after.
 	w2 := startProc(t, "worker 2", c.env, "worker", "-workers", "1", "-gen-time", "2s")
 	id2 := submitOne(t, url, c.auth, "worker-killed-2")
-	waitFor(t, 30*time.Second, "task 2 running on worker 2", running(id2))
+	waitFor(t, 30*time.Second, "task 2 running on worker 2, its request sent", sent(id2))
 	w2.signal(syscall.SIGSTOP)
 	w1.kill(t)
 	before1, before2 := readTask(t, c.db, id1), readTask(t, c.db, id2)
@@ -179,17 +195,20 @@ func TestWorkerKilled(t *testing.T) {
 	stopped := time.Now()
 
 	startProc(t, "worker 3", c.env, "worker", "-workers", "2", "-gen-time", "200ms")
-	waitFor(t, 120*time.Second, "both tasks rescued and succeeded", func() bool {
-		return readTask(t, c.db, id1).state == "succeeded" && readTask(t, c.db, id2).state == "succeeded"
+	waitFor(t, 120*time.Second, "task 2 reconciled to succeeded, task 1 uncertain", func() bool {
+		return readTask(t, c.db, id2).state == "succeeded" && readTask(t, c.db, id1).state == "uncertain"
 	})
 	rescuedAfter := time.Since(stopped)
 	after1, after2 := readTask(t, c.db, id1), readTask(t, c.db, id2)
-	for i, p := range [][2]taskRow{{before1, after1}, {before2, after2}} {
-		if p[1].attempt != p[0].attempt+1 {
-			t.Errorf("task %d: attempt %d after the rescue, want %d (one more, then done)", i+1, p[1].attempt, p[0].attempt+1)
-		}
-		if p[1].results == "[]" || p[1].results == "" {
-			t.Errorf("task %d succeeded without results", i+1)
+	if after2.attempt != before2.attempt+1 {
+		t.Errorf("task 2: attempt %d after the rescue, want %d (one reconcile, then done)", after2.attempt, before2.attempt+1)
+	}
+	if after2.results == "[]" || after2.results == "" {
+		t.Errorf("task 2 succeeded without results")
+	}
+	for i, id := range []string{id1, id2} {
+		if n := upstreamCalls(t, c.db, id); n != 1 {
+			t.Errorf("task %d: %d upstream calls, want 1", i+1, n)
 		}
 	}
 
@@ -198,13 +217,18 @@ func TestWorkerKilled(t *testing.T) {
 	if got := readTask(t, c.db, id2); got != after2 {
 		t.Errorf("the woken stale worker changed task 2: %+v, was %+v", got, after2)
 	}
-	if got := readTask(t, c.db, id1); got != after1 {
-		t.Errorf("task 1 changed after it succeeded: %+v, was %+v", got, after1)
+	if got := readTask(t, c.db, id1); got.state != "uncertain" || got.attempt < after1.attempt {
+		t.Errorf("task 1 moved on while its upstream request still runs: %+v, was %+v", got, after1)
+	}
+	for i, id := range []string{id1, id2} {
+		if n := upstreamCalls(t, c.db, id); n != 1 {
+			t.Errorf("task %d: %d upstream calls after the stale worker woke, want 1", i+1, n)
+		}
 	}
 	var n int
 	c.db.QueryRow(ctx, `SELECT count(*) FROM idemgate_tasks`).Scan(&n)
 	if n != 2 {
 		t.Errorf("%d tasks, want 2", n)
 	}
-	t.Logf("rescued and completed %v after the kill; the woken worker's completion left the task unchanged", rescuedAfter.Round(100*time.Millisecond))
+	t.Logf("reconciled %v after the kill; one upstream call per task; the woken worker's completion left the task unchanged", rescuedAfter.Round(100*time.Millisecond))
 }

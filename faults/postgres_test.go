@@ -171,13 +171,13 @@ func TestMigrationKilled(t *testing.T) {
 		{"building the wide index; connection and process killed", snapshot,
 			regexp.MustCompile(`(?i)CREATE UNIQUE INDEX CONCURRENTLY`), true},
 		{"dropping the invalid leftover; connection and process killed", tableLock,
-			regexp.MustCompile(`(?i)DROP INDEX CONCURRENTLY IF EXISTS idemgate_tasks_key_v2`), true},
+			regexp.MustCompile(`(?i)DROP INDEX CONCURRENTLY IF EXISTS ("[^"]+"\.)?"?idemgate_tasks_key_v2`), true},
 		{"building the wide index; process killed, the build finishes orphaned", snapshot,
 			regexp.MustCompile(`(?i)CREATE UNIQUE INDEX CONCURRENTLY`), false},
 		{"dropping the narrow index; connection and process killed", tableLock,
-			regexp.MustCompile(`(?i)DROP INDEX CONCURRENTLY IF EXISTS idemgate_tasks_key_v1`), true},
+			regexp.MustCompile(`(?i)DROP INDEX CONCURRENTLY IF EXISTS ("[^"]+"\.)?"?idemgate_tasks_key_v1`), true},
 		{"dropping the narrow index; process killed, the drop finishes orphaned", tableLock,
-			regexp.MustCompile(`(?i)DROP INDEX CONCURRENTLY IF EXISTS idemgate_tasks_key_v1`), false},
+			regexp.MustCompile(`(?i)DROP INDEX CONCURRENTLY IF EXISTS ("[^"]+"\.)?"?idemgate_tasks_key_v1`), false},
 	}
 	// The table must exist for the lock holders: the first run creates it
 	// (v1, one transaction) and is held at the wide build.

@@ -13,40 +13,69 @@
 //
 // A task moves through these states:
 //
-//	Submit ──▶ pending ──claim──▶ running ──Succeeded──────────▶ succeeded
-//	                               │  ▲  ╰──Failed, or the last──▶ failed
-//	        Retry, lease expired,  │  │     attempt ran out          │
-//	        released at shutdown   ▼  │ claim (after backoff)        │ Recover
-//	                             retrying ◀────────────────────────╯ (partial results,
-//	                               ▲                                   ≤ MaxRecoveries)
-//	running ──Uncertain──▶ uncertain ──Reconcile──▶ succeeded, failed or retrying
+//	Submit ──▶ pending ──claim──▶ running ──Succeeded──────────────────▶ succeeded
+//	                               │  ▲  ╰──Failed, or out of attempts──▶ failed
+//	  Retry; a lost attempt of a   │  │ claim, after the backoff           │
+//	  LostRetry kind               ▼  │                                    │ Recover
+//	                             retrying ◀────────────────────────────────╯
+//	running ──Uncertain; a lost attempt of a LostUncertain kind──▶ uncertain
+//	uncertain ──Reconcile──▶ succeeded, failed or retrying (or stays uncertain)
+//	pending, running, retrying, uncertain ──Store.Cancel──▶ cancelled
 //
 // Pending, running, retrying and uncertain are unfinished: a client polls
-// the same task ID (see Project). Uncertain is never run again by itself:
-// only WorkerConfig.Reconcile moves it on.
+// the same task ID (see Project). Succeeded, failed and cancelled are
+// final. Uncertain is never run again by itself: only
+// WorkerConfig.Reconcile moves it on, and a Reconcile that panics, times
+// out or returns nothing leaves it uncertain. Store.Stats counts the
+// unfinished tasks and gives the age of the oldest waiting and the oldest
+// uncertain one.
 //
 // # Workers
 //
 // A Worker claims runnable tasks in batches (a FOR UPDATE SKIP LOCKED CTE
-// feeding one UPDATE … RETURNING), runs its Handler on each, and records
-// the Outcome. Each claim increments Task.Attempt and gives the attempt a
-// lease, which the worker extends while the handler runs. Every transition
-// is fenced by WHERE id = $1 AND attempt = $2, so a worker that lost its
-// lease (it hung, or was partitioned away) cannot overwrite a newer
-// attempt. Expired leases are requeued as retrying with exponential
-// backoff and jitter by any worker's rescuer, up to MaxAttempts.
+// feeding one UPDATE … RETURNING; with Kinds, one CTE per kind on the
+// (kind, run_after) index, so other kinds' backlog is never read), runs
+// its Handler on each, and records the Outcome. Each claim increments
+// Task.Attempt and gives the attempt a lease, which the worker extends
+// while the handler runs. Every transition is fenced by WHERE id = … AND
+// attempt = … AND state = …, so a worker that lost its lease (it hung,
+// or was partitioned away) cannot overwrite a newer attempt.
+//
+// The worker also cancels the handler itself when it can no longer
+// confirm the lease: at the claim's or the last answered heartbeat's
+// send time plus Lease less a tenth, by its own monotonic clock. A
+// rescuer takes a task over only a tenth of a Lease after the lease
+// ended by the database's clock, so a cut-off attempt is cancelled
+// before anyone else may start one. What a lost attempt (lease expired,
+// released at shutdown, timed out, panicked) becomes is its kind's
+// KindPolicy.Lost: LostRetry (the default: requeued with exponential
+// backoff and jitter, up to MaxAttempts) or LostUncertain (parked for
+// Reconcile: for work that may already have reached an upstream that must
+// not be called twice). KindPolicy.Timeout (default DefaultTimeout, 10
+// minutes) bounds each attempt.
+//
+// The worker is a few small parts: the pure decision of what an ended
+// attempt does to its task (decide, table-tested), the completer that
+// batches final transitions, the heartbeat, the rescuer and the listener.
 //
 // Workers wake on LISTEN/NOTIFY and poll as a fallback, so they also work
 // behind a transaction pooler. There is no trigger: the statement that
 // inserts a new task (Submit, SubmitTx) calls pg_notify itself, and the
 // notification is delivered when its transaction commits. Submit announces
-// a burst once per 25ms per kind; a woken worker looks again shortly after
-// for the rest. Recover and a release at shutdown notify too. Run any
-// number of workers, in any number of processes, against one database.
+// a burst once per 25ms per kind (by monotonic time); a worker looks again
+// 100ms after the last notification it got, for the rest of the burst.
+// Recover, Cancel and a release at shutdown notify too; a cancellation
+// reaches the running attempt at once. Run any number of workers, in any
+// number of processes, against one database.
 //
 // Time: leases and schedules are computed by the database's now() inside
 // the SQL, so every node fences against one clock; Go passes durations
-// only.
+// only. The only local clock is the worker's own deadline for its leases,
+// measured by the monotonic clock.
+//
+// Prune deletes finished tasks; give it at least the retention of the
+// layer that answers retries (the middleware's Retention), or a retry
+// after the prune would make a new task.
 //
 // # Migrations
 //
@@ -56,5 +85,11 @@
 // (tenant, idempotency_key); version 2 builds the wide index
 // CONCURRENTLY, reads it back from pg_index (indisvalid AND indisready),
 // and only then drops the narrow one. Killed at any point, the table keeps
-// a valid unique index on the key, and a rerun finishes the job.
+// a valid unique index on the key, and a rerun finishes the job. Version 3
+// adds the trace and lost-policy columns, the cancelled state and the
+// cancel notification; version 4 validates v3's checks and builds the
+// claim index by kind and the finished-task index, CONCURRENTLY. The
+// migrating session's search_path is pinned to the schema it migrates,
+// and what a step drops is read back from that schema's catalog and named
+// by it, so a migration never touches another schema.
 package pgstore
