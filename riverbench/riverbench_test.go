@@ -2,13 +2,16 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"testing"
 	"time"
 
 	"github.com/idemgate/idemgate/internal/testenv"
+	"github.com/idemgate/idemgate/pgstore"
 )
 
 // TestMain lets the test binary be its own worker process, as the
@@ -141,6 +144,74 @@ func TestWithDatabase(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := withDatabase(tt.given, "x"); got != tt.want {
 				t.Errorf("withDatabase(%q) = %q, want %q", tt.given, got, tt.want)
+			}
+		})
+	}
+}
+
+// The shapes SubmitMany may have, for TestSubmitManyOf.
+type (
+	fakeResult struct {
+		Task pgstore.Task
+		Err  error
+	}
+	manyOK      struct{ results []fakeResult }
+	manyErr     struct{}
+	manyWrongIn struct{}
+	manyNoErr   struct{}
+	manyNone    struct{}
+)
+
+func (f manyOK) SubmitMany(_ context.Context, ts []pgstore.NewTask) ([]fakeResult, error) {
+	return f.results, nil
+}
+
+func (manyErr) SubmitMany(context.Context, []pgstore.NewTask) ([]fakeResult, error) {
+	return nil, errors.New("database down")
+}
+
+func (manyWrongIn) SubmitMany(context.Context, []string) ([]fakeResult, error) { return nil, nil }
+
+func (manyNoErr) SubmitMany(context.Context, []pgstore.NewTask) ([]pgstore.Task, error) {
+	return nil, nil
+}
+
+// TestSubmitManyOf checks the reflective call that the batch row makes once
+// pgstore has SubmitMany: the shape check, and that a short result list, a
+// call error and an item's error all fail the batch.
+func TestSubmitManyOf(t *testing.T) {
+	tasks := []pgstore.NewTask{newTask("a"), newTask("b")}
+	tests := []struct {
+		name      string
+		given     any
+		wantFound bool
+		wantErr   string // "" for none
+	}{
+		{name: "all stored", given: manyOK{results: []fakeResult{{}, {}}}, wantFound: true},
+		{name: "item conflict", given: manyOK{results: []fakeResult{{}, {Err: pgstore.ErrConflict}}}, wantFound: true,
+			wantErr: "SubmitMany item 1: " + pgstore.ErrConflict.Error()},
+		{name: "short", given: manyOK{results: []fakeResult{{}}}, wantFound: true,
+			wantErr: "SubmitMany returned 1 results for 2 tasks"},
+		{name: "call error", given: manyErr{}, wantFound: true, wantErr: "database down"},
+		{name: "other input", given: manyWrongIn{}},
+		{name: "results without Err", given: manyNoErr{}},
+		{name: "no method", given: manyNone{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, found := submitManyOf(reflect.ValueOf(tt.given))
+			if found != tt.wantFound {
+				t.Fatalf("found = %v, want %v", found, tt.wantFound)
+			}
+			if !found {
+				return
+			}
+			err := callSubmitMany(context.Background(), m, tasks)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Errorf("err = %v, want nil", err)
+			case tt.wantErr != "" && (err == nil || err.Error() != tt.wantErr):
+				t.Errorf("err = %v, want %q", err, tt.wantErr)
 			}
 		})
 	}

@@ -159,10 +159,54 @@ func (q *pgstoreQueue) submit(ctx context.Context, key string) (bool, error) {
 // when the package has it, else with Submit in a loop inside one
 // transaction (SubmitTx).
 func batchMode() string {
-	if _, ok := reflect.TypeFor[*pgstore.Store]().MethodByName("SubmitMany"); ok {
+	v := reflect.ValueOf((*pgstore.Store)(nil))
+	if _, ok := submitManyOf(v); ok {
 		return "SubmitMany"
 	}
+	if v.MethodByName("SubmitMany").IsValid() {
+		return "SubmitTx loop in one transaction (SubmitMany has an unexpected signature)"
+	}
 	return "SubmitTx loop in one transaction (no SubmitMany yet)"
+}
+
+// submitManyOf returns v's SubmitMany method if it has the shape pgstore's
+// will have: func(context.Context, []pgstore.NewTask) ([]R, error), where
+// R is a struct with an Err error field. It is found through reflection so
+// that this module builds before and after pgstore gains it.
+func submitManyOf(v reflect.Value) (reflect.Value, bool) {
+	m := v.MethodByName("SubmitMany")
+	if !m.IsValid() {
+		return reflect.Value{}, false
+	}
+	t := m.Type()
+	errType := reflect.TypeFor[error]()
+	if t.NumIn() != 2 || t.In(0) != reflect.TypeFor[context.Context]() || t.In(1) != reflect.TypeFor[[]pgstore.NewTask]() ||
+		t.NumOut() != 2 || t.Out(1) != errType || t.Out(0).Kind() != reflect.Slice || t.Out(0).Elem().Kind() != reflect.Struct {
+		return reflect.Value{}, false
+	}
+	if f, ok := t.Out(0).Elem().FieldByName("Err"); !ok || f.Type != errType {
+		return reflect.Value{}, false
+	}
+	return m, true
+}
+
+// callSubmitMany calls a method found by submitManyOf and checks that it
+// returned one result per task and no error for any of them.
+func callSubmitMany(ctx context.Context, m reflect.Value, tasks []pgstore.NewTask) error {
+	out := m.Call([]reflect.Value{reflect.ValueOf(ctx), reflect.ValueOf(tasks)})
+	if err, _ := out[1].Interface().(error); err != nil {
+		return err
+	}
+	res := out[0]
+	if res.Len() != len(tasks) {
+		return fmt.Errorf("SubmitMany returned %d results for %d tasks", res.Len(), len(tasks))
+	}
+	for i := range res.Len() {
+		if err, _ := res.Index(i).FieldByName("Err").Interface().(error); err != nil {
+			return fmt.Errorf("SubmitMany item %d: %w", i, err)
+		}
+	}
+	return nil
 }
 
 func (q *pgstoreQueue) submitMany(ctx context.Context, keys []string) error {
@@ -170,24 +214,8 @@ func (q *pgstoreQueue) submitMany(ctx context.Context, keys []string) error {
 	for i, k := range keys {
 		tasks[i] = newTask(k)
 	}
-	// SubmitMany is called through reflection so that this module builds
-	// before and after pgstore gains it: func(ctx, []NewTask)
-	// ([]SubmitResult, error), SubmitResult{Task; Err}.
-	if m := reflect.ValueOf(q.store).MethodByName("SubmitMany"); m.IsValid() {
-		out := m.Call([]reflect.Value{reflect.ValueOf(ctx), reflect.ValueOf(tasks)})
-		if err, _ := out[1].Interface().(error); err != nil {
-			return err
-		}
-		res := out[0]
-		if res.Len() != len(keys) {
-			return fmt.Errorf("SubmitMany returned %d results for %d tasks", res.Len(), len(keys))
-		}
-		for i := range res.Len() {
-			if err, _ := res.Index(i).FieldByName("Err").Interface().(error); err != nil {
-				return fmt.Errorf("SubmitMany item %d: %w", i, err)
-			}
-		}
-		return nil
+	if m, ok := submitManyOf(reflect.ValueOf(q.store)); ok {
+		return callSubmitMany(ctx, m, tasks)
 	}
 	return pgx.BeginFunc(ctx, q.pool, func(tx pgx.Tx) error {
 		for _, t := range tasks {
