@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -51,6 +52,11 @@ func main() {
 }
 
 func run(ctx context.Context, quick, stmts bool, profileDir string, rows []string) error {
+	for _, row := range rows {
+		if !slices.Contains(strings.Split(allRowNames, ","), row) {
+			return fmt.Errorf("unknown row %q (rows: %s)", row, allRowNames)
+		}
+	}
 	size := fullSizes()
 	if quick {
 		size = quickSizes()

@@ -86,9 +86,17 @@ func newResults() *results {
 		rounds: map[string]map[string][]float64{}, trips: map[string]map[string]tripCount{}}
 }
 
-// add records a round of row on sys: tasks done in elapsed, with submit
-// and worker round trips.
-func (r *results) add(row, sys string, tasks int, elapsed time.Duration, submit, worker int64, cpu, server time.Duration) {
+// round is what one round of a row measured on one system.
+type round struct {
+	tasks          int
+	elapsed        time.Duration
+	submit, worker int64         // round trips of the inserting side and the worker processes
+	workerCPU      time.Duration // of the worker processes, start to exit
+	serverCPU      time.Duration // of the PostgreSQL server, while timed
+}
+
+// add records a round of row on sys.
+func (r *results) add(row, sys string, m round) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.rates[row] == nil {
@@ -97,17 +105,17 @@ func (r *results) add(row, sys string, tasks int, elapsed time.Duration, submit,
 		r.trips[row] = map[string]tripCount{}
 	}
 	tr := r.trips[row][sys]
-	tr.submit += submit
-	tr.worker += worker
-	tr.tasks += tasks
-	tr.workerCPU += cpu
-	tr.serverCPU += server
+	tr.submit += m.submit
+	tr.worker += m.worker
+	tr.tasks += m.tasks
+	tr.workerCPU += m.workerCPU
+	tr.serverCPU += m.serverCPU
 	r.trips[row][sys] = tr
 	t := r.rates[row][sys]
-	t.tasks += tasks
-	t.elapsed += elapsed
+	t.tasks += m.tasks
+	t.elapsed += m.elapsed
 	r.rates[row][sys] = t
-	r.rounds[row][sys] = append(r.rounds[row][sys], rate{tasks, elapsed}.perSecond())
+	r.rounds[row][sys] = append(r.rounds[row][sys], rate{m.tasks, m.elapsed}.perSecond())
 }
 
 // bench runs the rows against the systems.
@@ -291,7 +299,7 @@ func (b *bench) insertNew(ctx context.Context, r int, sys string) error {
 	if err := checkCount(ctx, q, len(keys)); err != nil {
 		return err
 	}
-	b.res.add(rowInsert, sys, len(keys), d, rt, 0, 0, server)
+	b.res.add(rowInsert, sys, round{tasks: len(keys), elapsed: d, submit: rt, serverCPU: server})
 	b.logf("insert    round %d %-13s %8.0f tasks/s", r, sys, rate{len(keys), d}.perSecond())
 	return nil
 }
@@ -316,7 +324,7 @@ func (b *bench) insertDup(ctx context.Context, r int, sys string) error {
 	if err := checkCount(ctx, q, len(keys)); err != nil {
 		return err
 	}
-	b.res.add(rowDup, sys, len(keys), d, rt, 0, 0, server)
+	b.res.add(rowDup, sys, round{tasks: len(keys), elapsed: d, submit: rt, serverCPU: server})
 	b.logf("dup       round %d %-13s %8.0f tasks/s", r, sys, rate{len(keys), d}.perSecond())
 	return nil
 }
@@ -339,7 +347,7 @@ func (b *bench) batch(ctx context.Context, r int, sys string) error {
 	if err := checkCount(ctx, q, len(keys)); err != nil {
 		return err
 	}
-	b.res.add(rowBatch, sys, len(keys), d, rt, 0, 0, server)
+	b.res.add(rowBatch, sys, round{tasks: len(keys), elapsed: d, submit: rt, serverCPU: server})
 	b.logf("batch     round %d %-13s %8.0f tasks/s", r, sys, rate{len(keys), d}.perSecond())
 	return nil
 }
@@ -414,13 +422,22 @@ func (b *bench) work(ctx context.Context, r int, sys string, procs int, backlog 
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%d of %d tasks completed after %v", done, n, time.Since(start))
 		}
-		if !sleep(ctx, 5*time.Millisecond) {
+		select {
+		case err := <-submitted:
+			if err != nil {
+				return err
+			}
+			submitted = nil // all in; wait for the rest to complete
+		case <-time.After(5 * time.Millisecond):
+		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
 	d, server := time.Since(start), cpu()
-	if err := <-submitted; err != nil {
-		return err
+	if submitted != nil {
+		if err := <-submitted; err != nil {
+			return err
+		}
 	}
 	submitTrips := q.trips() - before - polls
 	total, _, retried, err := q.finished(ctx)
@@ -440,7 +457,8 @@ func (b *bench) work(ctx context.Context, r int, sys string, procs int, backlog 
 		workerCPU += w.cpu
 	}
 	workers = nil
-	b.res.add(row, sys, n, d, submitTrips, workerTrips, workerCPU, server)
+	b.res.add(row, sys, round{tasks: n, elapsed: d, submit: submitTrips, worker: workerTrips,
+		workerCPU: workerCPU, serverCPU: server})
 	b.logf("%s   round %d %-13s %8.0f tasks/s", label, r, sys, rate{n, d}.perSecond())
 	return nil
 }
