@@ -40,6 +40,8 @@ type workload struct {
 	// patience is the HTTP timeout of one request.
 	patience time.Duration
 
+	transport *http.Transport
+
 	mu      sync.Mutex
 	nextID  int
 	created map[string][]string // identity → task ids it was given, for snooping
@@ -54,14 +56,26 @@ type actionCtx struct {
 type actionKey struct{}
 
 // run starts the clients and waits until each has finished its last action.
-func (w *workload) run(ctx context.Context) {
+func (w *workload) run(ctx context.Context) error {
 	w.created = map[string][]string{}
+	// One connection pool for every client, loopback only, sized so that
+	// keep-alive connections are reused (and meet restarted nodes).
+	w.transport = &http.Transport{MaxIdleConnsPerHost: w.clients, IdleConnTimeout: 30 * time.Second}
+	defer w.transport.CloseIdleConnections()
+	players := make([]*player, w.clients)
+	for i := range players {
+		var err error
+		if players[i], err = w.newPlayer(i); err != nil {
+			return err
+		}
+	}
 	var wg sync.WaitGroup
-	for i := range w.clients {
+	for _, p := range players {
 		wg.Add(1)
-		go func() { defer wg.Done(); w.client(ctx, i) }()
+		go func() { defer wg.Done(); p.run(ctx) }()
 	}
 	wg.Wait()
+	return nil
 }
 
 // player is one client: an identity, a client per API node, a random source.
@@ -87,23 +101,29 @@ type pastAction struct {
 	req client.ImageRequest
 }
 
-func (w *workload) client(ctx context.Context, n int) {
+// newPlayer makes client n: its identity, token and a client per node.
+func (w *workload) newPlayer(n int) (*player, error) {
 	ident := n % (len(tenants) * len(users))
 	p := &player{w: w, n: n, tenant: tenants[ident/len(users)], user: users[ident%len(users)],
 		slot: n / (len(tenants) * len(users)), rng: rand.New(rand.NewPCG(uint64(w.seed), uint64(n)))}
 	tok, err := mintToken(w.secret, p.tenant, p.user)
 	if err != nil {
-		panic(err) // HS256 signing of a fixed claim set cannot fail
+		return nil, fmt.Errorf("chaos: token for client %d: %w", n, err)
 	}
 	p.token = tok
-	p.http = &http.Client{Timeout: w.patience, Transport: &recording{rec: w.rec, base: http.DefaultTransport}}
+	p.http = &http.Client{Timeout: w.patience, Transport: &recording{rec: w.rec, base: w.transport}}
 	for _, u := range w.nodes {
 		p.cl = append(p.cl, client.New(client.Config{
 			BaseURL: u, Token: tok, HTTPClient: p.http,
 			MaxAttempts: 4, MinBackoff: 50 * time.Millisecond, MaxBackoff: time.Second,
 		}))
 	}
-	for time.Now().Before(w.stopNew) && ctx.Err() == nil {
+	return p, nil
+}
+
+// run plays actions until the workload stops starting new ones.
+func (p *player) run(ctx context.Context) {
+	for time.Now().Before(p.w.stopNew) && ctx.Err() == nil {
 		p.round++
 		if len(p.past) > 0 && p.rng.IntN(4) == 0 {
 			p.revisit(ctx)

@@ -255,13 +255,16 @@ func soak(ctx context.Context, o options, logf func(string, ...any)) (History, s
 	nem := &nemesis{sys: sys, rec: rec, rng: rand.New(rand.NewPCG(uint64(o.seed), 0x6e656d)), kinds: kinds, log: logf, flush: flush}
 
 	logf("seed %d: %d clients, faults for %v (%s), then %v to finish", o.seed, o.clients, o.duration, o.faults, o.bound)
-	clientsDone := make(chan struct{})
-	go func() { defer close(clientsDone); w.run(ctx) }()
+	clientsDone := make(chan error, 1)
+	go func() { clientsDone <- w.run(ctx) }()
 	nem.run(ctx, heal)
 	meta.Heal = time.Now()
 	logf("healed; waiting for the clients")
 	select {
-	case <-clientsDone:
+	case err := <-clientsDone:
+		if err != nil {
+			return History{}, sys.dir, err
+		}
 	case <-ctx.Done():
 		return History{}, sys.dir, ctx.Err()
 	}
