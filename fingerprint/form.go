@@ -313,6 +313,7 @@ func (st *state) sumForm(mediaType string, f form) (Fingerprint, error) {
 		b = appendHeader(st.out[:0], mediaType, 'F')
 		b = binary.AppendUvarint(b, uint64(len(st.prog.fields)))
 		for _, ptr := range st.prog.fields {
+			st.segs = append(st.segs, len(b))
 			b = appendStr(b, ptr)
 			var ff *formField
 			if name, ok := singleName(ptr); ok {
@@ -320,6 +321,7 @@ func (st *state) sumForm(mediaType string, f form) (Fingerprint, error) {
 			}
 			b = appendValues(b, ff)
 		}
+		st.segBuf = b
 	}
 	st.out = b
 	return st.finish(b), nil

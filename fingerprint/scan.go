@@ -97,6 +97,12 @@ type state struct {
 	sel    []byte // canonical values of selected fields
 	selVal []span // per field slot; start < 0 when absent
 	kinds  []byte // kinds[d-1]: kind of the open container at depth d, while pointers match
+
+	// segs[slot] is where each selected field's part of the hash input
+	// starts in segBuf, for SumRequestFields; empty unless the last sum
+	// selected fields one by one.
+	segs   []int
+	segBuf []byte
 }
 
 var statePool = sync.Pool{New: func() any { return new(state) }}
@@ -109,6 +115,7 @@ const maxPooled = 16 << 20
 func getState() *state {
 	s := statePool.Get().(*state)
 	s.prog.reset()
+	s.segs, s.segBuf = s.segs[:0], nil
 	return s
 }
 
