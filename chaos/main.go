@@ -17,6 +17,10 @@
 // flushes. When the fault window ends everything is healed, the clients
 // finish their last action within -bound, and the checker reads the history.
 // Every child process dies with the tool (Pdeathsig).
+//
+// Exit status: 0 when every invariant holds, 1 when one is violated (the run
+// directory with the history and the processes' logs is kept and named), 2
+// when the run could not be made.
 package main
 
 import (
