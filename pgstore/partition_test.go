@@ -11,32 +11,62 @@ import (
 
 // TestPartitionedWorkerMakesOneUpstreamCall runs two workers, each on a
 // pool of its own behind a TCP proxy, and freezes the proxy of the one
-// running the task mid-attempt. The frozen worker's handler must be
-// cancelled (by its own clock) before the other worker may take the
-// task, and the upstream is called once.
+// running the task mid-attempt (its heartbeats, its listener, every new
+// connection: all silent, nothing reset). The frozen worker's handler
+// must be cancelled by its own clock, because it can no longer confirm
+// its lease, before the other worker may take the task; with the
+// uncertain policy the other worker reconciles instead of calling the
+// upstream again, so the upstream is called once. With the retry policy
+// the other worker runs the task again, as that policy asks, but still
+// only after the frozen attempt was cancelled.
 func TestPartitionedWorkerMakesOneUpstreamCall(t *testing.T) {
 	t.Parallel()
+	tests := []struct {
+		name          string
+		lost          LostPolicy
+		wantUpstream  int64
+		wantReconcile bool
+	}{
+		{name: "uncertain + reconcile: one upstream call", lost: LostUncertain, wantUpstream: 1, wantReconcile: true},
+		{name: "retry: run again, after the cut-off attempt stopped", lost: LostRetry, wantUpstream: 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			testPartition(t, tt.lost, tt.wantUpstream, tt.wantReconcile)
+		})
+	}
+}
+
+func testPartition(t *testing.T, lost LostPolicy, wantUpstream int64, wantReconcile bool) {
 	s, db := setup(t)
 	var (
 		upstream    atomic.Int64 // upstream calls made
-		cancelledAt atomic.Int64 // wall clock (ns) when the first attempt's context ended
+		reconciled  atomic.Int64
+		cancelledAt atomic.Int64 // wall clock (ns) when the frozen attempt's context ended
+		cause       = make(chan error, 1)
 		entered     = make(chan int, 2)
 	)
 	handler := func(worker int) Handler {
 		return func(ctx context.Context, t Task) Outcome {
 			upstream.Add(1)
 			entered <- worker
+			if worker == 1 {
+				return Succeeded(json.RawMessage(`"ran again"`))
+			}
 			<-ctx.Done()
-			cancelledAt.CompareAndSwap(0, time.Now().UnixNano())
+			cancelledAt.Store(time.Now().UnixNano())
+			cause <- context.Cause(ctx)
 			return Retry(0, context.Cause(ctx))
 		}
 	}
 	cfg := func(worker int) WorkerConfig {
 		return WorkerConfig{Name: []string{"a", "b"}[worker], Lease: 2 * time.Second, Heartbeat: 400 * time.Millisecond,
-			ReconcileInterval: 100 * time.Millisecond, Policies: map[string]KindPolicy{"image": {Lost: LostUncertain}},
+			ReconcileInterval: 100 * time.Millisecond, Policies: map[string]KindPolicy{"image": {Lost: lost}},
 			RescueInterval: 100 * time.Millisecond, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond,
 			ShutdownTimeout: 200 * time.Millisecond, Handler: handler(worker),
 			Reconcile: func(ctx context.Context, t Task) Outcome {
+				reconciled.Add(1)
 				if upstream.Load() > 0 { // the stand-in upstream knows it ran
 					return Succeeded(json.RawMessage(`"reconciled"`))
 				}
@@ -68,20 +98,27 @@ CREATE TRIGGER left_running AFTER UPDATE ON idemgate_tasks FOR EACH ROW
 	proxies[0].freeze()
 	runWorker(t, newWorker(t, pools[1], cfg(1)))
 
-	waitFor(t, func() bool {
-		st := state(t, s, task.ID)
-		return st == StateSucceeded || st == StateFailed || upstream.Load() > 1
-	})
-	if n := upstream.Load(); n != 1 {
-		t.Fatalf("the upstream was called %d times; want once", n)
+	waitState(t, s, task.ID, StateSucceeded)
+	if n := upstream.Load(); n != wantUpstream {
+		t.Fatalf("the upstream was called %d times; want %d", n, wantUpstream)
+	}
+	if got := reconciled.Load() > 0; got != wantReconcile {
+		t.Fatalf("reconciled: %v; want %v", got, wantReconcile)
+	}
+	select {
+	case err := <-cause:
+		if !errors.Is(err, errLeaseExpired) {
+			t.Fatalf("the frozen attempt's context ended by %v; want its own lease deadline", err)
+		}
+	default:
+		t.Fatal("the frozen attempt's context was never cancelled")
 	}
 	// When was the task taken from a, by the database's clock (one host)?
 	var takenAt time.Time
 	if err := s.pool.QueryRow(context.Background(), `SELECT min(at) FROM idemgate_test_transitions WHERE id = $1::uuid`, task.ID).Scan(&takenAt); err != nil {
 		t.Fatal(err)
 	}
-	c := cancelledAt.Load()
-	if c == 0 || !time.Unix(0, c).Before(takenAt) {
-		t.Fatalf("a's handler was cancelled at %v, the task taken from it at %v; want cancelled first", time.Unix(0, c), takenAt)
+	if c := time.Unix(0, cancelledAt.Load()); !c.Before(takenAt) {
+		t.Fatalf("a's handler was cancelled at %v, the task taken from it at %v; want cancelled first", c, takenAt)
 	}
 }
