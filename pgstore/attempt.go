@@ -113,6 +113,19 @@ func (as *attempts) ids() []string {
 	return out
 }
 
+// reconciling returns the running Reconcile attempts.
+func (as *attempts) reconciling() []*attempt {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	var out []*attempt
+	for _, a := range as.m {
+		if a.from == StateUncertain {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
 // leased returns the attempts whose lease the heartbeat keeps: running,
 // not yet settled, context not ended.
 func (as *attempts) leased() []*attempt {

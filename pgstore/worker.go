@@ -423,8 +423,13 @@ func (w *Worker) reconcile(ctx, base context.Context) error {
 }
 
 // releaseAll hands the tasks of running handlers back, by their kind's
-// Lost policy, and cancels the handlers.
+// Lost policy, and cancels the handlers; it cancels running Reconciles,
+// whose tasks stay uncertain for another worker to reconcile once their
+// claim has lapsed.
 func (w *Worker) releaseAll(ctx context.Context) {
+	for _, a := range w.attempts.reconciling() {
+		a.cancel(errShutdown)
+	}
 	for _, a := range w.attempts.leased() {
 		// Release before cancelling: a handler that returns the moment it
 		// is cancelled must find its task gone, not overwrite the release.
