@@ -2,10 +2,10 @@ package middleware
 
 import (
 	"context"
-	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,23 +16,35 @@ import (
 // RedisStore is a Store on Redis: a single server, Sentinel or Cluster,
 // through redis.UniversalClient.
 //
-// Each record is one string under the key itself. A claimed record is
+// Each record is one string under one key. A key derived by keyspace,
+// idem:<tenant>:<kind>:<hex owner>:<hex request>, is stored compact as
 //
-//	'C' token(16 bytes) ident
+//	idem:<tenant>:<kind>:{}<owner digest, 16 bytes><request digest, 16 bytes>
 //
-// and a finished one
+// (the first 128 bits of each SHA-256, raw; the empty hash tag "{}" makes
+// Redis Cluster hash the whole key whatever bytes the digests hold); any
+// other key is used as given. The record is binary and versioned (see
+// record.go): the fencing token, the fingerprint's raw digest, the owner
+// and kind only when the key does not already name them, the selected
+// fields' digests, and once finished the response. A finished record keeps
+// the token so that a resent Complete can tell that it already succeeded:
+// go-redis resends a command after a read timeout, and every step must
+// give the same answer when it runs twice.
 //
-//	'F' token(16 bytes) ident response
+// Claim is one native command, SET key claim NX PX lease GET (Redis ≥ 7.0):
+// it creates the claim or returns the record that holds the key, and the
+// fingerprint, owner and kind are compared here, in Go. The stored response
+// reaches this process on a mismatch, never the client. A running holder
+// costs one more round trip (PTTL, for Retry-After). On Redis before 7.0,
+// which refuses SET NX GET, the store notices the first refusal and claims
+// with an equivalent script from then on. Extend, Complete and Release are
+// one Lua script each (EVALSHA, falling back to EVAL), each a
+// compare-and-set on the token. Every command touches one key, so Redis
+// Cluster needs no hash tags and never answers CROSSSLOT. A claimed record
+// expires with its lease, a finished one after the retention.
 //
-// where ident frames fingerprint, owner and kind, each prefixed with its
-// length (so comparing ident byte for byte compares all three ordinally)
-// and response is the encoded status, headers and body. The finished record
-// keeps the token so that a resent Complete can tell that it already
-// succeeded: go-redis resends a command after a read timeout, and every
-// script must give the same answer when it runs twice. Every transition is
-// one Lua script touching only that key, so Redis Cluster needs no hash tags
-// and never answers CROSSSLOT. A claimed record expires with its lease, a
-// finished one after the retention: nothing lives forever.
+// Records written by earlier versions (a version 1 record under a key that
+// is not a keyspace key) still replay, conflict, and can be completed.
 //
 // Round trips: a miss costs two (claim, complete), a replay one, a conflict
 // one, plus one extend per Lease/3 of handler time.
@@ -41,6 +53,8 @@ type RedisStore struct {
 	// The millisecond arguments of the last lease and retention, boxed once:
 	// they rarely change, and boxing an int64 per call allocates.
 	lease, retention atomic.Pointer[msArg]
+	// noSetGet is set once the server refused SET NX GET (Redis < 7.0).
+	noSetGet atomic.Bool
 }
 
 type msArg struct {
@@ -56,93 +70,158 @@ func NewRedisStore(client redis.UniversalClient) *RedisStore {
 	return &RedisStore{client: client}
 }
 
-// The claim script takes the claimed record to create (ARGV[1] = 'C' token
-// ident) and the lease in milliseconds. It returns -1 when it claimed the
-// key (or already holds it with the same token: a resent claim), -2 on a
-// mismatch, the milliseconds left on the lease (>= 0) when the record is
-// running, and the encoded response when finished. The comparison happens
-// here, inside Redis, so a mismatching caller never receives the stored
-// response.
+// claimScript does what SET KEYS[1] ARGV[1] NX PX ARGV[2] GET does on
+// Redis ≥ 7.0, for older servers.
 var claimScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
-if not v then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return -1
-end
-if string.sub(v, 1, 17) == string.sub(ARGV[1], 1, 17) then
-  return -1
-end
-local id = string.sub(ARGV[1], 18)
-if string.sub(v, 18, 17 + #id) ~= id then
-  return -2
-end
-if string.byte(v, 1) == 67 then
-  local ttl = redis.call('PTTL', KEYS[1])
-  if ttl < 0 then ttl = 0 end
-  return ttl
-end
-return string.sub(v, 18 + #id)
+if v then return v end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return false
 `)
 
-// The fenced scripts take ARGV[1] = 'C' token (plus the response, for
-// complete) and act only if the record is still claimed with that token.
+// The fenced scripts take ARGV[1] = 0x02 'C' token (plus the response, for
+// complete) and act only if the record is still claimed with that token,
+// in version 2 or version 1 ('C' token) form. Only the head is read.
 var extendScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if not v or string.sub(v, 1, 17) ~= ARGV[1] then return 0 end
+local h = redis.call('GETRANGE', KEYS[1], 0, 17)
+if h ~= ARGV[1] and string.sub(h, 1, 17) ~= string.sub(ARGV[1], 2) then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 `)
 
-// A record already finished with the caller's token means a resent
-// complete whose first run succeeded: it answers 1 and changes nothing.
-var completeScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if not v then return 0 end
-local head = string.sub(v, 1, 17)
-if head == 'F' .. string.sub(ARGV[1], 2, 17) then return 1 end
-if head ~= string.sub(ARGV[1], 1, 17) then return 0 end
-redis.call('SET', KEYS[1], 'F' .. string.sub(v, 2) .. string.sub(ARGV[1], 18), 'PX', ARGV[2])
-return 1
-`)
-
 var releaseScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if not v or string.sub(v, 1, 17) ~= ARGV[1] then return 0 end
+local h = redis.call('GETRANGE', KEYS[1], 0, 17)
+if h ~= ARGV[1] and string.sub(h, 1, 17) ~= string.sub(ARGV[1], 2) then return 0 end
 redis.call('DEL', KEYS[1])
 return 1
 `)
 
+// completeScript turns the claim into a finished record: 'F' for 'C', the
+// response appended. A record already finished with the caller's token
+// means a resent complete whose first run succeeded: it answers 1 and
+// changes nothing.
+var completeScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local tok = string.sub(ARGV[1], 3, 18)
+local p = 1
+if string.byte(v, 1) == 2 then p = 2 end
+local h = string.sub(v, p, p + 16)
+if h == 'F' .. tok then return 1 end
+if h ~= 'C' .. tok then return 0 end
+redis.call('SET', KEYS[1], string.sub(v, 1, p - 1) .. 'F' .. string.sub(v, p + 1) .. string.sub(ARGV[1], 19), 'PX', ARGV[2])
+return 1
+`)
+
+// maxClaimTries bounds the claims of one Claim call when the running
+// holder's key vanishes between the claim and the PTTL (released or
+// expired): then the key is free, and the claim is tried again.
+const maxClaimTries = 3
+
 // Claim implements Store.
 func (s *RedisStore) Claim(ctx context.Context, key string, req ClaimRequest) (ClaimResult, error) {
+	k, implied := storeKey(key, req.Owner, req.Kind)
+	id := newIdent(req, implied)
 	rec := getArg()
-	rec.b = append(rec.b, 'C')
-	rec.b = append(rec.b, req.Token[:]...)
-	rec.b = appendString(rec.b, string(req.Fingerprint))
-	rec.b = appendString(rec.b, req.Owner)
-	rec.b = appendString(rec.b, req.Kind)
-	v, err := claimScript.Run(ctx, s.client, []string{key}, rec, s.millis(&s.lease, req.Lease)).Result()
-	putArg(rec)
-	if err != nil {
-		return ClaimResult{}, fmt.Errorf("idemgate: redis claim: %w", err)
-	}
-	switch v := v.(type) {
-	case int64:
-		switch {
-		case v == -1:
-			return ClaimResult{Status: Claimed}, nil
-		case v == -2:
-			return ClaimResult{Status: Mismatch}, nil
-		case v >= 0:
-			return ClaimResult{Status: Running, RetryAfter: time.Duration(v) * time.Millisecond}, nil
-		}
-	case string:
-		resp, err := decodeResponse(v)
+	defer putArg(rec)
+	rec.b = appendClaim(rec.b, req.Token, &id, req.Fields)
+	ms := s.millis(&s.lease, req.Lease)
+	for try := 1; ; try++ {
+		v, held, err := s.claim(ctx, k, rec, ms)
 		if err != nil {
 			return ClaimResult{}, fmt.Errorf("idemgate: redis claim: %w", err)
 		}
-		return ClaimResult{Status: Finished, Response: resp}, nil
+		if !held {
+			return ClaimResult{Status: Claimed}, nil
+		}
+		r, err := parseRecord(v)
+		if err != nil {
+			return ClaimResult{}, fmt.Errorf("idemgate: redis claim: %w", err)
+		}
+		v1 := v[0] != recordV2
+		switch {
+		case !r.finished && r.token == string(req.Token[:]):
+			return ClaimResult{Status: Claimed}, nil // a resent claim
+		case !r.sameOwnerKind(&id, &req, v1):
+			return ClaimResult{Status: Mismatch}, nil
+		case !r.sameFingerprint(&id, &req, v1):
+			return ClaimResult{Status: Mismatch, Changed: r.changed(req.Fields)}, nil
+		case r.finished:
+			resp, err := decodeResponse(r.resp)
+			if err != nil {
+				return ClaimResult{}, fmt.Errorf("idemgate: redis claim: %w", err)
+			}
+			return ClaimResult{Status: Finished, Response: resp}, nil
+		}
+		left, err := s.client.PTTL(ctx, k).Result()
+		if err != nil {
+			return ClaimResult{}, fmt.Errorf("idemgate: redis claim: lease left: %w", err)
+		}
+		switch {
+		case left == -2 && try < maxClaimTries:
+			continue // gone since: claim again
+		case left < 0:
+			left = 0
+		}
+		return ClaimResult{Status: Running, RetryAfter: left}, nil
 	}
-	return ClaimResult{}, fmt.Errorf("idemgate: redis claim: unexpected reply %v", v)
+}
+
+// claim sets k to rec unless it exists, and returns the record that holds
+// it (held) or nothing (claimed).
+func (s *RedisStore) claim(ctx context.Context, k string, rec *scriptArg, ms any) (v string, held bool, err error) {
+	if !s.noSetGet.Load() {
+		cmd := redis.NewStringCmd(ctx, "set", k, rec, "nx", "px", ms, "get")
+		_ = s.client.Process(ctx, cmd)
+		v, err = cmd.Result()
+		switch {
+		case err == nil:
+			return v, true, nil
+		case errors.Is(err, redis.Nil):
+			return "", false, nil
+		case !refusesSetNXGet(err):
+			return "", false, err
+		}
+		s.noSetGet.Store(true)
+	}
+	v, err = claimScript.Run(ctx, s.client, []string{k}, rec, ms).Text()
+	switch {
+	case err == nil:
+		return v, true, nil
+	case errors.Is(err, redis.Nil):
+		return "", false, nil
+	}
+	return "", false, err
+}
+
+// refusesSetNXGet reports the answer of a Redis before 7.0 to SET … NX …
+// GET: "ERR syntax error" (6.2 refuses NX with GET, older ones GET).
+func refusesSetNXGet(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && strings.Contains(rerr.Error(), "syntax error")
+}
+
+// storeKey returns the key a record is stored under: a keyspace key
+// compacted (see RedisStore), anything else as given. implied reports that
+// the key is a keyspace key naming owner and kind.
+func storeKey(key, owner, kind string) (k string, implied bool) {
+	const digest = 64
+	n := len(key)
+	if n < len("idem:a:b:")+2*digest+1 || key[n-digest-1] != ':' || key[n-2*digest-2] != ':' || key[:5] != "idem:" {
+		return key, false
+	}
+	o, r := key[n-2*digest-1:n-digest-1], key[n-digest:]
+	head := key[:n-2*digest-2] // idem:<tenant>:<kind>
+	colon := strings.IndexByte(head[5:], ':')
+	if colon < 0 || strings.IndexByte(head[5+colon+1:], ':') >= 0 || !isLowerHex(o) || !isLowerHex(r) {
+		return key, false
+	}
+	b := make([]byte, 0, len(head)+3+32)
+	b = append(b, head...)
+	b = append(b, ":{}"...)
+	b, _ = hex.AppendDecode(b, []byte(o[:32]))
+	b, _ = hex.AppendDecode(b, []byte(r[:32]))
+	return string(b), o == owner && head[5+colon+1:] == kind
 }
 
 // Extend implements Store.
@@ -160,23 +239,27 @@ func (s *RedisStore) Release(ctx context.Context, key string, token Token) error
 	return s.fenced(ctx, "release", releaseScript, key, token, nil, nil)
 }
 
-// fenced runs a compare-and-set script on 'C' token (followed by the
+// fenced runs a compare-and-set script on 0x02 'C' token (followed by the
 // encoded resp, if any) and ms, if not nil. The script answers 1 (done) or
 // 0 (the token no longer holds).
 func (s *RedisStore) fenced(ctx context.Context, op string, script *redis.Script, key string, token Token, resp *Response, ms any) error {
+	k, _ := storeKey(key, "", "")
 	arg := getArg()
-	arg.b = append(arg.b, 'C')
+	defer putArg(arg)
+	arg.b = append(arg.b, recordV2, 'C')
 	arg.b = append(arg.b, token[:]...)
 	if resp != nil {
-		arg.b = appendResponse(arg.b, *resp)
+		var err error
+		if arg.b, err = appendResponse(arg.b, *resp); err != nil {
+			return fmt.Errorf("idemgate: redis %s: %w", op, err)
+		}
 	}
 	var cmd *redis.Cmd
 	if ms != nil {
-		cmd = script.Run(ctx, s.client, []string{key}, arg, ms)
+		cmd = script.Run(ctx, s.client, []string{k}, arg, ms)
 	} else {
-		cmd = script.Run(ctx, s.client, []string{key}, arg)
+		cmd = script.Run(ctx, s.client, []string{k}, arg)
 	}
-	putArg(arg)
 	n, err := cmd.Int64()
 	if err != nil {
 		return fmt.Errorf("idemgate: redis %s: %w", op, err)
@@ -222,114 +305,4 @@ func putArg(a *scriptArg) {
 	if cap(a.b) <= maxPooledBlob {
 		argPool.Put(a)
 	}
-}
-
-// Stored response encoding, version 1:
-//
-//	0x01 uvarint(status) uvarint(#names)
-//	  { uvarint(len) name uvarint(#values) { uvarint(len) value } }
-//	body (the rest, byte for byte)
-const responseVersion = 1
-
-var errCorrupt = errors.New("corrupt stored response")
-
-// appendResponse appends the encoding of r to b.
-func appendResponse(b []byte, r Response) []byte {
-	b = append(b, responseVersion)
-	b = binary.AppendUvarint(b, uint64(r.Status))
-	b = binary.AppendUvarint(b, uint64(len(r.Header)))
-	for name, values := range r.Header {
-		b = appendString(b, name)
-		b = binary.AppendUvarint(b, uint64(len(values)))
-		for _, v := range values {
-			b = appendString(b, v)
-		}
-	}
-	return append(b, r.Body...)
-}
-
-func appendString(b []byte, s string) []byte {
-	b = binary.AppendUvarint(b, uint64(len(s)))
-	return append(b, s...)
-}
-
-// decodeResponse decodes an encoded response. Header names and values are
-// substrings of s, so decoding costs a map, one values slice and the body.
-func decodeResponse(s string) (Response, error) {
-	if len(s) == 0 || s[0] != responseVersion {
-		return Response{}, errCorrupt
-	}
-	d := decoder{s: s, i: 1}
-	status := d.uvarint()
-	names := d.uvarint()
-	if d.err || status > 999 || names > uint64(len(s)) {
-		return Response{}, errCorrupt
-	}
-	// First pass counts the values so that they share one backing array.
-	start, total := d.i, 0
-	for range names {
-		d.str()
-		n := d.uvarint()
-		if d.err || n > uint64(len(s)) {
-			return Response{}, errCorrupt
-		}
-		total += int(n)
-		for range n {
-			d.str()
-		}
-	}
-	if d.err {
-		return Response{}, errCorrupt
-	}
-	body := []byte(s[d.i:])
-	d.i = start
-	var header http.Header
-	if names > 0 {
-		header = make(http.Header, names)
-	}
-	all := make([]string, total)
-	for range names {
-		name := d.str()
-		n := int(d.uvarint())
-		for j := range n {
-			all[j] = d.str()
-		}
-		header[name], all = all[:n:n], all[n:]
-	}
-	return Response{Status: int(status), Header: header, Body: body}, nil
-}
-
-type decoder struct {
-	s   string
-	i   int
-	err bool
-}
-
-func (d *decoder) uvarint() uint64 {
-	var x uint64
-	for shift := uint(0); shift < 64; shift += 7 {
-		if d.i >= len(d.s) {
-			d.err = true
-			return 0
-		}
-		c := d.s[d.i]
-		d.i++
-		x |= uint64(c&0x7f) << shift
-		if c < 0x80 {
-			return x
-		}
-	}
-	d.err = true
-	return 0
-}
-
-func (d *decoder) str() string {
-	n := d.uvarint()
-	if d.err || n > uint64(len(d.s)-d.i) {
-		d.err = true
-		return ""
-	}
-	v := d.s[d.i : d.i+int(n)]
-	d.i += int(n)
-	return v
 }

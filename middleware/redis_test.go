@@ -2,7 +2,9 @@ package middleware_test
 
 import (
 	"context"
+	"crypto/rand"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -75,4 +77,73 @@ func TestRedisStoreCluster(t *testing.T) {
 	if len(nodes) < 2 {
 		t.Errorf("32 keys landed on %d node(s); the cluster test proves nothing", len(nodes))
 	}
+}
+
+// pre70 makes a client talk like Redis before 7.0: SET … NX … GET is sent
+// with an option the server does not know, so the server itself answers
+// "ERR syntax error", as Redis 6.2 does.
+type pre70 struct{ refused atomic.Int64 }
+
+func (p *pre70) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (p *pre70) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if cmd.Name() == "set" && len(args) > 0 && args[len(args)-1] == "get" {
+			args[len(args)-1] = "get-before-7.0"
+			p.refused.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (p *pre70) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestRedisStorePre70: a server that refuses SET NX GET is detected at the
+// first claim, once, and claims go through the script from then on; the
+// whole conformance suite holds.
+func TestRedisStorePre70(t *testing.T) {
+	t.Parallel()
+	t.Run("suite", func(t *testing.T) {
+		t.Parallel()
+		storetest.Run(t, func(t *testing.T) storetest.Harness {
+			mr := miniredis.RunT(t)
+			client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+			client.AddHook(&pre70{})
+			t.Cleanup(func() { client.Close() })
+			return storetest.Harness{Store: middleware.NewRedisStore(client), Advance: mr.FastForward, Lease: 30 * time.Second}
+		})
+	})
+	mr := miniredis.RunT(t)
+	for name, opts := range map[string]*redis.Options{"miniredis": {Addr: mr.Addr()}, "redis-server": testenv.Redis(t)} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			client := redis.NewClient(opts)
+			t.Cleanup(func() { client.Close() })
+			hook := &pre70{}
+			client.AddHook(hook)
+			s := middleware.NewRedisStore(client)
+			ctx := context.Background()
+			key := storetest.Key(t)
+			req := middleware.ClaimRequest{Fingerprint: "v1:x", Owner: "o", Kind: "k", Lease: time.Minute, Token: newToken()}
+			for i, want := range []middleware.ClaimStatus{middleware.Claimed, middleware.Claimed, middleware.Running} {
+				if i == 2 {
+					req.Token = newToken()
+				}
+				res, err := s.Claim(ctx, key, req)
+				if err != nil || res.Status != want {
+					t.Fatalf("claim %d = %v, %v; want %v", i, res.Status, err, want)
+				}
+			}
+			if n := hook.refused.Load(); n != 1 {
+				t.Errorf("SET NX GET sent %d times to a server that refuses it, want once", n)
+			}
+		})
+	}
+}
+
+func newToken() middleware.Token {
+	var t middleware.Token
+	_, _ = rand.Read(t[:])
+	return t
 }

@@ -42,8 +42,10 @@ type Store interface {
 	//
 	// If a live record exists, Claim compares its fingerprint, owner and
 	// kind with req's ordinally (byte for byte, ==). Any difference returns
-	// Mismatch, and the result must carry nothing of the stored record —
-	// ideally the store never even sends it to the caller. Otherwise it
+	// Mismatch, and the result must carry nothing of the stored response
+	// (the store may read it, but never returns it). A store that keeps
+	// req.Fields with the record sets Changed on a Mismatch whose owner and
+	// kind are the record's (only the fingerprint differs). Otherwise it
 	// returns Running (with the time left on the lease in RetryAfter) or
 	// Finished (with the stored Response).
 	Claim(ctx context.Context, key string, req ClaimRequest) (ClaimResult, error)
@@ -102,6 +104,12 @@ type ClaimRequest struct {
 	Lease time.Duration
 	// Token fences the claim.
 	Token Token
+	// Fields are short digests of the fingerprint's selected fields, one
+	// per pointer of Config.Fingerprint.Fields in that order, or nil. A
+	// store may keep them with the record to tell a later Mismatch which
+	// fields changed (ClaimResult.Changed); a store that does not ignores
+	// them.
+	Fields []fingerprint.FieldSum
 }
 
 // ClaimStatus is the outcome of Store.Claim.
@@ -138,6 +146,11 @@ type ClaimResult struct {
 	// RetryAfter is the time left on the holder's lease; set only when
 	// Status is Running (zero if the store cannot tell).
 	RetryAfter time.Duration
+	// Changed lists, on a Mismatch with the record's owner and kind, the
+	// indexes into ClaimRequest.Fields whose digests the record does not
+	// hold: the fields the client changed. nil when the store cannot tell
+	// (no Fields, on either side) and on every other status.
+	Changed []int
 }
 
 // Response is a stored response: replayed byte for byte.

@@ -11,11 +11,13 @@ import (
 	"errors"
 	"net/http"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/keyspace"
 	"github.com/idemgate/idemgate/middleware"
 )
 
@@ -31,11 +33,29 @@ type Harness struct {
 	Lease time.Duration
 }
 
-// Run runs every case, each on a fresh harness from newHarness.
+// keys makes the keys of one case, with the owner and kind a claim on them
+// carries.
+type keys func(t *testing.T) (key, owner, kind string)
+
+// keyKinds: every case runs on plain keys (any string) and on keys derived
+// by keyspace, whose owner and kind a store may take from the key.
+var keyKinds = []struct {
+	name string
+	keys keys
+}{
+	{"plain", func(t *testing.T) (string, string, string) { return Key(t), "owner-a", "image" }},
+	{"keyspace", func(t *testing.T) (string, string, string) {
+		k := KeyspaceKey(t)
+		return k.String(), k.Owner(), k.Kind()
+	}},
+}
+
+// Run runs every case, each on a fresh harness from newHarness, once with
+// plain keys and once with keyspace keys.
 func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 	cases := []struct {
 		name string
-		run  func(t *testing.T, h Harness)
+		run  func(t *testing.T, h Harness, k keys)
 	}{
 		{"ClaimThenRunning", testClaimThenRunning},
 		{"MismatchRunning", testMismatchRunning},
@@ -51,12 +71,15 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"CanceledContext", testCanceled},
 		{"ResentClaimAndComplete", testResent},
 		{"ReleaseAfterUnansweredClaim", testReleaseUnanswered},
+		{"ChangedFields", testChanged},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			tc.run(t, newHarness(t))
-		})
+	for _, kk := range keyKinds {
+		for _, tc := range cases {
+			t.Run(kk.name+"/"+tc.name, func(t *testing.T) {
+				t.Parallel()
+				tc.run(t, newHarness(t), kk.keys)
+			})
+		}
 	}
 }
 
@@ -69,17 +92,32 @@ func Key(t *testing.T) string {
 	return "idem:storetest:test:" + hex.EncodeToString(b[:])
 }
 
+// KeyspaceKey returns a fresh key derived by keyspace (tenant "storetest",
+// kind "image", a random user and request id).
+func KeyspaceKey(t *testing.T) keyspace.Key {
+	t.Helper()
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	k, err := keyspace.Derive("image", keyspace.Scope{Tenant: "storetest", User: "user-" + hex.EncodeToString(b[:8]), Request: "req-" + hex.EncodeToString(b[8:])})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
 func token() middleware.Token {
 	var tok middleware.Token
 	_, _ = rand.Read(tok[:])
 	return tok
 }
 
-func claimReq(h Harness) middleware.ClaimRequest {
-	return middleware.ClaimRequest{
+// newCase returns a fresh key and a claim on it.
+func newCase(t *testing.T, h Harness, k keys) (string, middleware.ClaimRequest) {
+	key, owner, kind := k(t)
+	return key, middleware.ClaimRequest{
 		Fingerprint: "v1:" + fingerprint.Fingerprint(hex.EncodeToString(make([]byte, 32))),
-		Owner:       "owner-a",
-		Kind:        "image",
+		Owner:       owner,
+		Kind:        kind,
 		Lease:       h.Lease,
 		Token:       token(),
 	}
@@ -116,8 +154,8 @@ func sampleResponse() middleware.Response {
 	}
 }
 
-func testClaimThenRunning(t *testing.T, h Harness) {
-	key, req := Key(t), claimReq(h)
+func testClaimThenRunning(t *testing.T, h Harness, k keys) {
+	key, req := newCase(t, h, k)
 	claim(t, h, key, req, middleware.Claimed)
 	again := req
 	again.Token = token()
@@ -141,13 +179,16 @@ func mismatches(req middleware.ClaimRequest) map[string]middleware.ClaimRequest 
 	owner.Owner = "owner-b"
 	out["owner"] = owner
 	ownerCase := req
-	ownerCase.Owner = "OWNER-A"
+	ownerCase.Owner = strings.ToUpper(req.Owner)
 	out["owner case"] = ownerCase
+	ownerPrefix := req
+	ownerPrefix.Owner = req.Owner[:len(req.Owner)-1]
+	out["owner prefix"] = ownerPrefix
 	kind := req
-	kind.Kind = "image2"
+	kind.Kind = req.Kind + "2"
 	out["kind"] = kind
 	kindPrefix := req
-	kindPrefix.Kind = "imag"
+	kindPrefix.Kind = req.Kind[:len(req.Kind)-1]
 	out["kind prefix"] = kindPrefix
 	for name, r := range out {
 		r.Token = token()
@@ -156,8 +197,8 @@ func mismatches(req middleware.ClaimRequest) map[string]middleware.ClaimRequest 
 	return out
 }
 
-func testMismatchRunning(t *testing.T, h Harness) {
-	key, req := Key(t), claimReq(h)
+func testMismatchRunning(t *testing.T, h Harness, k keys) {
+	key, req := newCase(t, h, k)
 	claim(t, h, key, req, middleware.Claimed)
 	for name, other := range mismatches(req) {
 		t.Run(name, func(t *testing.T) {
@@ -173,14 +214,14 @@ func testMismatchRunning(t *testing.T, h Harness) {
 	}
 }
 
-func testCompleteThenReplay(t *testing.T, h Harness) {
+func testCompleteThenReplay(t *testing.T, h Harness, k keys) {
 	for name, resp := range map[string]middleware.Response{
 		"sample":     sampleResponse(),
 		"empty body": {Status: http.StatusNoContent},
 		"big body":   {Status: 200, Header: http.Header{"Content-Type": {"application/octet-stream"}}, Body: bytes.Repeat([]byte{0, 1, 2, 0xff}, 64<<10)},
 	} {
 		t.Run(name, func(t *testing.T) {
-			key, req := Key(t), claimReq(h)
+			key, req := newCase(t, h, k)
 			claim(t, h, key, req, middleware.Claimed)
 			if err := h.Store.Complete(ctx(t), key, req.Token, resp, time.Hour); err != nil {
 				t.Fatalf("Complete: %v", err)
@@ -213,8 +254,8 @@ func trunc(b []byte) []byte {
 	return b
 }
 
-func testMismatchFinished(t *testing.T, h Harness) {
-	key, req := Key(t), claimReq(h)
+func testMismatchFinished(t *testing.T, h Harness, k keys) {
+	key, req := newCase(t, h, k)
 	claim(t, h, key, req, middleware.Claimed)
 	if err := h.Store.Complete(ctx(t), key, req.Token, sampleResponse(), time.Hour); err != nil {
 		t.Fatalf("Complete: %v", err)
@@ -229,8 +270,8 @@ func testMismatchFinished(t *testing.T, h Harness) {
 	}
 }
 
-func testRelease(t *testing.T, h Harness) {
-	key, req := Key(t), claimReq(h)
+func testRelease(t *testing.T, h Harness, k keys) {
+	key, req := newCase(t, h, k)
 	claim(t, h, key, req, middleware.Claimed)
 	if err := h.Store.Release(ctx(t), key, req.Token); err != nil {
 		t.Fatalf("Release: %v", err)
@@ -250,8 +291,8 @@ func testRelease(t *testing.T, h Harness) {
 // middleware releases with the token it sent, not knowing whether the
 // claim happened. If it did (even resent), the key is free again; if
 // another request holds the key, or a response is stored, nothing changes.
-func testReleaseUnanswered(t *testing.T, h Harness) {
-	key, req := Key(t), claimReq(h)
+func testReleaseUnanswered(t *testing.T, h Harness, k keys) {
+	key, req := newCase(t, h, k)
 	claim(t, h, key, req, middleware.Claimed)
 	claim(t, h, key, req, middleware.Claimed) // the client library resent it
 	if err := h.Store.Release(ctx(t), key, req.Token); err != nil {
@@ -281,8 +322,8 @@ func testReleaseUnanswered(t *testing.T, h Harness) {
 	claim(t, h, key, lost, middleware.Finished)
 }
 
-func testWrongToken(t *testing.T, h Harness) {
-	key, req := Key(t), claimReq(h)
+func testWrongToken(t *testing.T, h Harness, k keys) {
+	key, req := newCase(t, h, k)
 	claim(t, h, key, req, middleware.Claimed)
 	wrong := token()
 	if err := h.Store.Extend(ctx(t), key, wrong, h.Lease); !errors.Is(err, middleware.ErrLeaseLost) {
@@ -298,7 +339,7 @@ func testWrongToken(t *testing.T, h Harness) {
 	again.Token = token()
 	claim(t, h, key, again, middleware.Running)
 	// Operations on a key that never existed.
-	missing := Key(t)
+	missing, _ := newCase(t, h, k)
 	if err := h.Store.Extend(ctx(t), missing, wrong, h.Lease); !errors.Is(err, middleware.ErrLeaseLost) {
 		t.Errorf("Extend of a missing key = %v, want ErrLeaseLost", err)
 	}
@@ -309,8 +350,8 @@ func testWrongToken(t *testing.T, h Harness) {
 
 // testLeaseExpiry: an abandoned claim is claimable after its lease, and the
 // stale holder can neither complete nor release the new holder's claim.
-func testLeaseExpiry(t *testing.T, h Harness) {
-	key, stale := Key(t), claimReq(h)
+func testLeaseExpiry(t *testing.T, h Harness, k keys) {
+	key, stale := newCase(t, h, k)
 	claim(t, h, key, stale, middleware.Claimed)
 	h.Advance(h.Lease + h.Lease/2)
 	fresh := stale
@@ -342,8 +383,8 @@ func testLeaseExpiry(t *testing.T, h Harness) {
 // renewal has half a lease of slack (900 ms on a real server under the
 // default harness), and without renewals the claim would have expired half
 // a lease before the end.
-func testExtend(t *testing.T, h Harness) {
-	key, req := Key(t), claimReq(h)
+func testExtend(t *testing.T, h Harness, k keys) {
+	key, req := newCase(t, h, k)
 	req.Lease = 3 * h.Lease
 	claim(t, h, key, req, middleware.Claimed)
 	for range 3 {
@@ -360,8 +401,8 @@ func testExtend(t *testing.T, h Harness) {
 	}
 }
 
-func testRetention(t *testing.T, h Harness) {
-	key, req := Key(t), claimReq(h)
+func testRetention(t *testing.T, h Harness, k keys) {
+	key, req := newCase(t, h, k)
 	claim(t, h, key, req, middleware.Claimed)
 	retention := 2 * h.Lease
 	if err := h.Store.Complete(ctx(t), key, req.Token, sampleResponse(), retention); err != nil {
@@ -374,11 +415,11 @@ func testRetention(t *testing.T, h Harness) {
 	claim(t, h, key, again, middleware.Claimed)
 }
 
-func testIndependent(t *testing.T, h Harness) {
-	req := claimReq(h)
-	keys := []string{Key(t), Key(t), Key(t)}
-	for _, k := range keys {
-		claim(t, h, k, req, middleware.Claimed)
+func testIndependent(t *testing.T, h Harness, k keys) {
+	key0, req := newCase(t, h, k)
+	keys := []string{key0, keyLike(t, key0), keyLike(t, key0)}
+	for _, key := range keys {
+		claim(t, h, key, req, middleware.Claimed)
 	}
 	if err := h.Store.Complete(ctx(t), keys[0], req.Token, sampleResponse(), time.Hour); err != nil {
 		t.Fatal(err)
@@ -393,8 +434,8 @@ func testIndependent(t *testing.T, h Harness) {
 	claim(t, h, keys[2], again, middleware.Running)
 }
 
-func testConcurrentClaims(t *testing.T, h Harness) {
-	key, req := Key(t), claimReq(h)
+func testConcurrentClaims(t *testing.T, h Harness, k keys) {
+	key, req := newCase(t, h, k)
 	const n = 50
 	var (
 		wg       sync.WaitGroup
@@ -423,10 +464,11 @@ func testConcurrentClaims(t *testing.T, h Harness) {
 	}
 }
 
-func testCanceled(t *testing.T, h Harness) {
+func testCanceled(t *testing.T, h Harness, k keys) {
 	c, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := h.Store.Claim(c, Key(t), claimReq(h)); err == nil {
+	key, req := newCase(t, h, k)
+	if _, err := h.Store.Claim(c, key, req); err == nil {
 		t.Errorf("Claim with a canceled context succeeded")
 	}
 }
@@ -434,8 +476,8 @@ func testCanceled(t *testing.T, h Harness) {
 // testResent: a client library resends a call whose answer it lost (go-redis
 // does after a read timeout). A resent claim still holds the key, and a
 // resent complete whose first attempt succeeded is no lost lease.
-func testResent(t *testing.T, h Harness) {
-	key, req := Key(t), claimReq(h)
+func testResent(t *testing.T, h Harness, k keys) {
+	key, req := newCase(t, h, k)
 	claim(t, h, key, req, middleware.Claimed)
 	claim(t, h, key, req, middleware.Claimed)
 	other := req
@@ -466,5 +508,66 @@ func testResent(t *testing.T, h Harness) {
 		if res := claim(t, h, key, m, middleware.Mismatch); res.Response.Body != nil {
 			t.Errorf("%s: mismatch leaks the stored response", name)
 		}
+	}
+}
+
+// keyLike returns another key on which req's owner and kind are what they
+// are on key: a plain key, or the keyspace key of the same user and kind
+// with another request id.
+func keyLike(t *testing.T, key string) string {
+	t.Helper()
+	if n := len(key); n > 129 && key[n-65] == ':' {
+		var b [32]byte
+		_, _ = rand.Read(b[:])
+		return key[:n-64] + hex.EncodeToString(b[:])
+	}
+	return Key(t)
+}
+
+// testChanged: a store that keeps the fields' digests names the fields a
+// mismatching claim changed, only to the record's owner and kind, and
+// never with a Running or Finished answer.
+func testChanged(t *testing.T, h Harness, k keys) {
+	key, req := newCase(t, h, k)
+	req.Fields = []fingerprint.FieldSum{{1}, {2}, {3}}
+	claim(t, h, key, req, middleware.Claimed)
+
+	drift := mismatches(req)["fingerprint"]
+	drift.Fields = []fingerprint.FieldSum{{1}, {9}, {3}}
+	if got := claim(t, h, key, drift, middleware.Mismatch).Changed; !reflect.DeepEqual(got, []int{1}) {
+		t.Errorf("Changed = %v on a running record, want [1]", got)
+	}
+	if err := h.Store.Complete(ctx(t), key, req.Token, sampleResponse(), time.Hour); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	drift.Fields = []fingerprint.FieldSum{{8}, {2}, {3}, {7}}
+	if got := claim(t, h, key, drift, middleware.Mismatch).Changed; !reflect.DeepEqual(got, []int{0, 3}) {
+		t.Errorf("Changed = %v on a finished record, want [0 3]", got)
+	}
+	// Same fingerprint, other digests: a replay, nothing changed.
+	same := req
+	same.Token = token()
+	same.Fields = []fingerprint.FieldSum{{4}}
+	if res := claim(t, h, key, same, middleware.Finished); res.Changed != nil {
+		t.Errorf("a replay carries Changed %v", res.Changed)
+	}
+	// Another owner or kind learns nothing, not even which fields differ.
+	for name, m := range mismatches(req) {
+		if name == "fingerprint" {
+			continue
+		}
+		m.Fields = drift.Fields
+		m.Fingerprint = drift.Fingerprint
+		if res := claim(t, h, key, m, middleware.Mismatch); res.Changed != nil {
+			t.Errorf("%s: mismatch of owner or kind carries Changed %v", name, res.Changed)
+		}
+	}
+	// No digests on either side: nothing to tell.
+	key2, plain := newCase(t, h, k)
+	claim(t, h, key2, plain, middleware.Claimed)
+	drift = mismatches(plain)["fingerprint"]
+	drift.Fields = []fingerprint.FieldSum{{1}}
+	if res := claim(t, h, key2, drift, middleware.Mismatch); res.Changed != nil {
+		t.Errorf("Changed = %v against a record without digests", res.Changed)
 	}
 }

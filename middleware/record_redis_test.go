@@ -1,0 +1,238 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/internal/devserver"
+	"github.com/idemgate/idemgate/internal/testenv"
+	"github.com/idemgate/idemgate/keyspace"
+)
+
+// testKey returns a fresh key that is not a keyspace key: version 1
+// records live under the same key after the upgrade only there.
+func testKey() string { return "idem:recordtest:" + newToken().String() }
+
+// redisClients returns a miniredis client and a real redis-server client.
+func redisClients(t *testing.T) map[string]*redis.Client {
+	mr := miniredis.RunT(t)
+	out := map[string]*redis.Client{
+		"miniredis":    redis.NewClient(&redis.Options{Addr: mr.Addr()}),
+		"redis-server": redis.NewClient(testenv.Redis(t)),
+	}
+	for _, c := range out {
+		t.Cleanup(func() { c.Close() })
+	}
+	return out
+}
+
+// TestRedisV1Records: records the version 1 encoder wrote (before records
+// version 2) replay, conflict, run and complete across the upgrade.
+func TestRedisV1Records(t *testing.T) {
+	t.Parallel()
+	for name, client := range redisClients(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			s := NewRedisStore(client)
+			req := ClaimRequest{Fingerprint: "v1:" + fingerprint.Fingerprint(strings.Repeat("7", 64)), Owner: "owner-a", Kind: "image", Lease: time.Minute, Token: newToken()}
+			want := Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}}, Body: []byte("{\"id\":1}\x00\xff")}
+
+			// Finished under version 1: replay and conflict.
+			done := testKey()
+			if err := client.Set(ctx, done, v1Finished(req.Token, req, want), time.Hour).Err(); err != nil {
+				t.Fatal(err)
+			}
+			again := req
+			again.Token = newToken()
+			res, err := s.Claim(ctx, done, again)
+			if err != nil || res.Status != Finished {
+				t.Fatalf("Claim of a v1 finished record = %v, %v; want finished", res.Status, err)
+			}
+			sameResponse(t, res.Response, want)
+			for what, m := range map[string]ClaimRequest{
+				"fingerprint": {Fingerprint: "v1:" + fingerprint.Fingerprint(strings.Repeat("8", 64)), Owner: req.Owner, Kind: req.Kind},
+				"owner":       {Fingerprint: req.Fingerprint, Owner: "owner-b", Kind: req.Kind},
+				"kind":        {Fingerprint: req.Fingerprint, Owner: req.Owner, Kind: "imag"},
+			} {
+				m.Lease, m.Token = time.Minute, newToken()
+				res, err := s.Claim(ctx, done, m)
+				if err != nil || res.Status != Mismatch || res.Response.Body != nil || res.Changed != nil {
+					t.Errorf("%s: Claim = %+v, %v; want a bare mismatch", what, res, err)
+				}
+			}
+			if err := s.Complete(ctx, done, req.Token, Response{Status: 200}, time.Hour); err != nil {
+				t.Errorf("resent Complete of a v1 finished record = %v, want nil", err)
+			}
+
+			// Claimed under version 1: running, resent claim, extend,
+			// complete (by a version 2 node), then replay.
+			running := testKey()
+			if err := client.Set(ctx, running, v1Claim(req.Token, req), time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if res, err := s.Claim(ctx, running, again); err != nil || res.Status != Running || res.RetryAfter <= 0 {
+				t.Fatalf("Claim of a v1 claim = %+v, %v; want running", res, err)
+			}
+			if res, err := s.Claim(ctx, running, req); err != nil || res.Status != Claimed {
+				t.Fatalf("resent claim on a v1 claim = %+v, %v; want claimed", res, err)
+			}
+			if err := s.Extend(ctx, running, again.Token, time.Minute); !errors.Is(err, ErrLeaseLost) {
+				t.Errorf("Extend by another token = %v, want ErrLeaseLost", err)
+			}
+			if err := s.Extend(ctx, running, req.Token, time.Minute); err != nil {
+				t.Errorf("Extend of a v1 claim = %v", err)
+			}
+			if err := s.Complete(ctx, running, req.Token, want, time.Hour); err != nil {
+				t.Fatalf("Complete of a v1 claim = %v", err)
+			}
+			if err := s.Complete(ctx, running, req.Token, want, time.Hour); err != nil {
+				t.Errorf("resent Complete = %v", err)
+			}
+			res, err = s.Claim(ctx, running, again)
+			if err != nil || res.Status != Finished {
+				t.Fatalf("Claim after completing a v1 claim = %v, %v", res.Status, err)
+			}
+			sameResponse(t, res.Response, want)
+
+			// Released under version 2.
+			released := testKey()
+			if err := client.Set(ctx, released, v1Claim(req.Token, req), time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Release(ctx, released, again.Token); !errors.Is(err, ErrLeaseLost) {
+				t.Errorf("Release by another token = %v, want ErrLeaseLost", err)
+			}
+			if err := s.Release(ctx, released, req.Token); err != nil {
+				t.Errorf("Release of a v1 claim = %v", err)
+			}
+			if res, err := s.Claim(ctx, released, again); err != nil || res.Status != Claimed {
+				t.Errorf("Claim after release = %v, %v", res.Status, err)
+			}
+		})
+	}
+}
+
+// TestRedisRecordBytes measures what a record costs a real redis-server
+// (used_memory delta over the keys added) for a small JSON response with
+// two headers, in version 2 and, for comparison, as version 1 stored it
+// (the same keyspace key in hex, the version 1 record). Run with -v to see
+// the figures.
+func TestRedisRecordBytes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts its own redis-server")
+	}
+	ctx := context.Background()
+	srv, err := devserver.StartRedis(ctx, 1)
+	if err != nil {
+		t.Skipf("redis-server: %v", err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 4})
+	t.Cleanup(func() { client.Close() })
+	s := NewRedisStore(client)
+
+	// A small JSON response with two headers, with a short task id and
+	// with a UUID.
+	responses := map[string]Response{
+		"short id": {Status: http.StatusAccepted,
+			Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/tasks/t_5Ho2Xa"}},
+			Body:   []byte(`{"task_id":"t_5Ho2Xa","status":"pending"}`)},
+		"uuid": {Status: http.StatusAccepted,
+			Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/tasks/0192f5c4-7d1e-7cc0-9d6e-3f1b2a9c8e77"}},
+			Body:   []byte(`{"task_id":"0192f5c4-7d1e-7cc0-9d6e-3f1b2a9c8e77","status":"pending"}`)},
+	}
+	spec := fingerprint.Spec{Fields: []string{"/prompt", "/aspect_ratio", "/n", "/reference_image"}}
+	r, _ := http.NewRequest(http.MethodPost, "/v1/images", nil)
+	r.Header.Set("Content-Type", "application/json")
+	body := []byte(`{"prompt":"a lighthouse at dusk","aspect_ratio":"16:9","n":1}`)
+	fp, sums, err := spec.SumRequestFields(r, body, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 10000
+	measure := func(name string, put func(i int, k keyspace.Key) error) float64 {
+		t.Helper()
+		if err := client.FlushAll(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		// The first records grow the dictionaries from nothing; start
+		// from a populated one, as a server in use is.
+		fill := func(from, to int) {
+			for i := from; i < to; i++ {
+				k, err := keyspace.Derive("images", keyspace.Scope{Tenant: "acme-prod", User: "user-" + strconv.Itoa(i%97), Request: "req-" + strconv.Itoa(i)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := put(i, k); err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+			}
+		}
+		fill(0, n)
+		mem0, keys0 := usedMemory(t, client), dbSize(t, client)
+		fill(n, 3*n)
+		mem1, keys1 := usedMemory(t, client), dbSize(t, client)
+		per := float64(mem1-mem0) / float64(keys1-keys0)
+		t.Logf("%s: %.0f bytes per record (used_memory %+d over %d keys)", name, per, mem1-mem0, keys1-keys0)
+		return per
+	}
+	for _, name := range []string{"short id", "uuid"} {
+		resp := responses[name]
+		v2 := measure(name+", version 2", func(i int, k keyspace.Key) error {
+			req := ClaimRequest{Fingerprint: fp, Owner: k.Owner(), Kind: k.Kind(), Lease: time.Minute, Token: newToken(), Fields: sums}
+			if _, err := s.Claim(ctx, k.String(), req); err != nil {
+				return err
+			}
+			return s.Complete(ctx, k.String(), req.Token, resp, time.Hour)
+		})
+		v1 := measure(name+", version 1", func(i int, k keyspace.Key) error {
+			req := ClaimRequest{Fingerprint: fp, Owner: k.Owner(), Kind: k.Kind()}
+			return client.Set(ctx, k.String(), v1Finished(newToken(), req, resp), time.Hour).Err()
+		})
+		if name == "short id" && v2 > 300 {
+			t.Errorf("%s: a version 2 record costs %.0f bytes, want at most 300", name, v2)
+		}
+		if v2 > v1*0.65 {
+			t.Errorf("%s: a version 2 record costs %.0f bytes, version 1 %.0f: want at most 65%%", name, v2, v1)
+		}
+	}
+}
+
+func usedMemory(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "memory").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatal("INFO memory has no used_memory")
+	return 0
+}
+
+func dbSize(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	n, err := c.DBSize(context.Background()).Result()
+	if err != nil {
+		t.Fatal(fmt.Errorf("DBSIZE: %w", err))
+	}
+	return n
+}
