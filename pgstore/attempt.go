@@ -126,14 +126,16 @@ func (as *attempts) reconciling() []*attempt {
 	return out
 }
 
-// leased returns the attempts whose lease the heartbeat keeps: running,
-// not yet settled, context not ended.
+// leased returns the attempts whose lease the heartbeat keeps: running
+// and not yet settled. An attempt whose context ended (its handler was
+// told to stop) keeps its lease until its transition is written: the
+// task is still its own, and the fence decides the rest.
 func (as *attempts) leased() []*attempt {
 	as.mu.Lock()
 	defer as.mu.Unlock()
 	out := make([]*attempt, 0, len(as.m))
 	for _, a := range as.m {
-		if a.from == StateRunning && !a.settled.Load() && a.ctx.Err() == nil {
+		if a.from == StateRunning && !a.settled.Load() {
 			out = append(out, a)
 		}
 	}

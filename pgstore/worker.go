@@ -260,11 +260,6 @@ type result struct {
 // runAttempt calls the handler (or Reconcile) on a's task, bounds it by
 // the kind's Timeout, decides the transition and records it.
 func (w *Worker) runAttempt(a *attempt) {
-	defer func() {
-		a.stop()
-		w.attempts.remove(a)
-		w.signal() // a slot is free
-	}()
 	h := w.cfg.Handler
 	if a.from == StateUncertain {
 		h = w.cfg.Reconcile
@@ -300,6 +295,9 @@ func (w *Worker) runAttempt(a *attempt) {
 	if !returned {
 		<-done // the task and the slot stay taken until the handler lets go
 	}
+	a.stop()
+	w.attempts.remove(a)
+	w.signal() // a slot is free
 	if w.test != nil && w.test.onFinish != nil {
 		w.test.onFinish(a.task, res.outcome, applied, err)
 	}
