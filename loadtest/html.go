@@ -33,7 +33,7 @@ func newRound(n int, lat []time.Duration, elapsed time.Duration) round {
 }
 
 // stackColors are fixed per stack name so that every plot agrees.
-var stackColors = map[string]string{floorName: "#7a8599", "idemgate": "#2f5bd3"}
+var stackColors = map[string]string{floorName: "#7a8599", "floor-script": "#b0b8c6", "idemgate": "#2f5bd3"}
 
 var extraColors = []string{"#c2571a", "#1f7a4d", "#8e3bb5", "#b3261e"}
 
@@ -293,15 +293,15 @@ svg .grid { stroke: #e8ebf0; } svg .ref { stroke: #b3261e; stroke-dasharray: 4 3
 <h1>idemgate load test</h1>
 {{with .Machine}}<p class="machine">Machine: {{.CPUs}} CPUs (GOMAXPROCS {{.GOMAXPROCS}}), {{.GOOS}}/{{.GOARCH}}, {{.Go}}, Redis {{.Redis}}, PostgreSQL {{.Postgres}}{{if .LoadAvgStart}}, load average {{.LoadAvgStart}} → {{.LoadAvgEnd}}{{end}}</p>{{end}}
 <p class="machine">{{.Duration}} per scenario and stack in {{.Rounds}} alternating rounds, {{.Concurrency}} keep-alive clients; dup: groups of {{.DupGroup}} on a {{.Slow}} handler.</p>
-<p class="note">The floor is a bare echo handler doing by hand the same Redis round trips and the same INSERT as idemgate's stack.
+<p class="note">A floor is a bare echo handler doing by hand the same Redis work and the same INSERT as idemgate's stack; ratios are to <b>{{.Floor}}</b>.
 Compare the ratio to the floor, measured in the same run on the same machine; absolute figures move with the machine and its load.</p>
 <p class="key">{{range .Key}}<span><i style="background:{{.Color}}"></i>{{.Name}}</span>{{end}}</p>
 <h2>Throughput relative to the floor</h2>
 {{.Bars}}
 {{range .Scenarios}}
 <h2>{{.Name}}</h2>
-<table><tr><th>stack</th><th>req/s</th><th>vs floor</th><th>p50 ms</th><th>p99 ms</th><th>p99.9 ms</th><th>requests</th><th>dup execs</th><th>rows/key</th><th>status</th></tr>
-{{range .Results}}<tr><td>{{.Stack}}</td><td>{{printf "%.0f" .ReqPerSec}}</td><td>{{if .RatioToFloor}}{{printf "%.2f" .RatioToFloor}}×{{else}}–{{end}}</td><td>{{printf "%.2f" .P50ms}}</td><td>{{printf "%.2f" .P99ms}}</td><td>{{printf "%.2f" .P999ms}}</td><td>{{.Requests}}</td><td{{if .DuplicateExecutions}} class="bad"{{end}}>{{.DuplicateExecutions}}</td><td>{{printf "%.2f" .RowsPerAcceptedKey}}</td><td>{{status .}}</td></tr>
+<table><tr><th>stack</th><th>req/s</th><th>vs floor</th><th>p50 ms</th><th>p99 ms</th><th>p99.9 ms</th><th>requests</th><th>dup execs</th><th>redis rt/req</th><th>redis µs/req</th><th>B/record</th><th>rows/key</th><th>status</th></tr>
+{{range .Results}}<tr><td>{{.Stack}}</td><td>{{printf "%.0f" .ReqPerSec}}</td><td>{{if .RatioToFloor}}{{printf "%.2f" .RatioToFloor}}×{{else}}–{{end}}</td><td>{{printf "%.2f" .P50ms}}</td><td>{{printf "%.2f" .P99ms}}</td><td>{{printf "%.2f" .P999ms}}</td><td>{{.Requests}}</td><td{{if .DuplicateExecutions}} class="bad"{{end}}>{{.DuplicateExecutions}}</td><td>{{printf "%.2f" .RedisRoundTripsPerReq}}</td><td>{{printf "%.1f" .RedisCPUusPerReq}}</td><td>{{if .RedisBytesPerRecord}}{{printf "%.0f" .RedisBytesPerRecord}}{{else}}–{{end}}</td><td>{{printf "%.2f" .RowsPerAcceptedKey}}</td><td>{{status .}}</td></tr>
 {{end}}</table>
 <div class="plots">{{range .Plots}}{{.}}{{end}}</div>
 {{end}}
@@ -328,7 +328,8 @@ func (r report) writeHTML(w io.Writer) error {
 		Key       []keyItem
 		Bars      template.HTML
 		Scenarios []htmlScenario
-	}{r, key, r.ratioBars(), r.scenarios()})
+		Floor     string
+	}{r, key, r.ratioBars(), r.scenarios(), floorName})
 }
 
 // writeHTMLFile writes r's HTML report to path.

@@ -58,6 +58,12 @@ type result struct {
 	RedisRoundTripsPerReq float64            `json:"redis_round_trips_per_req"`
 	RedisCallsPerReq      float64            `json:"redis_calls_per_req"`
 	RedisCommands         map[string]float64 `json:"redis_commands_per_req"`
+	// RedisCPUusPerReq is INFO cpu (used_cpu_sys + used_cpu_user) over the
+	// measured rounds, per request, in microseconds.
+	RedisCPUusPerReq float64 `json:"redis_cpu_us_per_req"`
+	// RedisBytesPerRecord is the used_memory delta over the DBSIZE delta of
+	// the measured rounds (miss scenario; 0 when no key was added).
+	RedisBytesPerRecord float64 `json:"redis_bytes_per_record,omitempty"`
 	// AcceptedKeys are keys that got a 2xx (seeded ones included); Rows are
 	// the rows of this scenario's tenant.
 	AcceptedKeys       int64   `json:"accepted_keys"`
@@ -76,7 +82,7 @@ func (r report) writeTable(w io.Writer) {
 	fmt.Fprintf(w, "%s per scenario and stack in %d alternating rounds, %d keep-alive clients; dup: groups of %d on a %s handler\n\n",
 		r.Duration, r.Rounds, r.Concurrency, r.DupGroup, r.Slow)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tstack\treq/s\tvs floor\tp50 ms\tp99 ms\tp99.9 ms\texecs\tdup execs\tredis rt/req\tINFO: scripts/req\tcmds/req\trows/key\tstatus\t")
+	fmt.Fprintln(tw, "scenario\tstack\treq/s\tvs floor\tp50 ms\tp99 ms\tp99.9 ms\texecs\tdup execs\tredis rt/req\tINFO: scripts/req\tcmds/req\tredis µs/req\tB/record\trows/key\tstatus\t")
 	for _, res := range r.Results {
 		ratio := "-"
 		if res.RatioToFloor > 0 {
@@ -86,10 +92,14 @@ func (r report) writeTable(w io.Writer) {
 		for _, cmd := range []string{"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"} {
 			scripts += res.RedisCommands[cmd]
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%.2f\t%.2f\t%.2f\t%d\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t\n",
+		perRecord := "-"
+		if res.RedisBytesPerRecord > 0 {
+			perRecord = fmt.Sprintf("%.0f", res.RedisBytesPerRecord)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%.2f\t%.2f\t%.2f\t%d\t%d\t%.2f\t%.2f\t%.2f\t%.1f\t%s\t%.2f\t%s\t\n",
 			res.Scenario, res.Stack, res.ReqPerSec, ratio, res.P50ms, res.P99ms, res.P999ms,
 			res.HandlerExecutions, res.DuplicateExecutions, res.RedisRoundTripsPerReq, scripts,
-			res.RedisCallsPerReq, res.RowsPerAcceptedKey, statusLine(res))
+			res.RedisCallsPerReq, res.RedisCPUusPerReq, perRecord, res.RowsPerAcceptedKey, statusLine(res))
 	}
 	tw.Flush()
 }
