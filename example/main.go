@@ -58,8 +58,14 @@ Environment (a flag, when given, wins):
                 HTTP server limits (-read-header-timeout 5s, -read-timeout 10s,
                 -write-timeout 30s, -idle-timeout 60s)
   DEMO_URL      server the demo talks to (-url); unset: an embedded one
+  ADMIN_ADDR    admin listener with /metrics (-admin-addr); default
+                localhost:9464; "off" disables it
+  OTEL_TRACES_EXPORTER, OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...
+                traces: "console" (stdout) or "otlp" (OTLP/HTTP); off by default
+  OTEL_METRICS_TENANT=true  the tenant as a metric attribute (opt in)
 
 API (bearer token with claims tenant, sub, exp):
+  GET  /                   the page: sign in (dev secret only), generate, retry, reword
   GET  /healthz
   POST /v1/images          {prompt, aspect_ratio, n, reference_image, client_note}
                            Idempotency-Key required  → 202 {task_id, status, poll_after_ms}
