@@ -82,7 +82,7 @@ func Example() {
 	// Output:
 	// 202  {"task_id":"task-1"}
 	// 202 true {"task_id":"task-1"}
-	// 409  {"type":"https://github.com/idemgate/idemgate#key_reused","title":"Idempotency key reused","status":409,"detail":"This idempotency key was already used with other request parameters. Send a new key for new parameters.","code":"key_reused"}
+	// 409  {"type":"https://github.com/idemgate/idemgate#key_reused","title":"Idempotency key reused","status":409,"detail":"This idempotency key was already used with other request parameters. Send a new key for new parameters.","code":"key_reused","changed":["/prompt"]}
 	// handler runs: 1
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -104,6 +105,7 @@ type call struct {
 	scancel context.CancelFunc
 	body    bodyReader
 	cw      captureWriter
+	sums    [8]fingerprint.FieldSum // backs the claim's Fields for up to 8 pointers
 
 	renewMu   sync.Mutex
 	renewer   *time.Timer
@@ -172,7 +174,7 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	}
 	st.body.Reset(body)
 	r.Body = &st.body
-	inner, err := m.cfg.Fingerprint.SumRequest(r, body)
+	inner, fields, err := m.cfg.Fingerprint.SumRequestFields(r, body, st.sums[:0])
 	if err != nil {
 		return writeProblem(c, http.StatusBadRequest, codeBodyInvalid, err.Error(), 0)
 	}
@@ -186,6 +188,7 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 		Kind:        st.req.Key.Kind(),
 		Lease:       m.cfg.Lease,
 		Token:       st.token,
+		Fields:      fields,
 	}
 	// The claim runs detached from the client (storeCtx): a claim the
 	// store executed must not be abandoned half-way, or it would block the
@@ -220,7 +223,7 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 			"A request with this idempotency key is still running; retry later.", m.inProgressRetry(res.RetryAfter))
 	case Mismatch:
 		st.emit(Event{Type: EventReused, Status: m.cfg.MismatchStatus})
-		return m.reused(c)
+		return m.reused(c, m.changed(res.Changed, len(fields)))
 	}
 	return st.storeDown(c, next, errors.New("idemgate: store answered an unknown claim status "+res.Status.String()))
 }
@@ -263,9 +266,27 @@ func (m *idem) protects(method string) bool {
 	return false
 }
 
-func (m *idem) reused(c echo.Context) error {
-	return writeProblem(c, m.cfg.MismatchStatus, codeKeyReused,
-		"This idempotency key was already used with other request parameters. Send a new key for new parameters.", 0)
+// reused answers key_reused, with the pointers of the fields that changed
+// if the store could tell (names only, never values).
+func (m *idem) reused(c echo.Context, changed []string) error {
+	return writeProblemChanged(c, m.cfg.MismatchStatus, codeKeyReused,
+		"This idempotency key was already used with other request parameters. Send a new key for new parameters.", changed)
+}
+
+// changed maps a store's Changed indexes to the configured pointers; nil
+// unless the claim carried one digest per pointer.
+func (m *idem) changed(idx []int, sums int) []string {
+	fields := m.cfg.Fingerprint.Fields
+	if len(idx) == 0 || sums != len(fields) {
+		return nil
+	}
+	out := make([]string, 0, len(idx))
+	for _, i := range idx {
+		if i >= 0 && i < len(fields) && !slices.Contains(out, fields[i]) {
+			out = append(out, fields[i])
+		}
+	}
+	return out
 }
 
 var (
@@ -427,7 +448,7 @@ func (st *call) run(c echo.Context, next echo.HandlerFunc) (err error) {
 		if errors.Is(err, ErrKeyReused) {
 			st.emit(Event{Type: EventReused, Status: m.cfg.MismatchStatus})
 			if !st.cw.wroteHeader && !st.cw.hijacked {
-				return m.reused(c)
+				return m.reused(c, nil)
 			}
 			return nil
 		}

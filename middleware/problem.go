@@ -42,6 +42,16 @@ var problemTitles = map[string]string{
 // It is built by hand: every string is a constant of this package except
 // detail, which is escaped.
 func writeProblem(c echo.Context, status int, code, detail string, retryAfter int) error {
+	return writeProblemExt(c, status, code, detail, retryAfter, nil)
+}
+
+// writeProblemChanged is writeProblem with the extension member "changed":
+// the JSON Pointers of the fields that differ, when there are any.
+func writeProblemChanged(c echo.Context, status int, code, detail string, changed []string) error {
+	return writeProblemExt(c, status, code, detail, 0, changed)
+}
+
+func writeProblemExt(c echo.Context, status int, code, detail string, retryAfter int, changed []string) error {
 	b := make([]byte, 0, 256)
 	b = append(b, `{"type":"`...)
 	b = append(b, problemTypeBase...)
@@ -54,7 +64,18 @@ func writeProblem(c echo.Context, status int, code, detail string, retryAfter in
 	b = appendJSONString(b, detail)
 	b = append(b, `,"code":"`...)
 	b = append(b, code...)
-	b = append(b, "\"}\n"...)
+	b = append(b, '"')
+	if len(changed) > 0 {
+		b = append(b, `,"changed":[`...)
+		for i, p := range changed {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendJSONString(b, p)
+		}
+		b = append(b, ']')
+	}
+	b = append(b, "}\n"...)
 	h := c.Response().Header()
 	if retryAfter > 0 {
 		h.Set("Retry-After", strconv.Itoa(retryAfter))

@@ -47,11 +47,15 @@ var ErrTaskFailed = errors.New("client: task failed")
 
 // Problem is an application/problem+json (RFC 9457) answer from the server.
 type Problem struct {
-	Status     int           `json:"status"`
-	Type       string        `json:"type"`
-	Title      string        `json:"title"`
-	Detail     string        `json:"detail"`
-	Code       string        `json:"code"`
+	Status int    `json:"status"`
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Detail string `json:"detail"`
+	Code   string `json:"code"`
+	// Changed names the fields (JSON Pointers) whose values differ from
+	// the request that first used the key, when the server can tell
+	// (key_reused only; names, never values).
+	Changed    []string      `json:"changed,omitempty"`
 	RetryAfter time.Duration `json:"-"`
 }
 
@@ -61,6 +65,9 @@ func (p *Problem) Error() string {
 		msg += ": " + p.Detail
 	} else if p.Title != "" {
 		msg += ": " + p.Title
+	}
+	if len(p.Changed) > 0 {
+		msg += " (changed: " + strings.Join(p.Changed, ", ") + ")"
 	}
 	return msg
 }
