@@ -76,13 +76,22 @@ func (b *bench) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	b.env.closers = append(b.env.closers, idem.close)
-	fl, err := newFloor(ctx, b.env, b.o)
+	b.env.closers = append(b.env.closers, idem.close, b.cleanup)
+	if err := createFloorTable(ctx, b.env); err != nil {
+		return err
+	}
+	plain, err := newFloor(ctx, b.env, b.o, true)
 	if err != nil {
 		return err
 	}
-	b.env.closers = append(b.env.closers, fl.close, b.cleanup)
-	b.stacks = []*stack{fl, idem}
+	b.env.closers = append(b.env.closers, plain.close)
+	scripted, err := newFloor(ctx, b.env, b.o, false)
+	if err != nil {
+		return err
+	}
+	b.env.closers = append(b.env.closers, scripted.close)
+	// The plain floor first: the report compares every later stack to it.
+	b.stacks = []*stack{plain, scripted, idem}
 	return nil
 }
 
@@ -354,6 +363,10 @@ type tally struct {
 	created int64
 	dupExec int64
 	rounds  []round // each round's figures, for the HTML report
+	// Redis server figures over the measured rounds.
+	cpu       float64 // seconds of used_cpu_sys + used_cpu_user
+	memory    int64   // used_memory delta
+	keysAdded int64   // DBSIZE delta
 }
 
 // scenario measures sc on every stack: -rounds short runs per stack,
@@ -403,6 +416,10 @@ func (b *bench) measure(ctx context.Context, sc scenario, st *stack, tl *tally, 
 	if err != nil {
 		return err
 	}
+	srvBefore, err := serverFigures(ctx, b.env.admin)
+	if err != nil {
+		return err
+	}
 	label := sc.name
 	if b.o.rounds > 1 {
 		label = fmt.Sprintf("%s %d/%d", sc.name, round+1, b.o.rounds)
@@ -411,10 +428,17 @@ func (b *bench) measure(ctx context.Context, sc scenario, st *stack, tl *tally, 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	srvAfter, err := serverFigures(ctx, b.env.admin)
+	if err != nil {
+		return err
+	}
 	after, err := commandStats(ctx, b.env.admin)
 	if err != nil {
 		return err
 	}
+	tl.cpu += srvAfter.cpu - srvBefore.cpu
+	tl.memory += srvAfter.memory - srvBefore.memory
+	tl.keysAdded += srvAfter.keys - srvBefore.keys
 	tl.rt += st.rt.n.Load() - rtBefore
 	for cmd, c := range after {
 		if delta := c - before[cmd]; delta > 0 && cmd != "info" {
@@ -460,6 +484,11 @@ func (b *bench) result(ctx context.Context, sc scenario, st *stack, tl *tally) (
 			res.RedisCommands[cmd] = float64(c) / n
 		}
 		res.RedisCallsPerReq = float64(calls) / n
+		res.RedisCPUusPerReq = tl.cpu * 1e6 / n
+		// Only rounds that added many keys say what a record costs.
+		if tl.keysAdded > 1000 {
+			res.RedisBytesPerRecord = float64(tl.memory) / float64(tl.keysAdded)
+		}
 	}
 	tl.seen.merge(out)
 	res.TaskIDMismatches = tl.seen.mismatch

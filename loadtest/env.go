@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -193,4 +194,51 @@ func isHandshake(cmd redis.Cmder) bool {
 		return true
 	}
 	return false
+}
+
+// server is what one INFO says about the whole server.
+type server struct {
+	cpu    float64 // seconds: used_cpu_sys + used_cpu_user
+	memory int64   // used_memory
+	keys   int64   // DBSIZE
+}
+
+// serverFigures reads INFO cpu, INFO memory and DBSIZE.
+func serverFigures(ctx context.Context, c *redis.Client) (server, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var s server
+	info, err := c.Info(ctx, "cpu", "memory").Result()
+	if err != nil {
+		return s, fmt.Errorf("redis INFO cpu memory: %w", err)
+	}
+	s.cpu, s.memory = parseServerInfo(info)
+	if s.keys, err = c.DBSize(ctx).Result(); err != nil {
+		return s, fmt.Errorf("redis DBSIZE: %w", err)
+	}
+	return s, nil
+}
+
+// parseServerInfo reads used_cpu_sys, used_cpu_user (seconds) and
+// used_memory (bytes) from INFO text.
+func parseServerInfo(info string) (cpu float64, memory int64) {
+	for _, line := range strings.Split(info, "\n") {
+		name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		switch name {
+		case "used_cpu_sys", "used_cpu_user":
+			f, err := strconv.ParseFloat(v, 64)
+			if err == nil {
+				cpu += f
+			}
+		case "used_memory":
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err == nil {
+				memory = n
+			}
+		}
+	}
+	return cpu, memory
 }

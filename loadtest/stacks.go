@@ -25,9 +25,14 @@ import (
 )
 
 const (
-	floorName    = "floor"
-	floorTable   = "loadtest_floor_tasks"
-	idemgateName = "idemgate"
+	// floorName is the plain-command floor (the physical limit: SET NX
+	// PX GET then SET for a miss, that one SET NX GET finding the record
+	// for a replay or a conflict); floorScriptName does the same claim
+	// with a Lua script, as idemgate did before records v2.
+	floorName       = "floor"
+	floorScriptName = "floor-script"
+	floorTable      = "loadtest_floor_tasks"
+	idemgateName    = "idemgate"
 	// slowHeader asks either stack's handler to take this long (dup scenario).
 	slowHeader = "X-Loadtest-Slow"
 	retention  = time.Hour
@@ -247,25 +252,35 @@ if v then return v end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return false`
 
-// newFloor serves the floor: a bare echo handler that does by hand what the
-// idemgate stack does, with the fewest steps: one claim-or-read script, the
-// INSERT of the same row (plain, into a table LIKE idemgate_tasks INCLUDING
-// ALL, waking workers with pg_notify in the same statement), one SET of
-// the response.
-func newFloor(ctx context.Context, e *env, o options) (*stack, error) {
+// createFloorTable creates the floors' table, shared by both (each scenario
+// and stack has its own tenant): same columns, defaults and indexes as
+// idemgate_tasks, so the same INSERT costs the same.
+func createFloorTable(ctx context.Context, e *env) error {
+	if _, err := e.db.Exec(ctx, `DROP TABLE IF EXISTS `+floorTable+`;
+		CREATE TABLE `+floorTable+` (LIKE idemgate_tasks INCLUDING ALL)`); err != nil {
+		return fmt.Errorf("create floor table: %w", err)
+	}
+	return nil
+}
+
+// newFloor serves a floor: a bare echo handler that does by hand what the
+// idemgate stack does, with the fewest steps: one claim-or-read command
+// (plain: SET NX PX GET; else a Lua script), the INSERT of the same row
+// (plain, into a table LIKE idemgate_tasks INCLUDING ALL, waking workers
+// with pg_notify in the same statement), one SET of the response.
+func newFloor(ctx context.Context, e *env, o options, plain bool) (*stack, error) {
 	pool, err := e.newPool(ctx, o.pgConns)
 	if err != nil {
 		return nil, err
 	}
 	const table = floorTable
-	// Same columns, defaults and indexes as idemgate_tasks: the same
-	// INSERT costs the same.
-	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS `+table+`;
-		CREATE TABLE `+table+` (LIKE idemgate_tasks INCLUDING ALL)`); err != nil {
-		return nil, fmt.Errorf("create floor table: %w", err)
+	name := floorScriptName
+	if plain {
+		name = floorName
 	}
-	st := &stack{name: floorName, table: table, rt: &roundTrips{}, execs: newExecutions()}
+	st := &stack{name: name, table: table, rt: &roundTrips{}, execs: newExecutions()}
 	f := &floor{
+		plain: plain,
 		rdb:   e.newRedis(2*o.concurrency, st.rt),
 		claim: redis.NewScript(floorClaimScript),
 		db:    pool,
@@ -285,6 +300,7 @@ func newFloor(ctx context.Context, e *env, o options) (*stack, error) {
 }
 
 type floor struct {
+	plain  bool
 	rdb    *redis.Client
 	claim  *redis.Script
 	db     *pgxpool.Pool
@@ -314,7 +330,12 @@ func (f *floor) submit(c echo.Context) error {
 	fpHex := hex.EncodeToString(fp[:])
 	key := "floor:" + tenant + ":" + user + ":" + reqID
 
-	v, err := f.claim.Run(ctx, f.rdb, []string{key}, "p"+fpHex, lease.Milliseconds()).Text()
+	var v string
+	if f.plain {
+		v, err = f.rdb.SetArgs(ctx, key, "p"+fpHex, redis.SetArgs{Mode: "NX", TTL: lease, Get: true}).Result()
+	} else {
+		v, err = f.claim.Run(ctx, f.rdb, []string{key}, "p"+fpHex, lease.Milliseconds()).Text()
+	}
 	switch {
 	case errors.Is(err, redis.Nil): // claimed
 	case err != nil:
