@@ -61,7 +61,7 @@ func (a *api) handler() *echo.Echo {
 
 	e.GET("/healthz", a.healthz)
 
-	store := middleware.NewRedisStore(a.redis)
+	store := a.obs.store(middleware.NewRedisStore(a.redis))
 	idem := func(kind string, fields ...string) echo.MiddlewareFunc {
 		return middleware.New(middleware.Config{
 			Store:       store,
@@ -90,6 +90,7 @@ func (a *api) handler() *echo.Echo {
 // logEvent logs what the middleware did with a request, so the server's
 // output tells the retry story too. Events never carry a key or a body.
 func (a *api) logEvent(ev middleware.Event) {
+	a.obs.onEvent(ev)
 	switch ev.Type {
 	case middleware.EventClaimed:
 		return // the common case; the handler's outcome says enough
