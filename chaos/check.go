@@ -262,12 +262,12 @@ func (c *checker) five() Result {
 		for i := 1; i < len(cs); i++ {
 			if policy != "retry" {
 				r.violate("task %s: generator call %d of %d (%s at %s) under the %q policy: %s",
-					w.ID, i+1, len(cs), cs[i].Proc, cs[i].At.Format(timeFmt), policyName(policy), callList(cs))
+					w.ID, i+1, len(cs), procName(cs[i]), cs[i].At.Format(timeFmt), policyName(policy), callList(cs))
 				continue
 			}
 			if !c.cutOff(cs[:i], w.CreatedAt, cs[i].At) {
 				r.violate("task %s: generator call %d of %d (%s at %s) with no fault on an earlier call's process: %s",
-					w.ID, i+1, len(cs), cs[i].Proc, cs[i].At.Format(timeFmt), callList(cs))
+					w.ID, i+1, len(cs), procName(cs[i]), cs[i].At.Format(timeFmt), callList(cs))
 			}
 		}
 	}
@@ -308,12 +308,20 @@ func callList(cs []GenCall) string {
 		if what == "" {
 			what = g.Phase
 		}
-		parts[i] = fmt.Sprintf("%s@%s:%s", g.Proc, g.At.Format(timeFmt), what)
+		parts[i] = fmt.Sprintf("%s@%s:%s", procName(g), g.At.Format(timeFmt), what)
 	}
 	return "[" + strings.Join(parts, " ") + "]"
 }
 
 const timeFmt = "15:04:05.000"
+
+// procName names the process of a call; the upstream's log does not say.
+func procName(g GenCall) string {
+	if g.Proc == "" {
+		return "a worker"
+	}
+	return g.Proc
+}
 
 // six: every action finished, and none after Heal + Bound.
 func (c *checker) six() Result {

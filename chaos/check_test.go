@@ -265,7 +265,7 @@ func TestCheck(t *testing.T) {
 				f.h.Faults = append(f.h.Faults, Fault{Kind: "kill", Target: "worker0", Start: at(3), End: at(4)})
 				return f
 			},
-			want: map[int]string{5: "[@09:00:02.500:ok @09:00:34.000:ok]"},
+			want: map[int]string{5: "[a worker@09:00:02.500:ok a worker@09:00:34.000:ok]"},
 		},
 		{
 			name: "5: counted at their start under retry, a worker's kill explains the second call",
