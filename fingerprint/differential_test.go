@@ -27,11 +27,23 @@ type bound struct {
 	N      int    `json:"n" form:"n"`
 	Sketch string `json:"sketch" form:"sketch"`
 	Size   struct {
-		K int `json:"k"`
+		K int `json:"k" form:"k"` // a form fills it from the flat name "k"
 	} `json:"size"`
 }
 
 var diffSpec = Spec{Fields: []string{"/prompt", "/n", "/sketch", "/size/k"}, Exclude: []string{"/note"}}
+
+// diffSpecs are the Specs the differential runs under: a deep selection,
+// the whole body (where two names that fold together make their order a
+// parameter), and a selected object hashed whole ("/size").
+var diffSpecs = []struct {
+	name string
+	spec Spec
+}{
+	{"fields", diffSpec},
+	{"whole body", Spec{}},
+	{"selected object", Spec{Fields: []string{"/prompt", "/n", "/sketch", "/size"}}},
+}
 
 // Member names: the selected ones, names that fold onto them, and others.
 var (
@@ -99,9 +111,11 @@ type formPair struct{ name, value string }
 func genPairs(r *rand.Rand) []formPair {
 	var ps []formPair
 	for range r.IntN(5) {
-		switch r.IntN(4) {
+		switch r.IntN(5) {
 		case 0:
 			ps = append(ps, formPair{pickName(r, diffPrompt), pick(r, []string{"a", "b", "a b", ""})})
+		case 3:
+			ps = append(ps, formPair{pickName(r, diffK), pick(r, []string{"1", "2"})})
 		case 1:
 			ps = append(ps, formPair{pickName(r, diffN), pick(r, []string{"1", "2"})})
 		case 2:
@@ -168,7 +182,7 @@ type diffStats struct {
 // differential fingerprints the distinct bodies, binds every accepted one
 // with echo, and compares the bindings of every pair that shares a
 // fingerprint. It returns the first pair that binds differently.
-func differential(t testing.TB, e *echo.Echo, bodies []body) (diffStats, string) {
+func differential(t testing.TB, e *echo.Echo, spec Spec, bodies []body) (diffStats, string) {
 	var st diffStats
 	type entry struct {
 		b   body
@@ -185,7 +199,7 @@ func differential(t testing.TB, e *echo.Echo, bodies []body) (diffStats, string)
 		st.bodies++
 		r := httptest.NewRequest("POST", "/", nil)
 		r.Header.Set("Content-Type", b.contentType)
-		fp, err := diffSpec.SumRequest(r, []byte(b.data))
+		fp, err := spec.SumRequest(r, []byte(b.data))
 		if err != nil {
 			st.refused++
 			continue
@@ -229,20 +243,22 @@ func TestFoldDifferential(t *testing.T) {
 		multipartBodies = append(multipartBodies, multipartText(genPairs(r)))
 	}
 	total := 0
-	for _, run := range []struct {
-		name   string
-		bodies []body
-	}{{"JSON", jsonBodies}, {"urlencoded", formBodies}, {"multipart", multipartBodies}} {
-		st, bad := differential(t, e, run.bodies)
-		if bad != "" {
-			t.Fatalf("%s: %s", run.name, bad)
+	for _, sp := range diffSpecs {
+		for _, run := range []struct {
+			name   string
+			bodies []body
+		}{{"JSON", jsonBodies}, {"urlencoded", formBodies}, {"multipart", multipartBodies}} {
+			st, bad := differential(t, e, sp.spec, run.bodies)
+			if bad != "" {
+				t.Fatalf("%s, %s: %s", sp.name, run.name, bad)
+			}
+			t.Logf("%s, %s: %d distinct bodies, %d refused, %d fingerprints, %d same-fingerprint pairs bound equal, %d pairs skipped (a binding error)",
+				sp.name, run.name, st.bodies, st.refused, st.groups, st.pairs, st.skipped)
+			if sp.name == "fields" && (st.refused == 0 || st.refused == st.bodies) {
+				t.Errorf("%s: %d of %d bodies refused: the generator does not exercise folding", run.name, st.refused, st.bodies)
+			}
+			total += st.pairs
 		}
-		t.Logf("%s: %d distinct bodies, %d refused, %d fingerprints, %d same-fingerprint pairs bound equal, %d pairs skipped (a binding error)",
-			run.name, st.bodies, st.refused, st.groups, st.pairs, st.skipped)
-		if st.refused == 0 || st.refused == st.bodies {
-			t.Errorf("%s: %d of %d bodies refused: the generator does not exercise folding", run.name, st.refused, st.bodies)
-		}
-		total += st.pairs
 	}
 	if total < 100_000 {
 		t.Errorf("%d same-fingerprint pairs compared, want at least 100,000", total)
@@ -256,14 +272,19 @@ func FuzzFoldDifferential(f *testing.F) {
 	f.Add(true, `{"prompt":"x","Prompt":"a dog"}`, `{"prompt":"x","Prompt":"a cat"}`)
 	f.Add(false, "Prompt=a+dog&n=1", "PROMPT=a+cat&n=1")
 	f.Add(true, `{"ſketch":"a"}`, `{"s\u212aetch":"b"}`)
+	f.Add(true, `{"prompt":"a","Prompt":"b"}`, `{"Prompt":"b","prompt":"a"}`)
+	f.Add(true, `{"size":{"k":1,"K":2}}`, `{"size":{"K":2,"k":1}}`)
+	f.Add(false, "prompt=a&k=1", "prompt=a&k=2")
 	e := echo.New()
 	f.Fuzz(func(t *testing.T, isJSON bool, a, b string) {
 		ct := formType
 		if isJSON {
 			ct = "application/json"
 		}
-		if _, bad := differential(t, e, []body{{ct, a}, {ct, b}}); bad != "" {
-			t.Fatal(bad)
+		for _, sp := range diffSpecs {
+			if _, bad := differential(t, e, sp.spec, []body{{ct, a}, {ct, b}}); bad != "" {
+				t.Fatalf("%s: %s", sp.name, bad)
+			}
 		}
 	})
 }

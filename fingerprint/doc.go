@@ -32,7 +32,9 @@
 // the pointer's token but folds onto it is an error wrapping ErrInvalid
 // that names the pointer and the offset: {"Prompt":"a dog"} cannot share
 // a fingerprint with {"Prompt":"a cat"} while the handler reads either
-// prompt. Without a Spec the whole body is hashed and every name counts.
+// prompt. Where a value is hashed whole (the body without a Spec, or a
+// selected value), an object with two members whose names fold together
+// keeps its member order, as the last of them is what a binder reads.
 //
 // # The empty body
 //
@@ -69,9 +71,11 @@
 // # Request bodies
 //
 // SumRequest picks the encoding by media type: JSON types go through Sum;
-// urlencoded and multipart forms hash their fields by name (the pointer
-// "/prompt" names the field "prompt"), every value of a repeated name in
-// order, file parts by the SHA-256 of their bytes; anything else hashes
+// urlencoded and multipart forms hash every field by name, every value
+// of a repeated name in order, file parts by the SHA-256 of their bytes,
+// less the fields one-token Exclude pointers name ("/client_note"); Fields
+// do not narrow a form, as echo's form binder fills nested structs from
+// flat form names that no pointer can tell; anything else hashes
 // its raw bytes. The media type itself takes part, so the same bytes sent
 // as JSON and as text differ. Where in doubt two requests differ: each
 // multipart part takes part with its headers (the same file under another

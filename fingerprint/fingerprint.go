@@ -90,8 +90,11 @@ func (s Spec) Sum(body []byte) (Fingerprint, error) {
 // r's Content-Type (lower-cased), which takes part in the fingerprint:
 //
 //   - application/json and any */*+json: as Sum;
-//   - application/x-www-form-urlencoded: the fields (Spec pointer "/prompt"
-//     names the field "prompt"), names sorted, repeated values in order;
+//   - application/x-www-form-urlencoded: every field, names sorted,
+//     repeated values in order, less the fields named by single-token
+//     Exclude pointers ("/client_note" names the field "client_note");
+//     Fields do not narrow a form, as echo's form binder fills nested
+//     structs from flat names that no pointer can tell;
 //   - multipart/form-data: the same, each part with its headers
 //     (normalized: a file under another file name or Content-Type differs)
 //     and a file part by the SHA-256 of its bytes, whatever the boundary
@@ -147,8 +150,10 @@ func (s Spec) SumRequestFields(r *http.Request, body []byte, dst []FieldSum) (Fi
 }
 
 // fieldVersion starts the hash input of a FieldSum, followed by the
-// field's part of the fingerprint input: str(pointer) and its value (see
-// the kinds 'S' and 'F' below).
+// field's part of the fingerprint input for JSON (str(pointer) and its
+// value, see the kind 'S' below); for a form, which takes part whole, by
+// str(pointer) and the field's values as the kind 'A' writes them (count
+// 0 when absent).
 const fieldVersion = "idemgate field v1\x00"
 
 func (st *state) sumRequest(s Spec, r *http.Request, body []byte) (Fingerprint, error) {
@@ -207,11 +212,10 @@ const mediaJSON = "application/json"
 //	    order: 'o' if the token named a member of an object, 'a' if it
 //	    named an element of an array (so "/0" of {"0":"x"} is not "/0"
 //	    of ["x"]); the pointer "" has the empty path
-//	'A' form, all fields: uvarint(n), then per name, sorted: str(name) values
-//	'F' form, selected: uvarint(n), then per pointer, sorted: str(pointer) values
+//	'A' form: uvarint(n), then per name, sorted: str(name) values
 //	    where values = uvarint(count) then per value
 //	    't' str(headers) str(text) or 'f' str(headers) 32-byte SHA-256 of
-//	    a file's bytes; count 0 means absent; headers is empty in a
+//	    a file's bytes; headers is empty in a
 //	    urlencoded form and in multipart the part's headers: uvarint(n),
 //	    then per header name, sorted: str(name) uvarint(count) and per
 //	    value 'm' str(media type) params for Content-Type and

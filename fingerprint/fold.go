@@ -67,3 +67,35 @@ func equalFoldUnicode(s []byte, t string) bool {
 	}
 	return len(t) == 0
 }
+
+// appendFoldKey appends the fold key of the valid UTF-8 name: names have
+// equal keys exactly when equalFold (bytes.EqualFold) holds. ASCII letters
+// are upper-cased and every other rune becomes the smallest rune of its
+// fold orbit, as encoding/json's foldName does.
+func appendFoldKey(b, name []byte) []byte {
+	for i := 0; i < len(name); {
+		if c := name[i]; c < utf8.RuneSelf {
+			if 'a' <= c && c <= 'z' {
+				c -= 'a' - 'A'
+			}
+			b = append(b, c)
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRune(name[i:])
+		b = utf8.AppendRune(b, foldRune(r))
+		i += n
+	}
+	return b
+}
+
+// foldRune returns the smallest rune of r's simple fold orbit.
+func foldRune(r rune) rune {
+	for {
+		r2 := unicode.SimpleFold(r)
+		if r2 <= r {
+			return r2
+		}
+		r = r2
+	}
+}

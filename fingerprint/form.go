@@ -283,10 +283,14 @@ func appendPartHeaders(b []byte, h textproto.MIMEHeader) []byte {
 	return b
 }
 
-// sumForm hashes a form: its fields by name, or the selected ones. A field
-// is selected by a pointer with a single token; Exclude works the same way.
-// A field whose name is not a selected or excluded name but folds onto one
-// (echo's binder falls back to strings.EqualFold) is refused.
+// sumForm hashes a form: every field by name, names sorted, values in
+// order, less the fields a single-token Exclude pointer names. Fields do
+// not narrow a form: echo's form binder fills a nested struct from flat
+// form names ("k" into Size.K, which JSON reaches as "/size/k" and "/size"
+// selects whole), so no pointer can say which form names a selected value
+// is made of, and a field left out could be one the handler reads. A field
+// whose name is not a selected or excluded name but folds onto one (echo's
+// binder falls back to strings.EqualFold) is refused.
 func (st *state) sumForm(mediaType string, f form) (Fingerprint, error) {
 	if err := st.checkFormFolds(f); err != nil {
 		return "", err
@@ -296,35 +300,48 @@ func (st *state) sumForm(mediaType string, f form) (Fingerprint, error) {
 			delete(f, st.prog.toks[p.first].name)
 		}
 	}
-	var b []byte
-	if len(st.prog.fields) == 0 || st.prog.root >= 0 {
-		b = appendHeader(st.out[:0], mediaType, 'A')
-		names := make([]string, 0, len(f))
-		for name := range f {
-			names = append(names, name)
-		}
-		slices.Sort(names)
-		b = binary.AppendUvarint(b, uint64(len(names)))
-		for _, name := range names {
-			b = appendStr(b, name)
-			b = appendValues(b, f[name])
-		}
-	} else {
-		b = appendHeader(st.out[:0], mediaType, 'F')
-		b = binary.AppendUvarint(b, uint64(len(st.prog.fields)))
-		for _, ptr := range st.prog.fields {
-			st.segs = append(st.segs, len(b))
-			b = appendStr(b, ptr)
-			var ff *formField
-			if name, ok := singleName(ptr); ok {
-				ff = f[name]
-			}
-			b = appendValues(b, ff)
-		}
-		st.segBuf = b
+	b := appendHeader(st.out[:0], mediaType, 'A')
+	names := make([]string, 0, len(f))
+	for name := range f {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	b = binary.AppendUvarint(b, uint64(len(names)))
+	for _, name := range names {
+		b = appendStr(b, name)
+		b = appendValues(b, f[name])
 	}
 	st.out = b
+	st.formFieldSums(f)
 	return st.finish(b), nil
+}
+
+// formFieldSums writes, for SumRequestFields only, each selected field's
+// pointer and values (count 0 when absent) to st.tmp: what tells a client
+// which field it changed. It never takes part in the fingerprint. A
+// pointer of more than one token names no form field, and stays absent.
+func (st *state) formFieldSums(f form) {
+	if len(st.prog.fields) == 0 || st.prog.root >= 0 {
+		return
+	}
+	b := st.tmp[:0]
+	for slot, ptr := range st.prog.fields {
+		st.segs = append(st.segs, len(b))
+		b = appendStr(b, ptr)
+		var ff *formField
+		for _, p := range st.prog.ptrs {
+			if p.field == slot && p.n == 1 {
+				ff = f[st.prog.toks[p.first].name]
+				break
+			}
+		}
+		if ff == nil {
+			b = append(b, 0)
+			continue
+		}
+		b = appendValues(b, ff)
+	}
+	st.tmp, st.segBuf = b, b
 }
 
 // checkFormFolds refuses a form field named like a selected or excluded
@@ -355,9 +372,6 @@ func (st *state) checkFormFolds(f form) error {
 }
 
 func appendValues(b []byte, ff *formField) []byte {
-	if ff == nil {
-		return append(b, 0)
-	}
 	b = binary.AppendUvarint(b, uint64(len(ff.values)))
 	for _, v := range ff.values {
 		if v.file {

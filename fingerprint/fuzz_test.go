@@ -133,7 +133,7 @@ func FuzzSum(f *testing.F) {
 }
 
 // respell writes a strict JSON text again with the members of every object
-// in reverse order, whitespace between tokens, strings escaped the way
+// in reverse order (unless two of its names fold together), whitespace between tokens, strings escaped the way
 // encoding/json escapes them, and "e0" after numbers without an exponent.
 func respell(t *testing.T, data []byte) []byte {
 	t.Helper()
@@ -159,17 +159,34 @@ func respell(t *testing.T, data []byte) []byte {
 				return append(b, " ]"...)
 			}
 			var members [][]byte
+			var names []string
 			for dec.More() {
 				name, _ := dec.Token()
+				names = append(names, name.(string))
 				m, _ := json.Marshal(name)
 				m = append(m, " : "...)
 				members = append(members, write(m))
 			}
 			dec.Token()
+			// Two names that fold together ("a" and "A") bind one struct
+			// field, the last one winning: their order is a parameter,
+			// so such an object keeps its order.
+			reverse := true
+			for i := range names {
+				for j := i + 1; j < len(names); j++ {
+					if strings.EqualFold(names[i], names[j]) {
+						reverse = false
+					}
+				}
+			}
 			b = append(b, "{\t"...)
-			for i := len(members) - 1; i >= 0; i-- {
+			for k := range members {
+				i := k
+				if reverse {
+					i = len(members) - 1 - k
+				}
 				b = append(b, members[i]...)
-				if i > 0 {
+				if k < len(members)-1 {
 					b = append(b, ",\r\n"...)
 				}
 			}

@@ -69,11 +69,11 @@ func TestHashInputLayout(t *testing.T) {
 				str("b"), "\x01", "t", str(""), str("2")),
 		},
 		{
-			"selected form fields",
-			req(Spec{Fields: []string{"/b", "/c"}}, "application/x-www-form-urlencoded", "b=2&a=1"),
-			sum(head, str("application/x-www-form-urlencoded"), "F", "\x02",
-				str("/b"), "\x01", "t", str(""), str("2"),
-				str("/c"), "\x00"),
+			"form with Fields: every field takes part, less the excluded",
+			req(Spec{Fields: []string{"/b", "/c"}, Exclude: []string{"/d"}}, "application/x-www-form-urlencoded", "b=2&a=1&d=4"),
+			sum(head, str("application/x-www-form-urlencoded"), "A", "\x02",
+				str("a"), "\x01", "t", str(""), str("1"),
+				str("b"), "\x01", "t", str(""), str("2")),
 		},
 		{
 			"multipart file",

@@ -151,16 +151,6 @@ func arrayIndex(s string) int {
 	return n
 }
 
-// singleName reports the field name a pointer selects in a form: "/prompt"
-// selects "prompt". A pointer with more than one token selects nothing.
-func singleName(ptr string) (string, bool) {
-	toks, err := appendTokens(nil, ptr)
-	if err != nil || len(toks) != 1 {
-		return "", false
-	}
-	return toks[0].name, true
-}
-
 // foldedError reports a member name or form field name at offset off that
 // is not the name p selects or excludes but equal to it under case folding.
 // The message names the pointer, which is configuration, and never the

@@ -1,9 +1,11 @@
 package fingerprint
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"hash"
+	"hash/maphash"
 	"math"
 	"math/bits"
 	"slices"
@@ -92,6 +94,13 @@ type state struct {
 	sha    hash.Hash // reused by Sum
 	sum    [32]byte  // a digest, kept here so it need not be allocated
 
+	folds   []byte    // fold keys of one object's names (see foldCollision)
+	foldIdx []foldKey // their places in folds
+	foldTab []int32   // open-addressing table over foldIdx: index+1, 0 empty
+	seed    maphash.Seed
+	seeded  bool
+	spare   []member // a copy of an object's members kept in input order
+
 	prog   program
 	active []int  // indexes into prog.ptrs still matching, per open level
 	sel    []byte // canonical values of selected fields
@@ -122,7 +131,8 @@ func getState() *state {
 func putState(s *state) {
 	const maxMembers = maxPooled / 64 // about 64 bytes a member
 	if cap(s.out) > maxPooled || cap(s.tmp) > maxPooled || cap(s.sel) > maxPooled || cap(s.names) > maxPooled ||
-		cap(s.members) > maxMembers || cap(s.order) > maxMembers || cap(s.nodes) > maxMembers {
+		cap(s.members) > maxMembers || cap(s.order) > maxMembers || cap(s.nodes) > maxMembers ||
+		cap(s.folds) > maxPooled || cap(s.foldIdx) > maxMembers || cap(s.foldTab) > 4*maxMembers || cap(s.spare) > maxMembers {
 		return
 	}
 	s.data = nil
@@ -346,7 +356,7 @@ func (s *state) object(depth int, emit bool, a0, a1 int) error {
 	if a0 < a1 {
 		s.kinds = append(s.kinds[:depth-1], kindMember)
 	}
-	written := 0
+	written, foldable := 0, false
 	for {
 		if s.pos >= len(s.data) || s.data[s.pos] != '"' {
 			return s.errorf("want a member name")
@@ -387,6 +397,9 @@ func (s *state) object(depth int, emit bool, a0, a1 int) error {
 				return foldedError(s.prog.ptrs[folded], "member name", keyAt)
 			}
 		}
+		if emit && s.mode == numbersExact && !foldable {
+			foldable = mayFold(name)
+		}
 		m := member{key: sortKey(name), nameOff: off, nameLen: int32(n), escaped: esc, start: -1}
 		if excluded {
 			s.out = s.out[:mark]
@@ -415,7 +428,7 @@ func (s *state) object(depth int, emit bool, a0, a1 int) error {
 		break
 	}
 	ms := s.members[mbase:]
-	reordered, err := s.sortMembers(ms, open)
+	reordered, err := s.orderMembers(ms, open, foldable)
 	if err != nil {
 		return err
 	}
@@ -456,6 +469,83 @@ func (s *state) compare(a, b *member) int {
 	return compareUTF16(s.name(a), s.name(b))
 }
 
+// mayFold reports whether name could fold onto another name without being
+// equal to it: only a name holding an upper-case ASCII letter or a byte
+// beyond ASCII can (two names of lower-case ASCII fold together only when
+// equal), so most objects skip foldCollision.
+func mayFold(name []byte) bool {
+	for _, c := range name {
+		if c-'A' < 26 || c >= utf8.RuneSelf {
+			return true
+		}
+	}
+	return false
+}
+
+// orderMembers puts the members of one object in canonical order and
+// rejects a repeated name; it reports whether the order changed. When two
+// names fold together ("prompt" and "Prompt"; foldable says whether any
+// name could), the object keeps its order as received instead:
+// encoding/json binds both to one struct field and the last one wins, so
+// their order is a parameter. That costs a reordered retry a false
+// conflict, never a false replay; and which names collide is in the
+// canonical text, so a kept object never reads like a sorted one.
+func (s *state) orderMembers(ms []member, open int, foldable bool) (reordered bool, err error) {
+	if foldable && s.mode == numbersExact && len(ms) > 1 && s.foldCollision(ms) {
+		// Still refuse a repeated name: sort a copy to find one.
+		s.spare = append(s.spare[:0], ms...)
+		_, err := s.sortMembers(s.spare, open)
+		return false, err
+	}
+	return s.sortMembers(ms, open)
+}
+
+// foldCollision reports whether two members of one object have names
+// equal under simple case folding but not byte for byte, the way
+// encoding/json matches names to struct fields (bytes.EqualFold). Fold
+// keys are built as encoding/json builds them (ASCII upper-cased, every
+// other rune mapped to the smallest rune of its fold orbit) and looked up
+// in an open-addressing table, so the check is linear in the object
+// whatever its names; a seeded hash keeps crafted names from colliding on
+// purpose, and every hash match is confirmed byte for byte.
+func (s *state) foldCollision(ms []member) bool {
+	if !s.seeded {
+		s.seed, s.seeded = maphash.MakeSeed(), true
+	}
+	size := 8
+	for size < 2*len(ms) {
+		size *= 2
+	}
+	s.foldTab = slices.Grow(s.foldTab[:0], size)[:size]
+	clear(s.foldTab)
+	s.folds, s.foldIdx = s.folds[:0], s.foldIdx[:0]
+	for i := range ms {
+		name := s.name(&ms[i])
+		start := len(s.folds)
+		s.folds = appendFoldKey(s.folds, name)
+		key := s.folds[start:]
+		s.foldIdx = append(s.foldIdx, foldKey{start, len(s.folds)})
+		for h := maphash.Bytes(s.seed, key) & uint64(size-1); ; h = (h + 1) & uint64(size-1) {
+			j := s.foldTab[h] - 1
+			if j < 0 {
+				s.foldTab[h] = int32(i) + 1
+				break
+			}
+			k := s.foldIdx[j]
+			if bytes.Equal(s.folds[k.start:k.end], key) {
+				if !bytes.Equal(s.name(&ms[j]), name) {
+					return true
+				}
+				break // an exact repeat: sortMembers refuses it
+			}
+		}
+	}
+	return false
+}
+
+// A foldKey is where one member name's fold key lies in state.folds.
+type foldKey struct{ start, end int }
+
 // sortMembers orders the members of one object by their names in UTF-16
 // code units and rejects a repeated name. It reports whether the order
 // changed.
@@ -484,14 +574,20 @@ func (s *state) sortMembers(ms []member, open int) (reordered bool, err error) {
 	}
 	for i := 1; i < len(ms); i++ {
 		if s.compare(&ms[i-1], &ms[i]) == 0 {
-			off := open
-			if !ms[i].escaped {
-				off = ms[i].nameOff - 1
-			}
-			return false, invalidAt(off, "duplicate member name")
+			return false, s.duplicate(&ms[i], open)
 		}
 	}
 	return true, nil
+}
+
+// duplicate reports a repeated member name at m (or at the object's
+// opening brace when m's name was escaped).
+func (s *state) duplicate(m *member, open int) error {
+	off := open
+	if !m.escaped {
+		off = m.nameOff - 1
+	}
+	return invalidAt(off, "duplicate member name")
 }
 
 func (s *state) array(depth int, emit bool, a0, a1 int) error {

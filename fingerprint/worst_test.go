@@ -60,6 +60,25 @@ func worstBodies(size int) []struct {
 		{"deep arrays", fill("[", deepArray, "]")},
 		{"deep objects out of order", fill("[", deepObject, "]")},
 		{"small objects out of order", fill("[", `{"c":[],"b":{},"a":0}`, "]")},
+		// Upper-case names make every object check its names for folds.
+		{"small upper-case objects out of order", fill("[", `{"C":[],"B":{},"A":0}`, "]")},
+		{"small objects, folded names out of order", fill("[", `{"b":0,"B":[],"a":{},"A":0}`, "]")},
+		{"many folded members", fillf("{", func(i int) string {
+			if i%2 == 0 {
+				return fmt.Sprintf(`"Ab%08d":1`, 1<<26-i)
+			}
+			return fmt.Sprintf(`"aB%08d":1`, 1<<26-i+1)
+		}, "}")},
+		{"many upper-case members", fillf("{", func(i int) string { return fmt.Sprintf(`"%sP%08d":1`, strings.Repeat("Q", 20), 1<<26-i) }, "}")},
+		{"many case variants of one name", fillf("{", func(i int) string {
+			name := []byte("abcdefghijklmnopq")
+			for j := range name {
+				if i>>j&1 == 1 {
+					name[j] -= 'a' - 'A'
+				}
+			}
+			return `"` + string(name) + `":1`
+		}, "}")},
 		{"many members", []byte(members.String())},
 		{"long escaped string", []byte(`{"s":"` + strings.Repeat(`\u00e9\n\"\\\ud83d\ude00`, (size-10)/26) + `"}`)},
 		{"escaped member names", fillf("{", func(i int) string { return fmt.Sprintf(`"\u0061\n\u00e9%d":1`, 1<<26-i) }, "}")},
