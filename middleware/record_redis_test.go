@@ -236,3 +236,96 @@ func dbSize(t *testing.T, c *redis.Client) int64 {
 	}
 	return n
 }
+
+// TestRedisReplayCPU measures what a replay costs a real redis-server in
+// CPU (INFO cpu) against one GET of the same record, the same number of
+// times from the same number of goroutines, alternating rounds. Run with
+// -v to see the figures.
+func TestRedisReplayCPU(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts its own redis-server")
+	}
+	ctx := context.Background()
+	srv, err := devserver.StartRedis(ctx, 1)
+	if err != nil {
+		t.Skipf("redis-server: %v", err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	const workers, perRound, rounds = 8, 4000, 4
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: workers})
+	t.Cleanup(func() { client.Close() })
+	s := NewRedisStore(client)
+
+	k, _ := keyspace.Derive("images", keyspace.Scope{Tenant: "acme", User: "alice", Request: "r1"})
+	req := ClaimRequest{Fingerprint: "v1:" + fingerprint.Fingerprint(strings.Repeat("ab", 32)), Owner: k.Owner(), Kind: k.Kind(), Lease: time.Minute, Token: newToken(),
+		Fields: []fingerprint.FieldSum{{1, 2}, {3, 4}, {5, 6}, {7, 8}}}
+	if _, err := s.Claim(ctx, k.String(), req); err != nil {
+		t.Fatal(err)
+	}
+	resp := Response{Status: http.StatusAccepted,
+		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/tasks/t_5Ho2Xa"}},
+		Body:   []byte(`{"task_id":"t_5Ho2Xa","status":"pending"}`)}
+	if err := s.Complete(ctx, k.String(), req.Token, resp, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	stored, _ := storeKey(k.String(), "", "")
+	replay := req
+	replay.Token = newToken()
+	run := func(op func() error) float64 {
+		before := usedCPU(t, client)
+		errs := make(chan error, workers)
+		for range workers {
+			go func() {
+				for range perRound / workers {
+					if err := op(); err != nil {
+						errs <- err
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		for range workers {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		return usedCPU(t, client) - before
+	}
+	var replayCPU, getCPU float64
+	for range rounds {
+		replayCPU += run(func() error {
+			res, err := s.Claim(ctx, k.String(), replay)
+			if err == nil && res.Status != Finished {
+				err = fmt.Errorf("claim = %v", res.Status)
+			}
+			return err
+		})
+		getCPU += run(func() error { return client.Get(ctx, stored).Err() })
+	}
+	n := float64(rounds * perRound)
+	t.Logf("Redis CPU per replay %.1f µs, per GET of the same record %.1f µs: %.2f×", replayCPU*1e6/n, getCPU*1e6/n, replayCPU/getCPU)
+	if replayCPU > 1.5*getCPU {
+		t.Errorf("a replay costs Redis %.2f× a GET's CPU", replayCPU/getCPU)
+	}
+}
+
+func usedCPU(t *testing.T, c *redis.Client) float64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cpu float64
+	for _, line := range strings.Split(info, "\n") {
+		name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (name == "used_cpu_sys" || name == "used_cpu_user") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cpu += f
+		}
+	}
+	return cpu
+}
