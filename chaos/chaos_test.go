@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +17,9 @@ import (
 // soakSeed is the fixed seed of the short soak in make test.
 const soakSeed = 1
 
+// keptDir finds the run directory the tool kept, in its stderr.
+var keptDir = regexp.MustCompile(`kept in (\S+)`)
+
 // runTool runs the command in-process and returns its exit code and the
 // JSON summary.
 func runTool(t *testing.T, args ...string) (int, Summary) {
@@ -23,6 +28,17 @@ func runTool(t *testing.T, args ...string) (int, Summary) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	code := run(ctx, append([]string{"-json", "-q"}, args...), &out, &errOut)
+	// A violated run keeps its directory for a look; a planted bug's
+	// expected violation needs no look unless the test failed.
+	if m := keptDir.FindStringSubmatch(errOut.String()); m != nil {
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("history and logs kept in %s", m[1])
+				return
+			}
+			os.RemoveAll(m[1])
+		})
+	}
 	var s Summary
 	if code == 0 || code == 1 {
 		if err := json.Unmarshal(out.Bytes(), &s); err != nil {
