@@ -206,3 +206,27 @@ func TestRecorderConcurrent(t *testing.T) {
 		t.Fatalf("read back %d requests and %d calls, want %d each", len(h.Requests), len(h.Gen), 32*50)
 	}
 }
+
+// FuzzFlagLists: the -faults and -policy parsers accept only what they
+// name, and never panic.
+func FuzzFlagLists(f *testing.F) {
+	f.Add("kill,flushall")
+	f.Add("images=uncertain,music=retry")
+	f.Add(" , =,")
+	f.Fuzz(func(t *testing.T, s string) {
+		if kinds, err := parseKinds(s); err == nil {
+			for _, k := range kinds {
+				if !slices.Contains(faultKinds, k) {
+					t.Fatalf("parseKinds(%q) accepted %q", s, k)
+				}
+			}
+		}
+		if pol, err := parsePolicy(s); err == nil {
+			for kind, p := range pol {
+				if p != "uncertain" && p != "retry" {
+					t.Fatalf("parsePolicy(%q) accepted %s=%q", s, kind, p)
+				}
+			}
+		}
+	})
+}
