@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/labstack/echo/v4"
 	echomw "github.com/labstack/echo/v4/middleware"
@@ -59,6 +60,12 @@ type Config struct {
 	// to the request metrics. Optional. Default false: a service with
 	// many tenants would get a series per tenant.
 	Tenant bool
+	// AttemptSpanLimit bounds how long an attempt's span stays open after
+	// its handler returned, waiting for the worker's event that says how
+	// the attempt ended. Without one (the outcome write failed, the
+	// process is stopping) the span ends then with the outcome "unknown".
+	// Optional. Default 2 minutes.
+	AttemptSpanLimit time.Duration
 }
 
 // Recorder turns idemgate's events into instruments and spans. Its methods
@@ -87,6 +94,9 @@ func New(cfg Config) (*Recorder, error) {
 	}
 	if cfg.Propagator == nil {
 		cfg.Propagator = propagation.TraceContext{}
+	}
+	if cfg.AttemptSpanLimit <= 0 {
+		cfg.AttemptSpanLimit = 2 * time.Minute
 	}
 	m := cfg.MeterProvider.Meter(scope)
 	r := &Recorder{cfg: cfg, tracer: cfg.TracerProvider.Tracer(scope)}

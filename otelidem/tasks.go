@@ -23,12 +23,6 @@ const traceparent = "traceparent"
 // column holds a W3C traceparent.
 var w3c propagation.TraceContext
 
-// attemptSpanLimit bounds how long an attempt's span waits for the
-// worker's event saying how the attempt ended. Without an event (the
-// outcome write failed, the process stops) the span ends then, with the
-// outcome "unknown".
-const attemptSpanLimit = 2 * time.Minute
-
 // Submit runs submit(ctx, t) in a span, idemgate.task.submit, and stores
 // the span's trace context in t.Trace (unless already set), so that the
 // task's attempts join the request's trace. A duplicate submit returns the
@@ -60,8 +54,9 @@ func (r *Recorder) Submit(ctx context.Context, t pgstore.NewTask,
 // Attempt returns h with a span around each attempt, idemgate.task.attempt,
 // whose parent is the submitting request's span (from Task.Trace): one
 // trace shows the request, its claim, the submit and every attempt. The
-// span ends when OnWorkerEvent reports how the attempt ended, so set
-// WorkerConfig.OnEvent to r.OnWorkerEvent too.
+// span ends when OnWorkerEvent reports how the attempt ended (or, without
+// that event, after Config.AttemptSpanLimit), so set WorkerConfig.OnEvent
+// to r.OnWorkerEvent too.
 func (r *Recorder) Attempt(h pgstore.Handler) pgstore.Handler {
 	return r.wrap("idemgate.task.attempt", h)
 }
@@ -109,7 +104,7 @@ func (r *Recorder) wrap(name string, h pgstore.Handler) pgstore.Handler {
 		}
 		k := attemptKey{t.ID, t.Attempt}
 		a := &openAttempt{span: span}
-		a.timer = time.AfterFunc(attemptSpanLimit, func() {
+		a.timer = time.AfterFunc(r.cfg.AttemptSpanLimit, func() {
 			if r.attempts.CompareAndDelete(k, a) {
 				span.SetAttributes(keyTaskOutcome.String("unknown"))
 				span.End()

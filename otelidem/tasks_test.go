@@ -393,3 +393,48 @@ func TestConcurrentRecording(t *testing.T) {
 		}
 	}
 }
+
+// TestAttemptSpanLimit: an attempt whose outcome event never comes ends
+// its span with the outcome "unknown"; one whose event races the limit
+// ends exactly once either way (run with -race).
+func TestAttemptSpanLimit(t *testing.T) {
+	t.Parallel()
+	b := setup(t, otelidem.Config{AttemptSpanLimit: time.Millisecond})
+	h := b.rec.Attempt(func(ctx context.Context, task pgstore.Task) pgstore.Outcome {
+		return pgstore.Succeeded(json.RawMessage(`1`))
+	})
+	const n = 200
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			id := fmt.Sprintf("task-%d", i)
+			h(context.Background(), pgstore.Task{ID: id, Kind: "image", Attempt: 1})
+			if i%2 == 0 { // the odd ones never hear how they ended
+				b.rec.OnWorkerEvent(pgstore.WorkerEvent{Type: pgstore.WorkerSucceeded, Kind: "image", TaskID: id, Attempt: 1})
+			}
+		})
+	}
+	wg.Wait()
+	ended := map[string]string{}
+	eventually(t, "every attempt span ends", func() bool {
+		ended = map[string]string{}
+		for _, sp := range b.spans.Ended() {
+			id := attr(sp, "idemgate.task.id")
+			if _, dup := ended[id]; dup {
+				t.Fatalf("span of %s ended twice", id)
+			}
+			ended[id] = attr(sp, "idemgate.task.outcome")
+		}
+		return len(ended) == n
+	})
+	for id, o := range ended {
+		var i int
+		fmt.Sscanf(id, "task-%d", &i)
+		if i%2 == 1 && o != "unknown" {
+			t.Errorf("%s never heard its outcome but ended %q, want unknown", id, o)
+		}
+		if i%2 == 0 && o != "succeeded" && o != "unknown" {
+			t.Errorf("%s ended %q", id, o)
+		}
+	}
+}
