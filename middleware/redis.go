@@ -216,8 +216,8 @@ func storeKey(key, owner, kind string) (k string, implied bool) {
 	if colon < 0 || strings.IndexByte(head[5+colon+1:], ':') >= 0 || !isLowerHex(o) || !isLowerHex(r) {
 		return key, false
 	}
-	b := make([]byte, 0, len(head)+3+32)
-	b = append(b, head...)
+	var buf [128]byte // holds most keys, so that the key is the one allocation
+	b := append(buf[:0], head...)
 	b = append(b, ":{}"...)
 	b, _ = hex.AppendDecode(b, []byte(o[:32]))
 	b, _ = hex.AppendDecode(b, []byte(r[:32]))
