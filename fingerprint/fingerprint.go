@@ -103,6 +103,13 @@ func (s Spec) Sum(body []byte) (Fingerprint, error) {
 //     the media type's parameters (normalized: names sorted, the charset
 //     value lower-cased), so text/plain in UTF-8 and in Latin-1 differ.
 //
+// A request with a Content-Encoding header (gzip) is hashed as it is, with
+// its coding and media type parameters, whatever its media type: a
+// decompressing middleware inside the idempotency middleware hands the
+// handler the decoded body, one outside it the fingerprint too, and the
+// fingerprint cannot tell which; so it neither parses it nor honours Fields
+// or Exclude (a false conflict at worst, never a false replay).
+//
 // The parameters of JSON and form media types do not take part: JSON is
 // UTF-8 by definition, and form parsers ignore them. An empty body is the
 // empty request for every media type, as echo's binder binds nothing from
@@ -164,9 +171,23 @@ func (st *state) sumRequest(s Spec, r *http.Request, body []byte) (Fingerprint, 
 	if err != nil {
 		return "", err
 	}
-	switch {
+	switch ce := r.Header["Content-Encoding"]; {
 	case len(body) == 0:
 		return st.sumEmpty(mt.typ), nil
+	case len(ce) > 0:
+		// The body may reach the handler decoded (a decompressing
+		// middleware after this one) or not, and the fingerprint cannot
+		// tell which: parsing it as JSON or a form could make two
+		// encodings that decode to different parameters read alike.
+		// Hash it as it is, with its coding.
+		st.out = appendHeader(st.out[:0], mt.typ, 'C')
+		st.out = binary.AppendUvarint(st.out, uint64(len(ce)))
+		for _, v := range ce {
+			st.out = appendStr(st.out, v)
+		}
+		st.out = appendParams(st.out, mt)
+		st.out = append(st.out, body...)
+		return st.finish(st.out), nil
 	case isJSON(mt.typ):
 		return st.sumJSON(mt.typ, body)
 	case mt.typ == "application/x-www-form-urlencoded":
@@ -221,6 +242,9 @@ const mediaJSON = "application/json"
 //	    value 'm' str(media type) params for Content-Type and
 //	    Content-Disposition, 'r' str(value as sent) for the others
 //	'R' raw body: params, then the body; the rest of the input
+//	'C' a body with a Content-Encoding, whatever its media type: uvarint(n)
+//	    then str(value as sent) per Content-Encoding header line, params,
+//	    then the body as received; the rest of the input
 //
 // where params = 'p' uvarint(n) then per parameter, sorted by name:
 // str(name) str(value), the value of charset lower-cased; or 'x'

@@ -18,8 +18,10 @@ type goldenCase struct {
 	Name        string `json:"name"`
 	Spec        Spec   `json:"spec"`
 	ContentType string `json:"content_type"`
-	Body        string `json:"body"`
-	Fingerprint string `json:"fingerprint"`
+	// ContentEncoding, when set, is sent as the Content-Encoding header.
+	ContentEncoding string `json:"content_encoding,omitempty"`
+	Body            string `json:"body"`
+	Fingerprint     string `json:"fingerprint"`
 }
 
 func TestGolden(t *testing.T) {
@@ -40,6 +42,9 @@ func TestGolden(t *testing.T) {
 		r := httptest.NewRequest("POST", "/", nil)
 		if c.ContentType != "" {
 			r.Header.Set("Content-Type", c.ContentType)
+		}
+		if c.ContentEncoding != "" {
+			r.Header.Set("Content-Encoding", c.ContentEncoding)
 		}
 		got, err := c.Spec.SumRequest(r, []byte(c.Body))
 		if err != nil {

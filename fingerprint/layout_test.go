@@ -76,6 +76,21 @@ func TestHashInputLayout(t *testing.T) {
 				str("b"), "\x01", "t", str(""), str("2")),
 		},
 		{
+			"encoded body",
+			func() Fingerprint {
+				r := httptest.NewRequest("POST", "/", nil)
+				r.Header.Set("Content-Type", "application/x-www-form-urlencoded; charset=UTF-8")
+				r.Header["Content-Encoding"] = []string{"gzip", "br"}
+				fp, err := Spec{Fields: []string{"/a"}}.SumRequest(r, []byte("a=1"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return fp
+			}(),
+			sum(head, str("application/x-www-form-urlencoded"), "C", "\x02", str("gzip"), str("br"),
+				"p\x01", str("charset"), str("utf-8"), "a=1"),
+		},
+		{
 			"multipart file",
 			req(Spec{}, "multipart/form-data; boundary=X", "--X\r\nContent-Disposition: form-data; name=\"f\"; filename=\"a\"\r\nContent-Type: Image/PNG; Q=1; charset=UTF-8\r\nX-Note: As Sent\r\n\r\nabc\r\n--X--\r\n"),
 			func() Fingerprint {
