@@ -73,10 +73,13 @@ type attemptKey struct {
 	attempt int
 }
 
-// openAttempt is an attempt's span waiting for its outcome event.
+// openAttempt is an attempt's span waiting for its outcome event. Whoever
+// removes it from Recorder.attempts (the event, the limit's timer, or a
+// newer span of the same attempt) ends it, so it ends exactly once.
 type openAttempt struct {
 	span  trace.Span
-	timer *time.Timer
+	mu    sync.Mutex  // guards timer, set just after the attempt is stored
+	timer *time.Timer // nil until set
 }
 
 func (r *Recorder) wrap(name string, h pgstore.Handler) pgstore.Handler {
@@ -104,24 +107,31 @@ func (r *Recorder) wrap(name string, h pgstore.Handler) pgstore.Handler {
 		}
 		k := attemptKey{t.ID, t.Attempt}
 		a := &openAttempt{span: span}
-		a.timer = time.AfterFunc(r.cfg.AttemptSpanLimit, func() {
-			if r.attempts.CompareAndDelete(k, a) {
-				span.SetAttributes(keyTaskOutcome.String("unknown"))
-				span.End()
-			}
-		})
+		// Stored before its timer starts: a timer that fired first would
+		// find nothing to end, and the span would stay open for good.
+		a.mu.Lock()
 		if old, loaded := r.attempts.Swap(k, a); loaded {
 			// The same attempt ran twice in this process (a resent claim):
 			// the older span ends here.
-			old.(*openAttempt).end("superseded", nil)
+			defer old.(*openAttempt).end("superseded", nil)
 		}
+		a.timer = time.AfterFunc(r.cfg.AttemptSpanLimit, func() {
+			if r.attempts.CompareAndDelete(k, a) {
+				a.end("unknown", nil)
+			}
+		})
+		a.mu.Unlock()
 		return o
 	}
 }
 
 // end closes an attempt's span with its outcome.
 func (a *openAttempt) end(outcome string, err error) {
-	a.timer.Stop()
+	a.mu.Lock()
+	if a.timer != nil {
+		a.timer.Stop()
+	}
+	a.mu.Unlock()
 	a.span.SetAttributes(keyTaskOutcome.String(outcome))
 	switch outcome {
 	case string(pgstore.WorkerSucceeded), string(pgstore.WorkerReconciled), string(pgstore.WorkerRetried):
