@@ -4,7 +4,7 @@
 GO ?= go
 export GOTOOLCHAIN ?= local
 
-.PHONY: test vet unit faults run bench load
+.PHONY: test vet unit faults run bench load chaos
 
 test: vet unit faults
 
@@ -31,3 +31,7 @@ bench:
 
 load:
 	$(GO) run ./loadtest
+
+# The long randomized soak with its history checker (README "Reliability (chaos)").
+chaos:
+	$(GO) run ./chaos -seed $(or $(SEED),1) -duration $(or $(DURATION),30m)
