@@ -130,9 +130,14 @@ func (w *captureWriter) FlushError() error {
 func (w *captureWriter) Flush() { _ = w.FlushError() }
 
 // Hijack hands the connection over; a hijacked response is never stored.
+// A hijack that fails (HTTP/2, a writer that cannot) leaves the response
+// to the handler, which may still answer it in full: that one is stored.
 func (w *captureWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	w.hijacked = true
-	return http.NewResponseController(w.ResponseWriter).Hijack()
+	conn, rw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err == nil {
+		w.hijacked = true
+	}
+	return conn, rw, err
 }
 
 // Unwrap lets http.ResponseController reach the underlying writer.
