@@ -40,8 +40,8 @@ func TestRun(t *testing.T) {
 	}
 	wantRT := map[string]float64{"miss": 2, "replay": 1, "conflict": 1}
 	wantStatus := map[string][]string{"miss": {"202"}, "replay": {"202"}, "conflict": {"409"}, "dup": {"202", "409"}}
-	if len(rep.Results) != 8 {
-		t.Fatalf("%d results, want 4 scenarios × 2 stacks", len(rep.Results))
+	if len(rep.Results) != 12 {
+		t.Fatalf("%d results, want 4 scenarios × 3 stacks (floor, floor-script, idemgate)", len(rep.Results))
 	}
 	for _, res := range rep.Results {
 		name := res.Scenario + "/" + res.Stack
@@ -83,6 +83,9 @@ func TestRun(t *testing.T) {
 		}
 		if (res.Scenario == "replay" || res.Scenario == "conflict") && res.HandlerExecutions != 0 {
 			t.Errorf("%s/%s: the handler ran %d times", res.Scenario, res.Stack, res.HandlerExecutions)
+		}
+		if res.RedisCPUusPerReq <= 0 {
+			t.Errorf("%s/%s: Redis CPU per request %v, want > 0", res.Scenario, res.Stack, res.RedisCPUusPerReq)
 		}
 	}
 }
