@@ -1,0 +1,222 @@
+// Package pgrecords is a middleware.Store on PostgreSQL: idempotency
+// records in the database an application already runs, with no Redis.
+//
+// Each record is one row of idemgate_records, keyed by the idempotency key
+// alone. Every transition is one statement, so one round trip: a claim
+// calls a plpgsql function (read, then insert or reclaim), and extend,
+// complete and release are one UPDATE or DELETE each, fenced by the
+// claim's token. Times come from the database's now(), so all nodes fence
+// against one clock. A miss costs two round trips (claim, complete), a
+// replay one, a conflict one, plus one extend per Lease/3 of handler time.
+//
+// Expired records stay until the next claim of their key reclaims them or
+// Sweep deletes them in small batches. The table has one index, the
+// primary key, which no update changes, and a fillfactor of 70: updates
+// are HOT, and the table stays small under a hot claim/complete load.
+package pgrecords
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/internal/migrate"
+	"github.com/idemgate/idemgate/middleware"
+)
+
+// Store keeps idempotency records in PostgreSQL. It is safe for concurrent
+// use.
+type Store struct {
+	pool *pgxpool.Pool
+	// SweepBatch is the number of records one Sweep statement deletes at
+	// most (default 1000): small batches hold few row locks and a short
+	// transaction.
+	sweepBatch int
+}
+
+var _ middleware.Store = (*Store)(nil)
+
+// New returns a Store on pool. The caller keeps ownership of pool (and
+// closes it). New checks that the pool answers; it does not migrate: call
+// Migrate once per deployment (or at every start: it is idempotent).
+func New(ctx context.Context, pool *pgxpool.Pool) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("pgrecords: nil pool")
+	}
+	if err := pool.Ping(ctx); err != nil {
+		return nil, fmt.Errorf("pgrecords: ping: %w", err)
+	}
+	return &Store{pool: pool, sweepBatch: 1000}, nil
+}
+
+// migrations is the schema history of the records table, oldest first.
+var migrations = []migrate.Migration{
+	{Version: 1, Name: "create idemgate_records and idemgate_records_claim", SQL: sqlV1},
+}
+
+// Migrate brings the records table to the newest version in the pool's
+// current schema. It is idempotent and safe to call from many nodes at
+// once (one migrates, the others wait on an advisory lock); it uses a
+// connection of its own. Its versions are recorded apart from pgstore's,
+// so both may live in one schema.
+func (s *Store) Migrate(ctx context.Context) error {
+	r := migrate.Runner{
+		Package:      "pgrecords",
+		VersionTable: "idemgate_records_migrations",
+		LockClass:    8192,
+		Migrations:   migrations,
+	}
+	return r.Run(ctx, s.pool)
+}
+
+// Sweep deletes expired records in batches until none is left, and
+// returns how many it deleted. Many nodes may sweep at once: each batch
+// skips the rows another holds. A record is expired once its lease (while
+// claimed) or its retention (once finished) has run out; the next claim of
+// its key would reclaim it anyway, so Sweep only bounds the table's size.
+// Sweep returns early, with what it deleted so far, when ctx ends.
+func (s *Store) Sweep(ctx context.Context) (int64, error) {
+	var total int64
+	for {
+		tag, err := s.pool.Exec(ctx, sqlSweep, s.sweepBatch)
+		if err != nil {
+			return total, fmt.Errorf("pgrecords: sweep: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(s.sweepBatch) {
+			return total, nil
+		}
+	}
+}
+
+// outcome codes of idemgate_records_claim.
+const (
+	outClaimed  = 1
+	outRunning  = 2
+	outFinished = 3
+	outMismatch = 4
+)
+
+// Claim implements middleware.Store.
+func (s *Store) Claim(ctx context.Context, key string, req middleware.ClaimRequest) (middleware.ClaimResult, error) {
+	var sums []byte
+	if len(req.Fields) > 0 {
+		sums = make([]byte, 0, len(req.Fields)*len(fingerprint.FieldSum{}))
+		for _, f := range req.Fields {
+			sums = append(sums, f[:]...)
+		}
+	}
+	var (
+		outcome int16
+		leftUS  *int64
+		held    []byte
+		status  *int16
+		header  []byte
+		body    []byte
+	)
+	err := s.pool.QueryRow(ctx, sqlClaim, key, [16]byte(req.Token), string(req.Fingerprint), req.Owner, req.Kind,
+		sums, micros(req.Lease)).Scan(&outcome, &leftUS, &held, &status, &header, &body)
+	if err != nil {
+		return middleware.ClaimResult{}, fmt.Errorf("pgrecords: claim: %w", err)
+	}
+	switch outcome {
+	case outClaimed:
+		return middleware.ClaimResult{Status: middleware.Claimed}, nil
+	case outRunning:
+		var left time.Duration
+		if leftUS != nil && *leftUS > 0 {
+			left = time.Duration(*leftUS) * time.Microsecond
+		}
+		return middleware.ClaimResult{Status: middleware.Running, RetryAfter: left}, nil
+	case outMismatch:
+		return middleware.ClaimResult{Status: middleware.Mismatch, Changed: changed(held, req.Fields)}, nil
+	case outFinished:
+		if status == nil {
+			return middleware.ClaimResult{}, errors.New("pgrecords: claim: finished record without a status")
+		}
+		h, err := decodeHeader(header)
+		if err != nil {
+			return middleware.ClaimResult{}, fmt.Errorf("pgrecords: claim: %w", err)
+		}
+		return middleware.ClaimResult{Status: middleware.Finished, Response: middleware.Response{Status: int(*status), Header: h, Body: body}}, nil
+	}
+	return middleware.ClaimResult{}, fmt.Errorf("pgrecords: claim: unknown outcome %d", outcome)
+}
+
+// changed returns the indexes of fields whose digests held (the record's,
+// 4 bytes each) does not contain, or nil when the record holds none.
+func changed(held []byte, fields []fingerprint.FieldSum) []int {
+	const n = len(fingerprint.FieldSum{})
+	if len(held) == 0 {
+		return nil
+	}
+	var out []int
+	for i, f := range fields {
+		found := false
+		for j := 0; j+n <= len(held); j += n {
+			if string(held[j:j+n]) == string(f[:]) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// Extend implements middleware.Store.
+func (s *Store) Extend(ctx context.Context, key string, token middleware.Token, lease time.Duration) error {
+	tag, err := s.pool.Exec(ctx, sqlExtend, key, [16]byte(token), micros(lease))
+	if err != nil {
+		return fmt.Errorf("pgrecords: extend: %w", err)
+	}
+	if tag.RowsAffected() != 1 {
+		return middleware.ErrLeaseLost
+	}
+	return nil
+}
+
+// Complete implements middleware.Store.
+func (s *Store) Complete(ctx context.Context, key string, token middleware.Token, resp middleware.Response, retention time.Duration) error {
+	if resp.Status < 100 || resp.Status > 999 {
+		return fmt.Errorf("pgrecords: complete: status %d out of range", resp.Status)
+	}
+	body := resp.Body
+	if body == nil {
+		body = []byte{}
+	}
+	var ok bool
+	err := s.pool.QueryRow(ctx, sqlComplete, key, [16]byte(token), micros(retention),
+		int16(resp.Status), appendHeader(nil, resp.Header), body).Scan(&ok)
+	if err != nil {
+		return fmt.Errorf("pgrecords: complete: %w", err)
+	}
+	if !ok {
+		return middleware.ErrLeaseLost
+	}
+	return nil
+}
+
+// Release implements middleware.Store.
+func (s *Store) Release(ctx context.Context, key string, token middleware.Token) error {
+	tag, err := s.pool.Exec(ctx, sqlRelease, key, [16]byte(token))
+	if err != nil {
+		return fmt.Errorf("pgrecords: release: %w", err)
+	}
+	if tag.RowsAffected() != 1 {
+		return middleware.ErrLeaseLost
+	}
+	return nil
+}
+
+// micros returns d in whole microseconds, rounded up, at least 1.
+func micros(d time.Duration) int64 {
+	us := int64((d + time.Microsecond - 1) / time.Microsecond)
+	return max(us, 1)
+}
