@@ -39,7 +39,9 @@ type Config struct {
 
 	// Fingerprint selects the body fields that take part in the parameter
 	// fingerprint. The method, route template, path parameter values and
-	// raw query string always take part.
+	// raw query string always take part. With Fields, a key_reused answer
+	// also names the fields that changed, when the store keeps their
+	// digests (RedisStore does).
 	// Optional. Default: the whole body.
 	Fingerprint fingerprint.Spec
 

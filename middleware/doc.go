@@ -46,7 +46,9 @@
 //	body_invalid         400  body the fingerprint cannot parse (reason and byte
 //	                          offset in detail, never body content)
 //	scope_invalid        400  tenant or user from Scope is empty or over 255 bytes
-//	key_reused           409  key used with other parameters (MismatchStatus, e.g. 422)
+//	key_reused           409  key used with other parameters (MismatchStatus, e.g. 422);
+//	                          with Fingerprint.Fields, "changed" lists the pointers
+//	                          of the fields that differ (names, never values)
 //	request_in_progress  409  same request still running; Retry-After
 //	                          (time left on the lease, at most Lease/3, at least 1 s)
 //	store_unavailable    503  store unreachable (unless FailOpen); Retry-After
@@ -55,6 +57,7 @@
 //	                          and that cannot be decoded for it
 //
 // The Store interface is small enough to implement on Postgres or DynamoDB;
-// RedisStore implements it on a single Redis, Sentinel or Cluster with one
-// Lua script per transition.
+// RedisStore implements it on a single Redis, Sentinel or Cluster: a claim
+// or a replay is one native SET … NX PX … GET, and every fenced transition
+// one Lua script.
 package middleware
