@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"time"
 )
 
@@ -65,4 +66,21 @@ func Uncertain(err error) Outcome {
 // final reports whether o ends the task for good (Succeeded or Failed).
 func (o Outcome) final() bool {
 	return o.kind == outcomeSucceeded || o.kind == outcomeFailed
+}
+
+// safeErr returns err, or, when err's Error method panics (a typed nil
+// pointer does), an error saying so: a handler's error is user code, and
+// its text is read by decide, the logger and OnEvent outside the
+// handler's recover.
+func safeErr(err error) (out error) {
+	if err == nil {
+		return nil
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			out = fmt.Errorf("pgstore: the handler's error (%T) panicked in Error: %v", err, p)
+		}
+	}()
+	_ = err.Error()
+	return err
 }

@@ -265,7 +265,14 @@ func (w *Worker) runAttempt(a *attempt) {
 		h = w.cfg.Reconcile
 	}
 	done := make(chan result, 1)
-	go func() { done <- call(a.ctx, h, a.task) }()
+	go func() {
+		// A handler that calls runtime.Goexit never returns: deferred,
+		// the send still happens, as a panic would.
+		res := result{panicked: true, panic: "the handler called runtime.Goexit"}
+		defer func() { done <- res }()
+		res = call(a.ctx, h, a.task)
+		res.outcome.err = safeErr(res.outcome.err)
+	}()
 
 	var res result
 	returned := true
