@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"os"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/idemgate/idemgate/internal/storetest"
 	"github.com/idemgate/idemgate/internal/testenv"
+	"github.com/idemgate/idemgate/keyspace"
 	"github.com/idemgate/idemgate/middleware"
 )
 
@@ -76,6 +79,36 @@ func TestRedisStoreCluster(t *testing.T) {
 	}
 	if len(nodes) < 2 {
 		t.Errorf("32 keys landed on %d node(s); the cluster test proves nothing", len(nodes))
+	}
+
+	// Compact keyspace keys ("…:{}" and raw digests) spread too: the empty
+	// hash tag makes the cluster hash the whole key.
+	tenant := "spread-" + newToken().String()[:8]
+	for i := range 32 {
+		k, err := keyspace.Derive("image", keyspace.Scope{Tenant: tenant, User: "u", Request: strconv.Itoa(i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.Claim(ctx, k.String(), middleware.ClaimRequest{Fingerprint: "v1:x", Owner: k.Owner(), Kind: k.Kind(), Lease: time.Minute}); err != nil {
+			t.Fatalf("Claim on the cluster: %v", err)
+		}
+	}
+	var mu sync.Mutex
+	holding := 0
+	err := client.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		keys, _, err := node.Scan(ctx, 0, "idem:"+tenant+":image:{}*", 10000).Result()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(keys) > 0 {
+			holding++
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if holding < 2 {
+		t.Errorf("32 compact keys landed on %d node(s), want them spread", holding)
 	}
 }
 
