@@ -1,0 +1,375 @@
+package pgrecords_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/internal/testenv"
+	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/pgrecords"
+)
+
+func token() middleware.Token {
+	var tok middleware.Token
+	_, _ = rand.Read(tok[:])
+	return tok
+}
+
+func key() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return "idem:pgrecords:test:" + hex.EncodeToString(b[:])
+}
+
+func request(lease time.Duration) middleware.ClaimRequest {
+	return middleware.ClaimRequest{
+		Fingerprint: "v1:" + fingerprint.Fingerprint(hex.EncodeToString(make([]byte, 32))),
+		Owner:       "owner-a",
+		Kind:        "image",
+		Lease:       lease,
+		Token:       token(),
+	}
+}
+
+func sample() middleware.Response {
+	return middleware.Response{
+		Status: http.StatusCreated,
+		Header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"one", "", "two"}},
+		Body:   []byte("{\"id\":42}\x00\xff"),
+	}
+}
+
+func mustClaim(t *testing.T, s middleware.Store, key string, req middleware.ClaimRequest, want middleware.ClaimStatus) middleware.ClaimResult {
+	t.Helper()
+	res, err := s.Claim(testCtx(t), key, req)
+	if err != nil {
+		t.Fatalf("Claim: %v", err)
+	}
+	if res.Status != want {
+		t.Fatalf("Claim = %v, want %v", res.Status, want)
+	}
+	return res
+}
+
+// TestConcurrentClaimsTwoPools: many goroutines on two pools (two nodes)
+// claim one key at once; exactly one wins, and every other one is told
+// the key is running, never an error.
+func TestConcurrentClaimsTwoPools(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresDSN(t)
+	stores := []*pgrecords.Store{newStore(t, newPool(t, dsn)), newStore(t, newPool(t, dsn))}
+	for round := range 5 {
+		k := key()
+		req := request(time.Minute)
+		const n = 64
+		var (
+			wg       sync.WaitGroup
+			mu       sync.Mutex
+			statuses = map[middleware.ClaimStatus]int{}
+		)
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := req
+				r.Token = token()
+				res, err := stores[i%2].Claim(testCtx(t), k, r)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					t.Errorf("round %d: Claim: %v", round, err)
+					return
+				}
+				statuses[res.Status]++
+			}()
+		}
+		wg.Wait()
+		if statuses[middleware.Claimed] != 1 || statuses[middleware.Running] != n-1 {
+			t.Errorf("round %d: statuses = %v, want 1 claimed and %d running", round, statuses, n-1)
+		}
+	}
+}
+
+// TestConcurrentReclaimOfExpired: an expired claim is reclaimed by exactly
+// one of many concurrent claims (ON CONFLICT DO UPDATE … WHERE expired).
+func TestConcurrentReclaimOfExpired(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresDSN(t)
+	stores := []*pgrecords.Store{newStore(t, newPool(t, dsn)), newStore(t, newPool(t, dsn))}
+	k := key()
+	stale := request(100 * time.Millisecond)
+	mustClaim(t, stores[0], k, stale, middleware.Claimed)
+	time.Sleep(300 * time.Millisecond)
+	const n = 32
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		winners []middleware.Token
+		running int
+	)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := request(time.Minute)
+			res, err := stores[i%2].Claim(testCtx(t), k, r)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				t.Errorf("Claim: %v", err)
+			case res.Status == middleware.Claimed:
+				winners = append(winners, r.Token)
+			case res.Status == middleware.Running:
+				running++
+			default:
+				t.Errorf("Claim = %v", res.Status)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(winners) != 1 || running != n-1 {
+		t.Fatalf("%d winners, %d running; want 1 and %d", len(winners), running, n-1)
+	}
+	if err := stores[1].Complete(testCtx(t), k, stale.Token, sample(), time.Hour); !errors.Is(err, middleware.ErrLeaseLost) {
+		t.Errorf("stale Complete = %v, want ErrLeaseLost", err)
+	}
+	if err := stores[1].Complete(testCtx(t), k, winners[0], sample(), time.Hour); err != nil {
+		t.Errorf("winner's Complete: %v", err)
+	}
+}
+
+// TestCanceledContextChangesNothing: every method fails on a cancelled
+// context with an error that is not ErrLeaseLost, and the record stays as
+// it was.
+func TestCanceledContextChangesNothing(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, newPool(t, testenv.PostgresDSN(t)))
+	k := key()
+	req := request(time.Minute)
+	mustClaim(t, s, k, req, middleware.Claimed)
+	c, cancel := context.WithCancel(context.Background())
+	cancel()
+	for name, err := range map[string]error{
+		"Extend":   s.Extend(c, k, req.Token, time.Hour),
+		"Complete": s.Complete(c, k, req.Token, sample(), time.Hour),
+		"Release":  s.Release(c, k, req.Token),
+	} {
+		if err == nil || errors.Is(err, middleware.ErrLeaseLost) {
+			t.Errorf("%s with a cancelled context = %v, want a store error", name, err)
+		}
+	}
+	if _, err := s.Claim(c, key(), request(time.Minute)); err == nil {
+		t.Errorf("Claim with a cancelled context succeeded")
+	}
+	other := req
+	other.Token = token()
+	mustClaim(t, s, k, other, middleware.Running)
+	if _, err := s.Sweep(c); err == nil {
+		t.Errorf("Sweep with a cancelled context succeeded")
+	}
+}
+
+// TestMismatchResponseStaysInDatabase calls the claim function itself: for
+// a mismatching request, the row it returns holds no status, header or
+// body, and field digests only for the record's owner and kind.
+func TestMismatchResponseStaysInDatabase(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, testenv.PostgresDSN(t))
+	s := newStore(t, pool)
+	k := key()
+	req := request(time.Minute)
+	req.Fields = []fingerprint.FieldSum{{1, 2, 3, 4}}
+	mustClaim(t, s, k, req, middleware.Claimed)
+	if err := s.Complete(testCtx(t), k, req.Token, sample(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	call := func(fp, owner, kind string) (outcome int16, sums, header, body []byte, status *int16) {
+		t.Helper()
+		err := pool.QueryRow(testCtx(t), `SELECT outcome, sums, status, header, body FROM idemgate_records_claim($1, $2, $3, $4, $5, NULL, 1000000)`,
+			k, [16]byte(token()), fp, owner, kind).Scan(&outcome, &sums, &status, &header, &body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	fp := string(req.Fingerprint)
+	for _, c := range []struct {
+		name, fp, owner, kind string
+		sums                  bool
+	}{
+		{"fingerprint", fp + "x", req.Owner, req.Kind, true},
+		{"owner", fp, req.Owner + "x", req.Kind, false},
+		{"kind", fp, req.Owner, "Image", false},
+	} {
+		outcome, sums, header, body, status := call(c.fp, c.owner, c.kind)
+		if outcome != 4 || status != nil || header != nil || body != nil {
+			t.Errorf("%s: outcome %d status %v header %q body %q, want a bare mismatch", c.name, outcome, status, header, body)
+		}
+		if (sums != nil) != c.sums {
+			t.Errorf("%s: sums %x, want digests only for the record's owner and kind", c.name, sums)
+		}
+	}
+	if outcome, _, _, body, _ := call(fp, req.Owner, req.Kind); outcome != 3 || !bytes.Equal(body, sample().Body) {
+		t.Errorf("matching request: outcome %d body %q, want the replay", outcome, body)
+	}
+}
+
+// TestSweep: Sweep deletes expired claims and finished records past their
+// retention, in batches, from many goroutines on two pools at once, and
+// leaves live records alone.
+func TestSweep(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresDSN(t)
+	pool := newPool(t, dsn)
+	s := newStore(t, pool)
+	s2 := newStore(t, newPool(t, dsn))
+	// 2500 expired rows, written directly; a few live records through the store.
+	if _, err := pool.Exec(testCtx(t), `INSERT INTO idemgate_records (key, token, finished, expires_at, fingerprint, owner, kind)
+		SELECT 'expired-' || i, gen_random_uuid(), i % 2 = 0, now() - interval '1 second', 'fp', 'o', 'k'
+		FROM generate_series(1, 2500) AS i`); err != nil {
+		t.Fatal(err)
+	}
+	live := []string{key(), key()}
+	running := request(time.Hour)
+	mustClaim(t, s, live[0], running, middleware.Claimed)
+	done := request(time.Hour)
+	mustClaim(t, s, live[1], done, middleware.Claimed)
+	if err := s.Complete(testCtx(t), live[1], done.Token, sample(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		total int64
+	)
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n, err := []*pgrecords.Store{s, s2}[i%2].Sweep(testCtx(t))
+			if err != nil {
+				t.Errorf("Sweep: %v", err)
+			}
+			mu.Lock()
+			total += n
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if total != 2500 {
+		t.Errorf("sweeps deleted %d, want 2500", total)
+	}
+	var left int
+	if err := pool.QueryRow(testCtx(t), `SELECT count(*) FROM idemgate_records`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 2 {
+		t.Errorf("%d records left, want the 2 live ones", left)
+	}
+	other := running
+	other.Token = token()
+	mustClaim(t, s, live[0], other, middleware.Running)
+	other.Token = token()
+	mustClaim(t, s, live[1], other, middleware.Finished)
+	if n, err := s.Sweep(testCtx(t)); err != nil || n != 0 {
+		t.Errorf("Sweep of a swept table = %d, %v; want 0", n, err)
+	}
+}
+
+// TestTableIsBuiltForHOT: the primary key on key is the table's only index,
+// so no update touches an index, and claim/complete cycles update in place
+// (HOT).
+func TestTableIsBuiltForHOT(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, testenv.PostgresDSN(t))
+	s := newStore(t, pool)
+	var indexes []string
+	rows, err := pool.Query(testCtx(t), `SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = 'idemgate_records'::regclass`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var d string
+		if err := rows.Scan(&d); err != nil {
+			t.Fatal(err)
+		}
+		indexes = append(indexes, d)
+	}
+	if rows.Err() != nil {
+		t.Fatal(rows.Err())
+	}
+	if len(indexes) != 1 || !bytes.Contains([]byte(indexes[0]), []byte("UNIQUE INDEX idemgate_records_pkey ON public.idemgate_records USING btree (key)")) {
+		t.Fatalf("indexes = %q, want only the primary key on key", indexes)
+	}
+	for range 200 {
+		k := key()
+		req := request(time.Minute)
+		mustClaim(t, s, k, req, middleware.Claimed)
+		if err := s.Extend(testCtx(t), k, req.Token, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Complete(testCtx(t), k, req.Token, sample(), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var upd, hot int64
+	if _, err := pool.Exec(testCtx(t), `SELECT pg_stat_force_next_flush()`); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(testCtx(t), `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'idemgate_records'::regclass`).Scan(&upd, &hot); err != nil {
+		t.Fatal(err)
+	}
+	if upd < 400 || hot < upd*9/10 {
+		t.Errorf("%d updates, %d of them HOT; want at least 400, nine in ten HOT", upd, hot)
+	}
+}
+
+// TestRecordsSurviveRestart: claimed and finished records, and their
+// fencing, outlive a restart of the PostgreSQL server. Not parallel: it
+// restarts the server this test binary shares (parallel tests wait).
+func TestRecordsSurviveRestart(t *testing.T) {
+	srv := testenv.PostgresServer(t)
+	if srv == nil {
+		t.Skip("TEST_DATABASE_URL is set: no throwaway server to restart")
+	}
+	pool := newPool(t, testenv.PostgresDSN(t))
+	s := newStore(t, pool)
+	kRun, kDone := key(), key()
+	running := request(time.Hour)
+	mustClaim(t, s, kRun, running, middleware.Claimed)
+	done := request(time.Hour)
+	mustClaim(t, s, kDone, done, middleware.Claimed)
+	want := sample()
+	if err := s.Complete(testCtx(t), kDone, done.Token, want, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := srv.Restart(testCtx(t)); err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	pool.Reset() // drop the connections the restart broke
+
+	other := running
+	other.Token = token()
+	mustClaim(t, s, kRun, other, middleware.Running)
+	got := mustClaim(t, s, kDone, other, middleware.Finished).Response
+	if got.Status != want.Status || !bytes.Equal(got.Body, want.Body) || got.Header.Get("Content-Type") != "application/json" {
+		t.Errorf("replay after restart = %+v, want %+v", got, want)
+	}
+	if err := s.Complete(testCtx(t), kRun, other.Token, want, time.Hour); !errors.Is(err, middleware.ErrLeaseLost) {
+		t.Errorf("Complete by a non-holder after restart = %v, want ErrLeaseLost", err)
+	}
+	if err := s.Complete(testCtx(t), kRun, running.Token, want, time.Hour); err != nil {
+		t.Errorf("holder's Complete after restart: %v", err)
+	}
+}
