@@ -146,10 +146,12 @@ func decodeForReplay(contentEncoding []string, body []byte, max int64) ([]byte, 
 	return out, true
 }
 
-// withoutEncoding returns a copy of h without Content-Encoding, and with a
-// strong ETag made weak: it named the encoded bytes.
+// withoutEncoding returns a copy of h without Content-Encoding, with a
+// strong ETag made weak (it named the encoded bytes), and with
+// Accept-Encoding in Vary: the decoded copy was chosen by the retry's
+// Accept-Encoding, whether or not the handler said its answer varies.
 func withoutEncoding(h http.Header) http.Header {
-	out := make(http.Header, len(h))
+	out := make(http.Header, len(h)+1)
 	for name, v := range h {
 		if name == "Content-Encoding" {
 			continue
@@ -159,5 +161,23 @@ func withoutEncoding(h http.Header) http.Header {
 	if etag := out.Get("Etag"); strings.HasPrefix(etag, `"`) {
 		out["Etag"] = []string{"W/" + etag}
 	}
+	if !varies(out["Vary"], "Accept-Encoding") {
+		out["Vary"] = append(out["Vary"][:len(out["Vary"]):len(out["Vary"])], "Accept-Encoding")
+	}
 	return out
+}
+
+// varies reports whether the Vary values name field, or "*".
+func varies(vary []string, field string) bool {
+	for _, v := range vary {
+		for v != "" {
+			var tok string
+			tok, v, _ = strings.Cut(v, ",")
+			tok = strings.Trim(tok, " \t")
+			if tok == "*" || strings.EqualFold(tok, field) {
+				return true
+			}
+		}
+	}
+	return false
 }
