@@ -179,7 +179,6 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 		return writeProblem(c, http.StatusBadRequest, codeBodyInvalid, err.Error(), 0)
 	}
 	st.req.Fingerprint = st.rt.target.Sum(c.ParamNames(), c.ParamValues(), r.URL.RawQuery, inner)
-	c.Set(contextKey, st)
 
 	st.token = newToken()
 	claim := ClaimRequest{
@@ -408,6 +407,9 @@ func (st *call) replay(c echo.Context, resp Response) error {
 
 // run runs the handler under the claim, then stores or releases it.
 func (st *call) run(c echo.Context, next echo.HandlerFunc) (err error) {
+	// Only a handler reads the request (FromContext): a replay or a
+	// conflict saves echo's context map.
+	c.Set(contextKey, st)
 	m := st.m
 	res := c.Response()
 	orig := res.Writer
@@ -556,6 +558,7 @@ func (st *call) storeDown(c echo.Context, next echo.HandlerFunc, err error) erro
 	st.releaseUnconfirmed()
 	if st.m.cfg.FailOpen {
 		st.emit(Event{Type: EventFailOpen, Err: err})
+		c.Set(contextKey, st)
 		return next(c)
 	}
 	return writeProblem(c, http.StatusServiceUnavailable, codeStoreUnavailable,
