@@ -45,12 +45,15 @@ const idemRetention = 24 * time.Hour
 
 // api is the HTTP side of the service.
 type api struct {
-	store  *pgstore.Store
-	pool   *pgxpool.Pool
-	redis  redis.UniversalClient
-	secret []byte
-	logger *slog.Logger
-	obs    *observer // nil: no telemetry
+	store *pgstore.Store
+	pool  *pgxpool.Pool
+	redis redis.UniversalClient
+	// records, if set, is the idempotency records store instead of Redis
+	// (STORE=postgres; redis is then nil).
+	records middleware.Store
+	secret  []byte
+	logger  *slog.Logger
+	obs     *observer // nil: no telemetry
 }
 
 // handler returns the echo instance serving the routes.
@@ -61,7 +64,11 @@ func (a *api) handler() *echo.Echo {
 
 	e.GET("/healthz", a.healthz)
 
-	store := a.obs.store(middleware.NewRedisStore(a.redis))
+	records := a.records
+	if records == nil {
+		records = middleware.NewRedisStore(a.redis)
+	}
+	store := a.obs.store(records)
 	idem := func(kind string, fields ...string) echo.MiddlewareFunc {
 		return middleware.New(middleware.Config{
 			Store:       store,
@@ -107,6 +114,9 @@ func (a *api) healthz(c echo.Context) error {
 	if err := a.pool.Ping(ctx); err != nil {
 		a.logger.Warn("healthz: postgres", "err", err)
 		return &problem{Status: http.StatusServiceUnavailable, Code: "not_ready", Detail: "postgres does not answer"}
+	}
+	if a.redis == nil {
+		return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
 	}
 	if err := a.redis.Ping(ctx).Err(); err != nil {
 		a.logger.Warn("healthz: redis", "err", err)

@@ -12,6 +12,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/internal/devserver"
+	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/pgrecords"
 	"github.com/idemgate/idemgate/pgstore"
 )
 
@@ -20,6 +22,9 @@ type backends struct {
 	pool  *pgxpool.Pool
 	store *pgstore.Store
 	redis redis.UniversalClient // nil for processes that need none
+	// records is the idempotency records store when it is not Redis
+	// (STORE=postgres); nil: Redis.
+	records middleware.Store
 
 	// pgInfo and redisInfo say, for the startup lines, what is used.
 	pgInfo, redisInfo string
@@ -87,6 +92,13 @@ func (b *backends) open(ctx context.Context, s settings, withRedis, embedded boo
 	if !withRedis {
 		return nil
 	}
+	switch s.store {
+	case "", "redis":
+	case "postgres":
+		return b.openPostgresRecords(ctx)
+	default:
+		return fmt.Errorf("STORE (-store) %q: want redis or postgres", s.store)
+	}
 	if s.redisURL == "" {
 		mr := miniredis.NewMiniRedis()
 		// Let TTLs run on the wall clock: leases and retention must expire
@@ -111,6 +123,37 @@ func (b *backends) open(ctx context.Context, s settings, withRedis, embedded boo
 	if err := b.redis.Ping(pingCtx).Err(); err != nil {
 		return fmt.Errorf("redis %s: %w", b.redisInfo, err)
 	}
+	return nil
+}
+
+// openPostgresRecords keeps the idempotency records in the tasks' database
+// (pgrecords) instead of Redis, and sweeps expired records every minute.
+func (b *backends) openPostgresRecords(ctx context.Context) error {
+	records, err := pgrecords.New(ctx, b.pool)
+	if err != nil {
+		return err
+	}
+	if err := records.Migrate(ctx); err != nil {
+		return err
+	}
+	b.records = records
+	b.redisInfo = "none (STORE=postgres: idempotency records in PostgreSQL, swept every minute)"
+	sweepCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(time.Minute)
+		defer t.Stop()
+		for {
+			select {
+			case <-sweepCtx.Done():
+				return
+			case <-t.C:
+				_, _ = records.Sweep(sweepCtx) // the next claim of a key reclaims it anyway
+			}
+		}
+	}()
+	b.closers = append(b.closers, func() { stop(); <-done })
 	return nil
 }
 

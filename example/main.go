@@ -50,6 +50,8 @@ Environment (a flag, when given, wins):
   DATABASE_URL  PostgreSQL URL (-database-url); unset: a throwaway local
                 cluster (initdb + postgres), removed on exit
   REDIS_URL     Redis URL (-redis-url); unset: an in-process miniredis
+  STORE         where idempotency records live (-store): redis (the default)
+                or postgres (the tasks' database; no Redis at all)
   JWT_SECRET    HS256 secret for bearer tokens; unset: a public dev secret
                 (printed with a warning: never use it outside a laptop)
   WORKERS       in-process workers (-workers); default 2
@@ -131,6 +133,7 @@ type settings struct {
 	addr        string
 	databaseURL string
 	redisURL    string
+	store       string // records store: "redis" (or "") or "postgres"
 	jwtSecret   string
 	workers     int
 	genTime     time.Duration
@@ -159,6 +162,8 @@ func (s *settings) addStoreFlags(fs *flag.FlagSet, getenv func(string) string, r
 	if redis {
 		fs.StringVar(&s.redisURL, "redis-url", getenv("REDIS_URL"),
 			"Redis URL (env REDIS_URL); empty: an in-process miniredis")
+		fs.StringVar(&s.store, "store", getenv("STORE"),
+			"where idempotency records live (env STORE): redis or postgres (no Redis at all); empty: redis")
 	}
 	// The secret comes from the environment only: a flag would show in ps.
 	s.jwtSecret = getenv("JWT_SECRET")
