@@ -91,6 +91,7 @@ func (a *api) handler() *echo.Echo {
 	v1.GET("/tasks/:id", a.getTask)
 	v1.POST("/tasks/:id/recover", a.recoverTask)
 	v1.POST("/tasks/:id/cancel", a.cancelTask)
+	v1.POST("/tasks/:id/export", newExporter(a).export, idem(kindExport))
 	return e
 }
 
