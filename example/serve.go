@@ -56,11 +56,13 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	return err
 }
 
-// serverLimits bound how long a client may hold the server: headers or a
+// serverLimits bound how long a client may hold the server (headers or a
 // body trickled byte by byte, a response it does not read, a keep-alive
-// connection left idle. A zero field takes its default.
+// connection left idle) and how much header it may send. A zero field
+// takes its default.
 type serverLimits struct {
 	readHeader, read, write, idle time.Duration
+	maxHeader                     int // bytes of request line and headers
 }
 
 // Defaults of serverLimits. A request body of the API is at most 1 MiB
@@ -74,6 +76,10 @@ const (
 	defaultReadTimeout       = 10 * time.Second
 	defaultWriteTimeout      = 30 * time.Second
 	defaultIdleTimeout       = 60 * time.Second
+	// net/http's default (1 MiB) lets every request make the server read
+	// and keep a megabyte of headers; the API's largest header is a bearer
+	// token of a few hundred bytes.
+	defaultMaxHeaderBytes = 64 << 10
 )
 
 func (l *serverLimits) addFlags(fs *flag.FlagSet, getenv func(string) string) {
@@ -85,6 +91,8 @@ func (l *serverLimits) addFlags(fs *flag.FlagSet, getenv func(string) string) {
 		"time from the end of a request's headers to the end of its response (env WRITE_TIMEOUT)")
 	fs.DurationVar(&l.idle, "idle-timeout", envDuration(getenv, "IDLE_TIMEOUT", defaultIdleTimeout),
 		"how long an idle keep-alive connection stays open (env IDLE_TIMEOUT)")
+	fs.IntVar(&l.maxHeader, "max-header-bytes", envInt(getenv, "MAX_HEADER_BYTES", defaultMaxHeaderBytes),
+		"most bytes of request line and headers; more is answered 431 (env MAX_HEADER_BYTES)")
 }
 
 // validate refuses negative limits: net/http would set deadlines in the
@@ -98,6 +106,9 @@ func (l serverLimits) validate() error {
 			return fmt.Errorf("-%s must not be negative, got %v", d.flag, d.v)
 		}
 	}
+	if l.maxHeader < 0 {
+		return fmt.Errorf("-max-header-bytes must not be negative, got %d", l.maxHeader)
+	}
 	return nil
 }
 
@@ -109,12 +120,17 @@ func (l serverLimits) server(h http.Handler) *http.Server {
 		}
 		return d
 	}
+	maxHeader := l.maxHeader
+	if maxHeader <= 0 {
+		maxHeader = defaultMaxHeaderBytes
+	}
 	return &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: or(l.readHeader, defaultReadHeaderTimeout),
 		ReadTimeout:       or(l.read, defaultReadTimeout),
 		WriteTimeout:      or(l.write, defaultWriteTimeout),
 		IdleTimeout:       or(l.idle, defaultIdleTimeout),
+		MaxHeaderBytes:    maxHeader,
 	}
 }
 
