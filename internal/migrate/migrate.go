@@ -308,3 +308,19 @@ func Exec(sql string) func(context.Context, Session) error {
 		return err
 	}
 }
+
+// TxExec runs sql as a step in a transaction of its own that gives up
+// after waiting 5s for its table lock, so that a catalog-only ALTER TABLE
+// does not queue the table's readers and writers behind a long
+// transaction. sql must be safe to run again (IF NOT EXISTS).
+func TxExec(sql string) func(context.Context, Session) error {
+	return func(ctx context.Context, s Session) error {
+		return pgx.BeginFunc(ctx, s.Conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, sqlTxLockTimeout); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, sql)
+			return err
+		})
+	}
+}
