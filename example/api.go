@@ -314,8 +314,8 @@ type taskView struct {
 func viewOf(t pgstore.Task) (taskView, error) {
 	pr := pgstore.Project(t)
 	v := taskView{TaskID: pr.TaskID, Status: string(pr.State), Error: pr.Error}
-	if pr.PollAfter > 0 {
-		v.PollAfterMS = max(pr.PollAfter.Milliseconds(), 1)
+	if wait := pr.PollAfterAt(time.Now()); wait > 0 { // a scheduled task: not before its time
+		v.PollAfterMS = max(wait.Milliseconds(), 1)
 	}
 	if pr.Results != nil {
 		urls := make([]string, 0, len(pr.Results))

@@ -51,6 +51,17 @@ var migrations = []migration{
 		{"read the finished-task index back", requireUsable(indexDone, false, []string{"finished_at"})},
 		{"drop v1's finished-task index concurrently", dropIndex(indexFinishedV1)},
 	}},
+	{version: 5, name: "priority; claim indexes by priority", steps: []migrationStep{
+		{"add the priority column", txExec(sqlAddPriority)},
+		{"drop an invalid leftover of the claim index", dropIfUnusable(indexClaimV5)},
+		{"build the claim index concurrently", createIfAbsent(indexClaimV5, sqlCreateClaimIndexV5)},
+		{"read the claim index back", requireUsable(indexClaimV5, false, []string{"kind", "priority", "run_after"})},
+		{"drop an invalid leftover of the runnable index", dropIfUnusable(indexRunnableV5)},
+		{"build the runnable index concurrently", createIfAbsent(indexRunnableV5, sqlCreateRunnableIndexV5)},
+		{"read the runnable index back", requireUsable(indexRunnableV5, false, []string{"priority", "run_after"})},
+		{"drop v4's claim index concurrently", dropIndex(indexClaim)},
+		{"drop v1's runnable index concurrently", dropIndex(indexRunnableV1)},
+	}},
 }
 
 // Migrate brings the schema to the newest version. It is idempotent and

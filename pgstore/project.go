@@ -13,6 +13,9 @@ type Projection struct {
 	// PollAfter > 0 exactly when the task is unfinished: poll the same
 	// task ID again after it, and never resubmit under a new ID.
 	PollAfter time.Duration
+	// RunAfter is set while the task waits to run (pending or retrying):
+	// no worker takes it before then. PollAfterAt says when to poll.
+	RunAfter time.Time
 	// Results is non-nil only for a success, and then has at least one
 	// item. Partial results of an unfinished or failed task never show.
 	Results []json.RawMessage
@@ -32,7 +35,8 @@ const (
 // Project tells what a client sees of t:
 //
 //   - pending, running, retrying, uncertain: keep polling the same task ID
-//     (PollAfter > 0, no results, even if partial ones exist);
+//     (PollAfter > 0, no results, even if partial ones exist); a pending
+//     or retrying task also tells when it may run (RunAfter);
 //   - succeeded with at least one result item that is not JSON null: the
 //     results (null items left out);
 //   - succeeded with none: failed, "no result items";
@@ -46,11 +50,11 @@ func Project(t Task) Projection {
 	p := Projection{TaskID: t.ID, State: t.State}
 	switch t.State {
 	case StatePending:
-		p.PollAfter = pollPending
+		p.PollAfter, p.RunAfter = pollPending, t.RunAfter
 	case StateRunning:
 		p.PollAfter = pollRunning
 	case StateRetrying:
-		p.PollAfter = pollRetrying
+		p.PollAfter, p.RunAfter = pollRetrying, t.RunAfter
 	case StateUncertain:
 		p.PollAfter = pollUncertain
 	case StateSucceeded:
@@ -68,6 +72,16 @@ func Project(t Task) Projection {
 		p.PollAfter = pollUncertain
 	}
 	return p
+}
+
+// PollAfterAt is how long after now a client should poll again: PollAfter,
+// or longer if the task is not to run before then (RunAfter). Zero when
+// the task is finished.
+func (p Projection) PollAfterAt(now time.Time) time.Duration {
+	if p.PollAfter <= 0 {
+		return 0
+	}
+	return max(p.PollAfter, p.RunAfter.Sub(now))
 }
 
 // realItems returns the items that are not empty or JSON null, or nil.

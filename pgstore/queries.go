@@ -24,6 +24,13 @@ const (
 	indexClaim = "idemgate_tasks_claim"
 	// indexDone serves Prune: finished tasks by finish time (v4).
 	indexDone = "idemgate_tasks_done"
+	// indexClaimV5 serves the claim by kind, highest priority first (v5);
+	// it replaces indexClaim.
+	indexClaimV5 = "idemgate_tasks_claim_v5"
+	// indexRunnableV5 serves the claim of any kind, highest priority
+	// first (v5); it replaces v1's indexRunnableV1 on run_after alone.
+	indexRunnableV5 = "idemgate_tasks_runnable_v5"
+	indexRunnableV1 = "idemgate_tasks_runnable"
 	// indexFinishedV1 is v1's index of finished tasks, which v4 replaces
 	// by indexDone (it did not cover cancelled tasks).
 	indexFinishedV1 = "idemgate_tasks_finished"
@@ -36,12 +43,12 @@ const (
 // taskColumns is the column list of Task, in the order of its fields.
 const taskColumns = `id::text AS id, tenant, owner, kind, runtime, network, idempotency_key,
 	fingerprint, params, trace, state, attempt, recoveries, results, error, run_after,
-	created_at, updated_at`
+	priority, created_at, updated_at`
 
 // tTaskColumns is taskColumns qualified by the alias t.
 const tTaskColumns = `t.id::text AS id, t.tenant, t.owner, t.kind, t.runtime, t.network,
 	t.idempotency_key, t.fingerprint, t.params, t.trace, t.state, t.attempt, t.recoveries,
-	t.results, t.error, t.run_after, t.created_at, t.updated_at`
+	t.results, t.error, t.run_after, t.priority, t.created_at, t.updated_at`
 
 // Migrations.
 const (
@@ -144,6 +151,19 @@ END $$;
 	sqlCreateDoneIndex = `CREATE INDEX CONCURRENTLY idemgate_tasks_done
 	ON idemgate_tasks (finished_at) WHERE state IN ('succeeded', 'failed', 'cancelled')`
 
+	// v5: priority. The column has a constant default, so adding it is
+	// catalog-only (a brief lock); the claim indexes lead with it so that
+	// a claim reads the highest priority first and stops after @limit
+	// rows, never reading a lower priority's backlog. They replace v4's
+	// (kind, run_after) and v1's (run_after) indexes: as many indexes to
+	// keep up on every insert as before.
+	sqlAddPriority = `ALTER TABLE idemgate_tasks
+	ADD COLUMN IF NOT EXISTS priority smallint NOT NULL DEFAULT 0`
+	sqlCreateClaimIndexV5 = `CREATE INDEX CONCURRENTLY idemgate_tasks_claim_v5
+	ON idemgate_tasks (kind, priority DESC, run_after) WHERE state IN ('pending', 'retrying')`
+	sqlCreateRunnableIndexV5 = `CREATE INDEX CONCURRENTLY idemgate_tasks_runnable_v5
+	ON idemgate_tasks (priority DESC, run_after) WHERE state IN ('pending', 'retrying')`
+
 	// v2: widen the key. No IF NOT EXISTS: a leftover of a killed build is
 	// invalid and must be dropped, never trusted.
 	sqlCreateWideIndex = `CREATE UNIQUE INDEX CONCURRENTLY idemgate_tasks_key_v2
@@ -184,15 +204,20 @@ const (
 	// is still one round trip. The lookup runs on the statement's
 	// snapshot, so a winner that committed after it began is not seen:
 	// then no row comes back and the caller runs the statement again.
-	// @notify asks for a NOTIFY, sent with the commit, for an inserted row only.
+	// @notify asks for a NOTIFY, sent with the commit, for an inserted row
+	// that may run now only (a scheduled one is found by polling).
+	// @run_after NULL is now().
 	sqlSubmit = `WITH ins AS (
 	INSERT INTO idemgate_tasks AS t
-		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace)
-	VALUES (@tenant, @owner, @kind, @runtime, @network, @key, @fingerprint, @params, @trace)
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace,
+		run_after, priority)
+	VALUES (@tenant, @owner, @kind, @runtime, @network, @key, @fingerprint, @params, @trace,
+		coalesce(@run_after::timestamptz, now()), @priority)
 	ON CONFLICT (tenant, idempotency_key, runtime, network) DO NOTHING
 	RETURNING ` + tTaskColumns + `
 )
-SELECT *, false AS duplicate FROM ins WHERE NOT @notify::boolean OR idemgate_tasks_notify(ins.kind)
+SELECT *, false AS duplicate FROM ins
+WHERE NOT @notify::boolean OR ins.run_after > now() OR idemgate_tasks_notify(ins.kind)
 UNION ALL
 SELECT ` + taskColumns + `, true AS duplicate FROM idemgate_tasks
 WHERE tenant = @tenant AND idempotency_key = @key AND runtime = @runtime AND network = @network
@@ -203,11 +228,55 @@ WHERE tenant = @tenant AND idempotency_key = @key AND runtime = @runtime AND net
 	// constraint name tells which index caught it.
 	sqlSubmitPlain = `WITH ins AS (
 	INSERT INTO idemgate_tasks
-		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace)
-	VALUES (@tenant, @owner, @kind, @runtime, @network, @key, @fingerprint, @params, @trace)
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace,
+		run_after, priority)
+	VALUES (@tenant, @owner, @kind, @runtime, @network, @key, @fingerprint, @params, @trace,
+		coalesce(@run_after::timestamptz, now()), @priority)
 	RETURNING ` + taskColumns + `
 )
-SELECT *, false AS duplicate FROM ins WHERE NOT @notify::boolean OR idemgate_tasks_notify(ins.kind)`
+SELECT *, false AS duplicate FROM ins
+WHERE NOT @notify::boolean OR ins.run_after > now() OR idemgate_tasks_notify(ins.kind)`
+
+	// sqlSubmitMany is Submit of a batch, in one statement: the tasks come
+	// as one array per column (@run_afters NULL is now()). A key given
+	// twice is inserted once, by its first item. Rows are inserted in key
+	// order, so two batches that share keys wait for each other's keys in
+	// the same order and never deadlock. Each item gets one row: the row
+	// it inserted (duplicate false), the row an earlier item of the batch
+	// inserted, or the row that held its key (duplicate true); an item
+	// whose key is held by a row this snapshot cannot see gets none, and
+	// the caller runs it again. Inserted rows of a kind in @notify_kinds
+	// that may run now are announced (Postgres sends one NOTIFY per kind
+	// and transaction).
+	sqlSubmitMany = `WITH x AS (
+	SELECT *, min(ord) OVER (PARTITION BY tenant, key, runtime, network) AS first_ord
+	FROM unnest(@tenants::text[], @owners::text[], @kinds::text[], @runtimes::text[], @networks::text[],
+		@keys::text[], @fingerprints::text[], @params::jsonb[], @traces::text[],
+		@run_afters::timestamptz[], @priorities::smallint[])
+		WITH ORDINALITY AS u(tenant, owner, kind, runtime, network, key, fingerprint, params, trace,
+			run_after, priority, ord)
+), ins AS (
+	INSERT INTO idemgate_tasks AS t
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace,
+		run_after, priority)
+	SELECT tenant, owner, kind, runtime, network, key, fingerprint, params, trace,
+		coalesce(run_after, now()), priority
+	FROM x WHERE ord = first_ord
+	ORDER BY tenant, key, runtime, network
+	ON CONFLICT (tenant, idempotency_key, runtime, network) DO NOTHING
+	RETURNING ` + tTaskColumns + `
+)
+SELECT x.ord, ins.*, x.ord <> x.first_ord AS duplicate
+FROM x JOIN ins ON ins.tenant = x.tenant AND ins.idempotency_key = x.key
+	AND ins.runtime = x.runtime AND ins.network = x.network
+WHERE NOT (ins.kind = ANY(@notify_kinds::text[]) AND ins.run_after <= now())
+	OR idemgate_tasks_notify(ins.kind)
+UNION ALL
+SELECT x.ord, ` + tTaskColumns + `, true AS duplicate
+FROM x JOIN idemgate_tasks t ON t.tenant = x.tenant AND t.idempotency_key = x.key
+	AND t.runtime = x.runtime AND t.network = x.network
+WHERE NOT EXISTS (SELECT FROM ins WHERE ins.tenant = x.tenant AND ins.idempotency_key = x.key
+	AND ins.runtime = x.runtime AND ins.network = x.network)`
 
 	// sqlByKey reads a task back by its full key.
 	sqlByKey = `SELECT ` + taskColumns + `, true AS duplicate FROM idemgate_tasks
@@ -271,20 +340,21 @@ GROUP BY kind, state`
 )
 
 // claimKindsSQL is sqlClaim for some kinds only. Each kind is read from
-// the claim index (kind, run_after) by a CTE of its own that names the
-// kind as a literal, so that the planner, which knows how common each
-// kind is, never walks the index of all runnable tasks past another
-// kind's backlog (with a parameter, a generic plan may). The oldest of
-// all kinds' candidates come first. Every kind must pass literalKind.
+// the claim index (kind, priority DESC, run_after) by a CTE of its own
+// that names the kind as a literal, so that the planner, which knows how
+// common each kind is, never walks the index of all runnable tasks past
+// another kind's backlog (with a parameter, a generic plan may). Of all
+// kinds' candidates, the highest priority and then the oldest come
+// first. Every kind must pass literalKind.
 func claimKindsSQL(kinds []string) string {
 	var b strings.Builder
 	b.WriteString("WITH ")
 	for i, kind := range kinds {
 		fmt.Fprintf(&b, `k%d AS (
-	SELECT id, run_after FROM idemgate_tasks
+	SELECT id, priority, run_after FROM idemgate_tasks
 	WHERE kind = '%s' AND state IN ('pending', 'retrying') AND run_after <= now()
 		AND id <> ALL(coalesce(@held::uuid[], '{}'))
-	ORDER BY run_after
+	ORDER BY priority DESC, run_after
 	LIMIT @limit
 	FOR UPDATE SKIP LOCKED
 ), `, i, kind)
@@ -297,7 +367,7 @@ func claimKindsSQL(kinds []string) string {
 		fmt.Fprintf(&b, "SELECT * FROM k%d", i)
 	}
 	b.WriteString(`) r
-	ORDER BY run_after
+	ORDER BY priority DESC, run_after
 	LIMIT @limit
 )
 UPDATE idemgate_tasks t SET ` + claimSet + `
@@ -327,7 +397,7 @@ const sqlClaimAnyOf = `WITH picked AS (
 	SELECT id FROM idemgate_tasks
 	WHERE kind = ANY(@kinds::text[]) AND state IN ('pending', 'retrying') AND run_after <= now()
 		AND id <> ALL(coalesce(@held::uuid[], '{}'))
-	ORDER BY run_after
+	ORDER BY priority DESC, run_after
 	LIMIT @limit
 	FOR UPDATE SKIP LOCKED
 )
@@ -352,15 +422,15 @@ const (
 	lost = CASE WHEN t.kind = ANY(@uncertain_kinds::text[]) THEN 'uncertain' ELSE 'retry' END,
 	updated_at = now()`
 
-	// sqlClaim takes up to @limit runnable tasks of any kind, oldest
-	// first: river's shape, a SKIP LOCKED CTE feeding one UPDATE …
-	// RETURNING. @held are tasks whose earlier attempt still runs in this
+	// sqlClaim takes up to @limit runnable tasks of any kind, highest
+	// priority first, then oldest: river's shape, a SKIP LOCKED CTE
+	// feeding one UPDATE … RETURNING. @held are tasks whose earlier attempt still runs in this
 	// worker: it never runs two attempts of one task.
 	sqlClaim = `WITH picked AS (
 	SELECT id FROM idemgate_tasks
 	WHERE state IN ('pending', 'retrying') AND run_after <= now()
 		AND id <> ALL(coalesce(@held::uuid[], '{}'))
-	ORDER BY run_after
+	ORDER BY priority DESC, run_after
 	LIMIT @limit
 	FOR UPDATE SKIP LOCKED
 )

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -61,6 +62,10 @@ const (
 
 // NewTask is what Submit stores. Tenant, Owner, Kind, IdempotencyKey and
 // Fingerprint must not be empty; Runtime and Network may be.
+//
+// RunAfter and Priority say when and in which order workers take the
+// task. They are not part of its identity: a duplicate Submit returns the
+// stored task with the RunAfter and Priority it was first given.
 type NewTask struct {
 	Tenant         string
 	Owner          string // who may read the task (keyspace Key.Owner())
@@ -73,7 +78,22 @@ type NewTask struct {
 	// Trace is an opaque W3C traceparent of the request that submitted
 	// the task, so that an attempt's span can link to it. Optional.
 	Trace string
+	// RunAfter is the earliest time a worker may claim the task. Optional.
+	// Default: now (the database's clock). A task scheduled for later is
+	// not announced to listening workers: they find it by polling, within
+	// their PollInterval of its time.
+	RunAfter time.Time
+	// Priority orders the runnable tasks of a kind: higher first, and the
+	// oldest first within one priority. Optional. Default 0. It must fit
+	// in 16 bits (MinPriority to MaxPriority).
+	Priority int
 }
+
+// The range of NewTask.Priority (it is stored as a smallint).
+const (
+	MinPriority = math.MinInt16
+	MaxPriority = math.MaxInt16
+)
 
 // Task is a stored task. Params and Results are stored as jsonb and read
 // back in its formatting (object keys reordered, whitespace normalized):
@@ -95,6 +115,7 @@ type Task struct {
 	Results        []json.RawMessage `db:"results"`    // final results, or partial ones of a failed task
 	Error          string            `db:"error"`      // why it failed, or the last attempt's error
 	RunAfter       time.Time         `db:"run_after"`  // when it may run (again)
+	Priority       int               `db:"priority"`   // NewTask.Priority
 	CreatedAt      time.Time         `db:"created_at"`
 	UpdatedAt      time.Time         `db:"updated_at"`
 	Duplicate      bool              `db:"duplicate"` // Submit returned an existing task
@@ -209,7 +230,9 @@ func (s *Store) Submit(ctx context.Context, t NewTask) (Task, error) {
 	now := s.elapsed()
 	notify := s.announce.due(t.Kind, now)
 	got, err := submit(ctx, s.pool, t, notify, false)
-	if err == nil && notify && !got.Duplicate {
+	// A task scheduled for later was announced only if its time had come:
+	// it does not hold back the next task's announcement.
+	if err == nil && notify && !got.Duplicate && t.RunAfter.IsZero() {
 		s.announce.sent(t.Kind, now)
 	}
 	return got, err
@@ -236,7 +259,8 @@ func submit(ctx context.Context, q querier, t NewTask, notify, savepoints bool) 
 	}
 	args := pgx.NamedArgs{"tenant": t.Tenant, "owner": t.Owner, "kind": t.Kind, "runtime": t.Runtime,
 		"network": t.Network, "key": t.IdempotencyKey, "fingerprint": t.Fingerprint, "params": params,
-		"trace": storableText(t.Trace), "notify": notify}
+		"trace": storableText(t.Trace), "run_after": runAfterArg(t.RunAfter), "priority": t.Priority,
+		"notify": notify}
 	for range submitTries {
 		got, found, err := submitOnce(ctx, q, args, savepoints)
 		if err != nil {
@@ -331,7 +355,15 @@ func (t NewTask) validate() error {
 			return fmt.Errorf("pgstore: submit: empty %s", f.name)
 		}
 	}
+	if t.Priority < MinPriority || t.Priority > MaxPriority {
+		return fmt.Errorf("pgstore: submit: priority %d outside [%d, %d]", t.Priority, MinPriority, MaxPriority)
+	}
 	return nil
+}
+
+// runAfterArg is NewTask.RunAfter as a query argument: NULL (now) when zero.
+func runAfterArg(at time.Time) pgtype.Timestamptz {
+	return pgtype.Timestamptz{Time: at, Valid: !at.IsZero()}
 }
 
 // Get returns the task with that ID if it belongs to tenant and owner, and
