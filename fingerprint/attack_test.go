@@ -143,3 +143,20 @@ func TestContentEncodingRaw(t *testing.T) {
 		}
 	}
 }
+
+// TestFoldedObjectDuplicates: an object kept in its order because two
+// names fold together still refuses a name repeated exactly, wherever the
+// repeat is.
+func TestFoldedObjectDuplicates(t *testing.T) {
+	t.Parallel()
+	for _, body := range []string{
+		`{"a":1,"A":2,"a":3}`,
+		`{"A":1,"a":2,"A":3}`,
+		`{"x":{"k":1,"\u212a":2,"b":0,"c":0,"d":0,"e":0,"f":0,"g":0,"h":0,"k":3}}`,
+		`{"p":1,"P":2,"b":0,"c":0,"d":0,"e":0,"f":0,"g":0,"h":0,"i":0,"\u0070":3}`,
+	} {
+		if _, err := (Spec{}).Sum([]byte(body)); err == nil || !strings.Contains(err.Error(), "duplicate member name") {
+			t.Errorf("%s: err = %v, want a duplicate member name", body, err)
+		}
+	}
+}

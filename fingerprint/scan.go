@@ -99,7 +99,6 @@ type state struct {
 	foldTab []int32   // open-addressing table over foldIdx: index+1, 0 empty
 	seed    maphash.Seed
 	seeded  bool
-	spare   []member // a copy of an object's members kept in input order
 
 	prog   program
 	active []int  // indexes into prog.ptrs still matching, per open level
@@ -132,7 +131,7 @@ func putState(s *state) {
 	const maxMembers = maxPooled / 64 // about 64 bytes a member
 	if cap(s.out) > maxPooled || cap(s.tmp) > maxPooled || cap(s.sel) > maxPooled || cap(s.names) > maxPooled ||
 		cap(s.members) > maxMembers || cap(s.order) > maxMembers || cap(s.nodes) > maxMembers ||
-		cap(s.folds) > maxPooled || cap(s.foldIdx) > maxMembers || cap(s.foldTab) > 4*maxMembers || cap(s.spare) > maxMembers {
+		cap(s.folds) > maxPooled || cap(s.foldIdx) > maxMembers || cap(s.foldTab) > 4*maxMembers {
 		return
 	}
 	s.data = nil
@@ -492,12 +491,47 @@ func mayFold(name []byte) bool {
 // canonical text, so a kept object never reads like a sorted one.
 func (s *state) orderMembers(ms []member, open int, foldable bool) (reordered bool, err error) {
 	if foldable && s.mode == numbersExact && len(ms) > 1 && s.foldCollision(ms) {
-		// Still refuse a repeated name: sort a copy to find one.
-		s.spare = append(s.spare[:0], ms...)
-		_, err := s.sortMembers(s.spare, open)
-		return false, err
+		if d := s.repeated(ms); d >= 0 {
+			return false, s.duplicate(&ms[d], open)
+		}
+		return false, nil
 	}
 	return s.sortMembers(ms, open)
+}
+
+// repeated returns the index of the first member whose name repeats an
+// earlier one's exactly, or -1, in time linear in the object.
+func (s *state) repeated(ms []member) int {
+	size := s.table(len(ms))
+	for i := range ms {
+		name := s.name(&ms[i])
+		for h := maphash.Bytes(s.seed, name) & uint64(size-1); ; h = (h + 1) & uint64(size-1) {
+			j := s.foldTab[h] - 1
+			if j < 0 {
+				s.foldTab[h] = int32(i) + 1
+				break
+			}
+			if bytes.Equal(s.name(&ms[j]), name) {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
+// table readies s.foldTab, empty, for n entries and returns its size, a
+// power of two at least twice n.
+func (s *state) table(n int) int {
+	if !s.seeded {
+		s.seed, s.seeded = maphash.MakeSeed(), true
+	}
+	size := 8
+	for size < 2*n {
+		size *= 2
+	}
+	s.foldTab = slices.Grow(s.foldTab[:0], size)[:size]
+	clear(s.foldTab)
+	return size
 }
 
 // foldCollision reports whether two members of one object have names
@@ -509,15 +543,23 @@ func (s *state) orderMembers(ms []member, open int, foldable bool) (reordered bo
 // whatever its names; a seeded hash keeps crafted names from colliding on
 // purpose, and every hash match is confirmed byte for byte.
 func (s *state) foldCollision(ms []member) bool {
-	if !s.seeded {
-		s.seed, s.seeded = maphash.MakeSeed(), true
+	if len(ms) <= 8 {
+		// Few members: compare the fold keys pair by pair.
+		s.folds, s.foldIdx = s.folds[:0], s.foldIdx[:0]
+		for i := range ms {
+			start := len(s.folds)
+			s.folds = appendFoldKey(s.folds, s.name(&ms[i]))
+			key := s.folds[start:]
+			for j, k := range s.foldIdx {
+				if bytes.Equal(s.folds[k.start:k.end], key) && !bytes.Equal(s.name(&ms[j]), s.name(&ms[i])) {
+					return true
+				}
+			}
+			s.foldIdx = append(s.foldIdx, foldKey{start, len(s.folds)})
+		}
+		return false
 	}
-	size := 8
-	for size < 2*len(ms) {
-		size *= 2
-	}
-	s.foldTab = slices.Grow(s.foldTab[:0], size)[:size]
-	clear(s.foldTab)
+	size := s.table(len(ms))
 	s.folds, s.foldIdx = s.folds[:0], s.foldIdx[:0]
 	for i := range ms {
 		name := s.name(&ms[i])

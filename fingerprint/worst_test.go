@@ -69,6 +69,9 @@ func worstBodies(size int) []struct {
 			}
 			return fmt.Sprintf(`"aB%08d":1`, 1<<26-i+1)
 		}, "}")},
+		{"many members in random order", fillf("{", func(i int) string {
+			return fmt.Sprintf(`"%s%08d":1`, strings.Repeat("p", 40), uint32(i)*2654435761%100000000)
+		}, "}")},
 		{"many upper-case members", fillf("{", func(i int) string { return fmt.Sprintf(`"%sP%08d":1`, strings.Repeat("Q", 20), 1<<26-i) }, "}")},
 		{"many case variants of one name", fillf("{", func(i int) string {
 			name := []byte("abcdefghijklmnopq")
