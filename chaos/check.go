@@ -37,6 +37,7 @@ var invariantNames = [...]string{
 	4: "every 202 ends terminal or uncertain; no task lost; successes have real images",
 	5: "generator calls: 1 per task unless an attempt was cut off (never under uncertain)",
 	6: "liveness: every client action finishes within the bound after healing",
+	7: "a handler that produced its answer in full runs once per key",
 }
 
 // Statuses a task may end a run in (invariant 4).
@@ -45,7 +46,7 @@ var endStates = map[string]bool{"succeeded": true, "failed": true, "cancelled": 
 // Check runs the invariants over h. It is a pure function of the history.
 func Check(h History) []Result {
 	c := newChecker(h)
-	return []Result{c.one(), c.two(), c.three(), c.four(), c.five(), c.six()}
+	return []Result{c.one(), c.two(), c.three(), c.four(), c.five(), c.six(), c.seven()}
 }
 
 // Holds reports whether every invariant holds.
@@ -338,6 +339,79 @@ func (c *checker) six() Result {
 		}
 	}
 	return r
+}
+
+// seven: the export route's handler records each run in a ledger before
+// it answers, so a ledger row is a handler run that produced its answer in
+// full. Per (tenant, owner, key) there is one row: the middleware stores
+// the answer, also when the client left mid-run, and a retry gets it
+// back. A second row is allowed only when a fault can have lost the first
+// run's answer or claim: one on the API node of an earlier run, or on
+// every process (Redis restarted or flushed, Postgres restarted), active
+// between the first run's start and this run's start. And every 200 to an
+// export names a ledger row of the requester's own key.
+func (c *checker) seven() Result {
+	r := result(7)
+	type ledgerKey struct{ tenant, owner, key string }
+	runs := map[ledgerKey][]Export{}
+	byID := map[int64]Export{}
+	for _, e := range c.h.Exports {
+		k := ledgerKey{e.Tenant, e.Owner, e.IdemKey}
+		runs[k] = append(runs[k], e)
+		byID[e.ID] = e
+	}
+	for _, k := range sortedKeys(runs) {
+		es := runs[k]
+		sort.Slice(es, func(i, j int) bool { return es[i].Started.Before(es[j].Started) })
+		for i := 1; i < len(es); i++ {
+			if !c.faultOn(es[:i], es[0].Started, es[i].Started) {
+				r.violate("tenant %q owner %s export key %s (task %s): run %d of %d (%s at %s) with no fault on an earlier run's node: %s",
+					k.tenant, short(k.owner), short(k.key), es[i].TaskID, i+1, len(es), es[i].Proc, es[i].Started.Format(timeFmt), exportList(es))
+			}
+		}
+	}
+	for _, q := range c.h.Requests {
+		if q.Route != routeExport || !ok2xx(q) {
+			continue
+		}
+		e, found := byID[q.ExportID]
+		if !found {
+			r.violate("%s: answered %d with export %d, which is not in the ledger", keyName(q), q.Status, q.ExportID)
+			continue
+		}
+		dk, err := keyspace.Derive(exportKind, keyspace.Scope{Tenant: q.Tenant, User: q.User, Request: q.Key})
+		if err == nil && (dk.Task() != e.IdemKey || dk.Tenant() != e.Tenant || dk.Owner() != e.Owner) {
+			r.violate("%s: answered %d with export %d, the run of another key", keyName(q), q.Status, q.ExportID)
+		}
+	}
+	return r
+}
+
+// faultOn reports whether a fault on the node of one of the runs, or on
+// every process, was active at some time in [from, to].
+func (c *checker) faultOn(runs []Export, from, to time.Time) bool {
+	for _, f := range c.h.Faults {
+		if f.End.Before(from) || f.Start.After(to) {
+			continue
+		}
+		if f.Target == "" {
+			return true
+		}
+		for _, e := range runs {
+			if e.Proc == f.Target || e.Proc == "" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func exportList(es []Export) string {
+	parts := make([]string, len(es))
+	for i, e := range es {
+		parts[i] = fmt.Sprintf("#%d %s@%s", e.ID, e.Proc, e.Started.Format(timeFmt))
+	}
+	return "[" + strings.Join(parts, " ") + "]"
 }
 
 // short abbreviates a long digest for a counterexample.

@@ -65,7 +65,32 @@ func (f *fixture) action(key, outcome string, end float64) {
 		Key: key, Scenario: "plain", Start: at(1), End: at(end), Outcome: outcome})
 }
 
-// healthy is one accepted action, replayed once, polled to success.
+// exportRun adds a ledger row: the export handler ran for key on proc,
+// starting at s.
+func (f *fixture) exportRun(id int64, tenant, user, key, task, proc string, s float64) {
+	k, err := keyspace.Derive(exportKind, keyspace.Scope{Tenant: tenant, User: user, Request: key})
+	if err != nil {
+		panic(err)
+	}
+	f.h.Exports = append(f.h.Exports, Export{ID: id, Tenant: k.Tenant(), Owner: k.Owner(), IdemKey: k.Task(),
+		TaskID: task, Proc: proc, Started: at(s), Created: at(s + 0.3)})
+}
+
+// export adds an export request and its answer: status 0 is a client
+// that gave up.
+func (f *fixture) export(tenant, user, key, task string, status int, exportID int64, replayed bool, s float64) {
+	q := Request{Tenant: tenant, User: user, Route: routeExport, Key: key, Sent: at(s), Done: at(s + 0.1),
+		Status: status, Replayed: replayed}
+	if status == 0 {
+		q.Err = "context deadline exceeded"
+	} else {
+		q.TaskID, q.ExportID, q.Images = task, exportID, 1
+	}
+	f.h.Requests = append(f.h.Requests, q)
+}
+
+// healthy is one accepted action, replayed once, polled to success, then
+// exported by a client that gave up mid-export and retried.
 func healthy(policy string) *fixture {
 	f := newFixture(policy)
 	f.task("T1", "acme", "alice", "poster:1", dogs, "succeeded", 1)
@@ -74,6 +99,9 @@ func healthy(policy string) *fixture {
 	f.poll("acme", "alice", "T1", 200, "succeeded", 1, 0)
 	f.gen("T1", "worker0", 4)
 	f.action("poster:1", "succeeded", 5)
+	f.exportRun(1, "acme", "alice", "export:1", "T1", "api0", 6)
+	f.export("acme", "alice", "export:1", "T1", 0, 0, false, 6)
+	f.export("acme", "alice", "export:1", "T1", 200, 1, true, 6.5)
 	return f
 }
 
@@ -314,13 +342,70 @@ func TestCheck(t *testing.T) {
 			},
 			want: map[int]string{6: "past the 20s bound"},
 		},
+		{
+			name: "7: an export run again for one key with no fault",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.exportRun(2, "acme", "alice", "export:1", "T1", "api1", 6.5)
+				return f
+			},
+			want: map[int]string{7: "run 2 of 2 (api1"},
+		},
+		{
+			name: "7: an export run again after its node was paused holds",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.exportRun(2, "acme", "alice", "export:1", "T1", "api1", 9)
+				f.h.Faults = append(f.h.Faults, Fault{Kind: "pause", Target: "api0", Start: at(6.1), End: at(8)})
+				return f
+			},
+		},
+		{
+			name: "7: an export run again after Redis was flushed holds",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.exportRun(2, "acme", "alice", "export:1", "T1", "api0", 20)
+				f.h.Faults = append(f.h.Faults, Fault{Kind: "flushall", Start: at(12), End: at(12)})
+				return f
+			},
+		},
+		{
+			name: "7: a fault on another node explains nothing",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.exportRun(2, "acme", "alice", "export:1", "T1", "api0", 9)
+				f.h.Faults = append(f.h.Faults, Fault{Kind: "kill", Target: "api1", Start: at(6.1), End: at(7)},
+					Fault{Kind: "pause", Target: "api0", Start: at(9.5), End: at(10)})
+				return f
+			},
+			want: map[int]string{7: "no fault on an earlier run's node"},
+		},
+		{
+			name: "7: an export answered with the run of another key",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.exportRun(2, "acme", "bob", "export:1", "T1", "api0", 7)
+				f.export("acme", "alice", "export:1", "T1", 200, 2, true, 8)
+				return f
+			},
+			want: map[int]string{7: "the run of another key"},
+		},
+		{
+			name: "7: an export answered with a run the ledger does not hold",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.export("acme", "alice", "export:1", "T1", 200, 9, true, 8)
+				return f
+			},
+			want: map[int]string{7: "not in the ledger"},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			got := Check(tc.given().h)
-			if len(got) != 6 {
-				t.Fatalf("Check returned %d results, want 6", len(got))
+			if len(got) != len(invariantNames)-1 {
+				t.Fatalf("Check returned %d results, want %d", len(got), len(invariantNames)-1)
 			}
 			for _, r := range got {
 				want, violated := tc.want[r.N]
@@ -365,6 +450,9 @@ func TestHistoryRoundTrip(t *testing.T) {
 	for _, w := range f.h.Rows {
 		rec.row(w)
 	}
+	for _, e := range f.h.Exports {
+		rec.export(e)
+	}
 	if err := rec.flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -372,7 +460,7 @@ func TestHistoryRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got.Requests) != len(f.h.Requests) || len(got.Rows) != 1 || len(got.Faults) != 1 || len(got.Gen) != 1 || len(got.Actions) != 1 {
+	if len(got.Requests) != len(f.h.Requests) || len(got.Rows) != 1 || len(got.Exports) != 1 || len(got.Faults) != 1 || len(got.Gen) != 1 || len(got.Actions) != 1 {
 		t.Fatalf("read back %d requests, %d rows, %d faults, %d gen, %d actions",
 			len(got.Requests), len(got.Rows), len(got.Faults), len(got.Gen), len(got.Actions))
 	}
@@ -411,6 +499,9 @@ func writeHistory(t *testing.T, path string, h History) {
 	}
 	for _, w := range h.Rows {
 		rec.row(w)
+	}
+	for _, e := range h.Exports {
+		rec.export(e)
 	}
 	if err := rec.flush(); err != nil {
 		t.Fatal(err)

@@ -211,6 +211,9 @@ func (p *player) play(ctx context.Context) {
 	}
 	outcome, detail = p.poll(actx, sub.TaskID)
 	p.end(a, outcome, detail)
+	if outcome == "succeeded" && scenario == "plain" && p.rng.IntN(3) == 0 {
+		p.export(ctx, sub.TaskID)
+	}
 	if scenario == "reworded" && time.Now().Before(p.w.stopNew) {
 		// Rule 2 kept: the new parameters under a new id.
 		re := req
@@ -225,6 +228,68 @@ func (p *player) play(ctx context.Context) {
 		}
 		p.end(na, outcome, detail)
 	}
+}
+
+// export buys a contact sheet of a succeeded task: a billed action under
+// its own request id. Half the time the client gives up before the
+// export is done (the example's renderer takes 300 ms), as an impatient
+// one does, then retries honestly: same id, no body, until answered. The
+// retries must get the first run's stored answer (invariant 7).
+func (p *player) export(ctx context.Context, taskID string) {
+	key := fmt.Sprintf("export:%d:%d", p.round, p.slot)
+	actx, a := p.newAction(ctx, key, "export")
+	a.TaskID = taskID
+	timeout := p.w.patience
+	if p.rng.IntN(2) == 0 {
+		timeout = time.Duration(30+p.rng.IntN(200)) * time.Millisecond
+	}
+	node := p.rng.IntN(len(p.w.nodes))
+	last := ""
+	for {
+		if time.Now().After(p.w.deadline) {
+			p.end(a, "unfinished", "export: "+last)
+			return
+		}
+		status, code, err := p.exportOnce(actx, p.w.nodes[node], key, taskID, timeout)
+		timeout = p.w.patience
+		switch {
+		case err != nil:
+			last = err.Error()
+		case status == http.StatusOK:
+			p.end(a, "exported", "")
+			return
+		case status/100 == 4 && code != "request_in_progress" && status != http.StatusRequestTimeout &&
+			status != http.StatusTooEarly && status != http.StatusTooManyRequests:
+			p.end(a, "rejected", fmt.Sprintf("export: %d %s", status, code))
+			return
+		default:
+			last = fmt.Sprintf("%d %s", status, code)
+		}
+		node = (node + 1) % len(p.w.nodes)
+		sleep(ctx, 100*time.Millisecond+time.Duration(p.rng.IntN(200))*time.Millisecond)
+	}
+}
+
+// exportOnce sends one export request, giving up after timeout.
+func (p *player) exportOnce(ctx context.Context, base, key, taskID string, timeout time.Duration) (int, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/tasks/"+taskID+"/export", nil)
+	if err != nil {
+		return 0, "", err
+	}
+	req.Header.Set("Authorization", "Bearer "+p.token)
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := p.http.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	var doc struct {
+		Code string `json:"code"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&doc)
+	return resp.StatusCode, doc.Code, nil
 }
 
 // revisit retries an earlier action, seconds or minutes later: byte for
@@ -369,6 +434,9 @@ func (t *recording) RoundTrip(req *http.Request) (*http.Response, error) {
 	ac, _ := req.Context().Value(actionKey{}).(actionCtx)
 	q := Request{Client: ac.client, Action: ac.action, Tenant: ac.tenant, User: ac.user,
 		Node: req.URL.Host, Method: req.Method, Route: routeOf(req.Method, req.URL.Path), Sent: time.Now()}
+	if q.Route == routeExport {
+		q.Key = req.Header.Get("Idempotency-Key")
+	}
 	if q.Route == routeSubmit {
 		q.Key = req.Header.Get("Idempotency-Key")
 		if req.GetBody != nil {
@@ -407,6 +475,24 @@ func (t *recording) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp.Body = io.NopCloser(bytes.NewReader(body))
 	q.Status = resp.StatusCode
 	q.Replayed = resp.Header.Get("Idempotent-Replayed") == "true"
+	if q.Route == routeExport {
+		var doc struct {
+			Code     string `json:"code"`
+			TaskID   string `json:"task_id"`
+			ExportID int64  `json:"export_id"`
+			Sheet    string `json:"sheet"`
+		}
+		_ = json.Unmarshal(body, &doc)
+		q.Code, q.TaskID, q.ExportID = doc.Code, doc.TaskID, doc.ExportID
+		if doc.Sheet != "" {
+			q.Images = 1
+			if !isPNGDataURL(doc.Sheet) {
+				q.BadImages = 1
+			}
+		}
+		t.rec.request(q)
+		return resp, nil
+	}
 	var doc struct {
 		Code   string   `json:"code"`
 		TaskID string   `json:"task_id"`
@@ -437,6 +523,8 @@ func routeOf(method, path string) string {
 		return routeTask
 	case method == http.MethodPost && strings.HasPrefix(path, "/v1/tasks/") && strings.HasSuffix(path, "/cancel"):
 		return routeCancel
+	case method == http.MethodPost && strings.HasPrefix(path, "/v1/tasks/") && strings.HasSuffix(path, "/export"):
+		return routeExport
 	}
 	return method + " " + path
 }

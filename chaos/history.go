@@ -21,6 +21,7 @@ type History struct {
 	Gen      []GenCall
 	Faults   []Fault
 	Rows     []Row
+	Exports  []Export
 }
 
 // Meta describes the run.
@@ -92,6 +93,8 @@ type Request struct {
 	// that are not PNG data URLs.
 	Images    int `json:"images,omitempty"`
 	BadImages int `json:"bad_images,omitempty"`
+	// ExportID is the ledger id a 200 to an export names.
+	ExportID int64 `json:"export_id,omitempty"`
 }
 
 // Action is one business action of a client, from its first request to
@@ -153,6 +156,20 @@ type Row struct {
 	PNGs      int       `json:"pngs"` // results that are PNG data URLs
 	Error     string    `json:"error,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
+}
+
+// Export is one run of the example's export handler, a billed action:
+// a row of its ledger (idemgate_example_exports) at the end of the run.
+type Export struct {
+	Type    string    `json:"type"` // "export"
+	ID      int64     `json:"id"`
+	Tenant  string    `json:"tenant"`
+	Owner   string    `json:"owner"`
+	IdemKey string    `json:"idempotency_key"`
+	TaskID  string    `json:"task_id"`
+	Proc    string    `json:"proc"` // the API node that ran it
+	Started time.Time `json:"started"`
+	Created time.Time `json:"created"`
 }
 
 // recorder appends history events as JSON lines and keeps them for the
@@ -230,6 +247,14 @@ func (r *recorder) row(w Row) {
 	r.write(w)
 }
 
+func (r *recorder) export(e Export) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e.Type = "export"
+	r.h.Exports = append(r.h.Exports, e)
+	r.write(e)
+}
+
 // flush writes out what is buffered and returns the first write error.
 func (r *recorder) flush() error {
 	r.mu.Lock()
@@ -252,6 +277,7 @@ func (r *recorder) history() History {
 	h.Gen = append([]GenCall(nil), h.Gen...)
 	h.Faults = append([]Fault(nil), h.Faults...)
 	h.Rows = append([]Row(nil), h.Rows...)
+	h.Exports = append([]Export(nil), h.Exports...)
 	return h
 }
 
@@ -295,6 +321,10 @@ func ReadHistory(r io.Reader) (History, error) {
 			var v Row
 			err = json.Unmarshal(line, &v)
 			h.Rows = append(h.Rows, v)
+		case "export":
+			var v Export
+			err = json.Unmarshal(line, &v)
+			h.Exports = append(h.Exports, v)
 		default:
 			err = fmt.Errorf("unknown type %q", probe.Type)
 		}

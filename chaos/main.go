@@ -50,7 +50,11 @@ const (
 	routeSubmit = "POST /v1/images"
 	routeTask   = "GET /v1/tasks/{id}"
 	routeCancel = "POST /v1/tasks/{id}/cancel"
+	routeExport = "POST /v1/tasks/{id}/export"
 )
+
+// exportKind is the idempotency kind of the example's export route.
+const exportKind = "export"
 
 const (
 	sigStop = syscall.SIGSTOP
@@ -280,6 +284,9 @@ func soak(ctx context.Context, o options, logf func(string, ...any)) (History, s
 	if err := dumpTable(ctx, sys, rec); err != nil {
 		return History{}, sys.dir, err
 	}
+	if err := dumpExports(ctx, sys, rec); err != nil {
+		return History{}, sys.dir, err
+	}
 	for _, p := range sys.procs {
 		if p.kind != workerProc {
 			continue // API nodes run no workers (-workers 0)
@@ -397,6 +404,44 @@ func dumpTable(ctx context.Context, sys *system, rec *recorder) error {
 	return rows.Err()
 }
 
+// dumpExports records every row of the export route's ledger, each run
+// named by the API node that served it. The route creates the ledger on
+// its first export: no table, no runs.
+func dumpExports(ctx context.Context, sys *system, rec *recorder) error {
+	conn, err := pgx.Connect(ctx, sys.pg.DSN("postgres"))
+	if err != nil {
+		return fmt.Errorf("chaos: connect to postgres: %w", err)
+	}
+	defer conn.Close(context.Background())
+	var found bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('idemgate_example_exports') IS NOT NULL`).Scan(&found); err != nil || !found {
+		return err
+	}
+	procs := map[string]string{}
+	for _, p := range sys.api() {
+		procs[p.addr] = p.name
+	}
+	rows, err := conn.Query(ctx, `SELECT id, tenant, owner, idempotency_key, task_id::text, node, started_at, created_at
+	FROM idemgate_example_exports ORDER BY id`)
+	if err != nil {
+		return fmt.Errorf("chaos: read the export ledger: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var e Export
+		var node string
+		if err := rows.Scan(&e.ID, &e.Tenant, &e.Owner, &e.IdemKey, &e.TaskID, &node, &e.Started, &e.Created); err != nil {
+			return fmt.Errorf("chaos: read an export: %w", err)
+		}
+		e.Proc = procs[node]
+		if e.Proc == "" {
+			e.Proc = node
+		}
+		rec.export(e)
+	}
+	return rows.Err()
+}
+
 // ---- report ----
 
 // Summary is the report of a run.
@@ -409,6 +454,8 @@ type Summary struct {
 	Actions  map[string]int `json:"actions"`
 	Tasks    map[string]int `json:"tasks"`
 	GenCalls int            `json:"generator_calls"`
+	// Exports counts the runs of the export handler (its ledger's rows).
+	Exports int `json:"exports"`
 	// CallsFrom says where the calls were counted: the upstream's call log
 	// (at their start) or the workers' logs (at their end).
 	CallsFrom string `json:"calls_from"`
@@ -445,6 +492,7 @@ func summarize(h History) Summary {
 			s.GenCalls++
 		}
 	}
+	s.Exports = len(h.Exports)
 	s.Notes = notes(h)
 	s.Invariants = Check(h)
 	s.Holds = Holds(s.Invariants)
@@ -513,7 +561,8 @@ func report(w io.Writer, h History, asJSON bool) int {
 	table(tw, "requests by outcome", s.Requests)
 	table(tw, "client actions by outcome", s.Actions)
 	table(tw, "tasks by final state", s.Tasks)
-	fmt.Fprintf(tw, "generator calls, from the %s\t%d\n\n", s.CallsFrom, s.GenCalls)
+	fmt.Fprintf(tw, "generator calls, from the %s\t%d\n", s.CallsFrom, s.GenCalls)
+	fmt.Fprintf(tw, "export runs, from the export ledger\t%d\n\n", s.Exports)
 	if len(s.Notes) > 0 {
 		table(tw, "notes (no invariant broken)", s.Notes)
 	}
