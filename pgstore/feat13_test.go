@@ -467,3 +467,104 @@ func TestSubmitManyWakesWorkers(t *testing.T) {
 		}
 	}
 }
+
+// SubmitMany and Submit announce only new tasks that may run now, of the
+// kinds the limiter lets through: a notification arrives in commit order,
+// so the first one a listener gets says which statements sent none.
+func TestNewTasksAreAnnouncedOnlyWhenDue(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	withKind := func(key, kind string) NewTask {
+		nt := newTask(key)
+		nt.Kind = kind
+		return nt
+	}
+	// A batch whose kinds the limiter holds back.
+	if _, err := s.submitBatch(ctx, []NewTask{withKind("a", "held-back")}, []int{0}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Tasks scheduled for later, by SubmitMany and by Submit.
+	later := withKind("b", "scheduled")
+	later.RunAfter = time.Now().Add(time.Hour)
+	later2 := withKind("c", "scheduled")
+	later2.RunAfter = later.RunAfter
+	if res, err := s.SubmitMany(ctx, []NewTask{later}); err != nil || res[0].Err != nil {
+		t.Fatal(err, res)
+	}
+	mustSubmit(t, s, later2)
+	// Then one that is announced.
+	if res, err := s.SubmitMany(ctx, []NewTask{withKind("d", "due"), withKind("e", "due")}); err != nil || res[0].Err != nil {
+		t.Fatal(err, res)
+	}
+	n, err := conn.Conn().WaitForNotification(ctx)
+	if err != nil {
+		t.Fatalf("no notification after SubmitMany: %v", err)
+	}
+	if n.Payload != "due" {
+		t.Fatalf("first notification for kind %q; want \"due\" (nothing for held-back or scheduled tasks)", n.Payload)
+	}
+	if _, err := conn.Exec(ctx, "UNLISTEN *"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Stats reads about as much with a large history of finished tasks as
+// without it: it reads the unfinished tasks through their partial
+// indexes, never the whole table.
+func TestStatsIgnoresFinishedTasks(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	for i, state := range []State{StatePending, StateRunning, StateRetrying, StateUncertain} {
+		task := mustSubmit(t, s, newTask(fmt.Sprint("open-", i)))
+		if _, err := s.pool.Exec(ctx, "UPDATE idemgate_tasks SET state = $1 WHERE id = $2", state, task.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	statsBuffers := func() int {
+		var plan []map[string]any
+		if err := s.pool.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sqlStats).Scan(&plan); err != nil {
+			t.Fatal(err)
+		}
+		top := plan[0]["Plan"].(map[string]any)
+		return int(top["Shared Hit Blocks"].(float64) + top["Shared Read Blocks"].(float64))
+	}
+	if _, err := s.pool.Exec(ctx, "ANALYZE idemgate_tasks"); err != nil {
+		t.Fatal(err)
+	}
+	before := statsBuffers()
+	if _, err := s.pool.Exec(ctx, `INSERT INTO idemgate_tasks
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, state, finished_at)
+		SELECT 'acme', 'o', 'image', 'gpu', 'main', 'done-' || g, 'f',
+			(ARRAY['succeeded', 'failed', 'cancelled'])[1 + g % 3], now() - g * interval '1 second'
+		FROM generate_series(1, 50000) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(ctx, "ANALYZE idemgate_tasks"); err != nil {
+		t.Fatal(err)
+	}
+	after := statsBuffers()
+	t.Logf("Stats buffers: %d with 4 unfinished tasks, %d with 50k finished ones besides", before, after)
+	if after > 2*before+8 {
+		t.Fatalf("Stats read %d buffers with 50k finished tasks, %d without", after, before)
+	}
+	st, err := s.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, state := range []State{StatePending, StateRunning, StateRetrying, StateUncertain} {
+		if n := st.Counts["image"][state]; n != 1 {
+			t.Errorf("Stats counted %d %s tasks, want 1", n, state)
+		}
+	}
+}

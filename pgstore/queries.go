@@ -269,7 +269,7 @@ WHERE NOT @notify::boolean OR ins.run_after > now() OR idemgate_tasks_notify(ins
 SELECT x.ord, ins.*, x.ord <> x.first_ord AS duplicate
 FROM x JOIN ins ON ins.tenant = x.tenant AND ins.idempotency_key = x.key
 	AND ins.runtime = x.runtime AND ins.network = x.network
-WHERE NOT (ins.kind = ANY(@notify_kinds::text[]) AND ins.run_after <= now())
+WHERE NOT (ins.kind = ANY(coalesce(@notify_kinds::text[], '{}')) AND ins.run_after <= now())
 	OR idemgate_tasks_notify(ins.kind)
 UNION ALL
 SELECT x.ord, ` + tTaskColumns + `, true AS duplicate
@@ -328,15 +328,23 @@ SELECT *, false AS duplicate FROM can WHERE idemgate_tasks_notify_cancel(can.id)
 DELETE FROM idemgate_tasks t USING doomed WHERE t.id = doomed.id`
 
 	// sqlStats counts unfinished tasks by kind and state, with each group's
-	// oldest runnable and oldest task, in µs of age. The WHERE clause
-	// matches the partial indexes of those states, so finished tasks,
-	// however many, are not read.
+	// oldest runnable and oldest task, in µs of age. Each arm's WHERE
+	// clause implies the predicate of one partial index (runnable_v5,
+	// leased, uncertain): Postgres matches a partial index to a state
+	// list only if the list is within the index's, so one arm for all
+	// four states would read the whole table, finished tasks and all.
+	// Cost grows with the unfinished tasks only.
 	sqlStats = `SELECT kind, state, count(*)::bigint AS n,
 	coalesce((extract(epoch FROM now() - min(run_after) FILTER (WHERE run_after <= now())) * 1e6)::bigint, 0) AS runnable_us,
 	coalesce((extract(epoch FROM now() - min(created_at)) * 1e6)::bigint, 0) AS oldest_us
-FROM idemgate_tasks
-WHERE state IN ('pending', 'retrying', 'running', 'uncertain')
-GROUP BY kind, state`
+FROM idemgate_tasks WHERE state IN ('pending', 'retrying') GROUP BY kind, state
+UNION ALL
+SELECT kind, state, count(*)::bigint, 0, 0
+FROM idemgate_tasks WHERE state = 'running' GROUP BY kind, state
+UNION ALL
+SELECT kind, state, count(*)::bigint, 0,
+	coalesce((extract(epoch FROM now() - min(created_at)) * 1e6)::bigint, 0)
+FROM idemgate_tasks WHERE state = 'uncertain' GROUP BY kind, state`
 )
 
 // claimKindsSQL is sqlClaim for some kinds only. Each kind is read from
