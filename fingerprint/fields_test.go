@@ -90,24 +90,3 @@ func TestSumRequestFieldsNone(t *testing.T) {
 		}
 	}
 }
-
-func TestSumRequestFieldsAllocs(t *testing.T) {
-	spec := fingerprint.Spec{Fields: []string{"/prompt", "/n"}}
-	body := []byte(`{"prompt":"a lighthouse","n":1}`)
-	r, _ := http.NewRequest(http.MethodPost, "/", nil)
-	r.Header.Set("Content-Type", "application/json")
-	dst := make([]fingerprint.FieldSum, 0, 2)
-	allocs := testing.AllocsPerRun(100, func() {
-		if _, _, err := spec.SumRequestFields(r, body, dst[:0]); err != nil {
-			t.Fatal(err)
-		}
-	})
-	plain := testing.AllocsPerRun(100, func() {
-		if _, err := spec.SumRequest(r, body); err != nil {
-			t.Fatal(err)
-		}
-	})
-	if allocs > plain {
-		t.Errorf("SumRequestFields allocates %.0f times, SumRequest %.0f: the sums must cost no allocation", allocs, plain)
-	}
-}
