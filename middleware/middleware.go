@@ -178,7 +178,13 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	if err != nil {
 		return writeProblem(c, http.StatusBadRequest, codeBodyInvalid, err.Error(), 0)
 	}
-	st.req.Fingerprint = st.rt.target.Sum(c.ParamNames(), c.ParamValues(), r.URL.RawQuery, inner)
+	names, values := c.ParamNames(), c.ParamValues()
+	if c.Path() == "" {
+		// Before routing (e.Pre): no route template and no path
+		// parameters, so the path itself is the request target.
+		names, values = []string{""}, []string{r.URL.EscapedPath()}
+	}
+	st.req.Fingerprint = st.rt.target.Sum(names, values, r.URL.RawQuery, inner)
 
 	st.token = newToken()
 	claim := ClaimRequest{
@@ -304,16 +310,23 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	if r.ContentLength > limit {
+	length := r.ContentLength
+	if len(r.Header["Content-Encoding"]) > 0 {
+		// A decoding middleware outside this one (echo's Decompress)
+		// replaces the body but not Content-Length, which counts the
+		// encoded bytes: the decoded body is longer or shorter.
+		length = -1
+	}
+	if length > limit {
 		return nil, errBodyTooLarge
 	}
 	// One byte more than declared (or allowed) proves the body ends there.
 	most := limit + 1
-	if r.ContentLength >= 0 {
-		most = r.ContentLength + 1
+	if length >= 0 {
+		most = length + 1
 	}
 	size := most
-	if r.ContentLength < 0 {
+	if length < 0 {
 		size = 512
 	}
 	buf := make([]byte, 0, min(size, initialBodyCap))
@@ -338,11 +351,11 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	switch {
 	case int64(len(buf)) > limit:
 		return nil, errBodyTooLarge
-	case r.ContentLength < 0:
+	case length < 0:
 		return buf, nil
-	case int64(len(buf)) > r.ContentLength:
+	case int64(len(buf)) > length:
 		return nil, errBodyTooLarge
-	case int64(len(buf)) < r.ContentLength:
+	case int64(len(buf)) < length:
 		return nil, errBodyShort
 	}
 	return buf, nil
