@@ -73,10 +73,10 @@ func TestSoak(t *testing.T) {
 			t.Errorf("no %s fault injected: %v", k, s.Faults)
 		}
 	}
-	if s.Tasks["succeeded"] < 20 || s.GenCalls == 0 {
-		t.Errorf("the soak did too little: tasks %v, %d generator calls", s.Tasks, s.GenCalls)
+	if s.Tasks["succeeded"] < 20 || s.GenCalls == 0 || s.Exports == 0 {
+		t.Errorf("the soak did too little: tasks %v, %d generator calls, %d exports", s.Tasks, s.GenCalls, s.Exports)
 	}
-	t.Logf("faults %v; tasks %v; %d generator calls", s.Faults, s.Tasks, s.GenCalls)
+	t.Logf("faults %v; tasks %v; %d generator calls; %d export runs", s.Faults, s.Tasks, s.GenCalls, s.Exports)
 }
 
 // TestPlants plants each known bug and requires the checker to catch it
