@@ -195,6 +195,9 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 		Token:       st.token,
 		Fields:      fields,
 	}
+	if plant == "replay-ignores-fingerprint" {
+		claim.Fingerprint = "planted" // every record matches every body
+	}
 	// The claim runs detached from the client (storeCtx): a claim the
 	// store executed must not be abandoned half-way, or it would block the
 	// client's own retry for a whole lease.
@@ -474,6 +477,8 @@ func (st *call) run(c echo.Context, next echo.HandlerFunc) (err error) {
 		st.release("response_too_large", st.cw.status)
 	case !m.cfg.Cacheable(st.cw.status):
 		st.release("not_cacheable", st.cw.status)
+	case plant == "release-on-client-gone" && (st.cw.clientErr != nil || c.Request().Context().Err() != nil):
+		st.release("planted", st.cw.status) // the client left: its complete answer is thrown away
 	default:
 		st.complete()
 	}
