@@ -511,6 +511,8 @@ func writeHistory(t *testing.T, path string, h History) {
 func FuzzReadHistory(f *testing.F) {
 	f.Add([]byte(`{"type":"meta","seed":1}` + "\n" + `{"type":"req","status":202,"task_id":"x"}` + "\n"))
 	f.Add([]byte(`{"type":"row","id":"x","state":"succeeded"}`))
+	f.Add([]byte(`{"type":"export","id":1,"idempotency_key":"k","proc":"api0"}` + "\n" +
+		`{"type":"req","route":"POST /v1/tasks/{id}/export","status":200,"export_id":2}`))
 	f.Add([]byte(`{"type":"nope"}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := ReadHistory(bytes.NewReader(b))
