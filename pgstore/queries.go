@@ -336,7 +336,7 @@ DELETE FROM idemgate_tasks t USING doomed WHERE t.id = doomed.id`
 	// Cost grows with the unfinished tasks only.
 	sqlStats = `SELECT kind, state, count(*)::bigint AS n,
 	coalesce((extract(epoch FROM now() - min(run_after) FILTER (WHERE run_after <= now())) * 1e6)::bigint, 0) AS runnable_us,
-	coalesce((extract(epoch FROM now() - min(created_at)) * 1e6)::bigint, 0) AS oldest_us
+	0::bigint AS oldest_us
 FROM idemgate_tasks WHERE state IN ('pending', 'retrying') GROUP BY kind, state
 UNION ALL
 SELECT kind, state, count(*)::bigint, 0, 0

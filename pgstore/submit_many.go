@@ -35,7 +35,9 @@ type SubmitResult struct {
 // and the second gets it back with Duplicate set, or ErrConflict if its
 // owner, kind or fingerprint differ. The error returned beside the
 // results is the batch's (the database refused the statement); then
-// results is nil and nothing was stored.
+// results is nil and the failed statement stored nothing. Submitting the
+// batch again is safe: what an earlier statement of the call stored comes
+// back as duplicates.
 //
 // New tasks that may run now wake listening workers, one notification
 // per kind per batch.
