@@ -4,9 +4,9 @@
 GO ?= go
 export GOTOOLCHAIN ?= local
 
-.PHONY: test vet unit faults run bench load chaos
+.PHONY: test vet unit faults run bench load chaos river river-quick river-test
 
-test: vet unit faults
+test: vet unit faults river-test
 
 vet:
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
@@ -35,3 +35,14 @@ load:
 # The long randomized soak with its history checker (README "Reliability (chaos)").
 chaos:
 	$(GO) run ./chaos -seed $(or $(SEED),1) -duration $(or $(DURATION),30m)
+
+# pgstore against River (riverbench/ is its own module; River stays out of go.mod).
+river:
+	cd riverbench && $(GO) run .
+
+river-quick:
+	cd riverbench && $(GO) run . -quick
+
+# The root's go vet/test ./... skip the nested module.
+river-test:
+	cd riverbench && $(GO) vet ./... && $(GO) test -race -count=1 ./...
