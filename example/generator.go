@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -209,6 +210,22 @@ func (u upstream) prepare(ctx context.Context) error {
 // errNotSent is a call that never reached the upstream.
 var errNotSent = errors.New("upstream: request not sent")
 
+// errMaybeSent is a call whose request went out but whose answer was
+// lost (the connection broke, the caller's context ended): the upstream
+// may have it, so running it again could make a second call.
+var errMaybeSent = errors.New("upstream: request sent, answer lost")
+
+// sendError classifies err, the failure of logging a request: never sent
+// when nothing reached the server or the server refused it (its
+// statement rolled back), maybe sent otherwise.
+func sendError(err error) error {
+	var pgErr *pgconn.PgError
+	if pgconn.SafeToRetry(err) || errors.As(err, &pgErr) {
+		return fmt.Errorf("%w: %w", errNotSent, err)
+	}
+	return fmt.Errorf("%w: %w", errMaybeSent, err)
+}
+
 // call sends request ref for p, resuming after from images, and waits
 // for the answer as the stand-in generator gives it. Once the request is
 // logged, the upstream does the work whatever becomes of the caller.
@@ -231,7 +248,7 @@ func (u upstream) call(ctx context.Context, ref string, p imageParams, from int)
 	if _, err := u.log.Exec(ctx, `INSERT INTO idemgate_example_upstream_calls (ref, outcome, done_at)
 		VALUES (@ref, @outcome, now() + @took_us::bigint * interval '1 microsecond')`,
 		pgx.NamedArgs{"ref": ref, "outcome": outcome, "took_us": took.Microseconds()}); err != nil {
-		return nil, fmt.Errorf("%w: %w", errNotSent, err)
+		return nil, sendError(err)
 	}
 	return u.gen.generate(ctx, p, from)
 }

@@ -194,6 +194,10 @@ func (r runner) imageOutcome(t pgstore.Task, kept []json.RawMessage, made [][]by
 	case errors.As(err, &partial):
 		r.logger.Info("task failed with partial results; POST /v1/tasks/{id}/recover resumes it", "task", t.ID)
 		return pgstore.Failed(err, append(kept, encodeImages(partial.made)...)...)
+	case errors.Is(err, errMaybeSent):
+		// The request went out and its answer was lost: only the
+		// upstream knows; reconcile asks it.
+		return pgstore.Uncertain(err)
 	case errors.Is(err, errNotSent):
 		// Nothing reached the upstream: safe to run again.
 		return pgstore.Retry(0, err)
