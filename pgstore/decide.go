@@ -52,7 +52,7 @@ type transition struct {
 // every rule of what an outcome does in which state lives here.
 //
 //   - Cancelled, or released at shutdown: nothing to write (that was
-//     written already).
+//     written already), except a Reconcile's Succeeded or Failed.
 //   - A returned Succeeded or Failed counts however the attempt ended:
 //     the work is done (a success needs a real result item).
 //   - From running, a returned Retry or Uncertain is applied as asked; an
@@ -67,7 +67,12 @@ func decide(v verdict) transition {
 	case endCancelled:
 		return transition{write: writeNone, event: WorkerCancelled}
 	case endReleased:
-		return transition{write: writeNone} // reported by the release
+		// A running task's release wrote its transition. An uncertain
+		// task is not released: a Reconcile that answered for good as
+		// shutdown cancelled it is recorded below (its claim fences it).
+		if v.from != StateUncertain || !v.returned || !v.outcome.final() {
+			return transition{write: writeNone} // reported by the release
+		}
 	}
 	o := v.outcome
 	if v.returned && o.final() {
