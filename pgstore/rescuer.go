@@ -37,7 +37,7 @@ func (r *rescuer) rescue(ctx context.Context) (int64, error) {
 	}
 	var total int64
 	for {
-		rows, _ := r.pool.Query(ctx, sqlRescue, pgx.NamedArgs{"limit": rescueBatch, "max_attempts": r.cfg.MaxAttempts,
+		rows, _ := r.pool.Query(ctx, plantSQL(sqlRescue), pgx.NamedArgs{"limit": rescueBatch, "max_attempts": r.cfg.MaxAttempts,
 			"reconcile_us":    r.cfg.ReconcileInterval.Microseconds(),
 			"backoff_base_us": r.cfg.BackoffBase.Microseconds(), "backoff_max_us": r.cfg.BackoffMax.Microseconds(),
 			"jitter": jitter})
