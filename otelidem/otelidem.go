@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"time"
@@ -199,12 +200,13 @@ func (r *Recorder) ServerWithSkipper(skip echomw.Skipper) echo.MiddlewareFunc {
 			req := c.Request()
 			ctx := r.cfg.Propagator.Extract(req.Context(), propagation.HeaderCarrier(req.Header))
 			route := c.Path()
-			name := req.Method
+			method := knownMethod(req.Method)
+			name := method
 			if route != "" {
 				name += " " + route
 			}
 			ctx, span := r.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer),
-				trace.WithAttributes(keyMethod.String(req.Method), keyRoute.String(route)))
+				trace.WithAttributes(keyMethod.String(method), keyRoute.String(route)))
 			defer span.End()
 			c.SetRequest(req.WithContext(ctx))
 			err := next(c)
@@ -221,4 +223,16 @@ func (r *Recorder) ServerWithSkipper(skip echomw.Skipper) echo.MiddlewareFunc {
 			return err
 		}
 	}
+}
+
+// knownMethod returns m when it is a method of RFC 9110 or RFC 5789, and
+// _OTHER otherwise (as OTel's HTTP conventions ask): a client chooses the
+// method, and a span name per made-up method would carry what it sent.
+func knownMethod(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace:
+		return m
+	}
+	return "_OTHER"
 }

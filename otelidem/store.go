@@ -3,6 +3,7 @@ package otelidem
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/codes"
@@ -43,28 +44,28 @@ func (s *store) Claim(ctx context.Context, key string, req middleware.ClaimReque
 	if err == nil {
 		result = res.Status.String()
 	}
-	s.end(ctx, span, start, "claim", result, err)
+	s.end(ctx, span, start, "claim", result, key, err)
 	return res, err
 }
 
 func (s *store) Extend(ctx context.Context, key string, token middleware.Token, lease time.Duration) error {
 	ctx, span, start := s.start(ctx, "extend")
 	err := s.next.Extend(ctx, key, token, lease)
-	s.end(ctx, span, start, "extend", resultOf(err), err)
+	s.end(ctx, span, start, "extend", resultOf(err), key, err)
 	return err
 }
 
 func (s *store) Complete(ctx context.Context, key string, token middleware.Token, resp middleware.Response, retention time.Duration) error {
 	ctx, span, start := s.start(ctx, "complete")
 	err := s.next.Complete(ctx, key, token, resp, retention)
-	s.end(ctx, span, start, "complete", resultOf(err), err)
+	s.end(ctx, span, start, "complete", resultOf(err), key, err)
 	return err
 }
 
 func (s *store) Release(ctx context.Context, key string, token middleware.Token) error {
 	ctx, span, start := s.start(ctx, "release")
 	err := s.next.Release(ctx, key, token)
-	s.end(ctx, span, start, "release", resultOf(err), err)
+	s.end(ctx, span, start, "release", resultOf(err), key, err)
 	return err
 }
 
@@ -74,11 +75,11 @@ func (s *store) start(ctx context.Context, op string) (context.Context, trace.Sp
 	return ctx, span, time.Now()
 }
 
-func (s *store) end(ctx context.Context, span trace.Span, start time.Time, op, result string, err error) {
+func (s *store) end(ctx context.Context, span trace.Span, start time.Time, op, result, key string, err error) {
 	took := time.Since(start)
 	span.SetAttributes(keyResult.String(result))
 	if result == resultError {
-		span.RecordError(err)
+		span.RecordError(redacted{err, key})
 		span.SetStatus(codes.Error, "store call failed")
 	}
 	span.End()
@@ -95,3 +96,22 @@ func resultOf(err error) string {
 	}
 	return resultError
 }
+
+// redacted is a store's error as a span records it: a store may name the
+// key in its errors (a hand-written one, a driver quoting its arguments),
+// and the key holds the tenant and user. Its message has each occurrence
+// of the key replaced; errors.Is and As still see the original.
+type redacted struct {
+	err error
+	key string
+}
+
+func (r redacted) Error() string {
+	msg := r.err.Error()
+	if r.key == "" {
+		return msg
+	}
+	return strings.ReplaceAll(msg, r.key, "[key]")
+}
+
+func (r redacted) Unwrap() error { return r.err }

@@ -42,7 +42,7 @@ func (r *Recorder) Submit(ctx context.Context, t pgstore.NewTask,
 	case errors.Is(err, pgstore.ErrConflict):
 		span.SetAttributes(keyResult.String("conflict"))
 	case err != nil:
-		span.RecordError(err)
+		span.RecordError(redacted{err, t.IdempotencyKey})
 		span.SetStatus(codes.Error, "submit failed")
 	default:
 		span.SetAttributes(keyTaskID.String(task.ID), keyDuplicate.Bool(task.Duplicate),

@@ -1,0 +1,127 @@
+package otelidem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/otelidem"
+	"github.com/idemgate/idemgate/pgstore"
+)
+
+// Attack: a client sends arbitrary request methods. The server span's
+// name and its http.request.method attribute must not carry them (a span
+// name per made-up method; OTel's HTTP conventions map unknown methods to
+// _OTHER).
+func TestAttackServerSpanUnknownMethod(t *testing.T) {
+	b := setup(t, otelidem.Config{})
+	e := echo.New()
+	e.Use(b.rec.Server())
+	e.Any("/v1/x", func(c echo.Context) error { return c.NoContent(http.StatusNoContent) })
+	for i := range 20 {
+		m := fmt.Sprintf("EVIL%dSECRET", i)
+		rec := httptest.NewRecorder()
+		e.ServeHTTP(rec, httptest.NewRequest(m, "/v1/x", nil))
+		rec = httptest.NewRecorder()
+		e.ServeHTTP(rec, httptest.NewRequest(m, fmt.Sprintf("/nope/%d", i), nil)) // 404 storm
+	}
+	spans := b.spans.Ended()
+	if len(spans) != 40 {
+		t.Fatalf("%d spans, want 40", len(spans))
+	}
+	for _, s := range spans {
+		if strings.Contains(s.Name(), "SECRET") || strings.Contains(s.Name(), "/nope/") {
+			t.Errorf("span name %q carries a client-chosen method or path", s.Name())
+		}
+		for _, kv := range s.Attributes() {
+			if v := kv.Value.Emit(); strings.Contains(v, "SECRET") || strings.Contains(v, "/nope/") {
+				t.Errorf("span %q attribute %s=%q carries a client-chosen value", s.Name(), kv.Key, v)
+			}
+		}
+	}
+}
+
+// leakyStore fails every call with an error that names the key, as a
+// hand-written store may.
+type leakyStore struct{}
+
+func (leakyStore) Claim(_ context.Context, key string, _ middleware.ClaimRequest) (middleware.ClaimResult, error) {
+	return middleware.ClaimResult{}, fmt.Errorf("leaky: claim %s: %w", key, errors.New("down"))
+}
+func (leakyStore) Extend(_ context.Context, key string, _ middleware.Token, _ time.Duration) error {
+	return fmt.Errorf("leaky: extend %s", key)
+}
+func (leakyStore) Complete(_ context.Context, key string, _ middleware.Token, _ middleware.Response, _ time.Duration) error {
+	return fmt.Errorf("leaky: complete %s", key)
+}
+func (leakyStore) Release(_ context.Context, key string, _ middleware.Token) error {
+	return fmt.Errorf("leaky: release %s", key)
+}
+
+// Attack: the store's error names the key. The store span records the
+// error; the key must not reach the span (attributes or events).
+func TestAttackStoreErrorKeyNotInSpan(t *testing.T) {
+	b := setup(t, otelidem.Config{})
+	s := b.rec.Store(leakyStore{})
+	const key = "tenant-acme/user-alice/SECRETKEY-123"
+	_, _ = s.Claim(context.Background(), key, middleware.ClaimRequest{})
+	_ = s.Extend(context.Background(), key, middleware.Token{}, time.Second)
+	_ = s.Complete(context.Background(), key, middleware.Token{}, middleware.Response{}, time.Second)
+	_ = s.Release(context.Background(), key, middleware.Token{})
+	spans := b.spans.Ended()
+	if len(spans) != 4 {
+		t.Fatalf("%d spans, want 4", len(spans))
+	}
+	for _, sp := range spans {
+		if sp.Status().Code.String() != "Error" {
+			t.Errorf("span %s status %v, want Error", sp.Name(), sp.Status())
+		}
+		for _, kv := range sp.Attributes() {
+			if strings.Contains(kv.Value.Emit(), "SECRETKEY") {
+				t.Errorf("span %s attribute %s carries the key", sp.Name(), kv.Key)
+			}
+		}
+		if len(sp.Events()) == 0 {
+			t.Errorf("span %s recorded no error event", sp.Name())
+		}
+		for _, ev := range sp.Events() {
+			for _, kv := range ev.Attributes {
+				if strings.Contains(kv.Value.Emit(), "SECRETKEY") {
+					t.Errorf("span %s event %s attribute %s carries the key: %q", sp.Name(), ev.Name, kv.Key, kv.Value.Emit())
+				}
+			}
+		}
+	}
+}
+
+// Attack: Submit's error names the task's idempotency key; the submit
+// span must not carry it.
+func TestAttackSubmitErrorKeyNotInSpan(t *testing.T) {
+	b := setup(t, otelidem.Config{})
+	nt := pgstore.NewTask{Tenant: "acme", Owner: "alice", Kind: "image", IdempotencyKey: "SECRETKEY-9"}
+	_, err := b.rec.Submit(context.Background(), nt, func(_ context.Context, t pgstore.NewTask) (pgstore.Task, error) {
+		return pgstore.Task{}, fmt.Errorf("pgstore: submit %q: boom", t.IdempotencyKey)
+	})
+	if err == nil || !strings.Contains(err.Error(), "SECRETKEY") {
+		t.Fatalf("Submit error %v, want the store's own error back unchanged", err)
+	}
+	spans := b.spans.Ended()
+	if len(spans) != 1 || len(spans[0].Events()) == 0 {
+		t.Fatalf("spans %v, want one with an error event", names(spans))
+	}
+	for _, ev := range spans[0].Events() {
+		for _, kv := range ev.Attributes {
+			if strings.Contains(kv.Value.Emit(), "SECRETKEY") {
+				t.Errorf("submit span event %s attribute %s carries the key: %q", ev.Name, kv.Key, kv.Value.Emit())
+			}
+		}
+	}
+}
