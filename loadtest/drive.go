@@ -69,17 +69,14 @@ func newBench(e *env, o options, log io.Writer) *bench {
 	}
 }
 
-// start builds both stacks; the idemgate one first, since its migrations
-// create the table the floor copies.
+// start builds the stacks; the idemgate one first, since its migrations
+// create the tasks table every stack writes to.
 func (b *bench) start(ctx context.Context) error {
 	idem, err := newIdemgate(ctx, b.env, b.o)
 	if err != nil {
 		return err
 	}
 	b.env.closers = append(b.env.closers, idem.close, b.cleanup)
-	if err := createFloorTable(ctx, b.env); err != nil {
-		return err
-	}
 	plain, err := newFloor(ctx, b.env, b.o, true)
 	if err != nil {
 		return err
@@ -95,17 +92,14 @@ func (b *bench) start(ctx context.Context) error {
 	return nil
 }
 
-// cleanup removes this run's rows and the floor table, for runs against a
+// cleanup removes this run's rows (every stack's), for runs against a
 // database given by -database-url (a throwaway one is removed anyway).
 func (b *bench) cleanup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := b.env.db.Exec(ctx, `DELETE FROM idemgate_tasks WHERE tenant LIKE $1`,
+	if _, err := b.env.db.Exec(ctx, `DELETE FROM `+tasksTable+` WHERE tenant LIKE $1`,
 		fmt.Sprintf("lt-%%-%d", b.runID)); err != nil {
 		fmt.Fprintf(b.log, "loadtest: remove this run's tasks: %v\n", err)
-	}
-	if _, err := b.env.db.Exec(ctx, `DROP TABLE IF EXISTS `+floorTable); err != nil {
-		fmt.Fprintf(b.log, "loadtest: drop %s: %v\n", floorTable, err)
 	}
 }
 

@@ -293,7 +293,7 @@ svg .grid { stroke: #e8ebf0; } svg .ref { stroke: #b3261e; stroke-dasharray: 4 3
 <h1>idemgate load test</h1>
 {{with .Machine}}<p class="machine">Machine: {{.CPUs}} CPUs (GOMAXPROCS {{.GOMAXPROCS}}), {{.GOOS}}/{{.GOARCH}}, {{.Go}}, Redis {{.Redis}}, PostgreSQL {{.Postgres}}{{if .LoadAvgStart}}, load average {{.LoadAvgStart}} → {{.LoadAvgEnd}}{{end}}</p>{{end}}
 <p class="machine">{{.Duration}} per scenario and stack in {{.Rounds}} alternating rounds, {{.Concurrency}} keep-alive clients; dup: groups of {{.DupGroup}} on a {{.Slow}} handler.</p>
-<p class="note">A floor is a bare echo handler doing by hand the same Redis work and the same INSERT as idemgate's stack; ratios are to <b>{{.Floor}}</b>.
+<p class="note">A floor is a bare echo handler doing by hand the fewest Redis commands an idempotency layer needs; every stack does the same task work (decode, validate, pgstore.Submit of the same task), so stacks differ only in the idempotency layer. Ratios are to <b>{{.Floor}}</b>.
 Compare the ratio to the floor, measured in the same run on the same machine; absolute figures move with the machine and its load.</p>
 <p class="key">{{range .Key}}<span><i style="background:{{.Color}}"></i>{{.Name}}</span>{{end}}</p>
 <h2>Throughput relative to the floor</h2>

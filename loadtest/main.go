@@ -1,15 +1,26 @@
 // Command loadtest measures idemgate against its floor.
 //
 // In one run it starts a throwaway redis-server and PostgreSQL (or uses
-// -redis-url / -database-url), serves two stacks on loopback and drives each
-// with concurrent keep-alive HTTP clients for a fixed duration per scenario:
+// -redis-url / -database-url), serves three stacks on loopback and drives
+// each with concurrent keep-alive HTTP clients for a fixed duration per
+// scenario:
 //
-//   - floor: a bare echo handler that does by hand the same Redis round trips
-//     (one claim-or-read script, one SET to complete) and the same INSERT of
-//     the same row as the real handler, with a naive SHA-256 of the body as
-//     its fingerprint and no key derivation;
-//   - idemgate: echo + middleware.New (RedisStore) + a handler that calls
-//     pgstore.Submit like the example's POST /v1/images, in this process.
+//   - floor: a bare echo handler doing by hand the fewest plain Redis
+//     commands an idempotency layer needs (the physical limit: SET NX PX
+//     GET to claim, SET to store the response, for a miss; that one
+//     SET NX PX GET finding the record, the cost of a GET, for a replay or
+//     a conflict), with a naive SHA-256 of the body as its fingerprint and
+//     no key derivation;
+//   - floor-script: the same, with the claim done by a claim-or-read Lua
+//     script (as idemgate did before records v2);
+//   - idemgate: echo + middleware (RedisStore) in this process.
+//
+// Every stack runs the same task work behind its idempotency layer, like
+// the example's POST /v1/images: decode and validate the JSON body, then
+// pgstore.Submit of the same NewTask (same columns and sizes), each stack
+// on a pgstore.Store and pool of its own, into one table under a tenant of
+// its own. So the stacks differ only in the idempotency layer, and the
+// ratio to the floor is that layer's cost, not Postgres's.
 //
 // Scenarios: miss (a new key per request), replay (the same request again),
 // conflict (a known key with other parameters) and dup (groups of clients
@@ -20,11 +31,11 @@
 //	go run ./loadtest [-duration 5s] [-rounds 5] [-concurrency 32] [-slow 50ms] [-json] [-html out.html]
 //
 // Each scenario runs -rounds short rounds per stack, alternating the
-// stacks, so that both meet the same background load; the ratio to the
+// stacks, so that all meet the same background load; the ratio to the
 // floor is the figure to compare across machines, not the absolute req/s.
 //
-// Both stacks read the tenant and user from trusted X-Tenant / X-User headers
-// (no JWT on either side), so the ratio measures idempotency, not auth.
+// Every stack reads the tenant and user from trusted X-Tenant / X-User headers
+// (no JWT anywhere), so the ratio measures idempotency, not auth.
 package main
 
 import (
@@ -75,8 +86,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, `loadtest measures idemgate against a hand-written floor that does the same
-Redis round trips and the same INSERT, in one run on one Redis and one Postgres.
+		fmt.Fprint(stderr, `loadtest measures idemgate against hand-written floors (the fewest plain Redis
+commands an idempotency layer needs, and a scripted claim), in one run on one
+Redis and one Postgres. Every stack does the same task work behind its
+idempotency layer (decode, validate, pgstore.Submit of the same task), so the
+ratio to the floor is the idempotency layer's cost alone.
 
 usage: go run ./loadtest [flags]
 

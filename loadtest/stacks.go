@@ -15,7 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
@@ -31,9 +30,11 @@ const (
 	// with a Lua script, as idemgate did before records v2.
 	floorName       = "floor"
 	floorScriptName = "floor-script"
-	floorTable      = "loadtest_floor_tasks"
-	idemgateName    = "idemgate"
-	// slowHeader asks either stack's handler to take this long (dup scenario).
+	// tasksTable holds every stack's tasks (pgstore's table); each
+	// scenario and stack has a tenant of its own.
+	tasksTable   = "idemgate_tasks"
+	idemgateName = "idemgate"
+	// slowHeader asks each stack's handler to take this long (dup scenario).
 	slowHeader = "X-Loadtest-Slow"
 	retention  = time.Hour
 	lease      = 30 * time.Second
@@ -160,7 +161,7 @@ func newIdemgate(ctx context.Context, e *env, o options) (*stack, error) {
 	if err := store.Migrate(ctx); err != nil {
 		return nil, fmt.Errorf("pgstore migrate: %w", err)
 	}
-	st := &stack{name: idemgateName, table: "idemgate_tasks", rt: &roundTrips{}, execs: newExecutions()}
+	st := &stack{name: idemgateName, table: tasksTable, rt: &roundTrips{}, execs: newExecutions()}
 	rdb := e.newRedis(2*o.concurrency, st.rt)
 
 	idem, err := middleware.Config{
@@ -252,44 +253,34 @@ if v then return v end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return false`
 
-// createFloorTable creates the floors' table, shared by both (each scenario
-// and stack has its own tenant): same columns, defaults and indexes as
-// idemgate_tasks, so the same INSERT costs the same.
-func createFloorTable(ctx context.Context, e *env) error {
-	if _, err := e.db.Exec(ctx, `DROP TABLE IF EXISTS `+floorTable+`;
-		CREATE TABLE `+floorTable+` (LIKE idemgate_tasks INCLUDING ALL)`); err != nil {
-		return fmt.Errorf("create floor table: %w", err)
-	}
-	return nil
-}
-
-// newFloor serves a floor: a bare echo handler that does by hand what the
-// idemgate stack does, with the fewest steps: one claim-or-read command
-// (plain: SET NX PX GET; else a Lua script), the INSERT of the same row
-// (plain, into a table LIKE idemgate_tasks INCLUDING ALL, waking workers
-// with pg_notify in the same statement), one SET of the response.
+// newFloor serves a floor: a bare echo handler that does by hand, with the
+// fewest steps, what the idempotency middleware does (plain: one SET NX PX
+// GET to claim or read, one SET of the response; scripted: the claim by a
+// Lua script instead), around the same task work as the idemgate stack's
+// handler: the same JSON decode and validation, and the same
+// pgstore.Submit of the same NewTask (same columns, same sizes), on a
+// pgstore.Store of its own with a pool of its own. So every stack differs
+// only in its idempotency layer.
 func newFloor(ctx context.Context, e *env, o options, plain bool) (*stack, error) {
 	pool, err := e.newPool(ctx, o.pgConns)
 	if err != nil {
 		return nil, err
 	}
-	const table = floorTable
+	store, err := pgstore.New(ctx, pool)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %w", err)
+	}
 	name := floorScriptName
 	if plain {
 		name = floorName
 	}
-	st := &stack{name: name, table: table, rt: &roundTrips{}, execs: newExecutions()}
+	st := &stack{name: name, table: tasksTable, rt: &roundTrips{}, execs: newExecutions()}
 	f := &floor{
 		plain: plain,
 		rdb:   e.newRedis(2*o.concurrency, st.rt),
 		claim: redis.NewScript(floorClaimScript),
-		db:    pool,
+		store: store,
 		execs: st.execs,
-		// A plain INSERT that wakes workers in the same statement, as Submit does.
-		insert: `WITH ins AS (
-			INSERT INTO ` + table + ` (tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id, state, kind)
-			SELECT ins.id::text, ins.state::text FROM ins, LATERAL (SELECT pg_notify('loadtest_floor', ins.kind)) n`,
 	}
 	ec := newEcho()
 	ec.POST("/v1/images", f.submit)
@@ -300,12 +291,11 @@ func newFloor(ctx context.Context, e *env, o options, plain bool) (*stack, error
 }
 
 type floor struct {
-	plain  bool
-	rdb    *redis.Client
-	claim  *redis.Script
-	db     *pgxpool.Pool
-	execs  *executions
-	insert string
+	plain bool
+	rdb   *redis.Client
+	claim *redis.Script
+	store *pgstore.Store
+	execs *executions
 }
 
 func (f *floor) submit(c echo.Context) error {
@@ -362,16 +352,32 @@ func (f *floor) submit(c echo.Context) error {
 		return echo.NewHTTPError(http.StatusBadRequest, err.Error())
 	}
 	slowdown(r)
+	// The same task as the idemgate stack's handler submits: keyspace's
+	// owner (hex SHA-256 of the user) and task key (kind + hex SHA-256),
+	// a "v1:" + hex fingerprint, the body as params.
 	userSum := sha256.Sum256([]byte(user))
 	keySum := sha256.Sum256([]byte(key))
-	var id, state string
-	err = f.db.QueryRow(ctx, f.insert, tenant, hex.EncodeToString(userSum[:]), "images",
-		taskRuntime, taskNetwork, "images:"+hex.EncodeToString(keySum[:]), "v1:"+fpHex, body).Scan(&id, &state)
+	task, err := f.store.Submit(ctx, pgstore.NewTask{
+		Tenant:         tenant,
+		Owner:          hex.EncodeToString(userSum[:]),
+		Kind:           "images",
+		Runtime:        taskRuntime,
+		Network:        taskNetwork,
+		IdempotencyKey: "images:" + hex.EncodeToString(keySum[:]),
+		Fingerprint:    "v1:" + fpHex,
+		Params:         body,
+	})
 	if err != nil {
 		f.rdb.Del(context.WithoutCancel(ctx), key)
+		if errors.Is(err, pgstore.ErrConflict) {
+			return echo.NewHTTPError(http.StatusConflict, "key reused with other parameters")
+		}
 		return err
 	}
-	f.execs.created.Add(1)
+	id, state := task.ID, string(task.State)
+	if !task.Duplicate {
+		f.execs.created.Add(1)
+	}
 	out, _ := json.Marshal(accepted{TaskID: id, Status: state, PollAfterMS: 1000})
 	if err := f.rdb.Set(context.WithoutCancel(ctx), key, "c"+fpHex+"202"+string(out), retention).Err(); err != nil {
 		return echo.NewHTTPError(http.StatusServiceUnavailable, "store unavailable")
