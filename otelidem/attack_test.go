@@ -125,3 +125,54 @@ func TestAttackSubmitErrorKeyNotInSpan(t *testing.T) {
 		}
 	}
 }
+
+// Attack: a client sends a huge or malformed traceparent (and a huge
+// tracestate). What Submit stores in Task.Trace is a well-formed W3C
+// traceparent of at most 55 bytes, never the client's text; an attempt
+// reading a garbage Task.Trace (written by anything) starts a new trace.
+func TestAttackTraceparentFromClient(t *testing.T) {
+	b := setup(t, otelidem.Config{})
+	e := echo.New()
+	e.Use(b.rec.Server())
+	var stored []string
+	e.POST("/v1/x", func(c echo.Context) error {
+		_, err := b.rec.Submit(c.Request().Context(), pgstore.NewTask{Kind: "k"},
+			func(_ context.Context, nt pgstore.NewTask) (pgstore.Task, error) {
+				stored = append(stored, nt.Trace)
+				return pgstore.Task{ID: "1"}, nil
+			})
+		return err
+	})
+	valid := "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	headers := []string{
+		strings.Repeat("a", 1<<16),
+		"00-" + strings.Repeat("f", 32) + "-" + strings.Repeat("f", 16) + "-01", // all-f ids are valid hex
+		"00-00000000000000000000000000000000-b7ad6b7169203331-01",               // zero trace id
+		"ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",               // forbidden version
+		"01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-" + strings.Repeat("x", 4096),
+		valid + "\x00<script>",
+		valid,
+	}
+	for _, h := range headers {
+		req := httptest.NewRequest(http.MethodPost, "/v1/x", nil)
+		req.Header.Set("traceparent", h)
+		req.Header.Set("tracestate", strings.Repeat("k=v,", 10000))
+		e.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	if len(stored) != len(headers) {
+		t.Fatalf("%d submits, want %d", len(stored), len(headers))
+	}
+	for i, tr := range stored {
+		if len(tr) != 55 || strings.ContainsAny(tr, "<\x00x") {
+			t.Errorf("header %d: stored trace %q, want a 55-byte traceparent", i, tr)
+		}
+	}
+	if !strings.Contains(stored[len(stored)-1], "0af7651916cd43dd8448eb211c80319c") {
+		t.Errorf("a valid traceparent did not continue the caller's trace: stored %q", stored[len(stored)-1])
+	}
+
+	h := b.rec.Attempt(func(ctx context.Context, _ pgstore.Task) pgstore.Outcome { return pgstore.Outcome{} })
+	for i, tr := range []string{"", strings.Repeat("z", 1<<20), valid + "garbage", "00-zz-zz-zz"} {
+		h(context.Background(), pgstore.Task{ID: fmt.Sprint("t", i), Kind: "k", Attempt: 1, Trace: tr})
+	}
+}
