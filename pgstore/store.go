@@ -81,7 +81,8 @@ type NewTask struct {
 	// RunAfter is the earliest time a worker may claim the task. Optional.
 	// Default: now (the database's clock). A task scheduled for later is
 	// not announced to listening workers: they find it by polling, within
-	// their PollInterval of its time.
+	// their PollInterval of its time. A time after year 9999 (UTC) is
+	// refused: Postgres cannot store every time.Time.
 	RunAfter time.Time
 	// Priority orders the runnable tasks of a kind: higher first, and the
 	// oldest first within one priority. Optional. Default 0. It must fit
@@ -358,11 +359,20 @@ func (t NewTask) validate() error {
 	if t.Priority < MinPriority || t.Priority > MaxPriority {
 		return fmt.Errorf("pgstore: submit: priority %d outside [%d, %d]", t.Priority, MinPriority, MaxPriority)
 	}
+	// Postgres stores 4713 BC to 294276 AD and refuses the rest, which in
+	// SubmitMany would fail the whole batch. Before year 1 is as good as
+	// now; after 9999 is a bug in the caller.
+	if t.RunAfter.UTC().Year() >= 10000 {
+		return fmt.Errorf("pgstore: submit: run after %s, want before year 10000", t.RunAfter.UTC().Format(time.RFC3339))
+	}
 	return nil
 }
 
 // runAfterArg is NewTask.RunAfter as a query argument: NULL (now) when zero.
 func runAfterArg(at time.Time) pgtype.Timestamptz {
+	if at.UTC().Year() < 1 { // before Postgres's first time too, maybe: due now
+		at = time.Time{}
+	}
 	return pgtype.Timestamptz{Time: at, Valid: !at.IsZero()}
 }
 

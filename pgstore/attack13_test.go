@@ -1,0 +1,311 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Attack: RunAfter far outside what Postgres's timestamptz holds (and
+// what 64-bit microseconds since 2000 hold). One such task must not sink
+// the batch it is in, nor be stored as some other time.
+func TestAttackRunAfterOutOfRange(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	for _, at := range []time.Time{
+		time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC), // past int64 µs since 2000
+		time.Date(294300, 1, 1, 0, 0, 0, 0, time.UTC), // past Postgres's end (294276 AD)
+	} {
+		bad := newTask("far-" + at.Format("2006"))
+		bad.RunAfter = at
+		good := newTask("good-" + at.Format("2006"))
+		res, err := s.SubmitMany(ctx, []NewTask{bad, good})
+		if err != nil {
+			t.Errorf("RunAfter %v: the batch failed: %v", at, err)
+			continue
+		}
+		if res[0].Err == nil {
+			t.Errorf("RunAfter %v: stored, RunAfter read back as %v; want the task refused", at, res[0].Task.RunAfter)
+		}
+		if res[1].Err != nil {
+			t.Errorf("RunAfter %v: the good task of the batch got %v", at, res[1].Err)
+		}
+		if got, err := s.Submit(ctx, bad); err == nil {
+			t.Errorf("Submit RunAfter %v: stored, read back as %v; want an error", at, got.RunAfter)
+		}
+	}
+	// Before Postgres's first time (4713 BC): due now, in a batch or not.
+	early := newTask("early")
+	early.RunAfter = time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC)
+	res, err := s.SubmitMany(ctx, []NewTask{early, newTask("early-good")})
+	if err != nil || res[0].Err != nil || res[1].Err != nil {
+		t.Fatalf("RunAfter 5001 BC: batch %v, items %v", err, res)
+	}
+	if res[0].Task.RunAfter.After(time.Now().Add(time.Minute)) {
+		t.Errorf("RunAfter 5001 BC read back as %v, want now", res[0].Task.RunAfter)
+	}
+	early.IdempotencyKey = "early-single"
+	if _, err := s.Submit(ctx, early); err != nil {
+		t.Errorf("Submit RunAfter 5001 BC: %v", err)
+	}
+}
+
+// Attack: RunAfter in another zone and with a monotonic reading; zero
+// means now; the past means now.
+func TestAttackRunAfterZonesAndClock(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	tokyo := time.FixedZone("JST", 9*3600)
+	at := time.Now().Add(time.Hour) // has a monotonic reading
+	nt := newTask("zoned")
+	nt.RunAfter = at.In(tokyo)
+	got := mustSubmit(t, s, nt)
+	if d := got.RunAfter.Sub(at); d < -time.Microsecond || d > time.Microsecond {
+		t.Errorf("RunAfter in JST read back %v, want %v", got.RunAfter, at)
+	}
+	past := newTask("past")
+	past.RunAfter = time.Date(1, 1, 1, 0, 0, 0, 1, time.UTC) // not zero: year 1
+	res, err := s.SubmitMany(ctx, []NewTask{past})
+	if err != nil || res[0].Err != nil {
+		t.Fatalf("RunAfter year 1: %v %v", err, res[0].Err)
+	}
+	if c := claimNow(t, s, []string{"image"}, 10); len(c) != 1 || c[0].IdempotencyKey != "past" {
+		t.Errorf("a task due in year 1 is not claimable now: claimed %v", keysOf(c))
+	}
+}
+
+// Attack: the same key twice in one batch with different owners and
+// kinds; the first stores the task, the others conflict; a repeat of the
+// batch gives the same answers.
+func TestAttackSubmitManyDuplicatesInBatch(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	a := newTask("k")
+	b := newTask("k")
+	b.Owner = "owner-b"
+	c := newTask("k")
+	c.Kind = "audio"
+	d := newTask("k") // same as a
+	for round := range 2 {
+		res, err := s.SubmitMany(ctx, []NewTask{a, b, c, d})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0].Err != nil || res[0].Task.Duplicate != (round == 1) {
+			t.Errorf("round %d: first: %+v, want stored (duplicate only on the repeat)", round, res[0])
+		}
+		if !errors.Is(res[1].Err, ErrConflict) || !errors.Is(res[2].Err, ErrConflict) {
+			t.Errorf("round %d: other owner %v, other kind %v; want ErrConflict", round, res[1].Err, res[2].Err)
+		}
+		if res[3].Err != nil || !res[3].Task.Duplicate || res[3].Task.ID != res[0].Task.ID {
+			t.Errorf("round %d: same task again: %+v, want the first's task as duplicate", round, res[3])
+		}
+	}
+}
+
+// Attack: NUL and invalid UTF-8 anywhere: the task gets its own error in a
+// batch; Submit refuses it with an error, not a stored mangled key.
+func TestAttackSubmitManyNUL(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	var batch []NewTask
+	for i, mut := range []func(*NewTask){
+		func(t *NewTask) { t.IdempotencyKey += "\x00" },
+		func(t *NewTask) { t.Owner += "\xff" },
+		func(t *NewTask) { t.Params = []byte(`{"p":"\u0000"}`) },
+		func(t *NewTask) { t.Trace = "tp\x00\xff" }, // made storable, not refused
+		func(t *NewTask) {},
+	} {
+		nt := newTask(fmt.Sprint("nul-", i))
+		mut(&nt)
+		batch = append(batch, nt)
+	}
+	res, err := s.SubmitMany(ctx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if res[i].Err == nil {
+			t.Errorf("item %d stored: %+v", i, res[i].Task)
+		}
+	}
+	if res[3].Err != nil || res[4].Err != nil {
+		t.Errorf("storable items: %v, %v", res[3].Err, res[4].Err)
+	}
+	for i := range 2 {
+		if _, err := s.Submit(ctx, batch[i]); err == nil {
+			t.Errorf("Submit of item %d: stored", i)
+		}
+	}
+}
+
+// Attack: an empty batch, a nil batch, and a large one (one statement).
+func TestAttackSubmitManySizes(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	for _, b := range [][]NewTask{nil, {}} {
+		res, err := s.SubmitMany(ctx, b)
+		if err != nil || len(res) != 0 {
+			t.Errorf("empty batch: %v %v", res, err)
+		}
+	}
+	big := make([]NewTask, 20000)
+	for i := range big {
+		big[i] = newTask(fmt.Sprint("big-", i%15000)) // 5000 in-batch repeats
+	}
+	res, err := s.SubmitMany(ctx, big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]string{}
+	for i, r := range res {
+		if r.Err != nil {
+			t.Fatalf("item %d: %v", i, r.Err)
+		}
+		k := big[i].IdempotencyKey
+		if id, ok := ids[k]; ok {
+			if id != r.Task.ID || !r.Task.Duplicate {
+				t.Fatalf("item %d: key %s as %s dup %v, first was %s", i, k, r.Task.ID, r.Task.Duplicate, id)
+			}
+		} else {
+			ids[k] = r.Task.ID
+		}
+	}
+	if len(ids) != 15000 {
+		t.Errorf("%d distinct tasks, want 15000", len(ids))
+	}
+}
+
+// Attack: a canceled context mid-batch: an error, no results, and a
+// repeat stores each task once.
+func TestAttackSubmitManyCanceled(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	batch := make([]NewTask, 5000)
+	for i := range batch {
+		batch[i] = newTask(fmt.Sprint("c-", i))
+	}
+	for _, d := range []time.Duration{0, time.Millisecond, 5 * time.Millisecond} {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		res, err := s.SubmitMany(ctx, batch)
+		cancel()
+		if err == nil && len(res) != len(batch) {
+			t.Fatalf("no error and %d results", len(res))
+		}
+		if err != nil && res != nil {
+			t.Fatalf("error %v with results", err)
+		}
+	}
+	res, err := s.SubmitMany(context.Background(), batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for i, r := range res {
+		if r.Err != nil || seen[r.Task.ID] {
+			t.Fatalf("item %d: %+v", i, r)
+		}
+		seen[r.Task.ID] = true
+	}
+}
+
+// Attack: SubmitMany batches overlapping in keys (in different orders)
+// race with single Submits of the same keys, some with another owner:
+// each key is one task; every answer is that task or ErrConflict for the
+// other owner; no deadlock error.
+func TestAttackSubmitManyRacesSubmit(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	const keys, batchers, singles = 200, 6, 6
+	var (
+		mu    sync.Mutex
+		ids   = map[string]string{}
+		wg    sync.WaitGroup
+		start = make(chan struct{})
+	)
+	record := func(t *testing.T, nt NewTask, task Task, err error) {
+		if nt.Owner != "owner-a" {
+			if err != nil && !errors.Is(err, ErrConflict) {
+				t.Errorf("other owner %s: %v", nt.IdempotencyKey, err)
+			}
+			if err == nil {
+				mu.Lock()
+				defer mu.Unlock()
+				if id, ok := ids[nt.IdempotencyKey]; ok && id != task.ID {
+					t.Errorf("key %s: two tasks %s %s", nt.IdempotencyKey, id, task.ID)
+				}
+				ids[nt.IdempotencyKey] = task.ID
+			}
+			return
+		}
+		if errors.Is(err, ErrConflict) {
+			return // the other owner got there first
+		}
+		if err != nil {
+			t.Errorf("key %s: %v", nt.IdempotencyKey, err)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if id, ok := ids[nt.IdempotencyKey]; ok && id != task.ID {
+			t.Errorf("key %s: two tasks %s %s", nt.IdempotencyKey, id, task.ID)
+		}
+		ids[nt.IdempotencyKey] = task.ID
+	}
+	task := func(i, who int) NewTask {
+		nt := newTask(fmt.Sprint("r-", i))
+		if who%3 == 2 {
+			nt.Owner = "owner-b"
+		}
+		return nt
+	}
+	for b := range batchers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			batch := make([]NewTask, keys)
+			for i := range keys {
+				k := i
+				if b%2 == 1 {
+					k = keys - 1 - i // opposite order
+				}
+				batch[i] = task(k, b)
+			}
+			res, err := s.SubmitMany(ctx, batch)
+			if err != nil {
+				t.Errorf("batch %d: %v", b, err)
+				return
+			}
+			for i, r := range res {
+				record(t, batch[i], r.Task, r.Err)
+			}
+		}()
+	}
+	for w := range singles {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for i := range keys {
+				nt := task((i*7+w)%keys, w)
+				got, err := s.Submit(ctx, nt)
+				record(t, nt, got, err)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if len(ids) != keys {
+		t.Errorf("%d keys with a task, want %d", len(ids), keys)
+	}
+}
