@@ -178,7 +178,7 @@ func TestCanceledContextChangesNothing(t *testing.T) {
 	}
 }
 
-// TestMismatchResponseStaysInDatabase calls the claim function itself: for
+// TestMismatchResponseStaysInDatabase runs the claim statement itself: for
 // a mismatching request, the row it returns holds no status, header or
 // body, and field digests only for the record's owner and kind.
 func TestMismatchResponseStaysInDatabase(t *testing.T) {
@@ -194,8 +194,9 @@ func TestMismatchResponseStaysInDatabase(t *testing.T) {
 	}
 	call := func(fp, owner, kind string) (outcome int16, sums, header, body []byte, status *int16) {
 		t.Helper()
-		err := pool.QueryRow(testCtx(t), `SELECT outcome, sums, status, header, body FROM idemgate_records_claim($1, $2, $3, $4, $5, NULL, 1000000)`,
-			k, [16]byte(token()), fp, owner, kind).Scan(&outcome, &sums, &status, &header, &body)
+		var left *int64
+		err := pool.QueryRow(testCtx(t), pgrecords.SQLClaim, k, [16]byte(token()), fp, owner, kind, []byte(nil), int64(1000000)).
+			Scan(&outcome, &left, &sums, &status, &header, &body)
 		if err != nil {
 			t.Fatal(err)
 		}

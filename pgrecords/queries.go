@@ -6,15 +6,7 @@ package pgrecords
 // index, given room on the page: fillfactor leaves it. expires_at is the
 // lease's end while claimed and the retention's end once finished.
 //
-// claim is a function so that a claim is one round trip however it ends:
-// it reads the record first (a replay, the commonest hit, writes nothing
-// and takes no lock), inserts or reclaims an expired one with INSERT … ON
-// CONFLICT DO UPDATE … WHERE expired, and when a concurrent claim won the
-// race it reads again (each statement of a plpgsql function sees what
-// committed before it). The comparison of fingerprint, owner and kind
-// happens here, in the database: the stored response leaves it only for a
-// request that matches, and the field digests only for one of the record's
-// owner and kind.
+// A claim is one statement (sqlClaim); see there.
 const sqlV1 = `
 CREATE TABLE idemgate_records (
 	key         text        NOT NULL PRIMARY KEY,
@@ -30,32 +22,17 @@ CREATE TABLE idemgate_records (
 	body        bytea
 ) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.02);
 
-CREATE FUNCTION idemgate_records_claim(p_key text, p_token uuid, p_fp text, p_owner text, p_kind text,
-	p_sums bytea, p_lease_us bigint)
-RETURNS TABLE (outcome smallint, left_us bigint, sums bytea, status smallint, header bytea, body bytea)
+-- idemgate_records_claim is the write side of sqlClaim: it inserts the
+-- claim or reclaims an expired record, and when a live record stands in
+-- the way, reads it (each statement of a function sees what committed
+-- before it) and answers as sqlClaim does.
+CREATE FUNCTION idemgate_records_claim(p_key text, p_token uuid, p_fp text, p_owner text, p_kind text, p_sums bytea, p_lease_us bigint,
+	OUT outcome smallint, OUT left_us bigint, OUT sums bytea, OUT status smallint, OUT header bytea, OUT body bytea)
 LANGUAGE plpgsql AS $$
 DECLARE
-	r idemgate_records%ROWTYPE;
+	r record;
 BEGIN
 	FOR i IN 1..5 LOOP
-		SELECT * INTO r FROM idemgate_records AS t WHERE t.key = p_key;
-		IF FOUND AND r.expires_at > now() THEN
-			IF NOT r.finished AND r.token = p_token THEN
-				-- A resent claim: its own.
-				RETURN QUERY SELECT 1::smallint, NULL::bigint, NULL::bytea, NULL::smallint, NULL::bytea, NULL::bytea;
-			ELSIF r.owner <> p_owner OR r.kind <> p_kind THEN
-				RETURN QUERY SELECT 4::smallint, NULL::bigint, NULL::bytea, NULL::smallint, NULL::bytea, NULL::bytea;
-			ELSIF r.fingerprint <> p_fp THEN
-				RETURN QUERY SELECT 4::smallint, NULL::bigint, r.sums, NULL::smallint, NULL::bytea, NULL::bytea;
-			ELSIF r.finished THEN
-				RETURN QUERY SELECT 3::smallint, NULL::bigint, NULL::bytea, r.status, r.header, r.body;
-			ELSE
-				RETURN QUERY SELECT 2::smallint,
-					(extract(epoch FROM r.expires_at - now()) * 1000000)::bigint,
-					NULL::bytea, NULL::smallint, NULL::bytea, NULL::bytea;
-			END IF;
-			RETURN;
-		END IF;
 		INSERT INTO idemgate_records AS t (key, token, finished, expires_at, fingerprint, owner, kind, sums)
 		VALUES (p_key, p_token, false, now() + p_lease_us * interval '1 microsecond', p_fp, p_owner, p_kind, p_sums)
 		ON CONFLICT (key) DO UPDATE SET token = excluded.token, finished = false, expires_at = excluded.expires_at,
@@ -63,10 +40,25 @@ BEGIN
 			status = NULL, header = NULL, body = NULL
 		WHERE t.expires_at <= now();
 		IF FOUND THEN
-			RETURN QUERY SELECT 1::smallint, NULL::bigint, NULL::bytea, NULL::smallint, NULL::bytea, NULL::bytea;
+			outcome := 1;
 			RETURN;
 		END IF;
-		-- A live record that this statement's first read did not see: read again.
+		SELECT t.token, t.finished, t.expires_at, t.fingerprint, t.owner, t.kind, t.sums, t.status, t.header, t.body
+		INTO r FROM idemgate_records AS t WHERE t.key = p_key;
+		IF FOUND AND r.expires_at > now() THEN
+			IF NOT r.finished AND r.token = p_token THEN
+				outcome := 1;
+			ELSIF r.owner <> p_owner OR r.kind <> p_kind THEN
+				outcome := 4;
+			ELSIF r.fingerprint <> p_fp THEN
+				outcome := 4; sums := r.sums;
+			ELSIF r.finished THEN
+				outcome := 3; status := r.status; header := r.header; body := r.body;
+			ELSE
+				outcome := 2; left_us := (extract(epoch FROM r.expires_at - now()) * 1000000)::bigint;
+			END IF;
+			RETURN;
+		END IF;
 	END LOOP;
 	RAISE EXCEPTION 'idemgate_records_claim: key % did not settle', p_key;
 END
@@ -74,22 +66,49 @@ $$;
 `
 
 const (
-	sqlClaim = `SELECT outcome, left_us, sums, status, header, body
-FROM idemgate_records_claim($1, $2, $3, $4, $5, $6, $7)`
+	// sqlClaim answers from the live record when there is one: a replay,
+	// a conflict, a running holder or a resent claim is a plain read by
+	// primary key that writes nothing and takes no lock. Only when no live
+	// record exists does the second branch call idemgate_records_claim,
+	// which inserts the claim or reclaims the expired record in place (ON
+	// CONFLICT … DO UPDATE … WHERE expired) and, when a concurrent claim
+	// won, reads the winner. The fingerprint, owner and kind are compared
+	// here, in the database: the stored response leaves it only for a
+	// request that matches, and the field digests only for one of the
+	// record's owner and kind.
+	sqlClaim = `WITH cur AS (
+	SELECT token, finished, expires_at, fingerprint = $3 AS same_fp, owner = $4 AND kind = $5 AS same_owner,
+		sums, status, header, body
+	FROM idemgate_records WHERE key = $1 AND expires_at > now()
+)
+SELECT CASE
+		WHEN NOT c.finished AND c.token = $2 THEN 1
+		WHEN NOT (c.same_owner AND c.same_fp) THEN 4
+		WHEN c.finished THEN 3
+		ELSE 2
+	END::smallint AS outcome,
+	CASE WHEN NOT c.finished AND c.token <> $2 AND c.same_owner AND c.same_fp
+		THEN (extract(epoch FROM c.expires_at - now()) * 1000000)::bigint END AS left_us,
+	CASE WHEN c.same_owner AND NOT c.same_fp AND (c.finished OR c.token <> $2) THEN c.sums END AS sums,
+	CASE WHEN c.finished AND c.same_owner AND c.same_fp THEN c.status END AS status,
+	CASE WHEN c.finished AND c.same_owner AND c.same_fp THEN c.header END AS header,
+	CASE WHEN c.finished AND c.same_owner AND c.same_fp THEN c.body END AS body
+FROM cur AS c
+UNION ALL
+SELECT * FROM idemgate_records_claim($1, $2, $3, $4, $5, $6, $7) WHERE NOT EXISTS (SELECT FROM cur)`
 
 	sqlExtend = `UPDATE idemgate_records SET expires_at = now() + $3 * interval '1 microsecond'
 WHERE key = $1 AND token = $2 AND NOT finished AND expires_at > now()`
 
-	// sqlComplete finishes the claim, or (a resent complete whose first run
-	// succeeded) finds it finished with the same token already.
-	sqlComplete = `WITH done AS (
-	UPDATE idemgate_records SET finished = true, expires_at = now() + $3 * interval '1 microsecond',
-		status = $4, header = $5, body = $6
-	WHERE key = $1 AND token = $2 AND NOT finished AND expires_at > now()
-	RETURNING 1
-)
-SELECT EXISTS (SELECT FROM done)
-	OR EXISTS (SELECT FROM idemgate_records WHERE key = $1 AND token = $2 AND finished AND expires_at > now())`
+	// sqlComplete finishes the claim. A record that the token already
+	// finished (a resent complete whose first run succeeded) matches too,
+	// and keeps what it holds: the row is rewritten unchanged.
+	sqlComplete = `UPDATE idemgate_records SET finished = true,
+	expires_at = CASE WHEN finished THEN expires_at ELSE now() + $3 * interval '1 microsecond' END,
+	status = CASE WHEN finished THEN status ELSE $4 END,
+	header = CASE WHEN finished THEN header ELSE $5 END,
+	body = CASE WHEN finished THEN body ELSE $6 END
+WHERE key = $1 AND token = $2 AND expires_at > now()`
 
 	sqlRelease = `DELETE FROM idemgate_records
 WHERE key = $1 AND token = $2 AND NOT finished AND expires_at > now()`

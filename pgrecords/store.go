@@ -3,11 +3,13 @@
 //
 // Each record is one row of idemgate_records, keyed by the idempotency key
 // alone. Every transition is one statement, so one round trip: a claim
-// calls a plpgsql function (read, then insert or reclaim), and extend,
-// complete and release are one UPDATE or DELETE each, fenced by the
-// claim's token. Times come from the database's now(), so all nodes fence
-// against one clock. A miss costs two round trips (claim, complete), a
-// replay one, a conflict one, plus one extend per Lease/3 of handler time.
+// reads the record and inserts or reclaims it only when none is live, and
+// extend, complete and release are one UPDATE or DELETE each, fenced by
+// the claim's token. Times come from the database's now(), so all nodes
+// fence against one clock. A miss costs two round trips (claim, complete),
+// a replay one, a conflict one, plus one extend per Lease/3 of handler
+// time. A replay or conflict is a plain read by primary key; only a claim
+// that finds no live record calls a function that writes (see sqlClaim).
 //
 // Expired records stay until the next claim of their key reclaims them or
 // Sweep deletes them in small batches. The table has one index, the
@@ -55,7 +57,7 @@ func New(ctx context.Context, pool *pgxpool.Pool) (*Store, error) {
 
 // migrations is the schema history of the records table, oldest first.
 var migrations = []migrate.Migration{
-	{Version: 1, Name: "create idemgate_records and idemgate_records_claim", SQL: sqlV1},
+	{Version: 1, Name: "create idemgate_records", SQL: sqlV1},
 }
 
 // Migrate brings the records table to the newest version in the pool's
@@ -191,13 +193,12 @@ func (s *Store) Complete(ctx context.Context, key string, token middleware.Token
 	if body == nil {
 		body = []byte{}
 	}
-	var ok bool
-	err := s.pool.QueryRow(ctx, sqlComplete, key, [16]byte(token), micros(retention),
-		int16(resp.Status), appendHeader(nil, resp.Header), body).Scan(&ok)
+	tag, err := s.pool.Exec(ctx, sqlComplete, key, [16]byte(token), micros(retention),
+		int16(resp.Status), appendHeader(nil, resp.Header), body)
 	if err != nil {
 		return fmt.Errorf("pgrecords: complete: %w", err)
 	}
-	if !ok {
+	if tag.RowsAffected() != 1 {
 		return middleware.ErrLeaseLost
 	}
 	return nil

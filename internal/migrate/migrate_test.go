@@ -43,7 +43,7 @@ func runner(table string, class int32) *migrate.Runner {
 		LockClass:    class,
 		Migrations: []migrate.Migration{
 			{Version: 1, Name: "create", SQL: `CREATE TABLE ` + table + ` (id int PRIMARY KEY, v int NOT NULL);
-				CREATE TABLE `+table+`_applied (what text NOT NULL)`},
+				CREATE TABLE ` + table + `_applied (what text NOT NULL)`},
 			{Version: 2, Name: "index v", Steps: []migrate.Step{
 				{Name: "count", Run: migrate.Exec(`INSERT INTO ` + table + `_applied VALUES ('v2')`)},
 				{Name: "drop an invalid leftover", Run: migrate.DropIfUnusable(table, table+"_v")},

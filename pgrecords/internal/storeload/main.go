@@ -9,7 +9,7 @@
 //
 // A miss is a claim and a complete on a new key; a replay a claim of a
 // finished key. It starts a throwaway PostgreSQL and redis-server (removed
-// on exit). Postgres CPU is the user+system time of every process of the
+// on exit; DATABASE_URL names a local server to use instead). Postgres CPU is the user+system time of every process of the
 // throwaway server (backends and background workers) over the run, from
 // /proc; Redis CPU from INFO cpu. Figures are medians of the rounds.
 package main
@@ -213,11 +213,15 @@ type result struct {
 
 func run(d time.Duration, conc, rounds int) error {
 	ctx := context.Background()
-	pg, err := devserver.StartPostgres(ctx)
-	if err != nil {
-		return err
+	dsn := os.Getenv("DATABASE_URL") // a local server: its CPU is read from /proc
+	if dsn == "" {
+		pg, err := devserver.StartPostgres(ctx)
+		if err != nil {
+			return err
+		}
+		defer pg.Stop()
+		dsn = pg.DSN("postgres")
 	}
-	defer pg.Stop()
 	rd, err := devserver.StartRedis(ctx, 1)
 	if err != nil {
 		return err
@@ -225,7 +229,7 @@ func run(d time.Duration, conc, rounds int) error {
 	defer rd.Stop()
 
 	var pc counter
-	cfg, err := pgxpool.ParseConfig(pg.DSN("postgres"))
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return err
 	}
