@@ -13,10 +13,10 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemgate/idemgate/internal/storetest"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/keyspace"
 	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/middleware/storetest"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }

@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemgate/idemgate/internal/storetest"
 	"github.com/idemgate/idemgate/internal/testenv"
+	"github.com/idemgate/idemgate/middleware/storetest"
 	"github.com/idemgate/idemgate/pgrecords"
 )
 

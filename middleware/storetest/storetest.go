@@ -1,6 +1,22 @@
-// Package storetest is a conformance suite for middleware.Store
-// implementations: every store (Redis, miniredis, a Redis Cluster, or a
-// Postgres or DynamoDB one written later) runs the same cases.
+// Package storetest is the conformance suite for middleware.Store: every
+// store idemgate ships (Redis on miniredis, a redis-server and a Redis
+// Cluster; PostgreSQL in package pgrecords) runs it, and so should a store
+// you write yourself (DynamoDB, Spanner, …).
+//
+// Run calls your harness once per case and runs each case twice: on plain
+// keys (any string) and on keys derived by package keyspace, whose owner
+// and kind a store may take from the key. The cases cover claiming and
+// its answers (Running with the lease left, Finished with the response
+// byte for byte, Mismatch carrying nothing of it), fencing by token after
+// a lease runs out, extend, release, retention, a resent claim and a
+// resent complete, a release after a claim whose answer was lost,
+// concurrent claims of one key (one winner), cancelled contexts, and the
+// changed fields of a Mismatch (for a store that keeps them).
+//
+// A store on a real server uses real time: Advance sleeps, and Lease is
+// long enough for the server to answer within it. A store with a fake
+// clock advances the clock instead. Cases run in parallel and use random
+// keys, so one store (one database) may serve every case.
 package storetest
 
 import (
