@@ -309,3 +309,34 @@ func TestAttackSubmitManyRacesSubmit(t *testing.T) {
 		t.Errorf("%d keys with a task, want %d", len(ids), keys)
 	}
 }
+
+// Attack: a RunAfter long past (a caller's "run now" as some old time).
+// Stats' age of the oldest runnable task counts from when the task could
+// first run here, not from the given time: a time more than 292 years ago
+// overflowed time.Duration, and any past time made a fresh task look old
+// and let it jump the line of its priority.
+func TestAttackRunAfterLongPast(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	first := newTask("first")
+	mustSubmit(t, s, first)
+	old := newTask("old")
+	old.RunAfter = time.Date(1700, 1, 1, 0, 0, 0, 0, time.UTC)
+	oldBatch := newTask("old-batch")
+	oldBatch.RunAfter = time.Date(1800, 1, 1, 0, 0, 0, 0, time.UTC)
+	mustSubmit(t, s, old)
+	if res, err := s.SubmitMany(ctx, []NewTask{oldBatch}); err != nil || res[0].Err != nil {
+		t.Fatalf("SubmitMany: %v %v", err, res)
+	}
+	st, err := s.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.OldestRunnable <= 0 || st.OldestRunnable > time.Hour {
+		t.Errorf("Stats.OldestRunnable = %v with 3 tasks waiting since just now, want above zero and under an hour", st.OldestRunnable)
+	}
+	if got := keysOf(claimNow(t, s, []string{"image"}, 1)); len(got) != 1 || got[0] != "first" {
+		t.Errorf("first claim took %v, want the task submitted first (a past RunAfter jumped the line)", got)
+	}
+}

@@ -206,13 +206,14 @@ const (
 	// then no row comes back and the caller runs the statement again.
 	// @notify asks for a NOTIFY, sent with the commit, for an inserted row
 	// that may run now only (a scheduled one is found by polling).
-	// @run_after NULL is now().
+	// @run_after NULL or past is now() (greatest ignores NULL): a task
+	// takes its place in line when submitted, never before.
 	sqlSubmit = `WITH ins AS (
 	INSERT INTO idemgate_tasks AS t
 		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace,
 		run_after, priority)
 	VALUES (@tenant, @owner, @kind, @runtime, @network, @key, @fingerprint, @params, @trace,
-		coalesce(@run_after::timestamptz, now()), @priority)
+		greatest(@run_after::timestamptz, now()), @priority)
 	ON CONFLICT (tenant, idempotency_key, runtime, network) DO NOTHING
 	RETURNING ` + tTaskColumns + `
 )
@@ -231,14 +232,14 @@ WHERE tenant = @tenant AND idempotency_key = @key AND runtime = @runtime AND net
 		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace,
 		run_after, priority)
 	VALUES (@tenant, @owner, @kind, @runtime, @network, @key, @fingerprint, @params, @trace,
-		coalesce(@run_after::timestamptz, now()), @priority)
+		greatest(@run_after::timestamptz, now()), @priority)
 	RETURNING ` + taskColumns + `
 )
 SELECT *, false AS duplicate FROM ins
 WHERE NOT @notify::boolean OR ins.run_after > now() OR idemgate_tasks_notify(ins.kind)`
 
 	// sqlSubmitMany is Submit of a batch, in one statement: the tasks come
-	// as one array per column (@run_afters NULL is now()). A key given
+	// as one array per column (@run_afters NULL or past is now()). A key given
 	// twice is inserted once, by its first item. Rows are inserted in key
 	// order, so two batches that share keys wait for each other's keys in
 	// the same order and never deadlock. Each item gets one row: the row
@@ -260,7 +261,7 @@ WHERE NOT @notify::boolean OR ins.run_after > now() OR idemgate_tasks_notify(ins
 		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace,
 		run_after, priority)
 	SELECT tenant, owner, kind, runtime, network, key, fingerprint, params, trace,
-		coalesce(run_after, now()), priority
+		greatest(run_after, now()), priority
 	FROM x WHERE ord = first_ord
 	ORDER BY tenant, key, runtime, network
 	ON CONFLICT (tenant, idempotency_key, runtime, network) DO NOTHING

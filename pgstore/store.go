@@ -79,10 +79,12 @@ type NewTask struct {
 	// the task, so that an attempt's span can link to it. Optional.
 	Trace string
 	// RunAfter is the earliest time a worker may claim the task. Optional.
-	// Default: now (the database's clock). A task scheduled for later is
-	// not announced to listening workers: they find it by polling, within
-	// their PollInterval of its time. A time after year 9999 (UTC) is
-	// refused: Postgres cannot store every time.Time.
+	// Default: now (the database's clock). A time already past is stored
+	// as now: the task does not go ahead of those submitted before it. A
+	// task given any RunAfter is not announced to listening workers: they
+	// find it by polling, within their PollInterval of its time. A time
+	// after year 9999 (UTC) is refused: Postgres cannot store every
+	// time.Time.
 	RunAfter time.Time
 	// Priority orders the runnable tasks of a kind: higher first, and the
 	// oldest first within one priority. Optional. Default 0. It must fit
