@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"net/http"
 
@@ -93,11 +92,13 @@ type ident struct {
 // req's owner and kind.
 func newIdent(req ClaimRequest, implied bool) ident {
 	id := ident{implied: implied}
-	if f := string(req.Fingerprint); len(f) == 3+64 && f[:3] == "v1:" && isLowerHex(f[3:]) {
-		id.rawFP = true
-		hex.Decode(id.raw[:], []byte(f[3:])) //nolint:errcheck // checked by isLowerHex
-	} else {
-		id.fp = f
+	if f := string(req.Fingerprint); len(f) == 3+64 && f[:3] == "v1:" {
+		if _, ok := appendLowerHex(id.raw[:0], f[3:]); ok {
+			id.rawFP = true
+		}
+	}
+	if !id.rawFP {
+		id.fp = string(req.Fingerprint)
 	}
 	if !implied {
 		id.owner, id.kind = req.Owner, req.Kind
@@ -107,12 +108,43 @@ func newIdent(req ClaimRequest, implied bool) ident {
 
 func isLowerHex(s string) bool {
 	for i := 0; i < len(s); i++ {
-		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+		if lowerHex[s[i]] > 0x0f {
 			return false
 		}
 	}
 	return true
 }
+
+// appendLowerHex appends the bytes that s, lowercase hex of even length,
+// encodes; ok is false (and dst is not to be used) for any other s. One
+// pass, where isLowerHex and hex.Decode are two.
+func appendLowerHex(dst []byte, s string) (_ []byte, ok bool) {
+	if len(s)%2 != 0 {
+		return dst, false
+	}
+	for i := 0; i < len(s); i += 2 {
+		hi, lo := lowerHex[s[i]], lowerHex[s[i+1]]
+		if hi|lo > 0x0f {
+			return dst, false
+		}
+		dst = append(dst, hi<<4|lo)
+	}
+	return dst, true
+}
+
+// lowerHex maps '0'–'9' and 'a'–'f' to their value, every other byte to 0xff.
+var lowerHex = func() (t [256]byte) {
+	for i := range t {
+		t[i] = 0xff
+	}
+	for c := byte('0'); c <= '9'; c++ {
+		t[c] = c - '0'
+	}
+	for c := byte('a'); c <= 'f'; c++ {
+		t[c] = c - 'a' + 10
+	}
+	return t
+}()
 
 // appendClaim appends a version 2 claimed record.
 func appendClaim(b []byte, tok Token, id *ident, sums []fingerprint.FieldSum) []byte {

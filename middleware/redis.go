@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -213,14 +212,19 @@ func storeKey(key, owner, kind string) (k string, implied bool) {
 	o, r := key[n-2*digest-1:n-digest-1], key[n-digest:]
 	head := key[:n-2*digest-2] // idem:<tenant>:<kind>
 	colon := strings.IndexByte(head[5:], ':')
-	if colon < 0 || strings.IndexByte(head[5+colon+1:], ':') >= 0 || !isLowerHex(o) || !isLowerHex(r) {
+	if colon < 0 || strings.IndexByte(head[5+colon+1:], ':') >= 0 || !isLowerHex(o[32:]) || !isLowerHex(r[32:]) {
 		return key, false
 	}
 	var buf [128]byte // holds most keys, so that the key is the one allocation
 	b := append(buf[:0], head...)
 	b = append(b, ":{}"...)
-	b, _ = hex.AppendDecode(b, []byte(o[:32]))
-	b, _ = hex.AppendDecode(b, []byte(r[:32]))
+	b, ok := appendLowerHex(b, o[:32])
+	if ok {
+		b, ok = appendLowerHex(b, r[:32])
+	}
+	if !ok {
+		return key, false
+	}
 	return string(b), o == owner && head[5+colon+1:] == kind
 }
 
