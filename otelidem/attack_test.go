@@ -10,8 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/labstack/echo/v4"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/otelidem"
 	"github.com/idemgate/idemgate/pgstore"
@@ -174,5 +179,65 @@ func TestAttackTraceparentFromClient(t *testing.T) {
 	h := b.rec.Attempt(func(ctx context.Context, _ pgstore.Task) pgstore.Outcome { return pgstore.Outcome{} })
 	for i, tr := range []string{"", strings.Repeat("z", 1<<20), valid + "garbage", "00-zz-zz-zz"} {
 		h(context.Background(), pgstore.Task{ID: fmt.Sprint("t", i), Kind: "k", Attempt: 1, Trace: tr})
+	}
+}
+
+// Attack: the middleware on every route (e.Use), and a client that sends
+// keyed POSTs to made-up paths (a 404 storm), under many tenants, users
+// and keys, with different bodies for one key (conflicts). The request
+// metrics stay at a handful of series per outcome and carry no path,
+// key, tenant (not opted in) or user.
+func TestAttackRequestMetricCardinality(t *testing.T) {
+	b := setup(t, otelidem.Config{})
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	e := echo.New()
+	e.Use(b.rec.Server())
+	e.Use(middleware.New(middleware.Config{
+		Store: b.rec.Store(middleware.NewRedisStore(rdb)),
+		Scope: func(c echo.Context) (string, string, error) {
+			return c.Request().Header.Get("X-Tenant"), c.Request().Header.Get("X-User"), nil
+		},
+		Fingerprint: fingerprint.Spec{Fields: []string{"/p"}},
+		OnEvent:     b.rec.OnEvent,
+	}))
+	e.POST("/v1/a/:id", func(c echo.Context) error { return c.NoContent(http.StatusCreated) })
+	for i := range 200 {
+		for _, path := range []string{fmt.Sprintf("/nope-SECRETPATH/%d", i), fmt.Sprintf("/v1/a/SECRETID%d", i)} {
+			for _, body := range []string{`{"p":"x"}`, `{"p":"y"}`} {
+				req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Idempotency-Key", fmt.Sprintf("SECRETKEY-%d", i))
+				req.Header.Set("X-Tenant", fmt.Sprintf("SECRETTENANT-%d", i))
+				req.Header.Set("X-User", fmt.Sprintf("SECRETUSER-%d", i))
+				e.ServeHTTP(httptest.NewRecorder(), req)
+			}
+		}
+	}
+	rm := b.collect(t)
+	sets := map[attribute.Distinct]bool{}
+	if d, ok := find(t, rm, "idemgate.requests").Data.(metricdata.Sum[int64]); ok {
+		for _, p := range d.DataPoints {
+			sets[p.Attributes.Equivalent()] = true
+		}
+	}
+	if len(sets) == 0 || len(sets) > 8 {
+		t.Errorf("idemgate.requests has %d series after 800 requests on 400 paths, want a handful", len(sets))
+	}
+	for _, kv := range allAttributes(rm) {
+		if strings.Contains(kv.Value.Emit(), "SECRET") || kv.Key == "idemgate.tenant" {
+			t.Errorf("metric attribute %s=%q carries client input", kv.Key, kv.Value.Emit())
+		}
+	}
+	for _, s := range b.spans.Ended() {
+		if strings.Contains(s.Name(), "SECRET") {
+			t.Errorf("span name %q carries client input", s.Name())
+		}
+		for _, kv := range s.Attributes() {
+			if strings.Contains(kv.Value.Emit(), "SECRET") {
+				t.Errorf("span %s attribute %s=%q carries client input", s.Name(), kv.Key, kv.Value.Emit())
+			}
+		}
 	}
 }
