@@ -95,7 +95,7 @@ func assertFinalSchema(t testing.TB, pool *pgxpool.Pool) {
 	}
 	var all []int
 	for _, m := range migrations {
-		all = append(all, m.version)
+		all = append(all, m.Version)
 	}
 	if !slices.Equal(versions, all) {
 		t.Fatalf("applied versions = %v; want %v", versions, all)
