@@ -2,8 +2,10 @@ package pgstore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -338,5 +340,126 @@ func TestAttackRunAfterLongPast(t *testing.T) {
 	}
 	if got := keysOf(claimNow(t, s, []string{"image"}, 1)); len(got) != 1 || got[0] != "first" {
 		t.Errorf("first claim took %v, want the task submitted first (a past RunAfter jumped the line)", got)
+	}
+}
+
+// Attack: Stats while tasks are submitted (single and batched), claimed
+// and finished by a running worker, from many goroutines: no error, no
+// negative count or age, never more unfinished tasks than were submitted,
+// and nothing left at the end.
+func TestAttackStatsUnderChurn(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w := newWorker(t, s, WorkerConfig{Kinds: []string{"image", "audio"}, Concurrency: 8,
+		Handler: func(context.Context, Task) Outcome { return Succeeded(json.RawMessage(`1`)) }})
+	runDone := make(chan error, 1)
+	go func() { runDone <- w.Run(ctx) }()
+	defer func() { cancel(); <-runDone }()
+	const submitters, per = 6, 100
+	var wg sync.WaitGroup
+	for g := range submitters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range per {
+				nt := newTask(fmt.Sprint("churn-", g, "-", i))
+				if i%2 == 1 {
+					nt.Kind = "audio"
+				}
+				nt.Priority = i % 5
+				if g%2 == 0 {
+					if _, err := s.Submit(ctx, nt); err != nil {
+						t.Error(err)
+						return
+					}
+				} else if res, err := s.SubmitMany(ctx, []NewTask{nt}); err != nil || res[0].Err != nil {
+					t.Error(err, res)
+					return
+				}
+			}
+		}()
+	}
+	stop := make(chan struct{})
+	var readers sync.WaitGroup
+	for range 4 {
+		readers.Add(1)
+		go func() {
+			defer readers.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				st, err := s.Stats(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				total := 0
+				for kind, m := range st.Counts {
+					for state, n := range m {
+						if n <= 0 {
+							t.Errorf("Stats: %s %s = %d", kind, state, n)
+						}
+						total += n
+					}
+				}
+				if total > submitters*per || st.OldestRunnable < 0 || st.OldestUncertain != 0 {
+					t.Errorf("Stats: %+v", st)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		st, err := s.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Counts) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tasks left unfinished: %+v", st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	close(stop)
+	readers.Wait()
+}
+
+// Attack: a steady stream of higher-priority tasks. Priority is strict
+// (no aging): a lower-priority task waits for as long as a higher one is
+// runnable in its kind. This test pins that documented behaviour; ties
+// within a priority go oldest first.
+func TestAttackPriorityStarvation(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	low := newTask("low")
+	low.Priority = MinPriority
+	mustSubmit(t, s, low)
+	tieA, tieB := newTask("tie-a"), newTask("tie-b")
+	tieA.Priority, tieB.Priority = 1, 1
+	mustSubmit(t, s, tieA)
+	mustSubmit(t, s, tieB)
+	want := []string{"tie-a", "tie-b"}
+	for i := range 20 {
+		high := newTask(fmt.Sprint("high-", i))
+		high.Priority = MaxPriority
+		mustSubmit(t, s, high)
+		if got := keysOf(claimNow(t, s, []string{"image"}, 1)); len(got) != 1 || got[0] != high.IdempotencyKey {
+			t.Fatalf("round %d: claimed %v, want %s", i, got, high.IdempotencyKey)
+		}
+	}
+	var got []string
+	for range 3 {
+		got = append(got, keysOf(claimNow(t, s, []string{"image"}, 1))...)
+	}
+	if want = append(want, "low"); !slices.Equal(got, want) {
+		t.Errorf("after the stream: claimed %v, want %v", got, want)
 	}
 }
