@@ -365,7 +365,7 @@ func (a *api) getTask(c echo.Context) error {
 		return errTaskNotFound()
 	}
 	if err != nil {
-		return fmt.Errorf("get task: %w", err)
+		return a.storeUnavailable(c, "get task", err)
 	}
 	v, err := viewOf(t)
 	if err != nil {
@@ -391,7 +391,7 @@ func (a *api) recoverTask(c echo.Context) error {
 		return &problem{Status: http.StatusConflict, Code: "not_recoverable",
 			Detail: strings.TrimPrefix(err.Error(), pgstore.ErrNotRecoverable.Error()+": ")}
 	case err != nil:
-		return fmt.Errorf("recover task: %w", err)
+		return a.storeUnavailable(c, "recover task", err)
 	}
 	v, err := viewOf(t)
 	if err != nil {
@@ -415,7 +415,7 @@ func (a *api) cancelTask(c echo.Context) error {
 	case errors.Is(err, pgstore.ErrNotFound):
 		return errTaskNotFound()
 	case err != nil && !errors.Is(err, pgstore.ErrFinished):
-		return fmt.Errorf("cancel task: %w", err)
+		return a.storeUnavailable(c, "cancel task", err)
 	}
 	v, err := viewOf(t)
 	if err != nil {
@@ -423,6 +423,16 @@ func (a *api) cancelTask(c echo.Context) error {
 	}
 	c.Response().Header().Set("Cache-Control", "no-store")
 	return c.JSON(http.StatusOK, v)
+}
+
+// storeUnavailable answers a task-store failure (Postgres down, restarting
+// or out of connections) with a retryable 503 and Retry-After, as submit
+// does, instead of a bare 500: the client polls or retries the same call.
+func (a *api) storeUnavailable(c echo.Context, what string, err error) error {
+	a.logger.Error(what+" failed", "err", err)
+	c.Response().Header().Set("Retry-After", "1")
+	return &problem{Status: http.StatusServiceUnavailable, Code: "task_store_unavailable",
+		Detail: "The task store is unavailable; retry the same request."}
 }
 
 // retrySeconds rounds d up to whole seconds, at least 1, for Retry-After.
