@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -620,6 +621,14 @@ func (st *call) emit(e Event) {
 	e.Kind = st.rt.kind
 	e.Tenant = st.req.Key.Tenant()
 	e.Latency = st.m.cfg.now().Sub(st.start)
+	// A hook is for metrics and logs: its panic must not unwind the
+	// request path between a claim and its completion, which would leave
+	// the key claimed for a whole lease.
+	defer func() {
+		if p := recover(); p != nil {
+			st.m.cfg.Logger.Error("idemgate: OnEvent panicked", "event", e.Type.String(), "panic", fmt.Sprint(p))
+		}
+	}()
 	st.m.cfg.OnEvent(e)
 }
 
