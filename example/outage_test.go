@@ -12,6 +12,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/internal/testenv"
@@ -23,28 +24,7 @@ import (
 // the retry under the same key runs again instead of hearing "in progress".
 func TestSubmitWhilePostgresDown(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := pgstore.New(ctx, pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
-	t.Cleanup(func() { rdb.Close() })
-	secret := []byte("s3cret")
-	a := &api{store: store, pool: pool, redis: rdb, secret: secret, logger: slog.New(slog.DiscardHandler)}
-	e := a.handler()
-	token, err := mintToken(secret, "acme", "alice", time.Now(), time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool.Close() // Postgres is now out of reach for this node.
+	e, token := apiWithoutPostgres(t)
 
 	for attempt := 1; attempt <= 2; attempt++ {
 		req := httptest.NewRequest(http.MethodPost, "/v1/images",
@@ -71,28 +51,7 @@ func TestSubmitWhilePostgresDown(t *testing.T) {
 // Postgres faults).
 func TestReadWhilePostgresDown(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := pgstore.New(ctx, pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
-	t.Cleanup(func() { rdb.Close() })
-	secret := []byte("s3cret")
-	a := &api{store: store, pool: pool, redis: rdb, secret: secret, logger: slog.New(slog.DiscardHandler)}
-	e := a.handler()
-	token, err := mintToken(secret, "acme", "alice", time.Now(), time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool.Close()
+	e, token := apiWithoutPostgres(t)
 
 	for _, tc := range []struct{ method, path, key string }{
 		{http.MethodGet, "/v1/tasks/5b797f1b-1d98-4eb5-a415-10895e7f6ca7", ""},
@@ -115,4 +74,33 @@ func TestReadWhilePostgresDown(t *testing.T) {
 			t.Errorf("%s %s: no Retry-After", tc.method, tc.path)
 		}
 	}
+}
+
+// apiWithoutPostgres returns an API node whose task store was migrated and
+// then lost its Postgres (the pool is closed), and a token for acme/alice.
+func apiWithoutPostgres(t *testing.T) (*echo.Echo, string) {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := pgstore.New(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	secret := []byte("s3cret")
+	a := &api{store: store, pool: pool, redis: rdb, secret: secret, logger: slog.New(slog.DiscardHandler)}
+	e := a.handler()
+	token, err := mintToken(secret, "acme", "alice", time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.Close() // Postgres is now out of reach for this node.
+	return e, token
 }
