@@ -345,7 +345,7 @@ func decodeResponse(s string) (Response, error) {
 	}
 	status := d.uvarint()
 	names := d.uvarint()
-	if d.err || status < 100 && !v1 || status > 999 || names > uint64(len(s)) {
+	if d.err || status < 100 || status > 999 || names > uint64(len(s)) {
 		return Response{}, errCorrupt
 	}
 	// The first pass counts the values so that they share one backing array.

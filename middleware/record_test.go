@@ -279,3 +279,15 @@ func FuzzParseRecord(f *testing.F) {
 		}
 	})
 }
+
+// TestDecodeResponseRefusesStatusBelow100: a corrupt or planted version 1
+// response frame with a status below 100 is refused like a version 2 one;
+// replaying it would make net/http panic in WriteHeader.
+func TestDecodeResponseRefusesStatusBelow100(t *testing.T) {
+	t.Parallel()
+	for _, s := range []string{"\x01\x00\x00body", "\x01\x63\x00body"} {
+		if r, err := decodeResponse(s); err == nil {
+			t.Errorf("decodeResponse(%q) = status %d, nil; want an error", s, r.Status)
+		}
+	}
+}
