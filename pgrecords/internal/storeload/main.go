@@ -10,8 +10,9 @@
 // A miss is a claim and a complete on a new key; a replay a claim of a
 // finished key. It starts a throwaway PostgreSQL and redis-server (removed
 // on exit; DATABASE_URL names a local server to use instead). Postgres CPU is the user+system time of every process of the
-// throwaway server (backends and background workers) over the run, from
-// /proc; Redis CPU from INFO cpu. Figures are medians of the rounds.
+// throwaway server (backends and background workers, and those that exited
+// during the run) from /proc (internal/pgcpu); Redis CPU from INFO cpu.
+// Figures are medians of the rounds.
 package main
 
 import (
@@ -24,7 +25,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -37,6 +37,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/internal/devserver"
+	"github.com/idemgate/idemgate/internal/pgcpu"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
 )
@@ -156,39 +157,6 @@ func floorSubject(pool *pgxpool.Pool, trips func() int64, cpu func() (time.Durat
 	}
 }
 
-// pgCPU returns the CPU time of every process of the server whose
-// postmaster is ppid (and the postmaster), from /proc.
-func pgCPU(postmaster int) func() (time.Duration, error) {
-	tick := time.Second / 100 // USER_HZ
-	return func() (time.Duration, error) {
-		dirs, err := os.ReadDir("/proc")
-		if err != nil {
-			return 0, err
-		}
-		var total int64
-		for _, d := range dirs {
-			pid, err := strconv.Atoi(d.Name())
-			if err != nil {
-				continue
-			}
-			b, err := os.ReadFile(filepath.Join("/proc", d.Name(), "stat"))
-			if err != nil {
-				continue
-			}
-			s := string(b)
-			f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-			ppid, _ := strconv.Atoi(f[1])
-			if pid != postmaster && ppid != postmaster {
-				continue
-			}
-			ut, _ := strconv.ParseInt(f[11], 10, 64)
-			st, _ := strconv.ParseInt(f[12], 10, 64)
-			total += ut + st
-		}
-		return time.Duration(total) * tick, nil
-	}
-}
-
 func redisCPU(client *redis.Client) func() (time.Duration, error) {
 	return func() (time.Duration, error) {
 		info, err := client.Info(context.Background(), "cpu").Result()
@@ -251,16 +219,10 @@ func run(d time.Duration, conc, rounds int) error {
 	if _, err := pool.Exec(ctx, sqlFloorTable); err != nil {
 		return err
 	}
-	var backend int
-	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
-		return err
-	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", backend))
+	pgServer, err := pgcpu.Find(ctx, pool)
 	if err != nil {
 		return err
 	}
-	st := string(stat)
-	postmaster, _ := strconv.Atoi(strings.Fields(st[strings.LastIndexByte(st, ')')+2:])[1])
 
 	var rc redisCounter
 	client := redis.NewClient(&redis.Options{Addr: rd.Addr, PoolSize: conc})
@@ -268,8 +230,8 @@ func run(d time.Duration, conc, rounds int) error {
 	client.AddHook(&rc)
 
 	subjects := []subject{
-		floorSubject(pool, pc.n.Load, pgCPU(postmaster)),
-		storeSubject("pgrecords", store, pc.n.Load, pgCPU(postmaster)),
+		floorSubject(pool, pc.n.Load, pgServer.Used),
+		storeSubject("pgrecords", store, pc.n.Load, pgServer.Used),
 		storeSubject("redis store (redis-server "+rd.Addr+")", middleware.NewRedisStore(client), rc.n.Load, redisCPU(client)),
 	}
 	fmt.Printf("%d clients, %v per round, median of %d rounds\n\n", conc, d, rounds)
