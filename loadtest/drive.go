@@ -12,6 +12,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemgate/idemgate/pgrecords"
+	"github.com/idemgate/idemgate/pgstore"
 )
 
 // scenario is one kind of traffic.
@@ -69,37 +72,82 @@ func newBench(e *env, o options, log io.Writer) *bench {
 	}
 }
 
-// start builds the stacks; the idemgate one first, since its migrations
-// create the tasks table every stack writes to.
+// stackOrder is every stack, as the report shows them: each floor before
+// the stacks compared to it.
+var stackOrder = []string{floorName, floorScriptName, idemgateName, pgFloorName, idemgatePGName}
+
+// start builds the stacks that -stacks names. Every stack writes tasks to
+// pgstore's table, so that is migrated first; the pg-floor's table copies
+// pgrecords' shape, so that one is migrated before the floor's is made.
 func (b *bench) start(ctx context.Context) error {
-	idem, err := newIdemgate(ctx, b.env, b.o)
+	tasks, err := pgstore.New(ctx, b.env.db)
 	if err != nil {
-		return err
+		return fmt.Errorf("pgstore: %w", err)
 	}
-	b.env.closers = append(b.env.closers, idem.close, b.cleanup)
-	plain, err := newFloor(ctx, b.env, b.o, true)
-	if err != nil {
-		return err
+	if err := tasks.Migrate(ctx); err != nil {
+		return fmt.Errorf("pgstore migrate: %w", err)
 	}
-	b.env.closers = append(b.env.closers, plain.close)
-	scripted, err := newFloor(ctx, b.env, b.o, false)
-	if err != nil {
-		return err
+	b.env.closers = append(b.env.closers, b.cleanup)
+	for _, name := range b.o.stacks {
+		var st *stack
+		switch name {
+		case floorName, floorScriptName:
+			st, err = newFloor(ctx, b.env, b.o, name == floorName)
+		case idemgateName:
+			st, err = newIdemgate(ctx, b.env, b.o)
+		case pgFloorName:
+			if err = b.migrateRecords(ctx); err == nil {
+				if err = createPGFloorTable(ctx, b.env.db); err == nil {
+					st, err = newPGFloor(ctx, b.env, b.o)
+				}
+			}
+		case idemgatePGName:
+			st, err = newIdemgatePG(ctx, b.env, b.o)
+		default:
+			err = fmt.Errorf("unknown stack %q", name)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		b.env.closers = append(b.env.closers, st.close)
+		b.stacks = append(b.stacks, st)
 	}
-	b.env.closers = append(b.env.closers, scripted.close)
-	// The plain floor first: the report compares every later stack to it.
-	b.stacks = []*stack{plain, scripted, idem}
 	return nil
 }
 
-// cleanup removes this run's rows (every stack's), for runs against a
-// database given by -database-url (a throwaway one is removed anyway).
+func (b *bench) migrateRecords(ctx context.Context) error {
+	records, err := pgrecords.New(ctx, b.env.db)
+	if err != nil {
+		return fmt.Errorf("pgrecords: %w", err)
+	}
+	if err := records.Migrate(ctx); err != nil {
+		return fmt.Errorf("pgrecords migrate: %w", err)
+	}
+	return nil
+}
+
+// cleanup removes this run's rows (every stack's tasks, idemgate-pg's
+// records) and the pg-floor's table, for runs against a database given by
+// -database-url (a throwaway one is removed anyway).
 func (b *bench) cleanup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := b.env.db.Exec(ctx, `DELETE FROM `+tasksTable+` WHERE tenant LIKE $1`,
 		fmt.Sprintf("lt-%%-%d", b.runID)); err != nil {
 		fmt.Fprintf(b.log, "loadtest: remove this run's tasks: %v\n", err)
+	}
+	if slices.Contains(b.o.stacks, idemgatePGName) {
+		// keyspace keys start with idem:<tenant>: and the run's tenants
+		// (lt-<scenario>-<stack>-<run>) need no escaping.
+		if _, err := b.env.db.Exec(ctx, `DELETE FROM `+recordsTable+` WHERE key LIKE $1`,
+			fmt.Sprintf("idem:lt-%%-%d:%%", b.runID)); err != nil {
+			fmt.Fprintf(b.log, "loadtest: remove this run's records: %v\n", err)
+		}
+	}
+	if slices.Contains(b.o.stacks, pgFloorName) {
+		if _, err := b.env.db.Exec(ctx, `DROP TABLE IF EXISTS `+pgFloorTable); err != nil {
+			fmt.Fprintf(b.log, "loadtest: drop %s: %v\n", pgFloorTable, err)
+		}
 	}
 }
 
@@ -136,8 +184,9 @@ func (o *outcome) note(key, id string) {
 	o.accepted[key] = id
 }
 
-// do sends one POST /v1/images and records it.
-func (b *bench) do(ctx context.Context, st *stack, tenant, key string, body []byte, slow bool, out *outcome) {
+// do sends one POST /v1/images and records it. fresh says that the key is
+// new (only the pg-floor reads it; every stack gets the header).
+func (b *bench) do(ctx context.Context, st *stack, tenant, key string, body []byte, fresh, slow bool, out *outcome) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, st.url+"/v1/images", bytes.NewReader(body))
 	if err != nil {
 		out.errors++
@@ -147,6 +196,9 @@ func (b *bench) do(ctx context.Context, st *stack, tenant, key string, body []by
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("X-Tenant", tenant)
 	req.Header.Set("X-User", "user-1")
+	if fresh {
+		req.Header.Set(expectHeader, "new")
+	}
 	if slow {
 		req.Header.Set(slowHeader, b.o.slow.String())
 	}
@@ -215,7 +267,7 @@ func (b *bench) seed(ctx context.Context, st *stack, tenant string) *outcome {
 				if k >= b.o.keys || ctx.Err() != nil {
 					break
 				}
-				b.do(ctx, st, tenant, seedKey(k), baseBody, false, mine)
+				b.do(ctx, st, tenant, seedKey(k), baseBody, true, false, mine)
 			}
 			mu.Lock()
 			out.merge(mine)
@@ -266,7 +318,7 @@ func (b *bench) drive(ctx context.Context, st *stack, sc scenario, tenant, prefi
 					} else {
 						key = prefix + strconv.Itoa(w) + "-" + strconv.Itoa(i)
 					}
-					b.do(ctx, st, tenant, key, sc.body, false, mine)
+					b.do(ctx, st, tenant, key, sc.body, !sc.seed, false, mine)
 					done.Add(1)
 				}
 				finish(mine)
@@ -295,7 +347,7 @@ func (b *bench) group(ctx context.Context, st *stack, sc scenario, tenant, prefi
 			go func() {
 				defer wg.Done()
 				<-release
-				b.do(ctx, st, tenant, key, sc.body, true, mine[i])
+				b.do(ctx, st, tenant, key, sc.body, true, true, mine[i])
 				done.Add(1)
 			}()
 		}
@@ -361,6 +413,9 @@ type tally struct {
 	cpu       float64 // seconds of used_cpu_sys + used_cpu_user
 	memory    int64   // used_memory delta
 	keysAdded int64   // DBSIZE delta
+	// Postgres figures over the measured rounds.
+	pgCPU time.Duration // the whole server's
+	pgRT  int64         // the stack's records pool's
 }
 
 // scenario measures sc on every stack: -rounds short runs per stack,
@@ -414,12 +469,22 @@ func (b *bench) measure(ctx context.Context, sc scenario, st *stack, tl *tally, 
 	if err != nil {
 		return err
 	}
+	pgBefore, err := b.pgCPU()
+	if err != nil {
+		return err
+	}
+	pgrtBefore := st.pgrt.load()
 	label := sc.name
 	if b.o.rounds > 1 {
 		label = fmt.Sprintf("%s %d/%d", sc.name, round+1, b.o.rounds)
 	}
 	out, elapsed := b.drive(ctx, st, sc, tl.tenant, "r"+strconv.Itoa(round)+"-", d, label)
 	if err := ctx.Err(); err != nil {
+		return err
+	}
+	pgrtAfter := st.pgrt.load()
+	pgAfter, err := b.pgCPU()
+	if err != nil {
 		return err
 	}
 	srvAfter, err := serverFigures(ctx, b.env.admin)
@@ -434,6 +499,8 @@ func (b *bench) measure(ctx context.Context, sc scenario, st *stack, tl *tally, 
 	tl.memory += srvAfter.memory - srvBefore.memory
 	tl.keysAdded += srvAfter.keys - srvBefore.keys
 	tl.rt += st.rt.n.Load() - rtBefore
+	tl.pgCPU += pgAfter - pgBefore
+	tl.pgRT += pgrtAfter - pgrtBefore
 	for cmd, c := range after {
 		if delta := c - before[cmd]; delta > 0 && cmd != "info" {
 			tl.cmds[cmd] += delta
@@ -449,11 +516,24 @@ func (b *bench) measure(ctx context.Context, sc scenario, st *stack, tl *tally, 
 	return nil
 }
 
+// pgCPU reads the Postgres server's CPU time so far (0 when it is not
+// measured).
+func (b *bench) pgCPU() (time.Duration, error) {
+	if b.env.pgServer == nil {
+		return 0, nil
+	}
+	d, err := b.env.pgServer.Used()
+	if err != nil {
+		return 0, fmt.Errorf("postgres CPU: %w", err)
+	}
+	return d, nil
+}
+
 // result turns a stack's tally into figures, counting its rows.
 func (b *bench) result(ctx context.Context, sc scenario, st *stack, tl *tally) (*result, error) {
 	out := tl.out
 	res := &result{
-		Scenario: sc.name, Stack: st.name,
+		Scenario: sc.name, Stack: st.name, Floor: st.floor, Records: "redis",
 		Requests: int64(len(out.lat)), TransportErrors: out.errors,
 		Seconds:             tl.elapsed.Seconds(),
 		Status:              map[string]int64{},
@@ -462,6 +542,9 @@ func (b *bench) result(ctx context.Context, sc scenario, st *stack, tl *tally) (
 		RowsCreated:         tl.created,
 		RedisCommands:       map[string]float64{},
 		Rounds:              tl.rounds,
+	}
+	if st.pgrt != nil {
+		res.Records = "postgres"
 	}
 	res.ReqPerSec = float64(res.Requests) / tl.elapsed.Seconds()
 	for s, n := range out.status {
@@ -479,6 +562,12 @@ func (b *bench) result(ctx context.Context, sc scenario, st *stack, tl *tally) (
 		}
 		res.RedisCallsPerReq = float64(calls) / n
 		res.RedisCPUusPerReq = tl.cpu * 1e6 / n
+		if st.pgrt != nil {
+			res.PGRoundTripsPerReq = float64(tl.pgRT) / n
+		}
+		if b.env.pgServer != nil {
+			res.PGCPUusPerReq = float64(tl.pgCPU.Nanoseconds()) / 1e3 / n
+		}
 		// Only rounds that added many keys say what a record costs.
 		if tl.keysAdded > 1000 {
 			res.RedisBytesPerRecord = float64(tl.memory) / float64(tl.keysAdded)

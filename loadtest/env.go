@@ -14,6 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/internal/devserver"
+	"github.com/idemgate/idemgate/internal/pgcpu"
+	"github.com/idemgate/idemgate/pgstore"
 )
 
 // env is the Redis and Postgres of one run.
@@ -22,6 +24,7 @@ type env struct {
 	admin        *redis.Client // reads INFO commandstats; its own calls are not counted
 	databaseURL  string
 	db           *pgxpool.Pool // counts rows, prepares the floor table
+	pgServer     *pgcpu.Server // reads Postgres CPU; nil when the server is not on this machine
 	redisVersion string
 	pgVersion    string
 
@@ -78,23 +81,46 @@ func startEnv(ctx context.Context, o options, log io.Writer) (_ *env, err error)
 	if err := e.db.QueryRow(ctx, "SHOW server_version").Scan(&e.pgVersion); err != nil {
 		return nil, fmt.Errorf("postgres version: %w", err)
 	}
+	if srv, err := pgcpu.Find(ctx, e.db); err != nil {
+		fmt.Fprintf(log, "postgres CPU is not measured: %v\n", err)
+	} else {
+		e.pgServer = srv
+	}
 	return e, nil
 }
 
-// newPool opens a pool of n connections for one stack.
-func (e *env) newPool(ctx context.Context, n int) (*pgxpool.Pool, error) {
+// newPool opens a pool of n connections for one stack; a non-nil rt
+// counts its round trips.
+func (e *env) newPool(ctx context.Context, n int, rt *pgRoundTrips) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(e.databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("parse database url: %w", err)
 	}
 	cfg.MaxConns = int32(n)
 	cfg.MinConns = int32(n)
+	if rt != nil {
+		cfg.ConnConfig.Tracer = rt
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to postgres: %w", err)
 	}
 	e.closers = append(e.closers, pool.Close)
 	return pool, nil
+}
+
+// taskStore opens a pool of its own for one stack's task work and a
+// pgstore.Store on it (the tasks table is migrated by bench.start).
+func (e *env) taskStore(ctx context.Context, o options) (*pgstore.Store, error) {
+	pool, err := e.newPool(ctx, o.pgConns, nil)
+	if err != nil {
+		return nil, err
+	}
+	store, err := pgstore.New(ctx, pool)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %w", err)
+	}
+	return store, nil
 }
 
 // newRedis opens a client for one stack whose round trips are counted.

@@ -33,7 +33,8 @@ func newRound(n int, lat []time.Duration, elapsed time.Duration) round {
 }
 
 // stackColors are fixed per stack name so that every plot agrees.
-var stackColors = map[string]string{floorName: "#7a8599", "floor-script": "#b0b8c6", "idemgate": "#2f5bd3"}
+var stackColors = map[string]string{floorName: "#7a8599", floorScriptName: "#b0b8c6", idemgateName: "#2f5bd3",
+	pgFloorName: "#b39a6b", idemgatePGName: "#1f7a4d"}
 
 var extraColors = []string{"#c2571a", "#1f7a4d", "#8e3bb5", "#b3261e"}
 
@@ -179,8 +180,8 @@ func (r report) scenarios() []htmlScenario {
 	return out
 }
 
-// plotsOf draws throughput, p50, p99 and the ratio to the floor over the
-// rounds of one scenario.
+// plotsOf draws throughput, p50, p99 and each stack's ratio to its floor
+// over the rounds of one scenario.
 func plotsOf(results []*result) []template.HTML {
 	pick := func(f func(round) float64) []series {
 		var ss []series
@@ -198,28 +199,27 @@ func plotsOf(results []*result) []template.HTML {
 		{Title: "p50 latency", Unit: "ms", Series: pick(func(r round) float64 { return r.P50ms })},
 		{Title: "p99 latency", Unit: "ms", Series: pick(func(r round) float64 { return r.P99ms })},
 	}
-	var floor *result
+	byStack := map[string]*result{}
 	for _, res := range results {
-		if res.Stack == floorName {
-			floor = res
-		}
+		byStack[res.Stack] = res
 	}
-	if floor != nil {
-		ratio := plot{Title: "throughput ÷ floor (same round)", Unit: "×", Ref: 1}
-		for _, res := range results {
-			if res == floor {
-				continue
-			}
-			s := series{Name: res.Stack, Color: colorOf(res.Stack)}
-			for j, rd := range res.Rounds {
-				v := math.NaN()
-				if j < len(floor.Rounds) && floor.Rounds[j].ReqPerSec > 0 {
-					v = rd.ReqPerSec / floor.Rounds[j].ReqPerSec
-				}
-				s.Values = append(s.Values, v)
-			}
-			ratio.Series = append(ratio.Series, s)
+	ratio := plot{Title: "throughput ÷ its floor (same round)", Unit: "×", Ref: 1}
+	for _, res := range results {
+		floor, ok := byStack[res.Floor]
+		if !ok {
+			continue
 		}
+		s := series{Name: res.Stack + " ÷ " + res.Floor, Color: colorOf(res.Stack)}
+		for j, rd := range res.Rounds {
+			v := math.NaN()
+			if j < len(floor.Rounds) && floor.Rounds[j].ReqPerSec > 0 {
+				v = rd.ReqPerSec / floor.Rounds[j].ReqPerSec
+			}
+			s.Values = append(s.Values, v)
+		}
+		ratio.Series = append(ratio.Series, s)
+	}
+	if len(ratio.Series) > 0 {
 		plots = append(plots, ratio)
 	}
 	out := make([]template.HTML, len(plots))
@@ -235,12 +235,13 @@ func (r report) ratioBars() template.HTML {
 		label string
 		v     float64
 		color string
+		floor string
 	}
 	var bars []bar
 	hi := 1.0
 	for _, res := range r.Results {
 		if res.RatioToFloor > 0 {
-			bars = append(bars, bar{res.Scenario + " · " + res.Stack, res.RatioToFloor, colorOf(res.Stack)})
+			bars = append(bars, bar{res.Scenario + " · " + res.Stack, res.RatioToFloor, colorOf(res.Stack), res.Floor})
 			hi = max(hi, res.RatioToFloor)
 		}
 	}
@@ -248,7 +249,7 @@ func (r report) ratioBars() template.HTML {
 		return ""
 	}
 	top, step := niceMax(hi)
-	const w, rowH, left, right = 560, 24, 150, 60
+	const w, rowH, left, right = 600, 24, 190, 60
 	h := len(bars)*rowH + 30
 	x := func(v float64) float64 { return left + v/top*(w-left-right) }
 	esc := template.HTMLEscapeString
@@ -262,8 +263,8 @@ func (r report) ratioBars() template.HTML {
 	for i, br := range bars {
 		y := 6 + i*rowH
 		fmt.Fprintf(&b, `<text x="%d" y="%d" class="label" text-anchor="end">%s</text>`, left-8, y+14, esc(br.label))
-		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"><title>%s: %.2f× the floor</title></rect>`,
-			left, y, x(br.v)-left, rowH-8, br.color, esc(br.label), br.v)
+		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"><title>%s: %.2f× %s</title></rect>`,
+			left, y, x(br.v)-left, rowH-8, br.color, esc(br.label), br.v, esc(br.floor))
 		fmt.Fprintf(&b, `<text x="%.1f" y="%d" class="value">%.2f×</text>`, x(br.v)+6, y+14, br.v)
 	}
 	b.WriteString(`</svg>`)
@@ -293,15 +294,15 @@ svg .grid { stroke: #e8ebf0; } svg .ref { stroke: #b3261e; stroke-dasharray: 4 3
 <h1>idemgate load test</h1>
 {{with .Machine}}<p class="machine">Machine: {{.CPUs}} CPUs (GOMAXPROCS {{.GOMAXPROCS}}), {{.GOOS}}/{{.GOARCH}}, {{.Go}}, Redis {{.Redis}}, PostgreSQL {{.Postgres}}{{if .LoadAvgStart}}, load average {{.LoadAvgStart}} → {{.LoadAvgEnd}}{{end}}</p>{{end}}
 <p class="machine">{{.Duration}} per scenario and stack in {{.Rounds}} alternating rounds, {{.Concurrency}} keep-alive clients; dup: groups of {{.DupGroup}} on a {{.Slow}} handler.</p>
-<p class="note">A floor is a bare echo handler doing by hand the fewest Redis commands an idempotency layer needs; every stack does the same task work (decode, validate, pgstore.Submit of the same task), so stacks differ only in the idempotency layer. Ratios are to <b>{{.Floor}}</b>.
+<p class="note">A floor is a bare echo handler doing by hand the fewest Redis commands (floor) or Postgres statements (pg-floor) an idempotency layer needs; every stack does the same task work (decode, validate, pgstore.Submit of the same task), so stacks differ only in the idempotency layer. Ratios are to each stack's own floor: floor-script and idemgate to floor, idemgate-pg to pg-floor. pg µs/req is the whole Postgres server's CPU, task work included (the same for every stack); pg rt/req counts the Postgres stacks' records pool only.
 Compare the ratio to the floor, measured in the same run on the same machine; absolute figures move with the machine and its load.</p>
 <p class="key">{{range .Key}}<span><i style="background:{{.Color}}"></i>{{.Name}}</span>{{end}}</p>
 <h2>Throughput relative to the floor</h2>
 {{.Bars}}
 {{range .Scenarios}}
 <h2>{{.Name}}</h2>
-<table><tr><th>stack</th><th>req/s</th><th>vs floor</th><th>p50 ms</th><th>p99 ms</th><th>p99.9 ms</th><th>requests</th><th>dup execs</th><th>redis rt/req</th><th>redis µs/req</th><th>B/record</th><th>rows/key</th><th>status</th></tr>
-{{range .Results}}<tr><td>{{.Stack}}</td><td>{{printf "%.0f" .ReqPerSec}}</td><td>{{if .RatioToFloor}}{{printf "%.2f" .RatioToFloor}}×{{else}}–{{end}}</td><td>{{printf "%.2f" .P50ms}}</td><td>{{printf "%.2f" .P99ms}}</td><td>{{printf "%.2f" .P999ms}}</td><td>{{.Requests}}</td><td{{if .DuplicateExecutions}} class="bad"{{end}}>{{.DuplicateExecutions}}</td><td>{{printf "%.2f" .RedisRoundTripsPerReq}}</td><td>{{printf "%.1f" .RedisCPUusPerReq}}</td><td>{{if .RedisBytesPerRecord}}{{printf "%.0f" .RedisBytesPerRecord}}{{else}}–{{end}}</td><td>{{printf "%.2f" .RowsPerAcceptedKey}}</td><td>{{status .}}</td></tr>
+<table><tr><th>stack</th><th>req/s</th><th>vs floor</th><th>p50 ms</th><th>p99 ms</th><th>p99.9 ms</th><th>requests</th><th>dup execs</th><th>redis rt/req</th><th>redis µs/req</th><th>pg rt/req</th><th>pg µs/req</th><th>B/record</th><th>rows/key</th><th>status</th></tr>
+{{range .Results}}<tr><td>{{.Stack}}</td><td>{{printf "%.0f" .ReqPerSec}}</td><td>{{if .RatioToFloor}}{{printf "%.2f" .RatioToFloor}}×{{else}}–{{end}}</td><td>{{printf "%.2f" .P50ms}}</td><td>{{printf "%.2f" .P99ms}}</td><td>{{printf "%.2f" .P999ms}}</td><td>{{.Requests}}</td><td{{if .DuplicateExecutions}} class="bad"{{end}}>{{.DuplicateExecutions}}</td><td>{{printf "%.2f" .RedisRoundTripsPerReq}}</td><td>{{printf "%.1f" .RedisCPUusPerReq}}</td><td>{{if eq .Records "postgres"}}{{printf "%.2f" .PGRoundTripsPerReq}}{{else}}–{{end}}</td><td>{{if $.Machine.PostgresCPU}}{{printf "%.1f" .PGCPUusPerReq}}{{else}}–{{end}}</td><td>{{if .RedisBytesPerRecord}}{{printf "%.0f" .RedisBytesPerRecord}}{{else}}–{{end}}</td><td>{{printf "%.2f" .RowsPerAcceptedKey}}</td><td>{{status .}}</td></tr>
 {{end}}</table>
 <div class="plots">{{range .Plots}}{{.}}{{end}}</div>
 {{end}}
@@ -328,8 +329,7 @@ func (r report) writeHTML(w io.Writer) error {
 		Key       []keyItem
 		Bars      template.HTML
 		Scenarios []htmlScenario
-		Floor     string
-	}{r, key, r.ratioBars(), r.scenarios(), floorName})
+	}{r, key, r.ratioBars(), r.scenarios()})
 }
 
 // writeHTMLFile writes r's HTML report to path.

@@ -30,6 +30,7 @@ func sampleReport() report {
 			res := &result{Scenario: sc, Stack: st, ReqPerSec: 1000 / float64(i+1), P50ms: 1, P99ms: 5,
 				Status: map[string]int64{"202": 10}, RowsPerAcceptedKey: 1}
 			if st != floorName {
+				res.Floor = floorName
 				res.RatioToFloor = 1 / float64(i+1)
 			}
 			for n := range 3 {
@@ -60,7 +61,7 @@ func TestHTMLReport(t *testing.T) {
 		t.Error("a stack name was not escaped")
 	}
 	for _, want := range []string{"2 CPUs (GOMAXPROCS 2)", "Redis 7.0.15", "PostgreSQL 15.18", "load average 0.5 → 1.5",
-		"<h2>miss</h2>", "<h2>replay</h2>", "0.50×"} {
+		"<h2>miss</h2>", "<h2>replay</h2>", "0.50×", "<th>pg rt/req</th><th>pg µs/req</th>", "idemgate ÷ floor, round 1"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("report lacks %q", want)
 		}
@@ -151,7 +152,7 @@ func TestRunHTML(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "report.html")
 	var out, log bytes.Buffer
 	err := run(ctx, []string{"-scenarios", "miss,replay", "-duration", "200ms", "-rounds", "2", "-warmup", "100ms",
-		"-concurrency", "2", "-dup-group", "2", "-keys", "4", "-html", path,
+		"-concurrency", "2", "-dup-group", "2", "-keys", "4", "-html", path, "-stacks", "pg-floor,idemgate-pg",
 		"-redis-url", fmt.Sprintf("redis://%s/%d", ro.Addr, ro.DB), "-database-url", dsn}, &out, &log)
 	if err != nil {
 		t.Fatalf("run: %v\n%s", err, log.String())

@@ -1,9 +1,9 @@
 // Command loadtest measures idemgate against its floor.
 //
 // In one run it starts a throwaway redis-server and PostgreSQL (or uses
-// -redis-url / -database-url), serves three stacks on loopback and drives
-// each with concurrent keep-alive HTTP clients for a fixed duration per
-// scenario:
+// -redis-url / -database-url), serves five stacks on loopback (or those
+// that -stacks names) and drives each with concurrent keep-alive HTTP
+// clients for a fixed duration per scenario:
 //
 //   - floor: a bare echo handler doing by hand the fewest plain Redis
 //     commands an idempotency layer needs (the physical limit: SET NX PX
@@ -13,7 +13,20 @@
 //     no key derivation;
 //   - floor-script: the same, with the claim done by a claim-or-read Lua
 //     script (as idemgate did before records v2);
-//   - idemgate: echo + middleware (RedisStore) in this process.
+//   - idemgate: echo + middleware (RedisStore) in this process;
+//   - pg-floor: a bare echo handler doing by hand the fewest Postgres
+//     statements for records, on a table of pgrecords' shape: INSERT … ON
+//     CONFLICT DO NOTHING, then UPDATE by primary key, for a miss; one
+//     SELECT by primary key for a replay or a conflict (the load tool tells
+//     it whether a key is new, an oracle no real layer has: that is what
+//     makes it a floor);
+//   - idemgate-pg: echo + middleware on pgrecords.
+//
+// floor-script and idemgate are compared to floor, idemgate-pg to
+// pg-floor. The Postgres stacks keep records on a pool of their own, apart
+// from the task work's, so that its round trips are theirs alone; Postgres
+// CPU is the whole server's (internal/pgcpu), task work included: the
+// same for every stack, since they do the same task work.
 //
 // Every stack runs the same task work behind its idempotency layer, like
 // the example's POST /v1/images: decode and validate the JSON body, then
@@ -28,7 +41,7 @@
 //
 // Usage:
 //
-//	go run ./loadtest [-duration 5s] [-rounds 5] [-concurrency 32] [-slow 50ms] [-json] [-html out.html]
+//	go run ./loadtest [-duration 5s] [-rounds 5] [-concurrency 32] [-slow 50ms] [-stacks …] [-scenarios …] [-json] [-html out.html]
 //
 // Each scenario runs -rounds short rounds per stack, alternating the
 // stacks, so that all meet the same background load; the ratio to the
@@ -49,6 +62,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -63,6 +77,7 @@ type options struct {
 	keys        int
 	pgConns     int
 	scenarios   []string
+	stacks      []string
 	redisURL    string
 	databaseURL string
 	jsonOut     bool
@@ -87,25 +102,27 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `loadtest measures idemgate against hand-written floors (the fewest plain Redis
-commands an idempotency layer needs, and a scripted claim), in one run on one
-Redis and one Postgres. Every stack does the same task work behind its
-idempotency layer (decode, validate, pgstore.Submit of the same task), so the
-ratio to the floor is the idempotency layer's cost alone.
+commands an idempotency layer needs, and a scripted claim), and idemgate on
+Postgres records (pgrecords) against the fewest Postgres statements, in one
+run on one Redis and one Postgres. Every stack does the same task work behind
+its idempotency layer (decode, validate, pgstore.Submit of the same task), so
+the ratio to the floor is the idempotency layer's cost alone.
 
 usage: go run ./loadtest [flags]
 
 `)
 		fs.PrintDefaults()
 	}
-	var scen string
+	var scen, stacks string
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "measured time per scenario and stack (split over -rounds)")
 	fs.IntVar(&o.rounds, "rounds", 5, "alternate the stacks this many times per scenario, so both meet the same background load")
 	fs.IntVar(&o.concurrency, "concurrency", 32, "concurrent keep-alive HTTP clients")
 	fs.IntVar(&o.dupGroup, "dup-group", 8, "clients sending the same key at once in the dup scenario")
 	fs.DurationVar(&o.slow, "slow", 50*time.Millisecond, "handler latency added in the dup scenario")
 	fs.IntVar(&o.keys, "keys", 512, "keys prepared for the replay and conflict scenarios")
-	fs.IntVar(&o.pgConns, "pg-conns", 16, "Postgres pool size of each stack")
+	fs.IntVar(&o.pgConns, "pg-conns", 16, "size of each Postgres pool: each stack's task pool and each Postgres stack's records pool")
 	fs.StringVar(&scen, "scenarios", "miss,replay,conflict,dup", "comma-separated scenarios to run")
+	fs.StringVar(&stacks, "stacks", strings.Join(stackOrder, ","), "comma-separated stacks to run (shown in this order: "+strings.Join(stackOrder, ", ")+")")
 	fs.StringVar(&o.redisURL, "redis-url", "", "use this Redis (redis://…) instead of a throwaway redis-server; use a dedicated one: INFO commandstats is server-wide")
 	fs.StringVar(&o.databaseURL, "database-url", "", "use this Postgres instead of a throwaway cluster; use a dedicated database: tasks are written (and removed at the end) and workers there would run them")
 	fs.BoolVar(&o.jsonOut, "json", false, "print the results as JSON instead of a table")
@@ -124,6 +141,19 @@ usage: go run ./loadtest [flags]
 			return o, fmt.Errorf("unknown scenario %q (want miss, replay, conflict, dup)", s)
 		}
 		o.scenarios = append(o.scenarios, s)
+	}
+	want := map[string]bool{}
+	for _, s := range strings.Split(stacks, ",") {
+		s = strings.TrimSpace(s)
+		if !slices.Contains(stackOrder, s) {
+			return o, fmt.Errorf("unknown stack %q (want %s)", s, strings.Join(stackOrder, ", "))
+		}
+		want[s] = true
+	}
+	for _, s := range stackOrder {
+		if want[s] {
+			o.stacks = append(o.stacks, s)
+		}
 	}
 	switch {
 	case o.duration <= 0:
@@ -177,7 +207,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, CPUs: runtime.NumCPU(),
 			GOMAXPROCS: runtime.GOMAXPROCS(0), Go: runtime.Version(),
 			Redis: env.redisVersion, Postgres: env.pgVersion,
-			LoadAvgStart: loadAvg(),
+			LoadAvgStart: loadAvg(), PostgresCPU: env.pgServer != nil,
 		},
 		Duration:    o.duration.String(),
 		Rounds:      o.rounds,
@@ -195,14 +225,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		var floor *result
-		for _, res := range results {
-			if res.Stack == floorName {
-				floor = res
-			} else if floor != nil && floor.ReqPerSec > 0 {
-				res.RatioToFloor = res.ReqPerSec / floor.ReqPerSec
-			}
-		}
+		setRatios(results)
 		rep.Results = append(rep.Results, results...)
 	}
 	rep.Machine.LoadAvgEnd = loadAvg()
@@ -218,6 +241,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	rep.writeTable(stdout)
 	return nil
+}
+
+// setRatios sets each result's ratio to its floor's, of one scenario.
+func setRatios(results []*result) {
+	byStack := map[string]*result{}
+	for _, res := range results {
+		byStack[res.Stack] = res
+	}
+	for _, res := range results {
+		if floor, ok := byStack[res.Floor]; ok && floor.ReqPerSec > 0 {
+			res.RatioToFloor = res.ReqPerSec / floor.ReqPerSec
+		}
+	}
 }
 
 // loadAvg returns /proc/loadavg's 1-minute figure (empty elsewhere): other

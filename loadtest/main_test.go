@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -28,7 +30,7 @@ func TestRun(t *testing.T) {
 	var out, log bytes.Buffer
 	err := run(ctx, []string{
 		"-duration", "300ms", "-warmup", "200ms", "-concurrency", "4", "-dup-group", "2",
-		"-keys", "16", "-slow", "20ms", "-json",
+		"-keys", "16", "-slow", "20ms", "-pg-conns", "4", "-json",
 		"-redis-url", fmt.Sprintf("redis://%s/%d", ro.Addr, ro.DB), "-database-url", dsn,
 	}, &out, &log)
 	if err != nil {
@@ -38,13 +40,31 @@ func TestRun(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 		t.Fatalf("decode -json output: %v\n%s", err, out.String())
 	}
+	// Round trips to the records store: Redis for the Redis stacks,
+	// the records pool for the Postgres stacks; none to the other.
 	wantRT := map[string]float64{"miss": 2, "replay": 1, "conflict": 1}
 	wantStatus := map[string][]string{"miss": {"202"}, "replay": {"202"}, "conflict": {"409"}, "dup": {"202", "409"}}
-	if len(rep.Results) != 12 {
-		t.Fatalf("%d results, want 4 scenarios × 3 stacks (floor, floor-script, idemgate)", len(rep.Results))
+	wantFloor := map[string]string{floorName: "", floorScriptName: floorName, idemgateName: floorName,
+		pgFloorName: "", idemgatePGName: pgFloorName}
+	if len(rep.Results) != 4*len(stackOrder) {
+		t.Fatalf("%d results, want 4 scenarios × %d stacks %v", len(rep.Results), len(stackOrder), stackOrder)
 	}
-	for _, res := range rep.Results {
+	for i, res := range rep.Results {
 		name := res.Scenario + "/" + res.Stack
+		if want := stackOrder[i%len(stackOrder)]; res.Stack != want {
+			t.Errorf("result %d is %s, want stack %s (stacks in stackOrder)", i, name, want)
+		}
+		if res.Floor != wantFloor[res.Stack] || (res.Floor != "") != (res.RatioToFloor > 0) {
+			t.Errorf("%s: ratio %.2f to floor %q, want a ratio to %q", name, res.RatioToFloor, res.Floor, wantFloor[res.Stack])
+		}
+		redisRT, pgRT := res.RedisRoundTripsPerReq, res.PGRoundTripsPerReq
+		if res.Records == "postgres" {
+			redisRT, pgRT = pgRT, redisRT
+		}
+		if want, ok := wantRT[res.Scenario]; ok && (math.Abs(redisRT-want) > 1e-9 || pgRT != 0) {
+			t.Errorf("%s: %.3f round trips per request to its %s records store (want %v), %.3f to the other (want 0)",
+				name, redisRT, res.Records, want, pgRT)
+		}
 		if res.Requests == 0 || res.TransportErrors != 0 {
 			t.Errorf("%s: %d requests, %d transport errors", name, res.Requests, res.TransportErrors)
 		}
@@ -54,9 +74,6 @@ func TestRun(t *testing.T) {
 		}
 		if res.RowsPerAcceptedKey != 1 {
 			t.Errorf("%s: %.3f rows per accepted key, want 1", name, res.RowsPerAcceptedKey)
-		}
-		if want, ok := wantRT[res.Scenario]; ok && math.Abs(res.RedisRoundTripsPerReq-want) > 1e-9 {
-			t.Errorf("%s: %.3f Redis round trips per request, want %v", name, res.RedisRoundTripsPerReq, want)
 		}
 		for code := range res.Status {
 			if !contains(wantStatus[res.Scenario], code) {
@@ -76,6 +93,14 @@ func TestRun(t *testing.T) {
 	if left != 0 {
 		t.Errorf("after the run: %d tasks left, want every stack's removed", left)
 	}
+	var records int
+	var floorTable *string
+	if err := db.QueryRow(ctx, `SELECT (SELECT count(*) FROM idemgate_records), to_regclass($1)::text`, pgFloorTable).Scan(&records, &floorTable); err != nil {
+		t.Fatal(err)
+	}
+	if records != 0 || floorTable != nil {
+		t.Errorf("after the run: %d idemgate-pg records left and the pg-floor's table %v, want neither", records, floorTable)
+	}
 	for _, res := range rep.Results {
 		if res.Scenario == "miss" && res.HandlerExecutions != res.Requests {
 			t.Errorf("miss/%s: %d executions for %d requests of new keys", res.Stack, res.HandlerExecutions, res.Requests)
@@ -83,8 +108,13 @@ func TestRun(t *testing.T) {
 		if (res.Scenario == "replay" || res.Scenario == "conflict") && res.HandlerExecutions != 0 {
 			t.Errorf("%s/%s: the handler ran %d times", res.Scenario, res.Stack, res.HandlerExecutions)
 		}
-		if res.RedisCPUusPerReq <= 0 {
+		if res.Records == "redis" && res.RedisCPUusPerReq <= 0 {
 			t.Errorf("%s/%s: Redis CPU per request %v, want > 0", res.Scenario, res.Stack, res.RedisCPUusPerReq)
+		}
+		// Every miss writes to Postgres (the task, and for the Postgres
+		// stacks the record) on this machine's server.
+		if res.Scenario == "miss" && testenv.PostgresServer(t) != nil && res.PGCPUusPerReq <= 0 {
+			t.Errorf("miss/%s: Postgres CPU per request %v, want > 0", res.Stack, res.PGCPUusPerReq)
 		}
 	}
 }
@@ -153,5 +183,35 @@ func TestPct(t *testing.T) {
 	}
 	if got := pct(nil, 0.5); got != 0 {
 		t.Errorf("pct(nil) = %v, want 0", got)
+	}
+}
+
+func TestParseFlagsStacks(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		given   []string
+		want    []string
+		wantErr bool
+	}{
+		{name: "default: every stack", want: stackOrder},
+		{name: "shown in stack order, each once", given: []string{"-stacks", "idemgate-pg, pg-floor,idemgate-pg"},
+			want: []string{pgFloorName, idemgatePGName}},
+		{name: "unknown", given: []string{"-stacks", "floor,pg"}, wantErr: true},
+		{name: "empty", given: []string{"-stacks", ""}, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, err := parseFlags(tt.given, io.Discard)
+			if tt.wantErr {
+				if err == nil {
+					t.Fatalf("parseFlags(%q) = stacks %v, want an error", tt.given, o.stacks)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(o.stacks, tt.want) {
+				t.Fatalf("parseFlags(%q) = stacks %v, %v; want %v", tt.given, o.stacks, err, tt.want)
+			}
+		})
 	}
 }

@@ -31,12 +31,20 @@ type machine struct {
 	// run began and ended (Linux).
 	LoadAvgStart string `json:"loadavg_start,omitempty"`
 	LoadAvgEnd   string `json:"loadavg_end,omitempty"`
+	// PostgresCPU says whether Postgres CPU was measured: only for a
+	// server on this machine (internal/pgcpu).
+	PostgresCPU bool `json:"postgres_cpu_measured"`
 }
 
 // result is one scenario on one stack.
 type result struct {
-	Scenario        string  `json:"scenario"`
-	Stack           string  `json:"stack"`
+	Scenario string `json:"scenario"`
+	Stack    string `json:"stack"`
+	// Records is where the stack keeps idempotency records: redis or
+	// postgres. Floor is the stack RatioToFloor compares to (none for a
+	// floor): floor for the Redis stacks, pg-floor for idemgate-pg.
+	Records         string  `json:"records"`
+	Floor           string  `json:"floor,omitempty"`
 	Requests        int64   `json:"requests"`
 	TransportErrors int64   `json:"transport_errors"`
 	Seconds         float64 `json:"seconds"`
@@ -61,6 +69,14 @@ type result struct {
 	// RedisCPUusPerReq is INFO cpu (used_cpu_sys + used_cpu_user) over the
 	// measured rounds, per request, in microseconds.
 	RedisCPUusPerReq float64 `json:"redis_cpu_us_per_req"`
+	// PGRoundTripsPerReq counts the statements the stack's records pool
+	// sent (Postgres stacks only; the task work has a pool of its own).
+	PGRoundTripsPerReq float64 `json:"pg_round_trips_per_req"`
+	// PGCPUusPerReq is the user+system CPU time of every process of the
+	// Postgres server over the measured rounds, per request, in
+	// microseconds (see machine.PostgresCPU). It includes
+	// the task work, the same for every stack.
+	PGCPUusPerReq float64 `json:"pg_cpu_us_per_req,omitempty"`
 	// RedisBytesPerRecord is the used_memory delta over the DBSIZE delta of
 	// the measured rounds (miss scenario; 0 when no key was added).
 	RedisBytesPerRecord float64 `json:"redis_bytes_per_record,omitempty"`
@@ -82,7 +98,7 @@ func (r report) writeTable(w io.Writer) {
 	fmt.Fprintf(w, "%s per scenario and stack in %d alternating rounds, %d keep-alive clients; dup: groups of %d on a %s handler\n\n",
 		r.Duration, r.Rounds, r.Concurrency, r.DupGroup, r.Slow)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tstack\treq/s\tvs floor\tp50 ms\tp99 ms\tp99.9 ms\texecs\tdup execs\tredis rt/req\tINFO: scripts/req\tcmds/req\tredis µs/req\tB/record\trows/key\tstatus\t")
+	fmt.Fprintln(tw, "scenario\tstack\treq/s\tvs floor\tp50 ms\tp99 ms\tp99.9 ms\texecs\tdup execs\tredis rt/req\tINFO: scripts/req\tcmds/req\tredis µs/req\tpg rt/req\tpg µs/req\tB/record\trows/key\tstatus\t")
 	for _, res := range r.Results {
 		ratio := "-"
 		if res.RatioToFloor > 0 {
@@ -96,12 +112,49 @@ func (r report) writeTable(w io.Writer) {
 		if res.RedisBytesPerRecord > 0 {
 			perRecord = fmt.Sprintf("%.0f", res.RedisBytesPerRecord)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%.2f\t%.2f\t%.2f\t%d\t%d\t%.2f\t%.2f\t%.2f\t%.1f\t%s\t%.2f\t%s\t\n",
+		pgRT, pgCPU := "-", "-"
+		if res.Records == "postgres" {
+			pgRT = fmt.Sprintf("%.2f", res.PGRoundTripsPerReq)
+		}
+		if r.Machine.PostgresCPU {
+			pgCPU = fmt.Sprintf("%.1f", res.PGCPUusPerReq)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%.2f\t%.2f\t%.2f\t%d\t%d\t%.2f\t%.2f\t%.2f\t%.1f\t%s\t%s\t%s\t%.2f\t%s\t\n",
 			res.Scenario, res.Stack, res.ReqPerSec, ratio, res.P50ms, res.P99ms, res.P999ms,
 			res.HandlerExecutions, res.DuplicateExecutions, res.RedisRoundTripsPerReq, scripts,
-			res.RedisCallsPerReq, res.RedisCPUusPerReq, perRecord, res.RowsPerAcceptedKey, statusLine(res))
+			res.RedisCallsPerReq, res.RedisCPUusPerReq, pgRT, pgCPU, perRecord, res.RowsPerAcceptedKey, statusLine(res))
 	}
 	tw.Flush()
+	if lines := r.ratioLines(); len(lines) > 0 {
+		fmt.Fprintln(w, "\nreq/s relative to the floor, same rounds (pg µs/req is the whole server's, task work included):")
+		for _, l := range lines {
+			fmt.Fprintln(w, "  "+l)
+		}
+	}
+}
+
+// ratioLines says, per stack that has a floor, its ratio to that floor in
+// each scenario: "idemgate-pg ÷ pg-floor: miss 0.93×, replay 0.97×".
+func (r report) ratioLines() []string {
+	var (
+		order []string
+		parts = map[string][]string{}
+	)
+	for _, res := range r.Results {
+		if res.RatioToFloor <= 0 {
+			continue
+		}
+		name := res.Stack + " ÷ " + res.Floor
+		if _, ok := parts[name]; !ok {
+			order = append(order, name)
+		}
+		parts[name] = append(parts[name], fmt.Sprintf("%s %.2f×", res.Scenario, res.RatioToFloor))
+	}
+	lines := make([]string, len(order))
+	for i, name := range order {
+		lines[i] = name + ": " + strings.Join(parts[name], ", ")
+	}
+	return lines
 }
 
 func statusLine(res *result) string {

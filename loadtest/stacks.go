@@ -76,9 +76,11 @@ type accepted struct {
 // stack is one server under test.
 type stack struct {
 	name  string
+	floor string // the floor its ratio is to; "" for a floor
 	url   string
-	table string // where its rows go
-	rt    *roundTrips
+	table string        // where its rows go
+	rt    *roundTrips   // Redis round trips
+	pgrt  *pgRoundTrips // Postgres round trips of its records pool; nil without one
 	execs *executions
 	close func()
 }
@@ -150,22 +152,24 @@ func newEcho() *echo.Echo {
 // newIdemgate serves echo + the idempotency middleware on a RedisStore + a
 // handler that submits a pgstore task, like the example's POST /v1/images.
 func newIdemgate(ctx context.Context, e *env, o options) (*stack, error) {
-	pool, err := e.newPool(ctx, o.pgConns)
+	tasks, err := e.taskStore(ctx, o)
 	if err != nil {
 		return nil, err
 	}
-	store, err := pgstore.New(ctx, pool)
-	if err != nil {
-		return nil, fmt.Errorf("pgstore: %w", err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		return nil, fmt.Errorf("pgstore migrate: %w", err)
-	}
-	st := &stack{name: idemgateName, table: tasksTable, rt: &roundTrips{}, execs: newExecutions()}
+	st := &stack{name: idemgateName, floor: floorName, table: tasksTable, rt: &roundTrips{}, execs: newExecutions()}
 	rdb := e.newRedis(2*o.concurrency, st.rt)
+	if err := serveMiddleware(st, middleware.NewRedisStore(rdb), tasks); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
 
+// serveMiddleware serves st: echo + the idempotency middleware on records
+// + the handler that submits a task to tasks. Both idemgate stacks use it,
+// so they differ only in the Store.
+func serveMiddleware(st *stack, records middleware.Store, tasks *pgstore.Store) error {
 	idem, err := middleware.Config{
-		Store:       middleware.NewRedisStore(rdb),
+		Store:       records,
 		Scope:       headerScope,
 		Kind:        "images",
 		Fingerprint: fingerprint.Spec{Fields: []string{"/prompt", "/aspect_ratio", "/n", "/reference_image"}},
@@ -174,15 +178,13 @@ func newIdemgate(ctx context.Context, e *env, o options) (*stack, error) {
 		Lease:       lease,
 	}.ToMiddleware()
 	if err != nil {
-		return nil, fmt.Errorf("middleware: %w", err)
+		return fmt.Errorf("middleware: %w", err)
 	}
-	h := &idemHandler{store: store, execs: st.execs}
+	h := &idemHandler{store: tasks, execs: st.execs}
 	ec := newEcho()
 	ec.POST("/v1/images", h.submit, idem)
-	if st.url, st.close, err = serve(ec); err != nil {
-		return nil, err
-	}
-	return st, nil
+	st.url, st.close, err = serve(ec)
+	return err
 }
 
 func headerScope(c echo.Context) (tenant, user string, err error) {
@@ -262,19 +264,18 @@ return false`
 // pgstore.Store of its own with a pool of its own. So every stack differs
 // only in its idempotency layer.
 func newFloor(ctx context.Context, e *env, o options, plain bool) (*stack, error) {
-	pool, err := e.newPool(ctx, o.pgConns)
+	store, err := e.taskStore(ctx, o)
 	if err != nil {
 		return nil, err
-	}
-	store, err := pgstore.New(ctx, pool)
-	if err != nil {
-		return nil, fmt.Errorf("pgstore: %w", err)
 	}
 	name := floorScriptName
 	if plain {
 		name = floorName
 	}
 	st := &stack{name: name, table: tasksTable, rt: &roundTrips{}, execs: newExecutions()}
+	if !plain {
+		st.floor = floorName
+	}
 	f := &floor{
 		plain: plain,
 		rdb:   e.newRedis(2*o.concurrency, st.rt),
@@ -352,21 +353,8 @@ func (f *floor) submit(c echo.Context) error {
 		return echo.NewHTTPError(http.StatusBadRequest, err.Error())
 	}
 	slowdown(r)
-	// The same task as the idemgate stack's handler submits: keyspace's
-	// owner (hex SHA-256 of the user) and task key (kind + hex SHA-256),
-	// a "v1:" + hex fingerprint, the body as params.
 	userSum := sha256.Sum256([]byte(user))
-	keySum := sha256.Sum256([]byte(key))
-	task, err := f.store.Submit(ctx, pgstore.NewTask{
-		Tenant:         tenant,
-		Owner:          hex.EncodeToString(userSum[:]),
-		Kind:           "images",
-		Runtime:        taskRuntime,
-		Network:        taskNetwork,
-		IdempotencyKey: "images:" + hex.EncodeToString(keySum[:]),
-		Fingerprint:    "v1:" + fpHex,
-		Params:         body,
-	})
+	task, err := f.store.Submit(ctx, floorTask(tenant, hex.EncodeToString(userSum[:]), key, "v1:"+fpHex, body))
 	if err != nil {
 		f.rdb.Del(context.WithoutCancel(ctx), key)
 		if errors.Is(err, pgstore.ErrConflict) {
@@ -385,4 +373,22 @@ func (f *floor) submit(c echo.Context) error {
 	c.Response().Header().Set("Location", "/v1/tasks/"+id)
 	c.Response().Header().Set("Retry-After", "1")
 	return c.JSONBlob(http.StatusAccepted, out)
+}
+
+// floorTask is the task a floor submits for key: the same as the idemgate
+// stacks' handler submits, column for column and size for size: keyspace's
+// owner (hex SHA-256 of the user), a task key of kind + hex SHA-256, a
+// "v1:" + hex fingerprint, the body as params.
+func floorTask(tenant, owner, key, fp string, body []byte) pgstore.NewTask {
+	keySum := sha256.Sum256([]byte(key))
+	return pgstore.NewTask{
+		Tenant:         tenant,
+		Owner:          owner,
+		Kind:           "images",
+		Runtime:        taskRuntime,
+		Network:        taskNetwork,
+		IdempotencyKey: "images:" + hex.EncodeToString(keySum[:]),
+		Fingerprint:    fp,
+		Params:         body,
+	}
 }

@@ -22,7 +22,7 @@ func TestStacksSubmitTheSameTask(t *testing.T) {
 	ro := testenv.Redis(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	o := options{concurrency: 2, pgConns: 2,
+	o := options{concurrency: 2, pgConns: 2, stacks: stackOrder,
 		redisURL:    fmt.Sprintf("redis://%s/%d", ro.Addr, ro.DB),
 		databaseURL: testenv.PostgresDSN(t)}
 	e, err := startEnv(ctx, o, io.Discard)
@@ -33,6 +33,9 @@ func TestStacksSubmitTheSameTask(t *testing.T) {
 	b := newBench(e, o, io.Discard)
 	if err := b.start(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if len(b.stacks) != len(stackOrder) {
+		t.Fatalf("%d stacks, want %d", len(b.stacks), len(stackOrder))
 	}
 	store, err := pgstore.New(ctx, e.db)
 	if err != nil {

@@ -1,0 +1,290 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
+
+	"github.com/idemgate/idemgate/pgrecords"
+	"github.com/idemgate/idemgate/pgstore"
+)
+
+const (
+	// pgFloorName is the Postgres floor: the fewest statements on a records
+	// table of pgrecords' shape (INSERT … ON CONFLICT DO NOTHING, then
+	// UPDATE by primary key, for a miss; one SELECT by primary key for a
+	// replay or a conflict); idemgatePGName is the middleware on pgrecords.
+	pgFloorName    = "pg-floor"
+	idemgatePGName = "idemgate-pg"
+	// recordsTable is pgrecords' table; pgFloorTable is the floor's copy
+	// of its shape (columns, primary key, storage parameters).
+	recordsTable = "idemgate_records"
+	pgFloorTable = "idemgate_records_floor"
+	// expectHeader tells the pg-floor that the client sends a new key
+	// ("new"), so that its first statement is the claim, not the read.
+	expectHeader = "X-Loadtest-Expect"
+)
+
+// newIdemgatePG serves echo + the idempotency middleware on a pgrecords
+// Store (a records pool of its own, its round trips counted) + the same
+// handler as the idemgate stack.
+func newIdemgatePG(ctx context.Context, e *env, o options) (*stack, error) {
+	tasks, err := e.taskStore(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	st := &stack{name: idemgatePGName, floor: pgFloorName, table: tasksTable,
+		rt: &roundTrips{}, pgrt: &pgRoundTrips{}, execs: newExecutions()}
+	pool, err := e.newPool(ctx, o.pgConns, st.pgrt)
+	if err != nil {
+		return nil, err
+	}
+	records, err := pgrecords.New(ctx, pool)
+	if err != nil {
+		return nil, fmt.Errorf("pgrecords: %w", err)
+	}
+	if err := records.Migrate(ctx); err != nil {
+		return nil, fmt.Errorf("pgrecords migrate: %w", err)
+	}
+	if err := serveMiddleware(st, records, tasks); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// The pg-floor's statements. Its table has pgrecords' columns, so a row
+// is as wide; the floor neither fences by token nor looks at expiry.
+const (
+	sqlPGFloorClaim = `INSERT INTO ` + pgFloorTable + ` (key, token, finished, expires_at, fingerprint, owner, kind)
+VALUES ($1, $2, false, now() + $3 * interval '1 microsecond', $4, $5, $6) ON CONFLICT DO NOTHING`
+	sqlPGFloorRead     = `SELECT finished, fingerprint, status, header, body FROM ` + pgFloorTable + ` WHERE key = $1`
+	sqlPGFloorComplete = `UPDATE ` + pgFloorTable + ` SET finished = true, expires_at = now() + $2 * interval '1 microsecond',
+	status = $3, header = $4, body = $5 WHERE key = $1`
+	sqlPGFloorRelease = `DELETE FROM ` + pgFloorTable + ` WHERE key = $1`
+)
+
+// createPGFloorTable (re)creates the floor's table as a copy of
+// pgrecords' table: its columns, primary key and storage parameters
+// (fillfactor, autovacuum settings), which LIKE does not copy.
+func createPGFloorTable(ctx context.Context, db *pgxpool.Pool) error {
+	var opts []string
+	if err := db.QueryRow(ctx, `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = $1::regclass`,
+		recordsTable).Scan(&opts); err != nil {
+		return fmt.Errorf("read %s storage parameters: %w", recordsTable, err)
+	}
+	create := `CREATE TABLE ` + pgFloorTable + ` (LIKE ` + recordsTable + ` INCLUDING ALL)`
+	if len(opts) > 0 {
+		create += ` WITH (` + strings.Join(opts, ", ") + `)`
+	}
+	if _, err := db.Exec(ctx, `DROP TABLE IF EXISTS `+pgFloorTable); err != nil {
+		return fmt.Errorf("drop %s: %w", pgFloorTable, err)
+	}
+	if _, err := db.Exec(ctx, create); err != nil {
+		return fmt.Errorf("create %s: %w", pgFloorTable, err)
+	}
+	return nil
+}
+
+// newPGFloor serves the Postgres floor: a bare echo handler that does by
+// hand the fewest statements a Postgres records layer needs, on a records
+// pool of its own (as large as idemgate-pg's, its round trips counted),
+// around the same task work as every other stack.
+//
+// What makes it a floor rather than a design: the load tool tells it
+// (expectHeader) whether the key is new, an oracle no real layer has. So a
+// miss costs exactly the INSERT … ON CONFLICT DO NOTHING that claims the
+// key and the UPDATE that stores the response, and a replay or a conflict
+// exactly one SELECT by primary key, the fingerprint compared in Go. It
+// stays correct when the oracle is wrong (a lost INSERT reads the row; a
+// SELECT that finds nothing claims), so the dup scenario works too.
+func newPGFloor(ctx context.Context, e *env, o options) (*stack, error) {
+	tasks, err := e.taskStore(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	st := &stack{name: pgFloorName, table: tasksTable, rt: &roundTrips{}, pgrt: &pgRoundTrips{}, execs: newExecutions()}
+	pool, err := e.newPool(ctx, o.pgConns, st.pgrt)
+	if err != nil {
+		return nil, err
+	}
+	f := &pgFloor{pool: pool, tasks: tasks, execs: st.execs}
+	ec := newEcho()
+	ec.POST("/v1/images", f.submit)
+	if st.url, st.close, err = serve(ec); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+type pgFloor struct {
+	pool  *pgxpool.Pool
+	tasks *pgstore.Store
+	execs *executions
+}
+
+func (f *pgFloor) submit(c echo.Context) error {
+	r := c.Request()
+	ctx := r.Context()
+	tenant, user, err := headerScope(c)
+	if err != nil {
+		return err
+	}
+	reqID := r.Header.Get("Idempotency-Key")
+	if reqID == "" {
+		return echo.NewHTTPError(http.StatusBadRequest, "Idempotency-Key required")
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		return err
+	}
+	if len(body) > maxBody {
+		return echo.NewHTTPError(http.StatusRequestEntityTooLarge)
+	}
+	fpSum := sha256.Sum256(body)
+	fp := "v1:" + hex.EncodeToString(fpSum[:])
+	// A key as long as keyspace's (idem:<tenant>:<kind>:<hex sha256(user)>:
+	// <hex sha256(request)>), so that rows and index entries are as wide
+	// as idemgate-pg's.
+	userSum, reqSum := sha256.Sum256([]byte(user)), sha256.Sum256([]byte(reqID))
+	owner := hex.EncodeToString(userSum[:])
+	key := "idem:" + tenant + ":images:" + owner + ":" + hex.EncodeToString(reqSum[:])
+
+	if r.Header.Get(expectHeader) != "new" {
+		if answered, err := f.answer(c, key, fp); answered || err != nil {
+			return err
+		}
+	}
+	var token [16]byte
+	rand.Read(token[:])
+	tag, err := f.pool.Exec(ctx, sqlPGFloorClaim, key, token, lease.Microseconds(), fp, owner, "images")
+	if err != nil {
+		return echo.NewHTTPError(http.StatusServiceUnavailable, "store unavailable")
+	}
+	if tag.RowsAffected() == 0 {
+		if answered, err := f.answer(c, key, fp); answered || err != nil {
+			return err
+		}
+		// Released between the two statements: the client may retry.
+		c.Response().Header().Set("Retry-After", "1")
+		return echo.NewHTTPError(http.StatusConflict, "request in progress")
+	}
+
+	f.execs.ran(key)
+	release := func() { f.pool.Exec(context.WithoutCancel(ctx), sqlPGFloorRelease, key) }
+	var in imageRequest
+	err = json.Unmarshal(body, &in)
+	if err == nil {
+		err = in.validate()
+	}
+	if err != nil {
+		release()
+		return echo.NewHTTPError(http.StatusBadRequest, err.Error())
+	}
+	slowdown(r)
+	task, err := f.tasks.Submit(ctx, floorTask(tenant, owner, key, fp, body))
+	if err != nil {
+		release()
+		if errors.Is(err, pgstore.ErrConflict) {
+			return echo.NewHTTPError(http.StatusConflict, "key reused with other parameters")
+		}
+		return err
+	}
+	if !task.Duplicate {
+		f.execs.created.Add(1)
+	}
+	out, _ := json.Marshal(accepted{TaskID: task.ID, Status: string(task.State), PollAfterMS: 1000})
+	location := "/v1/tasks/" + task.ID
+	if _, err := f.pool.Exec(context.WithoutCancel(ctx), sqlPGFloorComplete, key, retention.Microseconds(),
+		int16(http.StatusAccepted), []byte(location), out); err != nil {
+		return echo.NewHTTPError(http.StatusServiceUnavailable, "store unavailable")
+	}
+	c.Response().Header().Set("Location", location)
+	c.Response().Header().Set("Retry-After", "1")
+	return c.JSONBlob(http.StatusAccepted, out)
+}
+
+// answer reads the key's record with one SELECT and answers from it: a
+// replay, 409 for other parameters or 409 while in progress. It reports
+// false, having written nothing, when there is no record.
+func (f *pgFloor) answer(c echo.Context, key, fp string) (bool, error) {
+	var (
+		finished     bool
+		heldFP       string
+		status       *int16
+		header, body []byte
+	)
+	err := f.pool.QueryRow(c.Request().Context(), sqlPGFloorRead, key).Scan(&finished, &heldFP, &status, &header, &body)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return true, echo.NewHTTPError(http.StatusServiceUnavailable, "store unavailable")
+	case heldFP != fp:
+		return true, echo.NewHTTPError(http.StatusConflict, "key reused with other parameters")
+	case !finished || status == nil:
+		c.Response().Header().Set("Retry-After", "1")
+		return true, echo.NewHTTPError(http.StatusConflict, "request in progress")
+	}
+	c.Response().Header().Set("Location", string(header))
+	c.Response().Header().Set("Retry-After", "1")
+	c.Response().Header().Set("Idempotent-Replayed", "true")
+	return true, c.Blob(int(*status), echo.MIMEApplicationJSON, body)
+}
+
+// pgRoundTrips counts the statements a pool sends, each one round trip:
+// a query or an exec, a batch, a copy. pgx also prepares each statement
+// once per connection (its statement cache), a round trip of its own that
+// is a one-off per connection, not per request, and is not counted; nor
+// are connection set-up and the pool's liveness pings.
+type pgRoundTrips struct {
+	n atomic.Int64
+}
+
+var (
+	_ pgx.QueryTracer    = (*pgRoundTrips)(nil)
+	_ pgx.BatchTracer    = (*pgRoundTrips)(nil)
+	_ pgx.CopyFromTracer = (*pgRoundTrips)(nil)
+)
+
+// load returns the count so far; 0 for a nil p (a stack without a
+// records pool).
+func (p *pgRoundTrips) load() int64 {
+	if p == nil {
+		return 0
+	}
+	return p.n.Load()
+}
+
+func (p *pgRoundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	p.n.Add(1)
+	return ctx
+}
+
+func (p *pgRoundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (p *pgRoundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	p.n.Add(1)
+	return ctx
+}
+
+func (p *pgRoundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (p *pgRoundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+func (p *pgRoundTrips) TraceCopyFromStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceCopyFromStartData) context.Context {
+	p.n.Add(1)
+	return ctx
+}
+
+func (p *pgRoundTrips) TraceCopyFromEnd(context.Context, *pgx.Conn, pgx.TraceCopyFromEndData) {}

@@ -1,0 +1,238 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgate/idemgate/internal/testenv"
+)
+
+// startStacks builds the named stacks on real servers, as a run does.
+func startStacks(t *testing.T, ctx context.Context, names ...string) *bench {
+	t.Helper()
+	ro := testenv.Redis(t)
+	o := options{concurrency: 2, pgConns: 2, stacks: names,
+		redisURL:    fmt.Sprintf("redis://%s/%d", ro.Addr, ro.DB),
+		databaseURL: testenv.PostgresDSN(t)}
+	e, err := startEnv(ctx, o, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.close)
+	b := newBench(e, o, io.Discard)
+	if err := b.start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// post sends one POST /v1/images as the load tool's clients do.
+func post(t *testing.T, ctx context.Context, st *stack, key string, body []byte, fresh bool) reply {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, st.url+"/v1/images", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("X-Tenant", "lt-pg-"+st.name)
+	req.Header.Set("X-User", "user-1")
+	if fresh {
+		req.Header.Set(expectHeader, "new")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reply{resp.StatusCode, resp.Header, b}
+}
+
+// TestPGStacks: each Postgres stack answers a new key 202, the same
+// request again with the same answer marked as a replay, and other
+// parameters under that key 409; and its records pool sends the round
+// trips the report says: 2 for a miss, 1 for a replay or a conflict. The
+// pg-floor stays correct when told wrongly whether a key is new, at the
+// cost of one more round trip.
+func TestPGStacks(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b := startStacks(t, ctx, pgFloorName, idemgatePGName)
+	type step struct {
+		name       string
+		key        string
+		body       []byte
+		fresh      bool
+		wantStatus int
+		wantReplay bool // the first answer for key, marked as replayed
+		wantRT     int64
+	}
+	steps := []step{
+		{name: "miss", key: "k1", body: baseBody, fresh: true, wantStatus: 202, wantRT: 2},
+		{name: "replay", key: "k1", body: baseBody, wantStatus: 202, wantReplay: true, wantRT: 1},
+		{name: "conflict", key: "k1", body: driftBody, wantStatus: 409, wantRT: 1},
+		{name: "miss of a key sent before the replays", key: "k2", body: baseBody, fresh: true, wantStatus: 202, wantRT: 2},
+		{name: "replay again", key: "k2", body: baseBody, wantStatus: 202, wantReplay: true, wantRT: 1},
+	}
+	for _, st := range b.stacks {
+		t.Run(st.name, func(t *testing.T) {
+			first := map[string]reply{}
+			for _, s := range steps {
+				before := st.pgrt.load()
+				got := post(t, ctx, st, s.key, s.body, s.fresh)
+				rt := st.pgrt.load() - before
+				if got.status != s.wantStatus {
+					t.Fatalf("%s: status %d, want %d: %s", s.name, got.status, s.wantStatus, got.body)
+				}
+				if rt != s.wantRT {
+					t.Errorf("%s: %d Postgres round trips on the records pool, want %d", s.name, rt, s.wantRT)
+				}
+				replayed := got.header.Get("Idempotent-Replayed") == "true"
+				if replayed != s.wantReplay {
+					t.Errorf("%s: Idempotent-Replayed %q", s.name, got.header.Get("Idempotent-Replayed"))
+				}
+				if f, ok := first[s.key]; !ok {
+					first[s.key] = got
+				} else if s.wantReplay && (!bytes.Equal(got.body, f.body) || got.header.Get("Location") != f.header.Get("Location")) {
+					t.Errorf("%s: replayed %s (Location %q), first answer %s (Location %q)", s.name,
+						got.body, got.header.Get("Location"), f.body, f.header.Get("Location"))
+				}
+			}
+			if n := st.execs.total.Load(); n != 2 {
+				t.Errorf("the handler ran %d times for 2 keys", n)
+			}
+		})
+	}
+
+	floor := b.stacks[slices.IndexFunc(b.stacks, func(st *stack) bool { return st.name == pgFloorName })]
+	t.Run("pg-floor told wrongly", func(t *testing.T) {
+		for _, s := range []step{
+			{name: "a new key said to be known: read, then claim", key: "k3", body: baseBody, wantStatus: 202, wantRT: 3},
+			{name: "a known key said to be new: claim lost, then read", key: "k3", body: baseBody, fresh: true, wantStatus: 202, wantReplay: true, wantRT: 2},
+			{name: "other parameters said to be new", key: "k3", body: driftBody, fresh: true, wantStatus: 409, wantRT: 2},
+		} {
+			before := floor.pgrt.load()
+			got := post(t, ctx, floor, s.key, s.body, s.fresh)
+			if rt := floor.pgrt.load() - before; got.status != s.wantStatus || rt != s.wantRT {
+				t.Errorf("%s: status %d with %d round trips, want %d with %d: %s", s.name, got.status, rt, s.wantStatus, s.wantRT, got.body)
+			}
+			if replayed := got.header.Get("Idempotent-Replayed") == "true"; replayed != s.wantReplay {
+				t.Errorf("%s: Idempotent-Replayed %q", s.name, got.header.Get("Idempotent-Replayed"))
+			}
+		}
+	})
+}
+
+// TestPGFloorTableHasTheRecordsShape: the pg-floor's rows are as wide and
+// its table as tuned as pgrecords': same columns, same primary key, same
+// storage parameters (fillfactor, autovacuum), which LIKE alone drops.
+func TestPGFloorTableHasTheRecordsShape(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b := startStacks(t, ctx, pgFloorName)
+	shape := func(table string) string {
+		t.Helper()
+		var cols, opts, pk string
+		err := b.env.db.QueryRow(ctx, `SELECT
+	(SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod) || CASE WHEN attnotnull THEN ' not null' ELSE '' END, ', ' ORDER BY attnum)
+		FROM pg_attribute WHERE attrelid = c.oid AND attnum > 0 AND NOT attisdropped),
+	coalesce(array_to_string(c.reloptions, ', '), ''),
+	(SELECT string_agg(a.attname, ', ') FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+		WHERE i.indrelid = c.oid AND i.indisprimary)
+FROM pg_class c WHERE c.oid = $1::regclass`, table).Scan(&cols, &opts, &pk)
+		if err != nil {
+			t.Fatalf("%s: %v", table, err)
+		}
+		return fmt.Sprintf("columns (%s) primary key (%s) with (%s)", cols, pk, opts)
+	}
+	want, got := shape(recordsTable), shape(pgFloorTable)
+	if got != want {
+		t.Errorf("%s is\n%s\n%s is\n%s", pgFloorTable, got, recordsTable, want)
+	}
+	var indexes int
+	if err := b.env.db.QueryRow(ctx, `SELECT count(*) FROM pg_index WHERE indrelid = $1::regclass`, pgFloorTable).Scan(&indexes); err != nil {
+		t.Fatal(err)
+	}
+	if indexes != 1 {
+		t.Errorf("%s has %d indexes, want only its primary key", pgFloorTable, indexes)
+	}
+}
+
+// TestPGRoundTrips: a query, an exec, a batch and a copy are one round
+// trip each; the statements inside a batch are not counted again, and
+// neither is pgx's prepare of a statement it has not seen on a connection.
+func TestPGRoundTrips(t *testing.T) {
+	dsn := testenv.PostgresDSN(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rt := &pgRoundTrips{}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = rt
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := pool.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := rt.load(); n != 0 {
+		t.Fatalf("connecting counted %d round trips", n)
+	}
+	var one int
+	if err := pool.QueryRow(ctx, `SELECT $1::int`, 1).Scan(&one); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TEMP TABLE rt (n int)`); err != nil {
+		t.Fatal(err)
+	}
+	batch := &pgx.Batch{}
+	for i := range 3 {
+		batch.Queue(`SELECT $1::int`, i)
+	}
+	if err := pool.SendBatch(ctx, batch).Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := rt.load(); n != 3 {
+		t.Errorf("a query, an exec and a batch of 3 counted %d round trips, want 3", n)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	// A temp table lives on one connection: the pool has only one.
+	if _, err := conn.Conn().CopyFrom(ctx, pgx.Identifier{"rt"}, []string{"n"}, pgx.CopyFromRows([][]any{{1}, {2}})); err != nil {
+		t.Fatal(err)
+	}
+	if n := rt.load(); n != 4 {
+		t.Errorf("then a copy: %d round trips, want 4", n)
+	}
+	var nilRT *pgRoundTrips
+	if n := nilRT.load(); n != 0 {
+		t.Errorf("a stack without a records pool: %d round trips", n)
+	}
+}
