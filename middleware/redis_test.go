@@ -3,6 +3,7 @@ package middleware_test
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"os"
 	"strconv"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate/internal/devserver"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/keyspace"
 	"github.com/idemgate/idemgate/middleware"
@@ -21,18 +23,43 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
+// newClients returns two clients made by dial, closed when t ends: the
+// harness's Store and Other, as two nodes of a service would have.
+func newClients(t *testing.T, dial func() redis.UniversalClient) (middleware.Store, middleware.Store) {
+	t.Helper()
+	one, two := dial(), dial()
+	t.Cleanup(func() { one.Close(); two.Close() })
+	return middleware.NewRedisStore(one), middleware.NewRedisStore(two)
+}
+
+// miniredisHarness is the Redis store on miniredis, whose clock the
+// harness moves. miniredis keeps its data in memory across Restart, so
+// its durability run checks that the clients reconnect, not persistence.
+func miniredisHarness(t *testing.T) storetest.Harness {
+	mr := miniredis.RunT(t)
+	one, two := newClients(t, func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: mr.Addr()}) })
+	return storetest.Harness{
+		Store:   one,
+		Other:   two,
+		Advance: mr.FastForward,
+		Lease:   30 * time.Second,
+		Restart: func(t *testing.T) {
+			mr.Close()
+			if err := mr.Restart(); err != nil {
+				t.Fatalf("restart miniredis: %v", err)
+			}
+		},
+	}
+}
+
 func TestRedisStoreMiniredis(t *testing.T) {
 	t.Parallel()
-	storetest.Run(t, func(t *testing.T) storetest.Harness {
-		mr := miniredis.RunT(t)
-		client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-		t.Cleanup(func() { client.Close() })
-		return storetest.Harness{
-			Store:   middleware.NewRedisStore(client),
-			Advance: mr.FastForward,
-			Lease:   30 * time.Second,
-		}
-	})
+	storetest.Run(t, miniredisHarness)
+}
+
+func TestRedisStoreMiniredisDurability(t *testing.T) {
+	t.Parallel()
+	storetest.RunDurability(t, miniredisHarness)
 }
 
 // realLease is long enough for a loaded 2-core machine to answer within it,
@@ -42,23 +69,60 @@ const realLease = 600 * time.Millisecond
 func TestRedisStoreServer(t *testing.T) {
 	t.Parallel()
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
-		client := redis.NewClient(testenv.Redis(t))
-		t.Cleanup(func() { client.Close() })
-		return storetest.Harness{Store: middleware.NewRedisStore(client), Advance: time.Sleep, Lease: realLease}
+		opts := testenv.Redis(t)
+		one, two := newClients(t, func() redis.UniversalClient { return redis.NewClient(opts) })
+		return storetest.Harness{Store: one, Other: two, Advance: time.Sleep, Lease: realLease}
+	})
+}
+
+// TestRedisStoreServerDurability runs the durability cases on a
+// redis-server of their own that appends every write to its file and
+// fsyncs it before answering (appendonly yes, appendfsync always), and
+// that Restart kills (SIGKILL, no shutdown save) and starts again on the
+// same files. Redis without persistence (the default of testenv's server)
+// loses every record on a restart.
+func TestRedisStoreServerDurability(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := devserver.StartRedis(ctx, 0, "--appendonly", "yes", "--appendfsync", "always")
+	if err != nil {
+		if errors.Is(err, devserver.ErrMissing) && (testing.Short() || os.Getenv("TEST_REDIS_URL") != "") {
+			t.Skipf("no redis-server to restart: %v", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	storetest.RunDurability(t, func(t *testing.T) storetest.Harness {
+		opts := &redis.Options{Addr: srv.Addr}
+		one, two := newClients(t, func() redis.UniversalClient { return redis.NewClient(opts) })
+		return storetest.Harness{
+			Store: one, Other: two, Advance: time.Sleep, Lease: realLease,
+			Restart: func(t *testing.T) {
+				if err := srv.Kill(); err != nil {
+					t.Fatalf("kill redis-server: %v", err)
+				}
+				if err := srv.Restart(ctx); err != nil {
+					t.Fatalf("restart redis-server: %v", err)
+				}
+			},
+		}
 	})
 }
 
 // TestRedisStoreCluster runs the suite on a 3-node Redis Cluster: every
 // script touches one key, so none fails with CROSSSLOT, and the random keys
-// land on all three nodes.
+// land on all three nodes. Its nodes run without persistence, so the
+// durability cases skip; TestRedisStoreServerDurability covers the store.
 func TestRedisStoreCluster(t *testing.T) {
 	t.Parallel()
 	addrs := testenv.RedisCluster(t)
-	storetest.Run(t, func(t *testing.T) storetest.Harness {
-		client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-		t.Cleanup(func() { client.Close() })
-		return storetest.Harness{Store: middleware.NewRedisStore(client), Advance: time.Sleep, Lease: realLease}
-	})
+	newHarness := func(t *testing.T) storetest.Harness {
+		one, two := newClients(t, func() redis.UniversalClient { return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs}) })
+		return storetest.Harness{Store: one, Other: two, Advance: time.Sleep, Lease: realLease}
+	}
+	storetest.Run(t, newHarness)
+	t.Run("durability", func(t *testing.T) { storetest.RunDurability(t, newHarness) })
 
 	// The keys of one run really spread over the nodes.
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})

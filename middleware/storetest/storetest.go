@@ -7,16 +7,28 @@
 // keys (any string) and on keys derived by package keyspace, whose owner
 // and kind a store may take from the key. The cases cover claiming and
 // its answers (Running with the lease left, Finished with the response
-// byte for byte, Mismatch carrying nothing of it), fencing by token after
-// a lease runs out, extend, release, retention, a resent claim and a
-// resent complete, a release after a claim whose answer was lost,
-// concurrent claims of one key (one winner), cancelled contexts, and the
-// changed fields of a Mismatch (for a store that keeps them).
+// byte for byte, Mismatch carrying nothing), fencing by token after a
+// lease runs out, extend, release, complete after release, retention, a
+// resent claim and a resent complete, a release after a claim whose answer
+// was lost, concurrent claims of one key (one winner), cancelled contexts,
+// and the changed fields of a Mismatch (for a store that keeps them).
+//
+// Two clients: a store is shared by many processes, each with its own
+// connections. A harness with Other (a second, independent client of the
+// same backend: another connection pool, another cluster client) sends the
+// second request of each case through it, and ConcurrentClaimsTwoClients
+// splits its goroutines over both; without Other that case is skipped.
+//
+// Durability: RunDurability writes records, calls the harness's Restart,
+// and checks that they replay byte for byte and that a claim in flight
+// keeps fencing. A restart breaks every connection to the server, so
+// RunDurability is separate from Run: give it a server of its own. Without
+// Restart (a server without persistence) it skips, saying so.
 //
 // A store on a real server uses real time: Advance sleeps, and Lease is
 // long enough for the server to answer within it. A store with a fake
-// clock advances the clock instead. Cases run in parallel and use random
-// keys, so one store (one database) may serve every case.
+// clock advances the clock instead. Run's cases run in parallel and use
+// random keys, so one store (one database) may serve every case.
 package storetest
 
 import (
@@ -39,14 +51,34 @@ import (
 
 // Harness is one store under test.
 type Harness struct {
-	// Store is the store under test; each case gets a new harness.
+	// Store is the store under test. Required.
 	Store middleware.Store
+	// Other is a second, independent client of Store's backend: a store
+	// on another connection pool or another Redis client, as a second
+	// node of a service would have. Optional: without it, the cases use
+	// Store alone and ConcurrentClaimsTwoClients is skipped.
+	Other middleware.Store
 	// Advance moves the store's clock forward by d: miniredis FastForward,
-	// or a real sleep for a real server.
+	// or a real sleep for a real server. Required.
 	Advance func(d time.Duration)
 	// Lease is the lease (and unit of time) the cases use: tiny for a
 	// fake clock, long enough for real servers to answer within it.
+	// Required.
 	Lease time.Duration
+	// Restart stops the server under Store and Other and starts it again
+	// on the same data, returning once both answer (resetting their
+	// connection pools if need be); it fails t if it cannot. Optional:
+	// only RunDurability calls it, and without it RunDurability skips.
+	Restart func(t *testing.T)
+}
+
+// second returns the client that sends the second request of a case:
+// Other if the harness has one.
+func (h Harness) second() middleware.Store {
+	if h.Other != nil {
+		return h.Other
+	}
+	return h.Store
 }
 
 // keys makes the keys of one case, with the owner and kind a claim on them
@@ -66,24 +98,25 @@ var keyKinds = []struct {
 	}},
 }
 
-// Run runs every case, each on a fresh harness from newHarness, once with
-// plain keys and once with keyspace keys.
+// Run runs every case in parallel, each on a fresh harness from
+// newHarness, once with plain keys and once with keyspace keys.
 func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 	cases := []struct {
 		name string
 		run  func(t *testing.T, h Harness, k keys)
 	}{
 		{"ClaimThenRunning", testClaimThenRunning},
-		{"MismatchRunning", testMismatchRunning},
+		{"MismatchCarriesNothing", testMismatchCarriesNothing},
 		{"CompleteThenReplay", testCompleteThenReplay},
-		{"MismatchFinishedHidesResponse", testMismatchFinished},
 		{"ReleaseLetsRetryClaim", testRelease},
+		{"CompleteAfterRelease", testCompleteAfterRelease},
 		{"WrongTokenChangesNothing", testWrongToken},
 		{"LeaseExpiryAndFencing", testLeaseExpiry},
 		{"ExtendKeepsClaim", testExtend},
 		{"RetentionExpires", testRetention},
 		{"KeysAreIndependent", testIndependent},
 		{"ConcurrentClaimsOneWinner", testConcurrentClaims},
+		{"ConcurrentClaimsTwoClients", testConcurrentClaimsTwoClients},
 		{"CanceledContext", testCanceled},
 		{"ResentClaimAndComplete", testResent},
 		{"ReleaseAfterUnansweredClaim", testReleaseUnanswered},
@@ -145,9 +178,10 @@ func ctx(t *testing.T) context.Context {
 	return c
 }
 
-func claim(t *testing.T, h Harness, key string, req middleware.ClaimRequest, want middleware.ClaimStatus) middleware.ClaimResult {
+// claim claims key through s and fails t unless the answer is want.
+func claim(t *testing.T, s middleware.Store, key string, req middleware.ClaimRequest, want middleware.ClaimStatus) middleware.ClaimResult {
 	t.Helper()
-	res, err := h.Store.Claim(ctx(t), key, req)
+	res, err := s.Claim(ctx(t), key, req)
 	if err != nil {
 		t.Fatalf("Claim: %v", err)
 	}
@@ -155,6 +189,13 @@ func claim(t *testing.T, h Harness, key string, req middleware.ClaimRequest, wan
 		t.Fatalf("Claim = %v, want %v", res.Status, want)
 	}
 	return res
+}
+
+// retry returns req as a retry of the same request sends it: with a
+// token of its own.
+func retry(req middleware.ClaimRequest) middleware.ClaimRequest {
+	req.Token = token()
+	return req
 }
 
 func sampleResponse() middleware.Response {
@@ -170,12 +211,61 @@ func sampleResponse() middleware.Response {
 	}
 }
 
+// responses are the responses a replay must give back byte for byte.
+func responses() map[string]middleware.Response {
+	return map[string]middleware.Response{
+		"sample":     sampleResponse(),
+		"empty body": {Status: http.StatusNoContent},
+		"big body":   {Status: 200, Header: http.Header{"Content-Type": {"application/octet-stream"}}, Body: bytes.Repeat([]byte{0, 1, 2, 0xff}, 64<<10)},
+	}
+}
+
+// checkReplay fails t unless got is want byte for byte.
+func checkReplay(t *testing.T, got, want middleware.Response) {
+	t.Helper()
+	if got.Status != want.Status || !bytes.Equal(got.Body, want.Body) {
+		t.Errorf("replay = %d %q, want %d %q", got.Status, trunc(got.Body), want.Status, trunc(want.Body))
+	}
+	if len(got.Header) != len(want.Header) || (len(want.Header) > 0 && !reflect.DeepEqual(got.Header, want.Header)) {
+		t.Errorf("replay header = %v, want %v", got.Header, want.Header)
+	}
+}
+
+func trunc(b []byte) []byte {
+	if len(b) > 40 {
+		return b[:40]
+	}
+	return b
+}
+
+// checkNothing fails t unless a Mismatch carries nothing: no response, no
+// lease left, and no changed fields (the cases send no Fields unless they
+// test them).
+func checkNothing(t *testing.T, res middleware.ClaimResult) {
+	t.Helper()
+	if res.Response.Status != 0 || res.Response.Header != nil || res.Response.Body != nil {
+		t.Errorf("a mismatch carries a response: %d %v %q", res.Response.Status, res.Response.Header, trunc(res.Response.Body))
+	}
+	if res.RetryAfter != 0 {
+		t.Errorf("a mismatch carries RetryAfter %v", res.RetryAfter)
+	}
+	if res.Changed != nil {
+		t.Errorf("a mismatch carries Changed %v for a request without Fields", res.Changed)
+	}
+}
+
+// checkLost fails t unless err is ErrLeaseLost.
+func checkLost(t *testing.T, what string, err error) {
+	t.Helper()
+	if !errors.Is(err, middleware.ErrLeaseLost) {
+		t.Errorf("%s = %v, want ErrLeaseLost", what, err)
+	}
+}
+
 func testClaimThenRunning(t *testing.T, h Harness, k keys) {
 	key, req := newCase(t, h, k)
-	claim(t, h, key, req, middleware.Claimed)
-	again := req
-	again.Token = token()
-	res := claim(t, h, key, again, middleware.Running)
+	claim(t, h.Store, key, req, middleware.Claimed)
+	res := claim(t, h.second(), key, retry(req), middleware.Running)
 	if res.RetryAfter <= 0 || res.RetryAfter > h.Lease {
 		t.Errorf("RetryAfter = %v, want in (0, %v]", res.RetryAfter, h.Lease)
 	}
@@ -207,100 +297,86 @@ func mismatches(req middleware.ClaimRequest) map[string]middleware.ClaimRequest 
 	kindPrefix.Kind = req.Kind[:len(req.Kind)-1]
 	out["kind prefix"] = kindPrefix
 	for name, r := range out {
-		r.Token = token()
-		out[name] = r
+		out[name] = retry(r)
 	}
 	return out
 }
 
-func testMismatchRunning(t *testing.T, h Harness, k keys) {
+// testMismatchCarriesNothing: a request with other parameters learns only
+// that the key is taken: not the stored response, not the lease left on a
+// running record. The record stays as it was.
+func testMismatchCarriesNothing(t *testing.T, h Harness, k keys) {
 	key, req := newCase(t, h, k)
-	claim(t, h, key, req, middleware.Claimed)
+	claim(t, h.Store, key, req, middleware.Claimed)
 	for name, other := range mismatches(req) {
-		t.Run(name, func(t *testing.T) {
-			res := claim(t, h, key, other, middleware.Mismatch)
-			if res.RetryAfter != 0 {
-				t.Errorf("mismatch carries RetryAfter %v", res.RetryAfter)
-			}
+		t.Run("running/"+name, func(t *testing.T) {
+			checkNothing(t, claim(t, h.second(), key, other, middleware.Mismatch))
 		})
 	}
-	// The holder still holds it.
 	if err := h.Store.Extend(ctx(t), key, req.Token, h.Lease); err != nil {
 		t.Errorf("Extend by the holder after mismatches: %v", err)
 	}
-}
-
-func testCompleteThenReplay(t *testing.T, h Harness, k keys) {
-	for name, resp := range map[string]middleware.Response{
-		"sample":     sampleResponse(),
-		"empty body": {Status: http.StatusNoContent},
-		"big body":   {Status: 200, Header: http.Header{"Content-Type": {"application/octet-stream"}}, Body: bytes.Repeat([]byte{0, 1, 2, 0xff}, 64<<10)},
-	} {
-		t.Run(name, func(t *testing.T) {
-			key, req := newCase(t, h, k)
-			claim(t, h, key, req, middleware.Claimed)
-			if err := h.Store.Complete(ctx(t), key, req.Token, resp, time.Hour); err != nil {
-				t.Fatalf("Complete: %v", err)
-			}
-			again := req
-			again.Token = token()
-			got := claim(t, h, key, again, middleware.Finished).Response
-			if got.Status != resp.Status || !bytes.Equal(got.Body, resp.Body) {
-				t.Errorf("replay = %d %q, want %d %q", got.Status, trunc(got.Body), resp.Status, trunc(resp.Body))
-			}
-			if len(got.Header) != len(resp.Header) || (len(resp.Header) > 0 && !reflect.DeepEqual(got.Header, resp.Header)) {
-				t.Errorf("replay header = %v, want %v", got.Header, resp.Header)
-			}
-			// Finished: neither the old nor the new token can change it.
-			if err := h.Store.Release(ctx(t), key, req.Token); !errors.Is(err, middleware.ErrLeaseLost) {
-				t.Errorf("Release after Complete = %v, want ErrLeaseLost", err)
-			}
-			if err := h.Store.Complete(ctx(t), key, again.Token, middleware.Response{Status: 500}, time.Hour); !errors.Is(err, middleware.ErrLeaseLost) {
-				t.Errorf("Complete by a non-holder = %v, want ErrLeaseLost", err)
-			}
-			claim(t, h, key, again, middleware.Finished)
-		})
-	}
-}
-
-func trunc(b []byte) []byte {
-	if len(b) > 40 {
-		return b[:40]
-	}
-	return b
-}
-
-func testMismatchFinished(t *testing.T, h Harness, k keys) {
-	key, req := newCase(t, h, k)
-	claim(t, h, key, req, middleware.Claimed)
 	if err := h.Store.Complete(ctx(t), key, req.Token, sampleResponse(), time.Hour); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	for name, other := range mismatches(req) {
+		t.Run("finished/"+name, func(t *testing.T) {
+			checkNothing(t, claim(t, h.second(), key, other, middleware.Mismatch))
+		})
+	}
+	checkReplay(t, claim(t, h.second(), key, retry(req), middleware.Finished).Response, sampleResponse())
+}
+
+func testCompleteThenReplay(t *testing.T, h Harness, k keys) {
+	for name, resp := range responses() {
 		t.Run(name, func(t *testing.T) {
-			res := claim(t, h, key, other, middleware.Mismatch)
-			if res.Response.Status != 0 || res.Response.Header != nil || res.Response.Body != nil {
-				t.Errorf("mismatch leaks the stored response: %+v", res.Response)
+			key, req := newCase(t, h, k)
+			claim(t, h.Store, key, req, middleware.Claimed)
+			if err := h.Store.Complete(ctx(t), key, req.Token, resp, time.Hour); err != nil {
+				t.Fatalf("Complete: %v", err)
 			}
+			again := retry(req)
+			checkReplay(t, claim(t, h.second(), key, again, middleware.Finished).Response, resp)
+			// Finished: neither the old nor the new token can change it.
+			checkLost(t, "Release after Complete", h.Store.Release(ctx(t), key, req.Token))
+			checkLost(t, "Complete by a non-holder", h.second().Complete(ctx(t), key, again.Token, middleware.Response{Status: 500}, time.Hour))
+			checkReplay(t, claim(t, h.Store, key, again, middleware.Finished).Response, resp)
 		})
 	}
 }
 
 func testRelease(t *testing.T, h Harness, k keys) {
 	key, req := newCase(t, h, k)
-	claim(t, h, key, req, middleware.Claimed)
+	claim(t, h.Store, key, req, middleware.Claimed)
 	if err := h.Store.Release(ctx(t), key, req.Token); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	if err := h.Store.Release(ctx(t), key, req.Token); !errors.Is(err, middleware.ErrLeaseLost) {
-		t.Errorf("second Release = %v, want ErrLeaseLost", err)
-	}
-	if err := h.Store.Complete(ctx(t), key, req.Token, sampleResponse(), time.Hour); !errors.Is(err, middleware.ErrLeaseLost) {
-		t.Errorf("Complete after Release = %v, want ErrLeaseLost", err)
-	}
+	checkLost(t, "second Release", h.Store.Release(ctx(t), key, req.Token))
 	// After a release even other parameters may claim the key.
-	other := mismatches(req)["fingerprint"]
-	claim(t, h, key, other, middleware.Claimed)
+	claim(t, h.second(), key, mismatches(req)["fingerprint"], middleware.Claimed)
+}
+
+// testCompleteAfterRelease: a handler whose claim was released (by a
+// failed completion's cleanup, say) can no longer store a response: not
+// while the key is free, nor once a retry holds it.
+func testCompleteAfterRelease(t *testing.T, h Harness, k keys) {
+	key, req := newCase(t, h, k)
+	claim(t, h.Store, key, req, middleware.Claimed)
+	if err := h.Store.Release(ctx(t), key, req.Token); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	checkLost(t, "Complete after Release", h.Store.Complete(ctx(t), key, req.Token, middleware.Response{Status: 418}, time.Hour))
+	checkLost(t, "Extend after Release", h.Store.Extend(ctx(t), key, req.Token, h.Lease))
+	// Nothing was stored: a retry claims the key.
+	next := retry(req)
+	claim(t, h.second(), key, next, middleware.Claimed)
+	checkLost(t, "Complete after Release, the key held by a retry", h.Store.Complete(ctx(t), key, req.Token, middleware.Response{Status: 418}, time.Hour))
+	claim(t, h.Store, key, retry(req), middleware.Running)
+	want := sampleResponse()
+	if err := h.second().Complete(ctx(t), key, next.Token, want, time.Hour); err != nil {
+		t.Fatalf("the retry's Complete: %v", err)
+	}
+	checkReplay(t, claim(t, h.Store, key, retry(req), middleware.Finished).Response, want)
 }
 
 // testReleaseUnanswered: after a Claim call that returned an error, the
@@ -309,89 +385,71 @@ func testRelease(t *testing.T, h Harness, k keys) {
 // another request holds the key, or a response is stored, nothing changes.
 func testReleaseUnanswered(t *testing.T, h Harness, k keys) {
 	key, req := newCase(t, h, k)
-	claim(t, h, key, req, middleware.Claimed)
-	claim(t, h, key, req, middleware.Claimed) // the client library resent it
+	claim(t, h.Store, key, req, middleware.Claimed)
+	claim(t, h.Store, key, req, middleware.Claimed) // the client library resent it
 	if err := h.Store.Release(ctx(t), key, req.Token); err != nil {
 		t.Fatalf("Release of a claim whose answer was lost: %v", err)
 	}
-	again := req
-	again.Token = token()
-	claim(t, h, key, again, middleware.Claimed)
+	again := retry(req)
+	claim(t, h.second(), key, again, middleware.Claimed)
 
 	// Held by another request: our claim never happened.
-	lost := req
-	lost.Token = token()
-	if err := h.Store.Release(ctx(t), key, lost.Token); !errors.Is(err, middleware.ErrLeaseLost) {
-		t.Errorf("Release with an unclaimed token = %v, want ErrLeaseLost", err)
-	}
-	claim(t, h, key, lost, middleware.Running)
+	lost := retry(req)
+	checkLost(t, "Release with an unclaimed token", h.Store.Release(ctx(t), key, lost.Token))
+	claim(t, h.Store, key, lost, middleware.Running)
 
 	// Finished: the stored response stays.
-	if err := h.Store.Complete(ctx(t), key, again.Token, sampleResponse(), time.Hour); err != nil {
+	if err := h.second().Complete(ctx(t), key, again.Token, sampleResponse(), time.Hour); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	for _, tok := range []middleware.Token{lost.Token, again.Token} {
-		if err := h.Store.Release(ctx(t), key, tok); !errors.Is(err, middleware.ErrLeaseLost) {
-			t.Errorf("Release of a finished record = %v, want ErrLeaseLost", err)
-		}
+		checkLost(t, "Release of a finished record", h.Store.Release(ctx(t), key, tok))
 	}
-	claim(t, h, key, lost, middleware.Finished)
+	claim(t, h.Store, key, lost, middleware.Finished)
 }
 
+// testWrongToken: only the holder's token extends, completes or releases
+// a claim, whichever client sends it.
 func testWrongToken(t *testing.T, h Harness, k keys) {
 	key, req := newCase(t, h, k)
-	claim(t, h, key, req, middleware.Claimed)
-	wrong := token()
-	if err := h.Store.Extend(ctx(t), key, wrong, h.Lease); !errors.Is(err, middleware.ErrLeaseLost) {
-		t.Errorf("Extend with a wrong token = %v, want ErrLeaseLost", err)
+	claim(t, h.Store, key, req, middleware.Claimed)
+	for name, s := range map[string]middleware.Store{"same client": h.Store, "second client": h.second()} {
+		t.Run(name, func(t *testing.T) {
+			wrong := token()
+			checkLost(t, "Extend with a wrong token", s.Extend(ctx(t), key, wrong, h.Lease))
+			checkLost(t, "Complete with a wrong token", s.Complete(ctx(t), key, wrong, sampleResponse(), time.Hour))
+			checkLost(t, "Release with a wrong token", s.Release(ctx(t), key, wrong))
+			claim(t, s, key, retry(req), middleware.Running)
+			// Operations on a key that never existed.
+			missing, _ := newCase(t, h, k)
+			checkLost(t, "Extend of a missing key", s.Extend(ctx(t), missing, wrong, h.Lease))
+			checkLost(t, "Release of a missing key", s.Release(ctx(t), missing, wrong))
+		})
 	}
-	if err := h.Store.Complete(ctx(t), key, wrong, sampleResponse(), time.Hour); !errors.Is(err, middleware.ErrLeaseLost) {
-		t.Errorf("Complete with a wrong token = %v, want ErrLeaseLost", err)
-	}
-	if err := h.Store.Release(ctx(t), key, wrong); !errors.Is(err, middleware.ErrLeaseLost) {
-		t.Errorf("Release with a wrong token = %v, want ErrLeaseLost", err)
-	}
-	again := req
-	again.Token = token()
-	claim(t, h, key, again, middleware.Running)
-	// Operations on a key that never existed.
-	missing, _ := newCase(t, h, k)
-	if err := h.Store.Extend(ctx(t), missing, wrong, h.Lease); !errors.Is(err, middleware.ErrLeaseLost) {
-		t.Errorf("Extend of a missing key = %v, want ErrLeaseLost", err)
-	}
-	if err := h.Store.Release(ctx(t), missing, wrong); !errors.Is(err, middleware.ErrLeaseLost) {
-		t.Errorf("Release of a missing key = %v, want ErrLeaseLost", err)
+	if err := h.Store.Complete(ctx(t), key, req.Token, sampleResponse(), time.Hour); err != nil {
+		t.Errorf("the holder's Complete after wrong tokens: %v", err)
 	}
 }
 
-// testLeaseExpiry: an abandoned claim is claimable after its lease, and the
-// stale holder can neither complete nor release the new holder's claim.
+// testLeaseExpiry: an abandoned claim is claimable after its lease (by
+// another client), and the stale holder can neither extend, complete nor
+// release the new holder's claim.
 func testLeaseExpiry(t *testing.T, h Harness, k keys) {
 	key, stale := newCase(t, h, k)
-	claim(t, h, key, stale, middleware.Claimed)
+	claim(t, h.Store, key, stale, middleware.Claimed)
 	h.Advance(h.Lease + h.Lease/2)
-	fresh := stale
-	fresh.Token = token()
-	claim(t, h, key, fresh, middleware.Claimed)
-	if err := h.Store.Extend(ctx(t), key, stale.Token, h.Lease); !errors.Is(err, middleware.ErrLeaseLost) {
-		t.Errorf("stale Extend = %v, want ErrLeaseLost", err)
-	}
-	if err := h.Store.Complete(ctx(t), key, stale.Token, middleware.Response{Status: 418}, time.Hour); !errors.Is(err, middleware.ErrLeaseLost) {
-		t.Errorf("stale Complete = %v, want ErrLeaseLost", err)
-	}
-	if err := h.Store.Release(ctx(t), key, stale.Token); !errors.Is(err, middleware.ErrLeaseLost) {
-		t.Errorf("stale Release = %v, want ErrLeaseLost", err)
-	}
-	third := stale
-	third.Token = token()
-	claim(t, h, key, third, middleware.Running)
+	fresh := retry(stale)
+	claim(t, h.second(), key, fresh, middleware.Claimed)
+	checkLost(t, "stale Extend", h.Store.Extend(ctx(t), key, stale.Token, h.Lease))
+	checkLost(t, "stale Complete", h.Store.Complete(ctx(t), key, stale.Token, middleware.Response{Status: 418}, time.Hour))
+	checkLost(t, "stale Release", h.Store.Release(ctx(t), key, stale.Token))
+	third := retry(stale)
+	claim(t, h.Store, key, third, middleware.Running)
 	want := sampleResponse()
-	if err := h.Store.Complete(ctx(t), key, fresh.Token, want, time.Hour); err != nil {
+	if err := h.second().Complete(ctx(t), key, fresh.Token, want, time.Hour); err != nil {
 		t.Fatalf("fresh Complete: %v", err)
 	}
-	if got := claim(t, h, key, third, middleware.Finished).Response; got.Status != want.Status || !bytes.Equal(got.Body, want.Body) {
-		t.Errorf("replay = %d %q, want the fresh holder's %d", got.Status, got.Body, want.Status)
-	}
+	checkReplay(t, claim(t, h.Store, key, third, middleware.Finished).Response, want)
 }
 
 // testExtend: renewals keep a claim past its lease. The claim gets a lease
@@ -402,16 +460,14 @@ func testLeaseExpiry(t *testing.T, h Harness, k keys) {
 func testExtend(t *testing.T, h Harness, k keys) {
 	key, req := newCase(t, h, k)
 	req.Lease = 3 * h.Lease
-	claim(t, h, key, req, middleware.Claimed)
+	claim(t, h.Store, key, req, middleware.Claimed)
 	for range 3 {
 		h.Advance(req.Lease / 2)
 		if err := h.Store.Extend(ctx(t), key, req.Token, req.Lease); err != nil {
 			t.Fatalf("Extend: %v", err)
 		}
 	}
-	again := req
-	again.Token = token()
-	claim(t, h, key, again, middleware.Running)
+	claim(t, h.second(), key, retry(req), middleware.Running)
 	if err := h.Store.Complete(ctx(t), key, req.Token, sampleResponse(), time.Hour); err != nil {
 		t.Errorf("Complete after extends: %v", err)
 	}
@@ -419,23 +475,22 @@ func testExtend(t *testing.T, h Harness, k keys) {
 
 func testRetention(t *testing.T, h Harness, k keys) {
 	key, req := newCase(t, h, k)
-	claim(t, h, key, req, middleware.Claimed)
+	claim(t, h.Store, key, req, middleware.Claimed)
 	retention := 2 * h.Lease
 	if err := h.Store.Complete(ctx(t), key, req.Token, sampleResponse(), retention); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
-	again := req
-	again.Token = token()
-	claim(t, h, key, again, middleware.Finished)
+	again := retry(req)
+	claim(t, h.second(), key, again, middleware.Finished)
 	h.Advance(retention + h.Lease/2)
-	claim(t, h, key, again, middleware.Claimed)
+	claim(t, h.second(), key, again, middleware.Claimed)
 }
 
 func testIndependent(t *testing.T, h Harness, k keys) {
 	key0, req := newCase(t, h, k)
 	keys := []string{key0, keyLike(t, key0), keyLike(t, key0)}
 	for _, key := range keys {
-		claim(t, h, key, req, middleware.Claimed)
+		claim(t, h.Store, key, req, middleware.Claimed)
 	}
 	if err := h.Store.Complete(ctx(t), keys[0], req.Token, sampleResponse(), time.Hour); err != nil {
 		t.Fatal(err)
@@ -443,49 +498,122 @@ func testIndependent(t *testing.T, h Harness, k keys) {
 	if err := h.Store.Release(ctx(t), keys[1], req.Token); err != nil {
 		t.Fatal(err)
 	}
-	again := req
-	again.Token = token()
-	claim(t, h, keys[0], again, middleware.Finished)
-	claim(t, h, keys[1], again, middleware.Claimed)
-	claim(t, h, keys[2], again, middleware.Running)
+	again := retry(req)
+	claim(t, h.Store, keys[0], again, middleware.Finished)
+	claim(t, h.Store, keys[1], again, middleware.Claimed)
+	claim(t, h.Store, keys[2], again, middleware.Running)
 }
 
+// testConcurrentClaims: many goroutines on one client claim one key at once.
 func testConcurrentClaims(t *testing.T, h Harness, k keys) {
+	concurrentClaims(t, h, k, []middleware.Store{h.Store})
+}
+
+// testConcurrentClaimsTwoClients: many goroutines split over two clients
+// (two pools, as two nodes of a service have) claim one key at once.
+func testConcurrentClaimsTwoClients(t *testing.T, h Harness, k keys) {
+	if h.Other == nil {
+		t.Skip("storetest: Harness.Other is nil: concurrent claims from two clients of one backend are not tested")
+	}
+	concurrentClaims(t, h, k, []middleware.Store{h.Store, h.Other})
+}
+
+// concurrentClaims: of many concurrent claims of one key, spread over
+// clients, exactly one wins and every other one is told the key is
+// running, never an error. A loser cannot complete; the winner completes
+// through another client, and then every loser gets the replay.
+func concurrentClaims(t *testing.T, h Harness, k keys, clients []middleware.Store) {
 	key, req := newCase(t, h, k)
+	c := ctx(t)
 	const n = 50
-	var (
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		statuses = map[middleware.ClaimStatus]int{}
-	)
-	for range n {
+	type attempt struct {
+		client int
+		req    middleware.ClaimRequest
+		res    middleware.ClaimResult
+		err    error
+	}
+	attempts := make([]attempt, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range attempts {
+		a := &attempts[i]
+		a.client, a.req = i%len(clients), retry(req)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := req
-			r.Token = token()
-			res, err := h.Store.Claim(ctx(t), key, r)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				t.Errorf("Claim: %v", err)
-				return
-			}
-			statuses[res.Status]++
+			<-start
+			a.res, a.err = clients[a.client].Claim(c, key, a.req)
 		}()
 	}
+	close(start)
 	wg.Wait()
+	winner := -1
+	statuses := map[middleware.ClaimStatus]int{}
+	for i, a := range attempts {
+		if a.err != nil {
+			t.Errorf("Claim: %v", a.err)
+			continue
+		}
+		statuses[a.res.Status]++
+		if a.res.Status == middleware.Claimed {
+			winner = i
+		}
+	}
 	if statuses[middleware.Claimed] != 1 || statuses[middleware.Running] != n-1 {
-		t.Errorf("statuses = %v, want 1 claimed and %d running", statuses, n-1)
+		t.Fatalf("statuses = %v, want 1 claimed and %d running", statuses, n-1)
+	}
+	w, loser := attempts[winner], attempts[(winner+1)%n]
+	checkLost(t, "a loser's Complete", clients[loser.client].Complete(c, key, loser.req.Token, middleware.Response{Status: 418}, time.Hour))
+	want := sampleResponse()
+	if err := clients[(w.client+1)%len(clients)].Complete(c, key, w.req.Token, want, time.Hour); err != nil {
+		t.Fatalf("the winner's Complete: %v", err)
+	}
+	for i, a := range attempts {
+		if i != winner {
+			checkReplay(t, claim(t, clients[a.client], key, a.req, middleware.Finished).Response, want)
+		}
 	}
 }
 
+// testCanceled: a call on a context that is already cancelled, or past its
+// deadline, fails with an error that is not ErrLeaseLost (the store cannot
+// tell) and changes nothing.
 func testCanceled(t *testing.T, h Harness, k keys) {
-	c, cancel := context.WithCancel(context.Background())
+	canceled, cancel := context.WithCancel(context.Background())
 	cancel()
-	key, req := newCase(t, h, k)
-	if _, err := h.Store.Claim(c, key, req); err == nil {
-		t.Errorf("Claim with a canceled context succeeded")
+	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	for name, c := range map[string]context.Context{"canceled": canceled, "deadline": expired} {
+		t.Run(name, func(t *testing.T) {
+			fresh, req := newCase(t, h, k)
+			if _, err := h.Store.Claim(c, fresh, req); err == nil {
+				t.Errorf("Claim with a %s context succeeded", name)
+			}
+			// The claim did not happen: another request claims the key.
+			claim(t, h.second(), fresh, retry(req), middleware.Claimed)
+
+			key, req := newCase(t, h, k)
+			claim(t, h.Store, key, req, middleware.Claimed)
+			for op, err := range map[string]error{
+				"Extend":   h.Store.Extend(c, key, req.Token, time.Hour),
+				"Complete": h.Store.Complete(c, key, req.Token, middleware.Response{Status: 418}, time.Hour),
+				"Release":  h.Store.Release(c, key, req.Token),
+			} {
+				if err == nil || errors.Is(err, middleware.ErrLeaseLost) {
+					t.Errorf("%s with a %s context = %v, want a store error", op, name, err)
+				}
+			}
+			// Neither completed nor released, and the lease is the claim's.
+			res := claim(t, h.second(), key, retry(req), middleware.Running)
+			if res.RetryAfter > h.Lease {
+				t.Errorf("RetryAfter = %v after an Extend by %v on a %s context, want at most the claim's lease %v", res.RetryAfter, time.Hour, name, h.Lease)
+			}
+			want := sampleResponse()
+			if err := h.Store.Complete(ctx(t), key, req.Token, want, time.Hour); err != nil {
+				t.Fatalf("the holder's Complete: %v", err)
+			}
+			checkReplay(t, claim(t, h.second(), key, retry(req), middleware.Finished).Response, want)
+		})
 	}
 }
 
@@ -494,11 +622,10 @@ func testCanceled(t *testing.T, h Harness, k keys) {
 // resent complete whose first attempt succeeded is no lost lease.
 func testResent(t *testing.T, h Harness, k keys) {
 	key, req := newCase(t, h, k)
-	claim(t, h, key, req, middleware.Claimed)
-	claim(t, h, key, req, middleware.Claimed)
-	other := req
-	other.Token = token()
-	claim(t, h, key, other, middleware.Running)
+	claim(t, h.Store, key, req, middleware.Claimed)
+	claim(t, h.Store, key, req, middleware.Claimed)
+	other := retry(req)
+	claim(t, h.second(), key, other, middleware.Running)
 	want := sampleResponse()
 	if err := h.Store.Complete(ctx(t), key, req.Token, want, time.Hour); err != nil {
 		t.Fatalf("Complete: %v", err)
@@ -506,22 +633,14 @@ func testResent(t *testing.T, h Harness, k keys) {
 	if err := h.Store.Complete(ctx(t), key, req.Token, want, time.Hour); err != nil {
 		t.Errorf("resent Complete = %v, want nil", err)
 	}
-	if got := claim(t, h, key, other, middleware.Finished).Response; got.Status != want.Status || !bytes.Equal(got.Body, want.Body) {
-		t.Errorf("replay = %d %q, want %d %q", got.Status, got.Body, want.Status, want.Body)
-	}
+	checkReplay(t, claim(t, h.second(), key, other, middleware.Finished).Response, want)
 	// The finished record is still nobody's to change or claim.
-	if err := h.Store.Complete(ctx(t), key, other.Token, middleware.Response{Status: 500}, time.Hour); !errors.Is(err, middleware.ErrLeaseLost) {
-		t.Errorf("Complete by a non-holder = %v, want ErrLeaseLost", err)
-	}
-	if err := h.Store.Release(ctx(t), key, req.Token); !errors.Is(err, middleware.ErrLeaseLost) {
-		t.Errorf("Release after Complete = %v, want ErrLeaseLost", err)
-	}
-	if err := h.Store.Extend(ctx(t), key, req.Token, h.Lease); !errors.Is(err, middleware.ErrLeaseLost) {
-		t.Errorf("Extend after Complete = %v, want ErrLeaseLost", err)
-	}
-	claim(t, h, key, req, middleware.Finished)
+	checkLost(t, "Complete by a non-holder", h.second().Complete(ctx(t), key, other.Token, middleware.Response{Status: 500}, time.Hour))
+	checkLost(t, "Release after Complete", h.Store.Release(ctx(t), key, req.Token))
+	checkLost(t, "Extend after Complete", h.Store.Extend(ctx(t), key, req.Token, h.Lease))
+	claim(t, h.Store, key, req, middleware.Finished)
 	for name, m := range mismatches(req) {
-		if res := claim(t, h, key, m, middleware.Mismatch); res.Response.Body != nil {
+		if res := claim(t, h.Store, key, m, middleware.Mismatch); res.Response.Body != nil {
 			t.Errorf("%s: mismatch leaks the stored response", name)
 		}
 	}
@@ -546,25 +665,25 @@ func keyLike(t *testing.T, key string) string {
 func testChanged(t *testing.T, h Harness, k keys) {
 	key, req := newCase(t, h, k)
 	req.Fields = []fingerprint.FieldSum{{1}, {2}, {3}}
-	claim(t, h, key, req, middleware.Claimed)
+	claim(t, h.Store, key, req, middleware.Claimed)
 
 	drift := mismatches(req)["fingerprint"]
 	drift.Fields = []fingerprint.FieldSum{{1}, {9}, {3}}
-	if got := claim(t, h, key, drift, middleware.Mismatch).Changed; !reflect.DeepEqual(got, []int{1}) {
+	if got := claim(t, h.Store, key, drift, middleware.Mismatch).Changed; !reflect.DeepEqual(got, []int{1}) {
 		t.Errorf("Changed = %v on a running record, want [1]", got)
 	}
 	if err := h.Store.Complete(ctx(t), key, req.Token, sampleResponse(), time.Hour); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	drift.Fields = []fingerprint.FieldSum{{8}, {2}, {3}, {7}}
-	if got := claim(t, h, key, drift, middleware.Mismatch).Changed; !reflect.DeepEqual(got, []int{0, 3}) {
+	if got := claim(t, h.Store, key, drift, middleware.Mismatch).Changed; !reflect.DeepEqual(got, []int{0, 3}) {
 		t.Errorf("Changed = %v on a finished record, want [0 3]", got)
 	}
 	// Same fingerprint, other digests: a replay, nothing changed.
 	same := req
 	same.Token = token()
 	same.Fields = []fingerprint.FieldSum{{4}}
-	if res := claim(t, h, key, same, middleware.Finished); res.Changed != nil {
+	if res := claim(t, h.Store, key, same, middleware.Finished); res.Changed != nil {
 		t.Errorf("a replay carries Changed %v", res.Changed)
 	}
 	// Another owner or kind learns nothing, not even which fields differ.
@@ -574,16 +693,16 @@ func testChanged(t *testing.T, h Harness, k keys) {
 		}
 		m.Fields = drift.Fields
 		m.Fingerprint = drift.Fingerprint
-		if res := claim(t, h, key, m, middleware.Mismatch); res.Changed != nil {
+		if res := claim(t, h.Store, key, m, middleware.Mismatch); res.Changed != nil {
 			t.Errorf("%s: mismatch of owner or kind carries Changed %v", name, res.Changed)
 		}
 	}
 	// No digests on either side: nothing to tell.
 	key2, plain := newCase(t, h, k)
-	claim(t, h, key2, plain, middleware.Claimed)
+	claim(t, h.Store, key2, plain, middleware.Claimed)
 	drift = mismatches(plain)["fingerprint"]
 	drift.Fields = []fingerprint.FieldSum{{1}}
-	if res := claim(t, h, key2, drift, middleware.Mismatch); res.Changed != nil {
+	if res := claim(t, h.Store, key2, drift, middleware.Mismatch); res.Changed != nil {
 		t.Errorf("Changed = %v against a record without digests", res.Changed)
 	}
 }
