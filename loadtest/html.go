@@ -254,7 +254,7 @@ func (r report) ratioBars() template.HTML {
 	x := func(v float64) float64 { return left + v/top*(w-left-right) }
 	esc := template.HTMLEscapeString
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg class="bars" viewBox="0 0 %d %d" width="%d" height="%d" role="img" aria-label="throughput relative to the floor">`, w, h, w, h)
+	fmt.Fprintf(&b, `<svg class="bars" viewBox="0 0 %d %d" width="%d" height="%d" role="img" aria-label="throughput relative to each stack's floor">`, w, h, w, h)
 	for v := 0.0; v <= top+step/2; v += step {
 		fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="4" y2="%d" class="grid"/><text x="%.1f" y="%d" class="tick" text-anchor="middle">%s×</text>`,
 			x(v), x(v), h-22, x(v), h-8, esc(short(v)))
@@ -297,7 +297,7 @@ svg .grid { stroke: #e8ebf0; } svg .ref { stroke: #b3261e; stroke-dasharray: 4 3
 <p class="note">A floor is a bare echo handler doing by hand the fewest Redis commands (floor) or Postgres statements (pg-floor) an idempotency layer needs; every stack does the same task work (decode, validate, pgstore.Submit of the same task), so stacks differ only in the idempotency layer. Ratios are to each stack's own floor: floor-script and idemgate to floor, idemgate-pg to pg-floor. pg µs/req is the whole Postgres server's CPU, task work included (the same for every stack); pg rt/req counts the Postgres stacks' records pool only.
 Compare the ratio to the floor, measured in the same run on the same machine; absolute figures move with the machine and its load.</p>
 <p class="key">{{range .Key}}<span><i style="background:{{.Color}}"></i>{{.Name}}</span>{{end}}</p>
-<h2>Throughput relative to the floor</h2>
+<h2>Throughput relative to its floor</h2>
 {{.Bars}}
 {{range .Scenarios}}
 <h2>{{.Name}}</h2>
