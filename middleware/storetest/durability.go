@@ -7,10 +7,6 @@ import (
 	"github.com/idemgate/idemgate/middleware"
 )
 
-// restartLease is the lease of the claim that must still be running after
-// the restart: a restart takes less.
-const restartLease = 10 * time.Minute
-
 // RunDurability checks that records outlive a restart of the server under
 // the store. It takes one harness from newHarness, writes records through
 // its Store (finished ones on plain and keyspace keys, a running claim, a
@@ -42,7 +38,7 @@ func RunDurability(t *testing.T, newHarness func(t *testing.T) Harness) {
 	var done []finished
 	for _, kk := range keyKinds {
 		for _, resp := range responses() {
-			key, req := newCase(t, h, kk.keys)
+			key, req := newCase(t, kk.keys)
 			claim(t, h.Store, key, req, middleware.Claimed)
 			if err := h.Store.Complete(ctx(t), key, req.Token, resp, time.Hour); err != nil {
 				t.Fatalf("Complete: %v", err)
@@ -51,17 +47,17 @@ func RunDurability(t *testing.T, newHarness func(t *testing.T) Harness) {
 		}
 	}
 	k := keyKinds[1].keys
-	running, runReq := newCase(t, h, k)
-	runReq.Lease = restartLease
+	running, runReq := newCase(t, k)
 	claim(t, h.Store, running, runReq, middleware.Claimed)
-	expiring, expReq := newCase(t, h, k)
+	expiring, expReq := newCase(t, k)
+	expReq.Lease = h.Lease
 	claim(t, h.Store, expiring, expReq, middleware.Claimed)
-	released, relReq := newCase(t, h, k)
+	released, relReq := newCase(t, k)
 	claim(t, h.Store, released, relReq, middleware.Claimed)
 	if err := h.Store.Release(ctx(t), released, relReq.Token); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	retained, retReq := newCase(t, h, k)
+	retained, retReq := newCase(t, k)
 	claim(t, h.Store, retained, retReq, middleware.Claimed)
 	retention := 2 * h.Lease
 	if err := h.Store.Complete(ctx(t), retained, retReq.Token, sampleResponse(), retention); err != nil {
@@ -88,14 +84,14 @@ func RunDurability(t *testing.T, newHarness func(t *testing.T) Harness) {
 	})
 	t.Run("RunningKeepsFencing", func(t *testing.T) {
 		res := claim(t, h.second(), running, retry(runReq), middleware.Running)
-		if res.RetryAfter <= 0 || res.RetryAfter > restartLease {
-			t.Errorf("RetryAfter = %v, want in (0, %v]", res.RetryAfter, restartLease)
+		if res.RetryAfter <= 0 || res.RetryAfter > longLease {
+			t.Errorf("RetryAfter = %v, want in (0, %v]", res.RetryAfter, longLease)
 		}
 		wrong := token()
 		checkLost(t, "Extend with a wrong token", h.second().Extend(ctx(t), running, wrong, h.Lease))
 		checkLost(t, "Complete with a wrong token", h.second().Complete(ctx(t), running, wrong, middleware.Response{Status: 418}, time.Hour))
 		checkLost(t, "Release with a wrong token", h.second().Release(ctx(t), running, wrong))
-		if err := h.Store.Extend(ctx(t), running, runReq.Token, restartLease); err != nil {
+		if err := h.Store.Extend(ctx(t), running, runReq.Token, longLease); err != nil {
 			t.Errorf("the holder's Extend: %v", err)
 		}
 		want := sampleResponse()

@@ -22,11 +22,14 @@
 // Durability: RunDurability writes records, calls the harness's Restart,
 // and checks that they replay byte for byte and that a claim in flight
 // keeps fencing. A restart breaks every connection to the server, so
-// RunDurability is separate from Run: give it a server of its own. Without
-// Restart (a server without persistence) it skips, saying so.
+// RunDurability is separate from Run: give it a server of its own, and
+// have Restart crash it (SIGKILL) rather than shut it down, since a clean
+// shutdown saves what a crash loses (a PostgreSQL UNLOGGED table, Redis
+// writes not yet fsynced). Without Restart (a server without persistence)
+// RunDurability skips, saying so.
 //
 // A store on a real server uses real time: Advance sleeps, and Lease is
-// long enough for the server to answer within it. A store with a fake
+// long enough for the server to answer a few calls within it. A store with a fake
 // clock advances the clock instead. Run's cases run in parallel and use
 // random keys, so one store (one database) may serve every case.
 package storetest
@@ -61,14 +64,17 @@ type Harness struct {
 	// Advance moves the store's clock forward by d: miniredis FastForward,
 	// or a real sleep for a real server. Required.
 	Advance func(d time.Duration)
-	// Lease is the lease (and unit of time) the cases use: tiny for a
-	// fake clock, long enough for real servers to answer within it.
-	// Required.
+	// Lease is the unit of time of the cases that let a lease or a
+	// retention run out: tiny for a fake clock, long enough for a real
+	// server to answer a few calls within it. Required. (The other cases
+	// claim for ten minutes, so that no claim runs out mid-case on a
+	// loaded machine.)
 	Lease time.Duration
-	// Restart stops the server under Store and Other and starts it again
-	// on the same data, returning once both answer (resetting their
-	// connection pools if need be); it fails t if it cannot. Optional:
-	// only RunDurability calls it, and without it RunDurability skips.
+	// Restart stops the server under Store and Other, as a crash would,
+	// and starts it again on the same files, returning once both answer
+	// (resetting their connection pools if need be); it fails t if it
+	// cannot. Optional: only RunDurability calls it, and without it
+	// RunDurability skips.
 	Restart func(t *testing.T)
 }
 
@@ -160,14 +166,17 @@ func token() middleware.Token {
 	return tok
 }
 
-// newCase returns a fresh key and a claim on it.
-func newCase(t *testing.T, h Harness, k keys) (string, middleware.ClaimRequest) {
+// longLease is the lease of claims that must not run out during a case.
+const longLease = 10 * time.Minute
+
+// newCase returns a fresh key and a claim on it for longLease.
+func newCase(t *testing.T, k keys) (string, middleware.ClaimRequest) {
 	key, owner, kind := k(t)
 	return key, middleware.ClaimRequest{
 		Fingerprint: "v1:" + fingerprint.Fingerprint(hex.EncodeToString(make([]byte, 32))),
 		Owner:       owner,
 		Kind:        kind,
-		Lease:       h.Lease,
+		Lease:       longLease,
 		Token:       token(),
 	}
 }
@@ -263,7 +272,8 @@ func checkLost(t *testing.T, what string, err error) {
 }
 
 func testClaimThenRunning(t *testing.T, h Harness, k keys) {
-	key, req := newCase(t, h, k)
+	key, req := newCase(t, k)
+	req.Lease = h.Lease
 	claim(t, h.Store, key, req, middleware.Claimed)
 	res := claim(t, h.second(), key, retry(req), middleware.Running)
 	if res.RetryAfter <= 0 || res.RetryAfter > h.Lease {
@@ -306,7 +316,7 @@ func mismatches(req middleware.ClaimRequest) map[string]middleware.ClaimRequest 
 // that the key is taken: not the stored response, not the lease left on a
 // running record. The record stays as it was.
 func testMismatchCarriesNothing(t *testing.T, h Harness, k keys) {
-	key, req := newCase(t, h, k)
+	key, req := newCase(t, k)
 	claim(t, h.Store, key, req, middleware.Claimed)
 	for name, other := range mismatches(req) {
 		t.Run("running/"+name, func(t *testing.T) {
@@ -330,7 +340,7 @@ func testMismatchCarriesNothing(t *testing.T, h Harness, k keys) {
 func testCompleteThenReplay(t *testing.T, h Harness, k keys) {
 	for name, resp := range responses() {
 		t.Run(name, func(t *testing.T) {
-			key, req := newCase(t, h, k)
+			key, req := newCase(t, k)
 			claim(t, h.Store, key, req, middleware.Claimed)
 			if err := h.Store.Complete(ctx(t), key, req.Token, resp, time.Hour); err != nil {
 				t.Fatalf("Complete: %v", err)
@@ -346,7 +356,7 @@ func testCompleteThenReplay(t *testing.T, h Harness, k keys) {
 }
 
 func testRelease(t *testing.T, h Harness, k keys) {
-	key, req := newCase(t, h, k)
+	key, req := newCase(t, k)
 	claim(t, h.Store, key, req, middleware.Claimed)
 	if err := h.Store.Release(ctx(t), key, req.Token); err != nil {
 		t.Fatalf("Release: %v", err)
@@ -360,7 +370,7 @@ func testRelease(t *testing.T, h Harness, k keys) {
 // failed completion's cleanup, say) can no longer store a response: not
 // while the key is free, nor once a retry holds it.
 func testCompleteAfterRelease(t *testing.T, h Harness, k keys) {
-	key, req := newCase(t, h, k)
+	key, req := newCase(t, k)
 	claim(t, h.Store, key, req, middleware.Claimed)
 	if err := h.Store.Release(ctx(t), key, req.Token); err != nil {
 		t.Fatalf("Release: %v", err)
@@ -384,7 +394,7 @@ func testCompleteAfterRelease(t *testing.T, h Harness, k keys) {
 // claim happened. If it did (even resent), the key is free again; if
 // another request holds the key, or a response is stored, nothing changes.
 func testReleaseUnanswered(t *testing.T, h Harness, k keys) {
-	key, req := newCase(t, h, k)
+	key, req := newCase(t, k)
 	claim(t, h.Store, key, req, middleware.Claimed)
 	claim(t, h.Store, key, req, middleware.Claimed) // the client library resent it
 	if err := h.Store.Release(ctx(t), key, req.Token); err != nil {
@@ -411,7 +421,7 @@ func testReleaseUnanswered(t *testing.T, h Harness, k keys) {
 // testWrongToken: only the holder's token extends, completes or releases
 // a claim, whichever client sends it.
 func testWrongToken(t *testing.T, h Harness, k keys) {
-	key, req := newCase(t, h, k)
+	key, req := newCase(t, k)
 	claim(t, h.Store, key, req, middleware.Claimed)
 	for name, s := range map[string]middleware.Store{"same client": h.Store, "second client": h.second()} {
 		t.Run(name, func(t *testing.T) {
@@ -421,7 +431,7 @@ func testWrongToken(t *testing.T, h Harness, k keys) {
 			checkLost(t, "Release with a wrong token", s.Release(ctx(t), key, wrong))
 			claim(t, s, key, retry(req), middleware.Running)
 			// Operations on a key that never existed.
-			missing, _ := newCase(t, h, k)
+			missing, _ := newCase(t, k)
 			checkLost(t, "Extend of a missing key", s.Extend(ctx(t), missing, wrong, h.Lease))
 			checkLost(t, "Release of a missing key", s.Release(ctx(t), missing, wrong))
 		})
@@ -435,10 +445,12 @@ func testWrongToken(t *testing.T, h Harness, k keys) {
 // another client), and the stale holder can neither extend, complete nor
 // release the new holder's claim.
 func testLeaseExpiry(t *testing.T, h Harness, k keys) {
-	key, stale := newCase(t, h, k)
+	key, stale := newCase(t, k)
+	stale.Lease = h.Lease
 	claim(t, h.Store, key, stale, middleware.Claimed)
 	h.Advance(h.Lease + h.Lease/2)
 	fresh := retry(stale)
+	fresh.Lease = longLease
 	claim(t, h.second(), key, fresh, middleware.Claimed)
 	checkLost(t, "stale Extend", h.Store.Extend(ctx(t), key, stale.Token, h.Lease))
 	checkLost(t, "stale Complete", h.Store.Complete(ctx(t), key, stale.Token, middleware.Response{Status: 418}, time.Hour))
@@ -458,7 +470,7 @@ func testLeaseExpiry(t *testing.T, h Harness, k keys) {
 // default harness), and without renewals the claim would have expired half
 // a lease before the end.
 func testExtend(t *testing.T, h Harness, k keys) {
-	key, req := newCase(t, h, k)
+	key, req := newCase(t, k)
 	req.Lease = 3 * h.Lease
 	claim(t, h.Store, key, req, middleware.Claimed)
 	for range 3 {
@@ -474,7 +486,7 @@ func testExtend(t *testing.T, h Harness, k keys) {
 }
 
 func testRetention(t *testing.T, h Harness, k keys) {
-	key, req := newCase(t, h, k)
+	key, req := newCase(t, k)
 	claim(t, h.Store, key, req, middleware.Claimed)
 	retention := 2 * h.Lease
 	if err := h.Store.Complete(ctx(t), key, req.Token, sampleResponse(), retention); err != nil {
@@ -487,7 +499,7 @@ func testRetention(t *testing.T, h Harness, k keys) {
 }
 
 func testIndependent(t *testing.T, h Harness, k keys) {
-	key0, req := newCase(t, h, k)
+	key0, req := newCase(t, k)
 	keys := []string{key0, keyLike(t, key0), keyLike(t, key0)}
 	for _, key := range keys {
 		claim(t, h.Store, key, req, middleware.Claimed)
@@ -504,9 +516,14 @@ func testIndependent(t *testing.T, h Harness, k keys) {
 	claim(t, h.Store, keys[2], again, middleware.Running)
 }
 
+// raceRounds is how many keys the concurrent cases race for.
+const raceRounds = 3
+
 // testConcurrentClaims: many goroutines on one client claim one key at once.
 func testConcurrentClaims(t *testing.T, h Harness, k keys) {
-	concurrentClaims(t, h, k, []middleware.Store{h.Store})
+	for range raceRounds {
+		concurrentClaims(t, k, []middleware.Store{h.Store})
+	}
 }
 
 // testConcurrentClaimsTwoClients: many goroutines split over two clients
@@ -515,17 +532,20 @@ func testConcurrentClaimsTwoClients(t *testing.T, h Harness, k keys) {
 	if h.Other == nil {
 		t.Skip("storetest: Harness.Other is nil: concurrent claims from two clients of one backend are not tested")
 	}
-	concurrentClaims(t, h, k, []middleware.Store{h.Store, h.Other})
+	for range raceRounds {
+		concurrentClaims(t, k, []middleware.Store{h.Store, h.Other})
+	}
 }
 
 // concurrentClaims: of many concurrent claims of one key, spread over
 // clients, exactly one wins and every other one is told the key is
 // running, never an error. A loser cannot complete; the winner completes
 // through another client, and then every loser gets the replay.
-func concurrentClaims(t *testing.T, h Harness, k keys, clients []middleware.Store) {
-	key, req := newCase(t, h, k)
+func concurrentClaims(t *testing.T, k keys, clients []middleware.Store) {
+	t.Helper()
+	key, req := newCase(t, k)
 	c := ctx(t)
-	const n = 50
+	const n = 64
 	type attempt struct {
 		client int
 		req    middleware.ClaimRequest
@@ -585,14 +605,14 @@ func testCanceled(t *testing.T, h Harness, k keys) {
 	defer cancel()
 	for name, c := range map[string]context.Context{"canceled": canceled, "deadline": expired} {
 		t.Run(name, func(t *testing.T) {
-			fresh, req := newCase(t, h, k)
+			fresh, req := newCase(t, k)
 			if _, err := h.Store.Claim(c, fresh, req); err == nil {
 				t.Errorf("Claim with a %s context succeeded", name)
 			}
 			// The claim did not happen: another request claims the key.
 			claim(t, h.second(), fresh, retry(req), middleware.Claimed)
 
-			key, req := newCase(t, h, k)
+			key, req := newCase(t, k)
 			claim(t, h.Store, key, req, middleware.Claimed)
 			for op, err := range map[string]error{
 				"Extend":   h.Store.Extend(c, key, req.Token, time.Hour),
@@ -605,8 +625,8 @@ func testCanceled(t *testing.T, h Harness, k keys) {
 			}
 			// Neither completed nor released, and the lease is the claim's.
 			res := claim(t, h.second(), key, retry(req), middleware.Running)
-			if res.RetryAfter > h.Lease {
-				t.Errorf("RetryAfter = %v after an Extend by %v on a %s context, want at most the claim's lease %v", res.RetryAfter, time.Hour, name, h.Lease)
+			if res.RetryAfter > req.Lease {
+				t.Errorf("RetryAfter = %v after an Extend by %v on a %s context, want at most the claim's lease %v", res.RetryAfter, time.Hour, name, req.Lease)
 			}
 			want := sampleResponse()
 			if err := h.Store.Complete(ctx(t), key, req.Token, want, time.Hour); err != nil {
@@ -621,7 +641,7 @@ func testCanceled(t *testing.T, h Harness, k keys) {
 // does after a read timeout). A resent claim still holds the key, and a
 // resent complete whose first attempt succeeded is no lost lease.
 func testResent(t *testing.T, h Harness, k keys) {
-	key, req := newCase(t, h, k)
+	key, req := newCase(t, k)
 	claim(t, h.Store, key, req, middleware.Claimed)
 	claim(t, h.Store, key, req, middleware.Claimed)
 	other := retry(req)
@@ -663,7 +683,7 @@ func keyLike(t *testing.T, key string) string {
 // mismatching claim changed, only to the record's owner and kind, and
 // never with a Running or Finished answer.
 func testChanged(t *testing.T, h Harness, k keys) {
-	key, req := newCase(t, h, k)
+	key, req := newCase(t, k)
 	req.Fields = []fingerprint.FieldSum{{1}, {2}, {3}}
 	claim(t, h.Store, key, req, middleware.Claimed)
 
@@ -698,7 +718,7 @@ func testChanged(t *testing.T, h Harness, k keys) {
 		}
 	}
 	// No digests on either side: nothing to tell.
-	key2, plain := newCase(t, h, k)
+	key2, plain := newCase(t, k)
 	claim(t, h.Store, key2, plain, middleware.Claimed)
 	drift = mismatches(plain)["fingerprint"]
 	drift.Fields = []fingerprint.FieldSum{{1}}
