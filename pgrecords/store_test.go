@@ -2,12 +2,14 @@ package pgrecords_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate/internal/devserver"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/middleware/storetest"
 	"github.com/idemgate/idemgate/pgrecords"
@@ -49,11 +51,78 @@ func newStore(t *testing.T, pool *pgxpool.Pool) *pgrecords.Store {
 }
 
 // TestStoreConformance runs the store conformance suite on a real
-// PostgreSQL server. The cases share one database (their keys are random).
+// PostgreSQL server, with a second store on a pool of its own as Other
+// (a second node). The cases share one database (their keys are random).
 func TestStoreConformance(t *testing.T) {
 	t.Parallel()
-	store := newStore(t, newPool(t, testenv.PostgresDSN(t)))
+	dsn := testenv.PostgresDSN(t)
+	one, two := newStore(t, newPool(t, dsn)), newStore(t, newPool(t, dsn))
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
-		return storetest.Harness{Store: store, Advance: time.Sleep, Lease: realLease}
+		return storetest.Harness{Store: one, Other: two, Advance: time.Sleep, Lease: realLease}
 	})
+}
+
+// TestStoreDurability runs the suite's durability cases on a PostgreSQL
+// server of their own, which Restart crashes (SIGKILL) and starts again on
+// the same data directory: the start runs crash recovery from the WAL, as
+// after a power cut, so a table that skips the WAL (UNLOGGED) comes back
+// empty. The throwaway server runs with synchronous_commit off; the pools
+// turn it on, as a durable store's database has it, so that a commit the
+// store was told of is in the WAL before the crash.
+func TestStoreDurability(t *testing.T) {
+	t.Parallel()
+	srv, err := devserver.StartPostgres(testCtx(t))
+	if err != nil {
+		if errors.Is(err, devserver.ErrMissing) && (testing.Short() || os.Getenv("TEST_DATABASE_URL") != "") {
+			t.Skipf("no PostgreSQL server to restart: %v", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	var pools []*pgxpool.Pool
+	for range 2 {
+		cfg, err := pgxpool.ParseConfig(srv.DSN("postgres"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+		pool, err := pgxpool.NewWithConfig(testCtx(t), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		pools = append(pools, pool)
+	}
+	storetest.RunDurability(t, func(t *testing.T) storetest.Harness {
+		return storetest.Harness{
+			Store: newStore(t, pools[0]), Other: newStore(t, pools[1]), Advance: time.Sleep, Lease: realLease,
+			Restart: func(t *testing.T) {
+				crash(t, srv)
+				for _, p := range pools {
+					p.Reset() // drop the connections the crash broke
+				}
+			},
+		}
+	})
+}
+
+// crash kills the server and starts it again. The killed postmaster's
+// backends exit when they notice it is gone; until they have, the new one
+// refuses to start (their shared memory is still in use), so the start is
+// retried.
+func crash(t *testing.T, srv *devserver.Postgres) {
+	t.Helper()
+	if err := srv.Kill(); err != nil {
+		t.Fatalf("kill postgres: %v", err)
+	}
+	for attempt := 1; ; attempt++ {
+		err := srv.Restart(testCtx(t))
+		if err == nil {
+			return
+		}
+		if attempt == 20 {
+			t.Fatalf("start postgres after a crash: %v", err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
 }
