@@ -107,6 +107,7 @@ func RunDurability(t *testing.T, newHarness func(t *testing.T) Harness) {
 	h.Advance(retention + h.Lease)
 	t.Run("LeaseRunsOut", func(t *testing.T) {
 		fresh := retry(expReq)
+		fresh.Lease = longLease
 		claim(t, h.second(), expiring, fresh, middleware.Claimed)
 		checkLost(t, "stale Complete", h.Store.Complete(ctx(t), expiring, expReq.Token, middleware.Response{Status: 418}, time.Hour))
 		claim(t, h.Store, expiring, retry(expReq), middleware.Running)
