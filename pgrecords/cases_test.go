@@ -109,8 +109,9 @@ func TestConcurrentReclaimOfExpired(t *testing.T) {
 }
 
 // TestMismatchResponseStaysInDatabase runs the claim statement itself: for
-// a mismatching request, the row it returns holds no status, header or
-// body, and field digests only for the record's owner and kind.
+// a request that differs from the record's in fingerprint, owner or kind,
+// the row it returns holds no response; and the store hands back changed
+// fields only to a request of the record's owner and kind.
 func TestMismatchResponseStaysInDatabase(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t, testenv.PostgresDSN(t))
@@ -122,35 +123,51 @@ func TestMismatchResponseStaysInDatabase(t *testing.T) {
 	if err := s.Complete(testCtx(t), k, req.Token, sample(), time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	call := func(fp, owner, kind string) (outcome int16, sums, header, body []byte, status *int16) {
+	response := func(r middleware.ClaimRequest) []byte {
 		t.Helper()
-		var left *int64
-		err := pool.QueryRow(testCtx(t), pgrecords.SQLClaim, k, [16]byte(token()), fp, owner, kind, []byte(nil), int64(1000000)).
-			Scan(&outcome, &left, &sums, &status, &header, &body)
+		vals, err := pool.Query(testCtx(t), pgrecords.SQLClaim, k, [16]byte(token()), pgrecords.Ident(r), []byte(nil), int64(1000000))
 		if err != nil {
 			t.Fatal(err)
 		}
-		return
+		defer vals.Close()
+		if !vals.Next() {
+			t.Fatalf("no row: %v", vals.Err())
+		}
+		raw := vals.RawValues()
+		if n := len(raw); n != 8 {
+			t.Fatalf("%d columns, want 8", n)
+		}
+		return raw[6]
 	}
-	fp := string(req.Fingerprint)
 	for _, c := range []struct {
-		name, fp, owner, kind string
-		sums                  bool
+		name    string
+		edit    func(*middleware.ClaimRequest)
+		changed bool
 	}{
-		{"fingerprint", fp + "x", req.Owner, req.Kind, true},
-		{"owner", fp, req.Owner + "x", req.Kind, false},
-		{"kind", fp, req.Owner, "Image", false},
+		{"fingerprint", func(r *middleware.ClaimRequest) { r.Fingerprint += "x" }, true},
+		{"owner", func(r *middleware.ClaimRequest) { r.Owner += "x" }, false},
+		{"kind", func(r *middleware.ClaimRequest) { r.Kind = "Image" }, false},
+		{"owner and kind shifted", func(r *middleware.ClaimRequest) { r.Owner, r.Kind = r.Owner+"i", r.Kind[1:] }, false},
 	} {
-		outcome, sums, header, body, status := call(c.fp, c.owner, c.kind)
-		if outcome != 4 || status != nil || header != nil || body != nil {
-			t.Errorf("%s: outcome %d status %v header %q body %q, want a bare mismatch", c.name, outcome, status, header, body)
+		r := req
+		r.Token = token()
+		r.Fields = []fingerprint.FieldSum{{9, 9, 9, 9}}
+		c.edit(&r)
+		if b := response(r); b != nil {
+			t.Errorf("%s: the claim statement returned the stored response (%d bytes)", c.name, len(b))
 		}
-		if (sums != nil) != c.sums {
-			t.Errorf("%s: sums %x, want digests only for the record's owner and kind", c.name, sums)
+		res := mustClaim(t, s, k, r, middleware.Mismatch)
+		if (res.Changed != nil) != c.changed || res.Response.Status != 0 || res.Response.Body != nil {
+			t.Errorf("%s: %+v, want a bare mismatch (changed fields only for the record's owner and kind)", c.name, res)
 		}
 	}
-	if outcome, _, _, body, _ := call(fp, req.Owner, req.Kind); outcome != 3 || !bytes.Equal(body, sample().Body) {
-		t.Errorf("matching request: outcome %d body %q, want the replay", outcome, body)
+	if b := response(req); b == nil {
+		t.Error("matching request: no response")
+	}
+	r := req
+	r.Token = token()
+	if res := mustClaim(t, s, k, r, middleware.Finished); !bytes.Equal(res.Response.Body, sample().Body) {
+		t.Errorf("matching request: body %q, want the replay", res.Response.Body)
 	}
 }
 
@@ -164,8 +181,8 @@ func TestSweep(t *testing.T) {
 	s := newStore(t, pool)
 	s2 := newStore(t, newPool(t, dsn))
 	// 2500 expired rows, written directly; a few live records through the store.
-	if _, err := pool.Exec(testCtx(t), `INSERT INTO idemgate_records (key, token, finished, expires_at, fingerprint, owner, kind)
-		SELECT 'expired-' || i, gen_random_uuid(), i % 2 = 0, now() - interval '1 second', 'fp', 'o', 'k'
+	if _, err := pool.Exec(testCtx(t), `INSERT INTO idemgate_records (key, token, finished, expires_at, ident)
+		SELECT 'expired-' || i, gen_random_uuid(), i % 2 = 0, now() - interval '1 second', '\x00'
 		FROM generate_series(1, 2500) AS i`); err != nil {
 		t.Fatal(err)
 	}

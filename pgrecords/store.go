@@ -23,6 +23,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgate/idemgate/fingerprint"
@@ -95,13 +97,8 @@ func (s *Store) Sweep(ctx context.Context) (int64, error) {
 	}
 }
 
-// outcome codes of idemgate_records_claim.
-const (
-	outClaimed  = 1
-	outRunning  = 2
-	outFinished = 3
-	outMismatch = 4
-)
+// maxClaimTries bounds the claims of one key that lose a race (see Claim).
+const maxClaimTries = 5
 
 // Claim implements middleware.Store.
 func (s *Store) Claim(ctx context.Context, key string, req middleware.ClaimRequest) (middleware.ClaimResult, error) {
@@ -112,41 +109,55 @@ func (s *Store) Claim(ctx context.Context, key string, req middleware.ClaimReque
 			sums = append(sums, f[:]...)
 		}
 	}
+	ident := appendIdent(nil, req.Owner, req.Kind, string(req.Fingerprint))
 	var (
-		outcome int16
-		leftUS  *int64
-		held    []byte
-		status  *int16
-		header  []byte
-		body    []byte
+		token        pgtype.UUID
+		finished     pgtype.Bool
+		expires      pgtype.Timestamptz
+		now          time.Time
+		held, stored []byte
+		response     []byte
+		claimed      *int16
 	)
-	err := s.pool.QueryRow(ctx, sqlClaim, key, [16]byte(req.Token), string(req.Fingerprint), req.Owner, req.Kind,
-		sums, micros(req.Lease)).Scan(&outcome, &leftUS, &held, &status, &header, &body)
-	if err != nil {
-		return middleware.ClaimResult{}, fmt.Errorf("pgrecords: claim: %w", err)
-	}
-	switch outcome {
-	case outClaimed:
-		return middleware.ClaimResult{Status: middleware.Claimed}, nil
-	case outRunning:
-		var left time.Duration
-		if leftUS != nil && *leftUS > 0 {
-			left = time.Duration(*leftUS) * time.Microsecond
-		}
-		return middleware.ClaimResult{Status: middleware.Running, RetryAfter: left}, nil
-	case outMismatch:
-		return middleware.ClaimResult{Status: middleware.Mismatch, Changed: changed(held, req.Fields)}, nil
-	case outFinished:
-		if status == nil {
-			return middleware.ClaimResult{}, errors.New("pgrecords: claim: finished record without a status")
-		}
-		h, err := decodeHeader(header)
+	// A claim that loses a race for a free key to a concurrent claim runs
+	// again and reads the winner; the key would have to change hands on
+	// every try (claimed, released or expired, claimed again) to exhaust
+	// the tries.
+	for try := 0; ; try++ {
+		err := s.pool.QueryRow(ctx, sqlClaim, key, [16]byte(req.Token), ident, sums, micros(req.Lease)).
+			Scan(&token, &finished, &expires, &now, &held, &stored, &response, &claimed)
 		if err != nil {
 			return middleware.ClaimResult{}, fmt.Errorf("pgrecords: claim: %w", err)
 		}
-		return middleware.ClaimResult{Status: middleware.Finished, Response: middleware.Response{Status: int(*status), Header: h, Body: body}}, nil
+		if claimed == nil || *claimed != 0 {
+			break
+		}
+		if try == maxClaimTries-1 {
+			return middleware.ClaimResult{}, fmt.Errorf("pgrecords: claim: key did not settle in %d tries", maxClaimTries)
+		}
 	}
-	return middleware.ClaimResult{}, fmt.Errorf("pgrecords: claim: unknown outcome %d", outcome)
+	switch {
+	case claimed != nil:
+		return middleware.ClaimResult{Status: middleware.Claimed}, nil
+	case !token.Valid:
+		return middleware.ClaimResult{}, errors.New("pgrecords: claim: neither a record nor a claim")
+	case !finished.Bool && token.Bytes == req.Token:
+		// A resent claim: the record holds this claim's token.
+		return middleware.ClaimResult{Status: middleware.Claimed}, nil
+	case string(held) != string(ident):
+		var changedFields []int
+		if sameScope(held, ident, len(req.Fingerprint)) {
+			changedFields = changed(stored, req.Fields)
+		}
+		return middleware.ClaimResult{Status: middleware.Mismatch, Changed: changedFields}, nil
+	case finished.Bool:
+		resp, err := decodeResponse(response)
+		if err != nil {
+			return middleware.ClaimResult{}, fmt.Errorf("pgrecords: claim: %w", err)
+		}
+		return middleware.ClaimResult{Status: middleware.Finished, Response: resp}, nil
+	}
+	return middleware.ClaimResult{Status: middleware.Running, RetryAfter: max(expires.Time.Sub(now), 0)}, nil
 }
 
 // changed returns the indexes of fields whose digests held (the record's,
@@ -189,16 +200,24 @@ func (s *Store) Complete(ctx context.Context, key string, token middleware.Token
 	if resp.Status < 100 || resp.Status > 999 {
 		return fmt.Errorf("pgrecords: complete: status %d out of range", resp.Status)
 	}
-	body := resp.Body
-	if body == nil {
-		body = []byte{}
-	}
-	tag, err := s.pool.Exec(ctx, sqlComplete, key, [16]byte(token), micros(retention),
-		int16(resp.Status), appendHeader(nil, resp.Header), body)
+	tag, err := s.pool.Exec(ctx, sqlComplete, key, [16]byte(token), micros(retention), appendResponse(nil, resp))
 	if err != nil {
 		return fmt.Errorf("pgrecords: complete: %w", err)
 	}
-	if tag.RowsAffected() != 1 {
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	// A resent complete whose first run finished the record succeeds.
+	var finished bool
+	err = s.pool.QueryRow(ctx, sqlCompleted, key, [16]byte(token)).Scan(&finished)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return middleware.ErrLeaseLost
+	case err != nil:
+		return fmt.Errorf("pgrecords: complete: %w", err)
+	case !finished:
+		// Only a lease that ran out between the two statements leaves an
+		// unfinished record here; the claim is lost all the same.
 		return middleware.ErrLeaseLost
 	}
 	return nil

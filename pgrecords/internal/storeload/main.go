@@ -115,42 +115,49 @@ func storeSubject(name string, s middleware.Store, trips func() int64, cpu func(
 	}
 }
 
+// The floor's statements, on a table of pgrecords' shape: the fewest a
+// store needs (it neither fences by token nor looks at expiry). A replay
+// reads what it must compare (the ident) and what it replays.
 const (
 	sqlFloorTable  = `CREATE TABLE IF NOT EXISTS idemgate_records_floor (LIKE idemgate_records INCLUDING ALL) WITH (fillfactor = 70)`
-	sqlFloorInsert = `INSERT INTO idemgate_records_floor (key, token, finished, expires_at, fingerprint, owner, kind)
-VALUES ($1, $2, false, now() + interval '30 seconds', $3, $4, $5) ON CONFLICT DO NOTHING`
-	sqlFloorUpdate = `UPDATE idemgate_records_floor SET finished = true, expires_at = now() + interval '1 hour',
-	status = $2, header = $3, body = $4 WHERE key = $1`
-	sqlFloorSelect = `SELECT status, header, body FROM idemgate_records_floor WHERE key = $1`
+	sqlFloorInsert = `INSERT INTO idemgate_records_floor (key, token, finished, expires_at, ident)
+VALUES ($1, $2, false, now() + interval '30 seconds', $3) ON CONFLICT DO NOTHING`
+	sqlFloorUpdate = `UPDATE idemgate_records_floor SET finished = true, expires_at = now() + interval '1 hour', response = $2 WHERE key = $1`
+	sqlFloorSelect = `SELECT finished, ident, response FROM idemgate_records_floor WHERE key = $1`
 )
 
+// floorIdent is as long as pgrecords' ident of the same claim.
+func floorIdent(req middleware.ClaimRequest) []byte {
+	return []byte("\x40" + req.Owner + "\x05" + req.Kind + string(req.Fingerprint))
+}
+
 func floorSubject(pool *pgxpool.Pool, trips func() int64, cpu func() (time.Duration, error)) subject {
-	header := []byte{1, 12, 'C', 'o', 'n', 't', 'e', 'n', 't', '-', 'T', 'y', 'p', 'e', 1, 16}
-	header = append(header, "application/json"...)
+	stored := []byte{0, 202, 1, 12, 'C', 'o', 'n', 't', 'e', 'n', 't', '-', 'T', 'y', 'p', 'e', 1, 16}
+	stored = append(stored, "application/json"...)
+	stored = append(stored, response.Body...)
 	miss := func(ctx context.Context, key string, tok middleware.Token) error {
-		req := claimRequest(tok)
-		tag, err := pool.Exec(ctx, sqlFloorInsert, key, [16]byte(tok), string(req.Fingerprint), req.Owner, req.Kind)
+		tag, err := pool.Exec(ctx, sqlFloorInsert, key, [16]byte(tok), floorIdent(claimRequest(tok)))
 		if err != nil {
 			return err
 		}
 		if tag.RowsAffected() != 1 {
 			return errors.New("floor miss: key exists")
 		}
-		_, err = pool.Exec(ctx, sqlFloorUpdate, key, int16(response.Status), header, response.Body)
+		_, err = pool.Exec(ctx, sqlFloorUpdate, key, stored)
 		return err
 	}
 	return subject{
 		name: "floor: INSERT ON CONFLICT DO NOTHING + UPDATE / SELECT", trips: trips, cpu: cpu, miss: miss,
-		replay: func(ctx context.Context, key string, _ middleware.Token) error {
+		replay: func(ctx context.Context, key string, tok middleware.Token) error {
 			var (
-				status int16
-				h, b   []byte
+				finished    bool
+				ident, resp []byte
 			)
-			if err := pool.QueryRow(ctx, sqlFloorSelect, key).Scan(&status, &h, &b); err != nil {
+			if err := pool.QueryRow(ctx, sqlFloorSelect, key).Scan(&finished, &ident, &resp); err != nil {
 				return err
 			}
-			if len(b) != len(response.Body) {
-				return errors.New("floor replay: wrong body")
+			if !finished || string(ident) != string(floorIdent(claimRequest(tok))) || len(resp) != len(stored) {
+				return errors.New("floor replay: wrong record")
 			}
 			return nil
 		},
