@@ -60,7 +60,7 @@ func mustClaim(t *testing.T, s middleware.Store, key string, req middleware.Clai
 }
 
 // TestConcurrentReclaimOfExpired: an expired claim is reclaimed by exactly
-// one of many concurrent claims (ON CONFLICT DO UPDATE … WHERE expired).
+// one of many concurrent claims (its UPDATE … WHERE expired re-checks the row).
 func TestConcurrentReclaimOfExpired(t *testing.T) {
 	t.Parallel()
 	dsn := testenv.PostgresDSN(t)

@@ -25,6 +25,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,13 +44,29 @@ import (
 )
 
 func main() {
+	if err := mainErr(); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func mainErr() error {
 	d := flag.Duration("d", 5*time.Second, "duration of one round of one scenario")
 	conc := flag.Int("c", 16, "concurrent clients")
 	rounds := flag.Int("rounds", 3, "rounds (the median is printed)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of this process (the clients) to this file")
 	flag.Parse()
-	if err := run(*d, *conc, *rounds); err != nil {
-		log.Fatal(err)
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
+	return run(*d, *conc, *rounds)
 }
 
 // counter counts statements sent (round trips) through a pgx tracer.
@@ -243,23 +260,28 @@ func run(d time.Duration, conc, rounds int) error {
 	}
 	fmt.Printf("%d clients, %v per round, median of %d rounds\n\n", conc, d, rounds)
 	fmt.Printf("| store | miss/s | replay/s | round trips miss / replay | server CPU µs/miss | server CPU µs/replay |\n|---|---|---|---|---|---|\n")
-	results := make([][2]result, len(subjects))
-	for i, s := range subjects {
-		var miss, replay []result
-		for r := range rounds {
+	// Rounds alternate between the stores, so each meets the same
+	// background load.
+	miss := make([][]result, len(subjects))
+	replay := make([][]result, len(subjects))
+	for r := range rounds {
+		for i, s := range subjects {
 			prefix := fmt.Sprintf("idem:load:image:%d:%d:", i, r)
 			m, keys, err := drive(ctx, s, s.miss, prefix+"m", nil, d, conc)
 			if err != nil {
 				return fmt.Errorf("%s miss: %w", s.name, err)
 			}
-			miss = append(miss, m)
+			miss[i] = append(miss[i], m)
 			rp, _, err := drive(ctx, s, s.replay, "", keys, d, conc)
 			if err != nil {
 				return fmt.Errorf("%s replay: %w", s.name, err)
 			}
-			replay = append(replay, rp)
+			replay[i] = append(replay[i], rp)
 		}
-		results[i] = [2]result{median(miss), median(replay)}
+	}
+	results := make([][2]result, len(subjects))
+	for i, s := range subjects {
+		results[i] = [2]result{median(miss[i]), median(replay[i])}
 		m, r := results[i][0], results[i][1]
 		fmt.Printf("| %s | %.0f | %.0f | %.2f / %.2f | %.1f | %.1f |\n", s.name, m.ops, r.ops, m.trips, r.trips, m.cpuUS, r.cpuUS)
 	}
