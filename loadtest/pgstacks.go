@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -64,16 +66,53 @@ func newIdemgatePG(ctx context.Context, e *env, o options) (*stack, error) {
 	return st, nil
 }
 
-// The pg-floor's statements. Its table has pgrecords' columns, so a row
-// is as wide; the floor neither fences by token nor looks at expiry.
+// The pg-floor's statements, on pgrecords' columns: ident is the owner,
+// kind and fingerprint in one value, response the status, header and body
+// in one (see floorIdent and floorResponse), so that a row is as wide as
+// idemgate-pg's. The floor neither fences by token nor looks at expiry.
 const (
-	sqlPGFloorClaim = `INSERT INTO ` + pgFloorTable + ` (key, token, finished, expires_at, fingerprint, owner, kind)
-VALUES ($1, $2, false, now() + $3 * interval '1 microsecond', $4, $5, $6) ON CONFLICT DO NOTHING`
-	sqlPGFloorRead     = `SELECT finished, fingerprint, status, header, body FROM ` + pgFloorTable + ` WHERE key = $1`
+	sqlPGFloorClaim = `INSERT INTO ` + pgFloorTable + ` (key, token, finished, expires_at, ident)
+VALUES ($1, $2, false, now() + $3 * interval '1 microsecond', $4) ON CONFLICT DO NOTHING`
+	sqlPGFloorRead     = `SELECT finished, ident, response FROM ` + pgFloorTable + ` WHERE key = $1`
 	sqlPGFloorComplete = `UPDATE ` + pgFloorTable + ` SET finished = true, expires_at = now() + $2 * interval '1 microsecond',
-	status = $3, header = $4, body = $5 WHERE key = $1`
+	response = $3 WHERE key = $1`
 	sqlPGFloorRelease = `DELETE FROM ` + pgFloorTable + ` WHERE key = $1`
 )
+
+// floorIdent is laid out as pgrecords' ident (uvarint-length-prefixed
+// owner and kind, then the fingerprint), so it is as long.
+func floorIdent(owner, kind, fp string) []byte {
+	b := binary.AppendUvarint(nil, uint64(len(owner)))
+	b = append(b, owner...)
+	b = binary.AppendUvarint(b, uint64(len(kind)))
+	b = append(b, kind...)
+	return append(b, fp...)
+}
+
+// floorResponse is a 202's status, the headers the middleware would store
+// (Location first, so a replay finds it at once) and the body: within a
+// few bytes of pgrecords' response column for the same answer.
+func floorResponse(location string, body []byte) []byte {
+	hdr := "Location: " + location + "\r\nContent-Type: application/json\r\nRetry-After: 1"
+	b := binary.BigEndian.AppendUint16(nil, http.StatusAccepted)
+	b = binary.AppendUvarint(b, uint64(len(hdr)))
+	b = append(b, hdr...)
+	return append(b, body...)
+}
+
+// parseFloorResponse returns what floorResponse stored.
+func parseFloorResponse(b []byte) (status int, location string, body []byte, err error) {
+	if len(b) < 2 {
+		return 0, "", nil, errors.New("short response")
+	}
+	n, k := binary.Uvarint(b[2:])
+	if k <= 0 || n > uint64(len(b)-2-k) {
+		return 0, "", nil, errors.New("bad header length")
+	}
+	hdr := string(b[2+k : 2+k+int(n)])
+	location, _, _ = strings.Cut(strings.TrimPrefix(hdr, "Location: "), "\r\n")
+	return int(binary.BigEndian.Uint16(b)), location, b[2+k+int(n):], nil
+}
 
 // createPGFloorTable (re)creates the floor's table as a copy of
 // pgrecords' table: its columns, primary key and storage parameters
@@ -160,20 +199,21 @@ func (f *pgFloor) submit(c echo.Context) error {
 	userSum, reqSum := sha256.Sum256([]byte(user)), sha256.Sum256([]byte(reqID))
 	owner := hex.EncodeToString(userSum[:])
 	key := "idem:" + tenant + ":images:" + owner + ":" + hex.EncodeToString(reqSum[:])
+	ident := floorIdent(owner, "images", fp)
 
 	if r.Header.Get(expectHeader) != "new" {
-		if answered, err := f.answer(c, key, fp); answered || err != nil {
+		if answered, err := f.answer(c, key, ident); answered || err != nil {
 			return err
 		}
 	}
 	var token [16]byte
 	rand.Read(token[:])
-	tag, err := f.pool.Exec(ctx, sqlPGFloorClaim, key, token, lease.Microseconds(), fp, owner, "images")
+	tag, err := f.pool.Exec(ctx, sqlPGFloorClaim, key, token, lease.Microseconds(), ident)
 	if err != nil {
 		return echo.NewHTTPError(http.StatusServiceUnavailable, "store unavailable")
 	}
 	if tag.RowsAffected() == 0 {
-		if answered, err := f.answer(c, key, fp); answered || err != nil {
+		if answered, err := f.answer(c, key, ident); answered || err != nil {
 			return err
 		}
 		// Released between the two statements: the client may retry.
@@ -207,7 +247,7 @@ func (f *pgFloor) submit(c echo.Context) error {
 	out, _ := json.Marshal(accepted{TaskID: task.ID, Status: string(task.State), PollAfterMS: 1000})
 	location := "/v1/tasks/" + task.ID
 	if _, err := f.pool.Exec(context.WithoutCancel(ctx), sqlPGFloorComplete, key, retention.Microseconds(),
-		int16(http.StatusAccepted), []byte(location), out); err != nil {
+		floorResponse(location, out)); err != nil {
 		return echo.NewHTTPError(http.StatusServiceUnavailable, "store unavailable")
 	}
 	c.Response().Header().Set("Location", location)
@@ -216,31 +256,34 @@ func (f *pgFloor) submit(c echo.Context) error {
 }
 
 // answer reads the key's record with one SELECT and answers from it: a
-// replay, 409 for other parameters or 409 while in progress. It reports
-// false, having written nothing, when there is no record.
-func (f *pgFloor) answer(c echo.Context, key, fp string) (bool, error) {
+// replay, 409 for other parameters (its ident differs: owner, kind or
+// fingerprint) or 409 while in progress. It reports false, having written
+// nothing, when there is no record.
+func (f *pgFloor) answer(c echo.Context, key string, ident []byte) (bool, error) {
 	var (
-		finished     bool
-		heldFP       string
-		status       *int16
-		header, body []byte
+		finished       bool
+		held, response []byte
 	)
-	err := f.pool.QueryRow(c.Request().Context(), sqlPGFloorRead, key).Scan(&finished, &heldFP, &status, &header, &body)
+	err := f.pool.QueryRow(c.Request().Context(), sqlPGFloorRead, key).Scan(&finished, &held, &response)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return false, nil
 	case err != nil:
 		return true, echo.NewHTTPError(http.StatusServiceUnavailable, "store unavailable")
-	case heldFP != fp:
+	case !bytes.Equal(held, ident):
 		return true, echo.NewHTTPError(http.StatusConflict, "key reused with other parameters")
-	case !finished || status == nil:
+	case !finished:
 		c.Response().Header().Set("Retry-After", "1")
 		return true, echo.NewHTTPError(http.StatusConflict, "request in progress")
 	}
-	c.Response().Header().Set("Location", string(header))
+	status, location, body, err := parseFloorResponse(response)
+	if err != nil {
+		return true, fmt.Errorf("pg-floor: stored response: %w", err)
+	}
+	c.Response().Header().Set("Location", location)
 	c.Response().Header().Set("Retry-After", "1")
 	c.Response().Header().Set("Idempotent-Replayed", "true")
-	return true, c.Blob(int(*status), echo.MIMEApplicationJSON, body)
+	return true, c.Blob(status, echo.MIMEApplicationJSON, body)
 }
 
 // pgRoundTrips counts the statements a pool sends, each one round trip:

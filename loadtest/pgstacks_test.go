@@ -5,8 +5,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -123,6 +125,21 @@ func TestPGStacks(t *testing.T) {
 		})
 	}
 
+	// The floor's rows are as wide as pgrecords' for the same requests.
+	width := func(table string) (ident, response float64) {
+		t.Helper()
+		if err := b.env.db.QueryRow(ctx, `SELECT avg(octet_length(ident)), avg(octet_length(response)) FROM `+table).
+			Scan(&ident, &response); err != nil {
+			t.Fatal(err)
+		}
+		return ident, response
+	}
+	fi, fr := width(pgFloorTable)
+	ri, rr := width(recordsTable)
+	if fi != ri || math.Abs(fr-rr) > 4 {
+		t.Errorf("pg-floor rows hold %v bytes of ident and %v of response, pgrecords' %v and %v", fi, fr, ri, rr)
+	}
+
 	floor := b.stacks[slices.IndexFunc(b.stacks, func(st *stack) bool { return st.name == pgFloorName })]
 	t.Run("pg-floor told wrongly", func(t *testing.T) {
 		for _, s := range []step{
@@ -235,4 +252,22 @@ func TestPGRoundTrips(t *testing.T) {
 	if n := nilRT.load(); n != 0 {
 		t.Errorf("a stack without a records pool: %d round trips", n)
 	}
+}
+
+func FuzzParseFloorResponse(f *testing.F) {
+	f.Add("/v1/tasks/0b7e1f9c-3d7a-4c1e-9a53-1f0f6a8d2b11", []byte(`{"task_id":"0b7e"}`))
+	f.Add("", []byte{})
+	f.Fuzz(func(t *testing.T, location string, body []byte) {
+		if strings.Contains(location, "\r\n") {
+			t.Skip("a header value has no line break")
+		}
+		status, loc, got, err := parseFloorResponse(floorResponse(location, body))
+		if err != nil || status != http.StatusAccepted || loc != location || !bytes.Equal(got, body) {
+			t.Fatalf("parse(floorResponse(%q, %q)) = %d, %q, %q, %v", location, body, status, loc, got, err)
+		}
+		// Any bytes: an error or a body within them, never a panic.
+		if _, _, b, err := parseFloorResponse(body); err == nil && len(b) > len(body) {
+			t.Fatalf("parse(%q): body longer than the input", body)
+		}
+	})
 }
