@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/idemgate/idemgate/pgrecords"
@@ -415,7 +416,9 @@ type tally struct {
 	keysAdded int64   // DBSIZE delta
 	// Postgres figures over the measured rounds.
 	pgCPU time.Duration // the whole server's
-	pgRT  int64         // the stack's records pool's
+	// This process's CPU (clients and servers) over the measured rounds.
+	selfCPU time.Duration
+	pgRT    int64 // the stack's records pool's
 }
 
 // scenario measures sc on every stack: -rounds short runs per stack,
@@ -473,6 +476,7 @@ func (b *bench) measure(ctx context.Context, sc scenario, st *stack, tl *tally, 
 	if err != nil {
 		return err
 	}
+	selfBefore := processCPU()
 	pgrtBefore := st.pgrt.load()
 	label := sc.name
 	if b.o.rounds > 1 {
@@ -483,6 +487,7 @@ func (b *bench) measure(ctx context.Context, sc scenario, st *stack, tl *tally, 
 		return err
 	}
 	pgrtAfter := st.pgrt.load()
+	selfAfter := processCPU()
 	pgAfter, err := b.pgCPU()
 	if err != nil {
 		return err
@@ -500,6 +505,7 @@ func (b *bench) measure(ctx context.Context, sc scenario, st *stack, tl *tally, 
 	tl.keysAdded += srvAfter.keys - srvBefore.keys
 	tl.rt += st.rt.n.Load() - rtBefore
 	tl.pgCPU += pgAfter - pgBefore
+	tl.selfCPU += selfAfter - selfBefore
 	tl.pgRT += pgrtAfter - pgrtBefore
 	for cmd, c := range after {
 		if delta := c - before[cmd]; delta > 0 && cmd != "info" {
@@ -514,6 +520,16 @@ func (b *bench) measure(ctx context.Context, sc scenario, st *stack, tl *tally, 
 	tl.rounds = append(tl.rounds, newRound(round, out.lat, elapsed))
 	tl.out.merge(out)
 	return nil
+}
+
+// processCPU returns this process's CPU time so far (user + system, all
+// threads; 0 where getrusage is missing).
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // pgCPU reads the Postgres server's CPU time so far (0 when it is not
@@ -568,6 +584,7 @@ func (b *bench) result(ctx context.Context, sc scenario, st *stack, tl *tally) (
 		if b.env.pgServer != nil {
 			res.PGCPUusPerReq = float64(tl.pgCPU.Nanoseconds()) / 1e3 / n
 		}
+		res.ProcessCPUusPerReq = float64(tl.selfCPU.Nanoseconds()) / 1e3 / n
 		// Only rounds that added many keys say what a record costs.
 		if tl.keysAdded > 1000 {
 			res.RedisBytesPerRecord = float64(tl.memory) / float64(tl.keysAdded)

@@ -108,6 +108,9 @@ func TestRun(t *testing.T) {
 		if (res.Scenario == "replay" || res.Scenario == "conflict") && res.HandlerExecutions != 0 {
 			t.Errorf("%s/%s: the handler ran %d times", res.Scenario, res.Stack, res.HandlerExecutions)
 		}
+		if res.ProcessCPUusPerReq <= 0 {
+			t.Errorf("%s/%s: this process's CPU per request %v, want > 0", res.Scenario, res.Stack, res.ProcessCPUusPerReq)
+		}
 		if res.Records == "redis" && res.RedisCPUusPerReq <= 0 {
 			t.Errorf("%s/%s: Redis CPU per request %v, want > 0", res.Scenario, res.Stack, res.RedisCPUusPerReq)
 		}

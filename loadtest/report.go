@@ -77,6 +77,11 @@ type result struct {
 	// microseconds (see machine.PostgresCPU). It includes
 	// the task work, the same for every stack.
 	PGCPUusPerReq float64 `json:"pg_cpu_us_per_req,omitempty"`
+	// ProcessCPUusPerReq is this process's CPU time (the load tool's
+	// clients and every stack's server, Go side) over the measured rounds,
+	// per request, in microseconds: the clients cost the same for every
+	// stack, so a difference between two stacks is their handlers'.
+	ProcessCPUusPerReq float64 `json:"process_cpu_us_per_req"`
 	// RedisBytesPerRecord is the used_memory delta over the DBSIZE delta of
 	// the measured rounds (miss scenario; 0 when no key was added).
 	RedisBytesPerRecord float64 `json:"redis_bytes_per_record,omitempty"`
@@ -98,7 +103,7 @@ func (r report) writeTable(w io.Writer) {
 	fmt.Fprintf(w, "%s per scenario and stack in %d alternating rounds, %d keep-alive clients; dup: groups of %d on a %s handler\n\n",
 		r.Duration, r.Rounds, r.Concurrency, r.DupGroup, r.Slow)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tstack\treq/s\tvs floor\tp50 ms\tp99 ms\tp99.9 ms\texecs\tdup execs\tredis rt/req\tINFO: scripts/req\tcmds/req\tredis µs/req\tpg rt/req\tpg µs/req\tB/record\trows/key\tstatus\t")
+	fmt.Fprintln(tw, "scenario\tstack\treq/s\tvs floor\tp50 ms\tp99 ms\tp99.9 ms\texecs\tdup execs\tredis rt/req\tINFO: scripts/req\tcmds/req\tredis µs/req\tpg rt/req\tpg µs/req\tgo µs/req\tB/record\trows/key\tstatus\t")
 	for _, res := range r.Results {
 		ratio := "-"
 		if res.RatioToFloor > 0 {
@@ -119,14 +124,14 @@ func (r report) writeTable(w io.Writer) {
 		if r.Machine.PostgresCPU {
 			pgCPU = fmt.Sprintf("%.1f", res.PGCPUusPerReq)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%.2f\t%.2f\t%.2f\t%d\t%d\t%.2f\t%.2f\t%.2f\t%.1f\t%s\t%s\t%s\t%.2f\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%.2f\t%.2f\t%.2f\t%d\t%d\t%.2f\t%.2f\t%.2f\t%.1f\t%s\t%s\t%.1f\t%s\t%.2f\t%s\t\n",
 			res.Scenario, res.Stack, res.ReqPerSec, ratio, res.P50ms, res.P99ms, res.P999ms,
 			res.HandlerExecutions, res.DuplicateExecutions, res.RedisRoundTripsPerReq, scripts,
-			res.RedisCallsPerReq, res.RedisCPUusPerReq, pgRT, pgCPU, perRecord, res.RowsPerAcceptedKey, statusLine(res))
+			res.RedisCallsPerReq, res.RedisCPUusPerReq, pgRT, pgCPU, res.ProcessCPUusPerReq, perRecord, res.RowsPerAcceptedKey, statusLine(res))
 	}
 	tw.Flush()
 	if lines := r.ratioLines(); len(lines) > 0 {
-		fmt.Fprintln(w, "\nreq/s relative to the floor, same rounds (pg µs/req is the whole server's, task work included):")
+		fmt.Fprintln(w, "\nreq/s relative to the floor, same rounds (pg µs/req is the whole server's, task work included; go µs/req this process's, clients included):")
 		for _, l := range lines {
 			fmt.Fprintln(w, "  "+l)
 		}
