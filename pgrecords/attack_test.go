@@ -658,3 +658,108 @@ func TestAttackMiddlewareEndToEnd(t *testing.T) {
 		t.Errorf("24 concurrent identical requests ran the handler %d times (codes %v)", n, codes)
 	}
 }
+
+// lockExpired claims k with a lease that runs out at once and has another
+// session hold the expired row's lock (as a Sweep batch or a concurrent
+// reclaim does while it runs); unlock rolls that session back.
+func lockExpired(t *testing.T, pool *pgxpool.Pool, s *pgrecords.Store, k string) (unlock func()) {
+	t.Helper()
+	mustClaim(t, s, k, request(time.Microsecond), middleware.Claimed)
+	time.Sleep(5 * time.Millisecond)
+	locker, err := pool.Begin(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = locker.Rollback(context.Background()) })
+	if _, err := locker.Exec(testCtx(t), `SELECT 1 FROM idemgate_records WHERE key = $1 FOR UPDATE`, k); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		t.Helper()
+		if err := locker.Rollback(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// claimsRunning counts the sessions that run the claim statement.
+func claimsRunning(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(testCtx(t), `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND state = 'active' AND query LIKE '%idemgate_records_claim(%' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waitClaims waits until claimsRunning is want (for at most 5s).
+func waitClaims(t *testing.T, pool *pgxpool.Pool, want int) {
+	t.Helper()
+	for range 100 {
+		if claimsRunning(t, pool) == want {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("after 5s, %d claims run on the server; want %d", claimsRunning(t, pool), want)
+}
+
+// TestAttackAbandonedClaimOnLock: a claim whose context ends (or whose
+// statement_timeout fires) while it waits on a row lock returns an error,
+// and the server abandons the statement too (pgx sends a cancel request
+// when a context ends mid-query): once the lock frees, nothing was
+// claimed, so the middleware's release after a failed claim and the
+// client's retry find the key free, not held for a lease by nobody.
+func TestAttackAbandonedClaimOnLock(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresDSN(t)
+	pool := newPool(t, dsn)
+	s := newStore(t, pool)
+	timeouts, err := pgrecords.New(testCtx(t), poolWith(t, dsn, func(c *pgxpool.Config) {
+		c.ConnConfig.RuntimeParams["statement_timeout"] = "200ms"
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]struct {
+		s   *pgrecords.Store
+		ctx func() (context.Context, context.CancelFunc)
+	}{
+		"context deadline": {s, func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(testCtx(t), 200*time.Millisecond)
+		}},
+		"statement_timeout": {timeouts, func() (context.Context, context.CancelFunc) { return testCtx(t), func() {} }},
+	} {
+		k := key()
+		unlock := lockExpired(t, pool, s, k)
+		req := request(time.Hour)
+		ctx, cancel := c.ctx()
+		type answer struct {
+			res middleware.ClaimResult
+			err error
+		}
+		done := make(chan answer, 1)
+		go func() {
+			res, err := c.s.Claim(ctx, k, req)
+			done <- answer{res, err}
+		}()
+		waitClaims(t, pool, 1) // the claim waits on the lock
+		a := <-done
+		cancel()
+		res, err := a.res, a.err
+		if err == nil {
+			t.Fatalf("%s: Claim blocked on a lock = %v, want an error", name, res.Status)
+		}
+		var pgErr *pgconn.PgError
+		if name == "statement_timeout" && (!errors.As(err, &pgErr) || pgErr.Code != "57014") {
+			t.Errorf("%s: Claim = %v, want SQLSTATE 57014", name, err)
+		}
+		waitClaims(t, pool, 0) // the server abandoned it
+		unlock()
+		if err := s.Release(testCtx(t), k, req.Token); !errors.Is(err, middleware.ErrLeaseLost) {
+			t.Errorf("%s: release of the abandoned claim = %v, want ErrLeaseLost (it never claimed)", name, err)
+		}
+		mustClaim(t, s, k, request(time.Hour), middleware.Claimed)
+	}
+}
