@@ -763,3 +763,19 @@ func TestAttackAbandonedClaimOnLock(t *testing.T) {
 		mustClaim(t, s, k, request(time.Hour), middleware.Claimed)
 	}
 }
+
+// TestAttackKeysByteExact: keys that a case-folding, trimming or
+// normalizing comparison would merge are different records (the primary
+// key compares text byte for byte under a deterministic collation).
+func TestAttackKeysByteExact(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, newPool(t, testenv.PostgresDSN(t)))
+	base := key()
+	for _, k := range []string{base + "k", base + "K", base + "k ", base + " k", base + "\u00e9", base + "e\u0301", base + "\u212a", base + "k\t"} {
+		req := request(time.Hour)
+		mustClaim(t, s, k, req, middleware.Claimed)
+		if err := s.Complete(testCtx(t), k, req.Token, sample(), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
