@@ -779,3 +779,66 @@ func TestAttackKeysByteExact(t *testing.T) {
 		}
 	}
 }
+
+// TestAttackConcurrentFencedCalls: the holder's own calls racing each
+// other (a resent Complete beside the first, Complete beside Release,
+// Extend beside both), on a pool of one connection and a pool of many:
+// Complete and Release never both succeed, a record that Complete
+// finished holds exactly one of the responses sent, and a released
+// record is gone.
+func TestAttackConcurrentFencedCalls(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresDSN(t)
+	one := newStore(t, poolWith(t, dsn, func(c *pgxpool.Config) { c.MaxConns = 1 }))
+	many := newStore(t, newPool(t, dsn))
+	stores := []*pgrecords.Store{one, many}
+	for round := range 30 {
+		k := key()
+		req := request(time.Hour)
+		mustClaim(t, many, k, req, middleware.Claimed)
+		var (
+			wg        sync.WaitGroup
+			completed atomic.Int64
+			released  atomic.Int64
+		)
+		for i := range 12 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s := stores[i%2]
+				var err error
+				switch i % 3 {
+				case 0:
+					resp := sample()
+					resp.Body = []byte(fmt.Sprintf("body-%d", i))
+					if err = s.Complete(testCtx(t), k, req.Token, resp, time.Hour); err == nil {
+						completed.Add(1)
+					}
+				case 1:
+					if round%2 == 1 {
+						if err = s.Release(testCtx(t), k, req.Token); err == nil {
+							released.Add(1)
+						}
+					}
+				default:
+					err = s.Extend(testCtx(t), k, req.Token, time.Hour)
+				}
+				if err != nil && !errors.Is(err, middleware.ErrLeaseLost) {
+					t.Errorf("round %d: %v", round, err)
+				}
+			}()
+		}
+		wg.Wait()
+		if completed.Load() > 0 && released.Load() > 0 {
+			t.Fatalf("round %d: %d completes and %d releases succeeded", round, completed.Load(), released.Load())
+		}
+		if released.Load() > 1 {
+			t.Fatalf("round %d: %d releases succeeded", round, released.Load())
+		}
+		r := request(time.Hour)
+		res := mustClaim(t, one, k, r, map[bool]middleware.ClaimStatus{true: middleware.Finished, false: middleware.Claimed}[completed.Load() > 0])
+		if res.Status == middleware.Finished && !bytes.HasPrefix(res.Response.Body, []byte("body-")) {
+			t.Fatalf("round %d: replay %q", round, res.Response.Body)
+		}
+	}
+}
