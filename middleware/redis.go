@@ -280,9 +280,12 @@ func (s *RedisStore) millis(cache *atomic.Pointer[msArg], d time.Duration) any {
 	if c := cache.Load(); c != nil && c.d == d {
 		return c.arg
 	}
-	ms := int64((d + time.Millisecond - 1) / time.Millisecond)
-	if ms < 1 {
-		ms = 1
+	ms := int64(1)
+	if d > 0 {
+		ms = int64(d / time.Millisecond)
+		if d%time.Millisecond != 0 {
+			ms++ // not d + 999999ns: that overflows near math.MaxInt64
+		}
 	}
 	c := &msArg{d: d, arg: ms}
 	cache.Store(c)

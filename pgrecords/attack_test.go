@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/testenv"
@@ -842,5 +843,124 @@ func TestAttackConcurrentFencedCalls(t *testing.T) {
 		if res.Status == middleware.Finished && !bytes.HasPrefix(res.Response.Body, []byte("body-")) {
 			t.Fatalf("round %d: replay %q", round, res.Response.Body)
 		}
+	}
+}
+
+// The four below failed before the fixes of the #17 attack pass (seen failing: a
+// [16]byte token had no text encoding for the simple protocol and exec mode;
+// math.MaxInt64 leases overflowed to 1µs / 1ms; 40001 under REPEATABLE READ
+// and SERIALIZABLE session defaults).
+
+// TestAttackHugeDurations: a lease or retention of math.MaxInt64 ("for
+// ever", the largest time.Duration) must keep the record live, as any
+// other long duration does; a rounding overflow must not turn it into 1µs.
+func TestAttackHugeDurations(t *testing.T) {
+	t.Parallel()
+	pg := newStore(t, newPool(t, testenv.PostgresDSN(t)))
+	rc := redis.NewClient(testenv.Redis(t)) // a real server: miniredis TTLs do not count down
+	t.Cleanup(func() { rc.Close() })
+	for name, s := range map[string]middleware.Store{"postgres": pg, "redis": middleware.NewRedisStore(rc)} {
+		for _, d := range []time.Duration{math.MaxInt64, math.MaxInt64 - 1, 200 * 365 * 24 * time.Hour} {
+			k := key()
+			mustClaim(t, s, k, request(d), middleware.Claimed)
+			time.Sleep(5 * time.Millisecond)
+			if res, err := s.Claim(testCtx(t), k, request(time.Hour)); err != nil || res.Status != middleware.Running {
+				t.Errorf("%s: lease %v: a second claim = %v, %v; want running", name, d, res.Status, err)
+			}
+			k = key()
+			req := request(time.Hour)
+			mustClaim(t, s, k, req, middleware.Claimed)
+			if err := s.Complete(testCtx(t), k, req.Token, sample(), d); err != nil {
+				t.Errorf("%s: Complete with retention %v: %v", name, d, err)
+			}
+			time.Sleep(5 * time.Millisecond)
+			if res, err := s.Claim(testCtx(t), k, request(time.Hour)); err != nil || res.Status != middleware.Finished {
+				t.Errorf("%s: retention %v: a retry = %v, %v; want finished (a replay)", name, d, res.Status, err)
+			}
+		}
+	}
+}
+
+// TestAttackIsolationDefault: a pool whose sessions default to REPEATABLE
+// READ or SERIALIZABLE (default_transaction_isolation, set by a framework
+// or a role) still answers concurrent claims of one key: one winner, the
+// others running, no error (an error is a 503 to the client).
+func TestAttackIsolationDefault(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresDSN(t)
+	newStore(t, newPool(t, dsn))
+	for _, level := range []string{"repeatable read", "serializable"} {
+		t.Run(level, func(t *testing.T) {
+			var stores []*pgrecords.Store
+			for range 2 {
+				s, err := pgrecords.New(testCtx(t), poolWith(t, dsn, func(c *pgxpool.Config) {
+					c.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
+				}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				stores = append(stores, s)
+			}
+			var errs, winners int
+			for round := range 20 {
+				k := key()
+				var (
+					wg sync.WaitGroup
+					mu sync.Mutex
+					w  int
+				)
+				for i := range 16 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						res, err := stores[(i+round)%2].Claim(testCtx(t), k, request(time.Hour))
+						mu.Lock()
+						defer mu.Unlock()
+						if err != nil {
+							if errs == 0 {
+								t.Errorf("Claim under %s: %v", level, err)
+							}
+							errs++
+							return
+						}
+						if res.Status == middleware.Claimed {
+							w++
+						}
+					}()
+				}
+				wg.Wait()
+				if w > 1 {
+					t.Errorf("round %d: %d winners", round, w)
+				}
+				winners += w
+			}
+			if errs > 0 {
+				t.Errorf("%d of 320 concurrent claims failed under %s", errs, level)
+			}
+		})
+	}
+}
+
+// TestAttackQueryExecModesWithoutPrepare: a pool in the simple protocol
+// or exec mode (what PgBouncer users set, often in the URL:
+// ?default_query_exec_mode=exec) must run the store like any other.
+func TestAttackQueryExecModesWithoutPrepare(t *testing.T) {
+	t.Parallel()
+	runExecModes(t, pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec)
+}
+
+// TestAttackRetentionForeverEndToEnd: Config.Retention of math.MaxInt64
+// passes the middleware's validation; a retry must replay, not run the
+// handler again.
+func TestAttackRetentionForeverEndToEnd(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, newPool(t, testenv.PostgresDSN(t)))
+	e, runs := e2e(t, s, middleware.Config{Retention: math.MaxInt64})
+	for range 3 {
+		send(e, "alice", "req-forever", []byte("once"))
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("three sends of one request ran the handler %d times, want once (then replays)", n)
 	}
 }

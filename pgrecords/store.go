@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -124,12 +125,15 @@ func (s *Store) Claim(ctx context.Context, key string, req middleware.ClaimReque
 	// every try (claimed, released or expired, claimed again) to exhaust
 	// the tries.
 	for try := 0; ; try++ {
-		err := s.pool.QueryRow(ctx, sqlClaim, key, [16]byte(req.Token), ident, sums, micros(req.Lease)).
+		err := s.pool.QueryRow(ctx, sqlClaim, key, uuid(req.Token), ident, sums, micros(req.Lease)).
 			Scan(&token, &finished, &expires, &now, &held, &stored, &response, &claimed)
-		if err != nil {
+		// A session that defaults to REPEATABLE READ or SERIALIZABLE
+		// fails a claim that lost a race to a concurrent one (40001)
+		// where READ COMMITTED returns claimed 0: both run again.
+		if err != nil && !serializationFailure(err) {
 			return middleware.ClaimResult{}, fmt.Errorf("pgrecords: claim: %w", err)
 		}
-		if claimed == nil || *claimed != 0 {
+		if err == nil && (claimed == nil || *claimed != 0) {
 			break
 		}
 		if try == maxClaimTries-1 {
@@ -185,7 +189,7 @@ func changed(held []byte, fields []fingerprint.FieldSum) []int {
 
 // Extend implements middleware.Store.
 func (s *Store) Extend(ctx context.Context, key string, token middleware.Token, lease time.Duration) error {
-	tag, err := s.pool.Exec(ctx, sqlExtend, key, [16]byte(token), micros(lease))
+	tag, err := s.pool.Exec(ctx, sqlExtend, key, uuid(token), micros(lease))
 	if err != nil {
 		return fmt.Errorf("pgrecords: extend: %w", err)
 	}
@@ -200,7 +204,7 @@ func (s *Store) Complete(ctx context.Context, key string, token middleware.Token
 	if resp.Status < 100 || resp.Status > 999 {
 		return fmt.Errorf("pgrecords: complete: status %d out of range", resp.Status)
 	}
-	tag, err := s.pool.Exec(ctx, sqlComplete, key, [16]byte(token), micros(retention), appendResponse(nil, resp))
+	tag, err := s.pool.Exec(ctx, sqlComplete, key, uuid(token), micros(retention), appendResponse(nil, resp))
 	if err != nil {
 		return fmt.Errorf("pgrecords: complete: %w", err)
 	}
@@ -209,7 +213,7 @@ func (s *Store) Complete(ctx context.Context, key string, token middleware.Token
 	}
 	// A resent complete whose first run finished the record succeeds.
 	var finished bool
-	err = s.pool.QueryRow(ctx, sqlCompleted, key, [16]byte(token)).Scan(&finished)
+	err = s.pool.QueryRow(ctx, sqlCompleted, key, uuid(token)).Scan(&finished)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return middleware.ErrLeaseLost
@@ -225,7 +229,7 @@ func (s *Store) Complete(ctx context.Context, key string, token middleware.Token
 
 // Release implements middleware.Store.
 func (s *Store) Release(ctx context.Context, key string, token middleware.Token) error {
-	tag, err := s.pool.Exec(ctx, sqlRelease, key, [16]byte(token))
+	tag, err := s.pool.Exec(ctx, sqlRelease, key, uuid(token))
 	if err != nil {
 		return fmt.Errorf("pgrecords: release: %w", err)
 	}
@@ -237,6 +241,23 @@ func (s *Store) Release(ctx context.Context, key string, token middleware.Token)
 
 // micros returns d in whole microseconds, rounded up, at least 1.
 func micros(d time.Duration) int64 {
-	us := int64((d + time.Microsecond - 1) / time.Microsecond)
-	return max(us, 1)
+	if d <= 0 {
+		return 1
+	}
+	us := int64(d / time.Microsecond)
+	if d%time.Microsecond != 0 {
+		us++ // not (d + 999ns) / 1µs: that overflows for d near math.MaxInt64
+	}
+	return us
+}
+
+// uuid is a token as a query argument. A [16]byte has no text encoding
+// for a parameter of unknown type, which is what the simple protocol and
+// QueryExecModeExec send; pgtype.UUID has one in every mode.
+func uuid(t middleware.Token) pgtype.UUID { return pgtype.UUID{Bytes: t, Valid: true} }
+
+// serializationFailure reports whether err is SQLSTATE 40001.
+func serializationFailure(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "40001"
 }
