@@ -116,7 +116,8 @@ func (s *Store) Claim(ctx context.Context, key string, req middleware.ClaimReque
 		finished     pgtype.Bool
 		expires      pgtype.Timestamptz
 		now          time.Time
-		held, stored []byte
+		heldIdent    []byte
+		heldSums     []byte
 		response     []byte
 		claimed      *int16
 	)
@@ -126,7 +127,7 @@ func (s *Store) Claim(ctx context.Context, key string, req middleware.ClaimReque
 	// the tries.
 	for try := 0; ; try++ {
 		err := s.pool.QueryRow(ctx, sqlClaim, key, uuid(req.Token), ident, sums, micros(req.Lease)).
-			Scan(&token, &finished, &expires, &now, &held, &stored, &response, &claimed)
+			Scan(&token, &finished, &expires, &now, &heldIdent, &heldSums, &response, &claimed)
 		// A session that defaults to REPEATABLE READ or SERIALIZABLE
 		// fails a claim that lost a race to a concurrent one (40001)
 		// where READ COMMITTED returns claimed 0: both run again.
@@ -148,10 +149,10 @@ func (s *Store) Claim(ctx context.Context, key string, req middleware.ClaimReque
 	case !finished.Bool && token.Bytes == req.Token:
 		// A resent claim: the record holds this claim's token.
 		return middleware.ClaimResult{Status: middleware.Claimed}, nil
-	case string(held) != string(ident):
+	case string(heldIdent) != string(ident):
 		var changedFields []int
-		if sameScope(held, ident, len(req.Fingerprint)) {
-			changedFields = changed(stored, req.Fields)
+		if sameScope(heldIdent, ident, len(req.Fingerprint)) {
+			changedFields = changed(heldSums, req.Fields)
 		}
 		return middleware.ClaimResult{Status: middleware.Mismatch, Changed: changedFields}, nil
 	case finished.Bool:
