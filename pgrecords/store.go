@@ -112,14 +112,14 @@ func (s *Store) Claim(ctx context.Context, key string, req middleware.ClaimReque
 	}
 	ident := appendIdent(nil, req.Owner, req.Kind, string(req.Fingerprint))
 	var (
-		token        pgtype.UUID
-		finished     pgtype.Bool
-		expires      pgtype.Timestamptz
-		now          time.Time
-		heldIdent    []byte
-		heldSums     []byte
-		response     []byte
-		claimed      *int16
+		token     pgtype.UUID
+		finished  pgtype.Bool
+		expires   pgtype.Timestamptz
+		now       time.Time
+		heldIdent []byte
+		heldSums  []byte
+		response  []byte
+		claimed   *int16
 	)
 	// A claim that loses a race for a free key to a concurrent claim runs
 	// again and reads the winner; the key would have to change hands on
