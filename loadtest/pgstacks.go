@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -176,20 +175,9 @@ type pgFloor struct {
 func (f *pgFloor) submit(c echo.Context) error {
 	r := c.Request()
 	ctx := r.Context()
-	tenant, user, err := headerScope(c)
+	tenant, user, reqID, body, err := floorRequest(c)
 	if err != nil {
 		return err
-	}
-	reqID := r.Header.Get("Idempotency-Key")
-	if reqID == "" {
-		return echo.NewHTTPError(http.StatusBadRequest, "Idempotency-Key required")
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err != nil {
-		return err
-	}
-	if len(body) > maxBody {
-		return echo.NewHTTPError(http.StatusRequestEntityTooLarge)
 	}
 	fpSum := sha256.Sum256(body)
 	fp := "v1:" + hex.EncodeToString(fpSum[:])

@@ -291,6 +291,27 @@ func newFloor(ctx context.Context, e *env, o options, plain bool) (*stack, error
 	return st, nil
 }
 
+// floorRequest reads what every floor handler needs from a request: the
+// scope from the headers, the Idempotency-Key and the body (at most
+// maxBody bytes).
+func floorRequest(c echo.Context) (tenant, user, reqID string, body []byte, err error) {
+	r := c.Request()
+	if tenant, user, err = headerScope(c); err != nil {
+		return
+	}
+	if reqID = r.Header.Get("Idempotency-Key"); reqID == "" {
+		err = echo.NewHTTPError(http.StatusBadRequest, "Idempotency-Key required")
+		return
+	}
+	if body, err = io.ReadAll(io.LimitReader(r.Body, maxBody+1)); err != nil {
+		return
+	}
+	if len(body) > maxBody {
+		err = echo.NewHTTPError(http.StatusRequestEntityTooLarge)
+	}
+	return
+}
+
 type floor struct {
 	plain bool
 	rdb   *redis.Client
@@ -302,20 +323,9 @@ type floor struct {
 func (f *floor) submit(c echo.Context) error {
 	r := c.Request()
 	ctx := r.Context()
-	tenant, user, err := headerScope(c)
+	tenant, user, reqID, body, err := floorRequest(c)
 	if err != nil {
 		return err
-	}
-	reqID := r.Header.Get("Idempotency-Key")
-	if reqID == "" {
-		return echo.NewHTTPError(http.StatusBadRequest, "Idempotency-Key required")
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err != nil {
-		return err
-	}
-	if len(body) > maxBody {
-		return echo.NewHTTPError(http.StatusRequestEntityTooLarge)
 	}
 	fp := sha256.Sum256(body)
 	fpHex := hex.EncodeToString(fp[:])
