@@ -38,7 +38,7 @@ func FuzzVaries(f *testing.F) {
 			t.Fatalf("varies misses the field after %q", v)
 		}
 		stored := map[string][]string{"Vary": {v}, "Content-Encoding": {"gzip"}}
-		got := withoutEncoding(stored)
+		got := withoutEncoding(stored, 0)
 		if !varies(got["Vary"], "Accept-Encoding") {
 			t.Fatalf("Vary %q after decoding lacks Accept-Encoding", got["Vary"])
 		}

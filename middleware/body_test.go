@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"io"
+	"math"
 	"net/http/httptest"
 	"runtime"
 	"strings"
@@ -48,6 +49,10 @@ func TestReadBody(t *testing.T) {
 		{name: "longer than declared", body: "hello!", length: 5, limit: 10, wantErr: errBodyTooLarge},
 		{name: "declared over limit", body: "hello", length: 5, limit: 4, wantErr: errBodyTooLarge},
 		{name: "unknown length over limit", body: strings.Repeat("x", 3000), length: -1, limit: 2999, wantErr: errBodyTooLarge},
+		// math.MaxInt64 is a natural "no limit": limit+1 must not wrap.
+		{name: "unknown length, no limit", body: strings.Repeat("x", 3000), length: -1, limit: math.MaxInt64},
+		{name: "exact, no limit", body: strings.Repeat("x", 3000), length: 3000, limit: math.MaxInt64},
+		{name: "declared MaxInt64, no limit", body: "tiny", length: math.MaxInt64, limit: math.MaxInt64, wantErr: errBodyTooLarge},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"compress/gzip"
 	"io"
+	"math"
 	"net/http"
+	"strconv"
 	"strings"
 )
 
@@ -139,22 +141,29 @@ func decodeForReplay(contentEncoding []string, body []byte, max int64) ([]byte, 
 	if err != nil {
 		return nil, false
 	}
-	out, err := io.ReadAll(io.LimitReader(zr, max+1))
+	// One byte more than max proves the body is too large; max of
+	// math.MaxInt64 ("no limit") must not wrap max+1 negative.
+	out, err := io.ReadAll(io.LimitReader(zr, min(max, math.MaxInt64-1)+1))
 	if err != nil || int64(len(out)) > max {
 		return nil, false
 	}
 	return out, true
 }
 
-// withoutEncoding returns a copy of h without Content-Encoding, with a
-// strong ETag made weak (it named the encoded bytes), and with
+// withoutEncoding returns a copy of h for a body decoded to decodedLen
+// bytes: without Content-Encoding, with a stored Content-Length set to
+// decodedLen, with a strong ETag made weak (it named the encoded bytes), and with
 // Accept-Encoding in Vary: the decoded copy was chosen by the retry's
 // Accept-Encoding, whether or not the handler said its answer varies.
-func withoutEncoding(h http.Header) http.Header {
+func withoutEncoding(h http.Header, decodedLen int) http.Header {
 	out := make(http.Header, len(h)+1)
 	for name, v := range h {
-		if name == "Content-Encoding" {
+		switch name {
+		case "Content-Encoding":
 			continue
+		case "Content-Length":
+			// Named in ReplayHeaders: it counted the encoded bytes.
+			v = []string{strconv.Itoa(decodedLen)}
 		}
 		out[name] = v
 	}

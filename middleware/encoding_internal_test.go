@@ -110,7 +110,7 @@ func TestWithoutEncoding(t *testing.T) {
 		"Etag":             {`"v1-gz"`},
 		"Vary":             {"Accept-Encoding"},
 	}
-	got := withoutEncoding(stored)
+	got := withoutEncoding(stored, 0)
 	if _, ok := got["Content-Encoding"]; ok {
 		t.Errorf("Content-Encoding kept: %v", got)
 	}
@@ -123,7 +123,7 @@ func TestWithoutEncoding(t *testing.T) {
 	if stored["Content-Encoding"] == nil || stored["Etag"][0] != `"v1-gz"` {
 		t.Errorf("the stored header was changed: %v", stored)
 	}
-	if e := withoutEncoding(map[string][]string{"Etag": {`W/"x"`}}).Get("Etag"); e != `W/"x"` {
+	if e := withoutEncoding(map[string][]string{"Etag": {`W/"x"`}}, 0).Get("Etag"); e != `W/"x"` {
 		t.Errorf("weak ETag = %q, want it unchanged", e)
 	}
 }

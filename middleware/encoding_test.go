@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"compress/gzip"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -108,6 +110,8 @@ func TestReplayEncoding(t *testing.T) {
 		{name: "coding excluded despite a wildcard is refused",
 			body: []byte("not really brotli"), encoding: "br", firstAE: "br", retryAE: "br;q=0, *",
 			wantStatus: 406},
+		{name: "gzip stored, no response limit, retry without Accept-Encoding gets it decoded",
+			body: report, maxResp: math.MaxInt64, firstAE: "gzip", retryAE: "", wantStatus: 201, wantBody: report},
 		{name: "corrupt gzip is refused",
 			body: []byte("not gzip at all"), encoding: "gzip", firstAE: "gzip", retryAE: "", wantStatus: 406},
 	}
@@ -184,5 +188,65 @@ func TestReplayEncodingOutside(t *testing.T) {
 	}
 	if v.calls.Load() != 1 {
 		t.Errorf("handler ran %d times", v.calls.Load())
+	}
+}
+
+// TestReplayDecodedContentLength: with ReplayHeaders naming
+// Content-Length, a replay decoded for a retry that does not accept gzip
+// says the decoded body's length, not the stored compressed one (with
+// which a client reads too few bytes or waits for more).
+func TestReplayDecodedContentLength(t *testing.T) {
+	t.Parallel()
+	plain := []byte(`{"report":"` + strings.Repeat("all quiet; ", 200) + `"}`)
+	z := gzipOf(t, plain, 1)
+	v := newEnv(t, nil, nil)
+	e := echo.New()
+	e.POST("/v1/report", func(c echo.Context) error {
+		v.calls.Add(1)
+		h := c.Response().Header()
+		h.Set("Content-Encoding", "gzip")
+		h.Set("Content-Length", strconv.Itoa(len(z)))
+		return c.Blob(http.StatusCreated, "application/json", z)
+	}, middleware.New(middleware.Config{Store: v.store, Scope: testScope,
+		ReplayHeaders: []string{"Content-Type", "Content-Encoding", "Content-Length"}}))
+	srv := httptest.NewServer(e)
+	t.Cleanup(srv.Close)
+	client := &http.Client{Transport: &http.Transport{DisableCompression: true}}
+	send := func(acceptEncoding string) (*http.Response, []byte) {
+		t.Helper()
+		r, _ := http.NewRequest("POST", srv.URL+"/v1/report", strings.NewReader(imageBody))
+		r.Header.Set("Idempotency-Key", "k")
+		r.Header.Set("X-Tenant", "acme")
+		r.Header.Set("X-User", "alice")
+		r.Header.Set("Content-Type", "application/json")
+		if acceptEncoding != "" {
+			r.Header.Set("Accept-Encoding", acceptEncoding)
+		}
+		resp, err := client.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatalf("read the answer to Accept-Encoding %q: %v", acceptEncoding, err)
+		}
+		return resp, body
+	}
+	if resp, body := send("gzip"); resp.StatusCode != 201 || !bytes.Equal(body, z) {
+		t.Fatalf("first = %d, %d bytes, want 201 with the %d gzip bytes", resp.StatusCode, len(body), len(z))
+	}
+	resp, body := send("")
+	if resp.StatusCode != 201 || !bytes.Equal(body, plain) {
+		t.Fatalf("retry without gzip = %d, %d bytes, want 201 with the %d decoded bytes", resp.StatusCode, len(body), len(plain))
+	}
+	if got := resp.Header.Get("Content-Length"); got != strconv.Itoa(len(plain)) {
+		t.Errorf("Content-Length = %s, want %d", got, len(plain))
+	}
+	if resp, body := send("gzip"); !bytes.Equal(body, z) || resp.Header.Get("Content-Length") != strconv.Itoa(len(z)) {
+		t.Errorf("retry with gzip = %d bytes, Content-Length %s, want the %d stored bytes", len(body), resp.Header.Get("Content-Length"), len(z))
+	}
+	if n := v.calls.Load(); n != 1 {
+		t.Errorf("handler ran %d times, want 1", n)
 	}
 }

@@ -1,16 +1,13 @@
 package middleware
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -113,11 +110,6 @@ type call struct {
 	renewDone bool
 	leaseLost atomic.Bool
 }
-
-// bodyReader restores the request body for the handler.
-type bodyReader struct{ bytes.Reader }
-
-func (*bodyReader) Close() error { return nil }
 
 func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	if m.cfg.Skipper(c) {
@@ -298,130 +290,6 @@ func (m *idem) changed(idx []int, sums int) []string {
 	return out
 }
 
-var (
-	errBodyTooLarge = errors.New("body too large")
-	errBodyShort    = errors.New("body shorter than its Content-Length")
-)
-
-// initialBodyCap bounds what readBody allocates before the body arrives, so
-// that a client cannot make the server allocate far more than it sends.
-const initialBodyCap = 64 << 10
-
-// readBody reads at most limit bytes of the request body, in growing
-// chunks. A body shorter than its Content-Length (the client went away
-// mid-body) is an error: the handler must never run on a truncated body.
-func readBody(r *http.Request, limit int64) ([]byte, error) {
-	if r.Body == nil || r.Body == http.NoBody {
-		return nil, nil
-	}
-	length := r.ContentLength
-	if len(r.Header["Content-Encoding"]) > 0 {
-		// A decoding middleware outside this one (echo's Decompress)
-		// replaces the body but not Content-Length, which counts the
-		// encoded bytes: the decoded body is longer or shorter.
-		length = -1
-	}
-	if length > limit {
-		return nil, errBodyTooLarge
-	}
-	// One byte more than declared (or allowed) proves the body ends there.
-	most := limit + 1
-	if length >= 0 {
-		most = length + 1
-	}
-	size := most
-	if length < 0 {
-		size = 512
-	}
-	buf := make([]byte, 0, min(size, initialBodyCap))
-	for {
-		if len(buf) == cap(buf) {
-			if int64(len(buf)) >= most {
-				break
-			}
-			grown := make([]byte, len(buf), min(2*int64(cap(buf)), most))
-			copy(grown, buf)
-			buf = grown
-		}
-		n, err := r.Body.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
-	switch {
-	case int64(len(buf)) > limit:
-		return nil, errBodyTooLarge
-	case length < 0:
-		return buf, nil
-	case int64(len(buf)) > length:
-		return nil, errBodyTooLarge
-	case int64(len(buf)) < length:
-		return nil, errBodyShort
-	}
-	return buf, nil
-}
-
-// wait polls the store until the holder of the key finishes, releases it,
-// or WaitInFlight runs out.
-func (st *call) wait(ctx context.Context, claim ClaimRequest, res ClaimResult) (ClaimResult, error) {
-	deadline := st.start.Add(st.m.cfg.WaitInFlight)
-	delay := 5 * time.Millisecond
-	var err error
-	for res.Status == Running {
-		left := deadline.Sub(st.m.cfg.now())
-		if left <= 0 {
-			break
-		}
-		t := time.NewTimer(min(delay, left))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			st.emit(Event{Type: EventWaited, Reason: "canceled"})
-			return res, nil
-		case <-t.C:
-		}
-		delay = min(2*delay, 200*time.Millisecond)
-		res, err = st.m.cfg.Store.Claim(st.storeCtx(), st.key, claim)
-		if err != nil {
-			return res, err
-		}
-	}
-	st.emit(Event{Type: EventWaited, Reason: res.Status.String()})
-	return res, nil
-}
-
-// replay writes a stored response byte for byte, unless it carries a
-// Content-Encoding the request does not accept: then a gzip body is
-// decoded (Event.Reason "decoded"), and any other is refused with 406
-// encoding_not_acceptable (Event.Reason "encoding_not_acceptable").
-func (st *call) replay(c echo.Context, resp Response) error {
-	if ce := resp.Header["Content-Encoding"]; len(ce) > 0 && !acceptsEncoding(c.Request().Header["Accept-Encoding"], ce) {
-		body, ok := decodeForReplay(ce, resp.Body, st.m.cfg.MaxResponseBytes)
-		if !ok {
-			st.emit(Event{Type: EventReplayed, Status: http.StatusNotAcceptable, Reason: codeEncodingNotAcceptable})
-			return writeProblem(c, http.StatusNotAcceptable, codeEncodingNotAcceptable,
-				"The stored response to this request is sent with Content-Encoding "+strings.Join(ce, ", ")+
-					", which this request does not accept; retry with an Accept-Encoding that allows it.", 0)
-		}
-		resp = Response{Status: resp.Status, Header: withoutEncoding(resp.Header), Body: body}
-		st.emit(Event{Type: EventReplayed, Status: resp.Status, Reason: "decoded"})
-	} else {
-		st.emit(Event{Type: EventReplayed, Status: resp.Status})
-	}
-	h := c.Response().Header()
-	for name, v := range resp.Header {
-		h[name] = v
-	}
-	h[replayedHeader] = []string{"true"}
-	c.Response().WriteHeader(resp.Status)
-	_, err := c.Response().Write(resp.Body)
-	return err
-}
-
 // run runs the handler under the claim, then stores or releases it.
 func (st *call) run(c echo.Context, next echo.HandlerFunc) (err error) {
 	// Only a handler reads the request (FromContext): a replay or a
@@ -486,41 +354,6 @@ func (st *call) run(c echo.Context, next echo.HandlerFunc) (err error) {
 	return nil
 }
 
-// storeCtx returns the context of a store call made for the request
-// (claim, complete, release): the request's values without its
-// cancellation, bounded by one Lease. A disconnected client must not cut a
-// store call short — a claim or completion the store already executed
-// would be stranded, and the claim would block the client's retry for a
-// lease — but a dead store must not hold the request forever. Calls share
-// one context while at least half of its time is left: a timer per call
-// costs allocations on every request.
-func (st *call) storeCtx() context.Context {
-	if st.sctx != nil {
-		if d, _ := st.sctx.Deadline(); time.Until(d) >= st.m.cfg.Lease/2 {
-			return st.sctx
-		}
-		st.scancel()
-	}
-	st.sctx, st.scancel = context.WithTimeout(&st.ctx, st.m.cfg.Lease)
-	return st.sctx
-}
-
-// cancelStore frees the store context's timer.
-func (st *call) cancelStore() {
-	if st.scancel != nil {
-		st.scancel()
-	}
-}
-
-// detached is what context.WithoutCancel returns, kept inside call to save
-// an allocation per request: the parent's values, never its cancellation.
-type detached struct{ parent context.Context }
-
-func (detached) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (detached) Done() <-chan struct{}       { return nil }
-func (detached) Err() error                  { return nil }
-func (d *detached) Value(key any) any        { return d.parent.Value(key) }
-
 func (st *call) complete() {
 	ctx := st.storeCtx()
 	resp := Response{Status: st.cw.status, Header: st.cw.header, Body: *st.cw.body}
@@ -554,23 +387,6 @@ func (st *call) storeFailed(op string, err error) {
 	st.warn("idemgate: store error", op, err)
 }
 
-// lostClaimTimeout bounds the release of a claim whose answer was lost.
-const lostClaimTimeout = time.Second
-
-// releaseUnconfirmed gives back the claim that a failed Claim call may have
-// made: the store can have run it and lost only its answer (a read timeout
-// after Redis ran the script), and that claim would block the client's
-// retry for a whole lease with nothing running. The release is fenced by
-// this request's own token, so it deletes this claim and nothing else. Best
-// effort, on a short detached context: the store just failed.
-func (st *call) releaseUnconfirmed() {
-	ctx, cancel := context.WithTimeout(&st.ctx, min(st.m.cfg.Lease, lostClaimTimeout))
-	defer cancel()
-	if st.m.cfg.Store.Release(ctx, st.key, st.token) == nil {
-		st.emit(Event{Type: EventReleased, Reason: "claim_failed"})
-	}
-}
-
 func (st *call) storeDown(c echo.Context, next echo.HandlerFunc, err error) error {
 	st.emit(Event{Type: EventStoreError, Reason: "claim", Err: err})
 	st.warn("idemgate: store unavailable", "claim", err)
@@ -582,35 +398,6 @@ func (st *call) storeDown(c echo.Context, next echo.HandlerFunc, err error) erro
 	}
 	return writeProblem(c, http.StatusServiceUnavailable, codeStoreUnavailable,
 		"The idempotency store is unavailable; retry later.", 1)
-}
-
-// startRenewal extends the lease every Lease/3 while the handler runs.
-func (st *call) startRenewal() {
-	every := st.m.cfg.Lease / 3
-	st.renewMu.Lock()
-	defer st.renewMu.Unlock()
-	st.renewer = time.AfterFunc(every, func() {
-		st.renewMu.Lock()
-		defer st.renewMu.Unlock()
-		if st.renewDone {
-			return
-		}
-		ctx, cancel := context.WithTimeout(&st.ctx, every)
-		err := st.m.cfg.Store.Extend(ctx, st.key, st.token, st.m.cfg.Lease)
-		cancel()
-		if err != nil {
-			st.storeFailed("extend", err)
-		}
-		st.renewer.Reset(every)
-	})
-}
-
-// stopRenewal stops the renewals and waits for one in progress.
-func (st *call) stopRenewal() {
-	st.renewMu.Lock()
-	st.renewDone = true
-	st.renewer.Stop()
-	st.renewMu.Unlock()
 }
 
 func (st *call) emit(e Event) {

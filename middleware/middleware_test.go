@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -1092,4 +1093,28 @@ func TestDefaultCacheable(t *testing.T) {
 			t.Errorf("DefaultCacheable(%d) = %v, want %v", status, got, want)
 		}
 	}
+}
+
+// TestUnlimitedBody: MaxBodyBytes of math.MaxInt64 ("no limit") reads a
+// body of unknown length to its end, so two bodies that differ after byte
+// 512 get different fingerprints (a conflict, never a replay) and a JSON
+// body over 512 bytes is whole; a Content-Length of math.MaxInt64 is
+// answered 413 body_too_large.
+func TestUnlimitedBody(t *testing.T) {
+	t.Parallel()
+	v := newEnv(t, func(c *middleware.Config) { c.MaxBodyBytes = math.MaxInt64 }, nil)
+	pad := strings.Repeat("x", 600)
+	first := `{"prompt":"` + pad + `","n":1}`
+	want{status: 201, calls: 1}.check(t, v, v.do(req{key: "k", body: first, chunked: true}))
+	want{status: 409, code: "key_reused", calls: 1}.check(t, v, v.do(req{key: "k", body: `{"prompt":"` + pad + `","n":2}`, chunked: true}))
+	want{status: 201, calls: 1, replayed: true}.check(t, v, v.do(req{key: "k", body: first, chunked: true}))
+	// Raw bodies: the bytes after 512 take part too.
+	want{status: 201, calls: 2}.check(t, v, v.do(req{key: "raw", ctype: "text/plain", body: pad + "n=1", chunked: true}))
+	want{status: 409, code: "key_reused", calls: 2}.check(t, v, v.do(req{key: "raw", ctype: "text/plain", body: pad + "n=2", chunked: true}))
+
+	r := req{key: "huge", body: imageBody}.build()
+	r.ContentLength = math.MaxInt64
+	rec := httptest.NewRecorder()
+	v.e.ServeHTTP(rec, r)
+	want{status: 413, code: "body_too_large", calls: 2}.check(t, v, rec)
 }

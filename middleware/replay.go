@@ -1,0 +1,67 @@
+package middleware
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+)
+
+// wait polls the store until the holder of the key finishes, releases it,
+// or WaitInFlight runs out.
+func (st *call) wait(ctx context.Context, claim ClaimRequest, res ClaimResult) (ClaimResult, error) {
+	deadline := st.start.Add(st.m.cfg.WaitInFlight)
+	delay := 5 * time.Millisecond
+	var err error
+	for res.Status == Running {
+		left := deadline.Sub(st.m.cfg.now())
+		if left <= 0 {
+			break
+		}
+		t := time.NewTimer(min(delay, left))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			st.emit(Event{Type: EventWaited, Reason: "canceled"})
+			return res, nil
+		case <-t.C:
+		}
+		delay = min(2*delay, 200*time.Millisecond)
+		res, err = st.m.cfg.Store.Claim(st.storeCtx(), st.key, claim)
+		if err != nil {
+			return res, err
+		}
+	}
+	st.emit(Event{Type: EventWaited, Reason: res.Status.String()})
+	return res, nil
+}
+
+// replay writes a stored response byte for byte, unless it carries a
+// Content-Encoding the request does not accept: then a gzip body is
+// decoded (Event.Reason "decoded"), and any other is refused with 406
+// encoding_not_acceptable (Event.Reason "encoding_not_acceptable").
+func (st *call) replay(c echo.Context, resp Response) error {
+	if ce := resp.Header["Content-Encoding"]; len(ce) > 0 && !acceptsEncoding(c.Request().Header["Accept-Encoding"], ce) {
+		body, ok := decodeForReplay(ce, resp.Body, st.m.cfg.MaxResponseBytes)
+		if !ok {
+			st.emit(Event{Type: EventReplayed, Status: http.StatusNotAcceptable, Reason: codeEncodingNotAcceptable})
+			return writeProblem(c, http.StatusNotAcceptable, codeEncodingNotAcceptable,
+				"The stored response to this request is sent with Content-Encoding "+strings.Join(ce, ", ")+
+					", which this request does not accept; retry with an Accept-Encoding that allows it.", 0)
+		}
+		resp = Response{Status: resp.Status, Header: withoutEncoding(resp.Header, len(body)), Body: body}
+		st.emit(Event{Type: EventReplayed, Status: resp.Status, Reason: "decoded"})
+	} else {
+		st.emit(Event{Type: EventReplayed, Status: resp.Status})
+	}
+	h := c.Response().Header()
+	for name, v := range resp.Header {
+		h[name] = v
+	}
+	h[replayedHeader] = []string{"true"}
+	c.Response().WriteHeader(resp.Status)
+	_, err := c.Response().Write(resp.Body)
+	return err
+}
