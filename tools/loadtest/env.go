@@ -14,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/internal/devserver"
-	"github.com/idemgate/idemgate/internal/pgcpu"
+	"github.com/idemgate/idemgate/tools/internal/pgcpu"
 	"github.com/idemgate/idemgate/pgstore"
 )
 

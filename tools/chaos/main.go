@@ -101,7 +101,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.history, "history", "", "write the history (JSON lines) here; default: in the run directory")
 	fs.BoolVar(&o.keep, "keep", false, "keep the run directory (logs, history) even when every invariant holds")
 	fs.StringVar(&o.check, "check", "", "check a recorded history file instead of running")
-	fs.StringVar(&o.root, "root", "", "module root to build the example from; default: the current module")
+	fs.StringVar(&o.root, "root", "", "repository root to build the example from; default: the go.work's directory")
 	fs.BoolVar(&o.quiet, "q", false, "no progress lines on stderr")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -201,17 +201,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return code
 }
 
-// moduleRoot is the directory of the current module's go.mod.
+// moduleRoot is the repository root: the directory of the go.work that
+// joins the library, the example and the tools, where "go build ./example"
+// builds the example against the library in the same checkout.
 func moduleRoot() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
+	out, err := exec.Command("go", "env", "GOWORK").Output()
 	if err != nil {
-		return "", fmt.Errorf("chaos: go env GOMOD: %w", err)
+		return "", fmt.Errorf("chaos: go env GOWORK: %w", err)
 	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return "", errors.New("chaos: not inside a module; run from the idemgate checkout or pass -root")
+	work := strings.TrimSpace(string(out))
+	if work == "" || work == "off" {
+		return "", errors.New("chaos: not inside the idemgate workspace (go.work); run from the checkout or pass -root")
 	}
-	return filepath.Dir(mod), nil
+	return filepath.Dir(work), nil
 }
 
 // soak makes one run and returns its history and run directory.

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemgate/idemgate/internal/pgcpu"
+	"github.com/idemgate/idemgate/tools/internal/pgcpu"
 )
 
 // Server CPU per request: read Used before and after the requests.
