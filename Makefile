@@ -1,27 +1,38 @@
 # The test command of the README. It needs no running services: the tests
 # start throwaway PostgreSQL and Redis servers on free loopback ports
 # (internal/testenv) and stop them at the end.
+#
+# Four modules share this checkout (go.work joins them): the library at the
+# root, and example/, otelidem/ and tools/ with their own dependencies, so an
+# importer of the library gets none of theirs. "./..." names one module only;
+# PKGS names all four.
 GO ?= go
 export GOTOOLCHAIN ?= local
+PKGS = ./... ./example/... ./otelidem/... ./tools/...
+STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: test vet unit faults run bench load chaos river river-quick river-test
+.PHONY: test vet lint unit faults run bench load chaos river river-quick
 
-test: vet unit faults river-test
+test: vet lint unit faults
 
 vet:
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
-	$(GO) vet ./...
-	$(GO) vet -tags faults ./faults/
+	$(GO) vet $(PKGS)
+	$(GO) vet -tags faults ./tools/faults/
+
+lint:
+	$(STATICCHECK) $(PKGS)
+	$(STATICCHECK) -tags faults ./tools/faults/
 
 # Allocation budgets run once more without -race: the race detector drops
 # pooled buffers on purpose.
 unit:
-	$(GO) test -race -count=1 -timeout 20m ./...
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(GO) test -count=1 -run 'Allocs' ./fingerprint/
 
 # The fault suite: servers killed, flushed, restarted and slowed under load.
 faults:
-	$(GO) test -tags faults -race -count=1 -timeout 15m ./faults/
+	$(GO) test -tags faults -race -count=1 -timeout 15m ./tools/faults/
 
 run:
 	$(GO) run ./example
@@ -30,19 +41,15 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./fingerprint/ ./middleware/ ./pgstore/
 
 load:
-	$(GO) run ./loadtest
+	$(GO) run ./tools/loadtest
 
-# The long randomized soak with its history checker (README "Reliability (chaos)").
+# The long randomized soak with its history checker (docs/reliability.md).
 chaos:
-	$(GO) run ./chaos -seed $(or $(SEED),1) -duration $(or $(DURATION),30m)
+	$(GO) run ./tools/chaos -seed $(or $(SEED),1) -duration $(or $(DURATION),30m)
 
-# pgstore against River (riverbench/ is its own module; River stays out of go.mod).
+# pgstore against River (River is a dependency of tools/ only).
 river:
-	cd riverbench && $(GO) run .
+	$(GO) run ./tools/riverbench
 
 river-quick:
-	cd riverbench && $(GO) run . -quick
-
-# The root's go vet/test ./... skip the nested module.
-river-test:
-	cd riverbench && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+	$(GO) run ./tools/riverbench -quick

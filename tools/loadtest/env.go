@@ -14,8 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/internal/devserver"
-	"github.com/idemgate/idemgate/tools/internal/pgcpu"
 	"github.com/idemgate/idemgate/pgstore"
+	"github.com/idemgate/idemgate/tools/internal/pgcpu"
 )
 
 // env is the Redis and Postgres of one run.

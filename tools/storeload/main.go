@@ -38,9 +38,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/internal/devserver"
-	"github.com/idemgate/idemgate/tools/internal/pgcpu"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
+	"github.com/idemgate/idemgate/tools/internal/pgcpu"
 )
 
 func main() {
