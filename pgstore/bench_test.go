@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate/internal/wait"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -244,7 +245,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 	stop := runWorker(b, w)
 	<-finished
 	// The last handlers ran; wait for their transitions to land.
-	waitFor(b, func() bool { return countRows(b, s.pool, "state = 'succeeded'") == n })
+	wait.For(b, patience, "countRows(b, s.pool, 'state = 'succeeded'') == n", func() bool { return countRows(b, s.pool, "state = 'succeeded'") == n })
 	elapsed := time.Since(start)
 	b.StopTimer()
 	stop()

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemgate/idemgate/internal/wait"
 )
 
 func TestCancel(t *testing.T) {
@@ -87,7 +89,7 @@ func TestCancelStopsTheRunningAttempt(t *testing.T) {
 			return Succeeded(json.RawMessage(`"too late"`))
 		}})
 	runWorker(t, w)
-	waitFor(t, func() bool { return countActivity(t, s.pool, listening) == 1 })
+	wait.For(t, patience, "countActivity(t, s.pool, listening) == 1", func() bool { return countActivity(t, s.pool, listening) == 1 })
 	task := mustSubmit(t, s, newTask("cancel-running"))
 	<-entered
 	if _, err := s.Cancel(context.Background(), task.Tenant, task.Owner, task.ID); err != nil {
@@ -101,7 +103,7 @@ func TestCancelStopsTheRunningAttempt(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the running attempt was not cancelled")
 	}
-	waitFor(t, func() bool { return len(got.of(task.ID)) == 2 })
+	wait.For(t, patience, "len(got.of(task.ID)) == 2", func() bool { return len(got.of(task.ID)) == 2 })
 	if evs := got.of(task.ID); evs[1] != WorkerCancelled {
 		t.Fatalf("events %v; want claimed, cancelled", evs)
 	}
@@ -151,7 +153,7 @@ func TestCancelWhileWorkersRun(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	waitFor(t, func() bool {
+	wait.For(t, patience, "every task succeeded or cancelled", func() bool {
 		return countRows(t, s.pool, "state IN ('succeeded', 'cancelled')") == total
 	})
 	if n := countRows(t, s.pool, "state = 'cancelled' AND results <> '[]'"); n != 0 {
@@ -164,5 +166,50 @@ func TestCancelWhileWorkersRun(t *testing.T) {
 		if n := c.get(task.ID); n > 1 {
 			t.Fatalf("task %s ran %d times", task.ID, n)
 		}
+	}
+}
+
+// Cancel while the worker's LISTEN connection is gone: the notification
+// is lost, and the heartbeat, which finds the task no longer running,
+// still stops the attempt; the late success does not apply.
+func TestCancelWhileListenIsDown(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	cause := make(chan error, 1)
+	entered := make(chan struct{})
+	var reconnects atomic.Int64
+	w := newWorker(t, s, WorkerConfig{Lease: 3 * time.Second, Heartbeat: 200 * time.Millisecond, PollInterval: 20 * time.Millisecond,
+		Handler: func(ctx context.Context, t Task) Outcome {
+			close(entered)
+			<-ctx.Done()
+			cause <- context.Cause(ctx)
+			return Succeeded(json.RawMessage(`"too late"`))
+		}})
+	runWorker(t, w)
+	wait.For(t, patience, "countActivity(t, s.pool, listening) == 1", func() bool { return countActivity(t, s.pool, listening) == 1 })
+	task := mustSubmit(t, s, newTask("cancel-unheard"))
+	<-entered
+	// Cut the listener off and cancel before it can listen again (it
+	// waits at least 100ms before reconnecting).
+	if _, err := s.pool.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "+listening); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Cancel(context.Background(), task.Tenant, task.Owner, task.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-cause:
+		if !errors.Is(err, errLeaseLost) && !errors.Is(err, errCancelled) {
+			t.Fatalf("handler's context ended by %v; want the lost lease (or the cancel)", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the running attempt was not stopped")
+	}
+	wait.For(t, patience, "the listener reconnected", func() bool {
+		reconnects.Store(int64(countActivity(t, s.pool, listening)))
+		return reconnects.Load() == 1
+	})
+	if g := mustGet(t, s, task); g.State != StateCancelled || len(g.Results) != 0 {
+		t.Fatalf("task %s with results %s; the late success must not apply", g.State, g.Results)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"sync"
 	"testing"
+
+	"github.com/idemgate/idemgate/internal/wait"
 )
 
 // events collects WorkerEvents from many goroutines.
@@ -58,7 +60,7 @@ func TestWorkerEvents(t *testing.T) {
 		{name: "failure", id: fails.ID, want: []WorkerEventType{WorkerClaimed, WorkerFailed}},
 	}
 	for _, tt := range tests {
-		waitFor(t, func() bool { return len(got.of(tt.id)) == len(tt.want) })
+		wait.For(t, patience, "len(got.of(tt.id)) == len(tt.want)", func() bool { return len(got.of(tt.id)) == len(tt.want) })
 		for i, typ := range got.of(tt.id) {
 			if typ != tt.want[i] {
 				t.Errorf("%s: events %v; want %v", tt.name, got.of(tt.id), tt.want)

@@ -73,6 +73,3 @@ func (s *Store) Migrate(ctx context.Context) error {
 	}
 	return r.Run(ctx, s.pool)
 }
-
-// tasksTable is the table whose indexes the migrations build and drop.
-const tasksTable = "idemgate_tasks"

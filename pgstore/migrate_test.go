@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"encoding/json"
+
+	"github.com/idemgate/idemgate/internal/wait"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -49,7 +52,7 @@ func assertKeyGuarded(t testing.TB, pool *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
 	var exists bool
-	if err := pool.QueryRow(ctx, sqlTableExists).Scan(&exists); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('idemgate_tasks') IS NOT NULL`).Scan(&exists); err != nil {
 		t.Fatal(err)
 	}
 	if !exists {
@@ -88,7 +91,7 @@ func assertFinalSchema(t testing.TB, pool *pgxpool.Pool) {
 	if got := keyIndexes(t, pool); !slicesEqualFunc(got, want) {
 		t.Fatalf("unique indexes = %+v; want %+v", got, want)
 	}
-	rows, _ := pool.Query(context.Background(), sqlAppliedVersions)
+	rows, _ := pool.Query(context.Background(), `SELECT version FROM idemgate_schema_migrations ORDER BY version`)
 	versions, err := pgx.CollectRows(rows, pgx.RowTo[int])
 	if err != nil {
 		t.Fatal(err)
@@ -264,7 +267,7 @@ func TestMigrateKilledMidBuildWhileSubmitting(t *testing.T) {
 		switch step {
 		case "v2: drop an invalid leftover of the wide index":
 			startOnce.Do(startSubmitters)
-			waitFor(t, func() bool { return submitted.Load() > 50 })
+			wait.For(t, patience, "submitted.Load() > 50", func() bool { return submitted.Load() > 50 })
 		case "v2: build the wide index concurrently":
 			// A writer that started before the build makes it wait
 			// between its catalog entry and the table scan.
@@ -279,7 +282,7 @@ func TestMigrateKilledMidBuildWhileSubmitting(t *testing.T) {
 			}
 			go func() {
 				defer close(killed)
-				ok := eventually(func() bool {
+				ok := wait.Until(patience, func() bool {
 					var waiting bool
 					err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_class WHERE relname = $1)
 						AND EXISTS (SELECT FROM pg_stat_activity WHERE pid = $2 AND wait_event_type = 'Lock')`,
@@ -287,7 +290,7 @@ func TestMigrateKilledMidBuildWhileSubmitting(t *testing.T) {
 					return err == nil && waiting
 				})
 				before := submitted.Load()
-				ok = ok && eventually(func() bool { return submitted.Load() > before+50 }) // submits run during the build
+				ok = ok && wait.Until(patience, func() bool { return submitted.Load() > before+50 }) // submits run during the build
 				if !ok {
 					t.Error("the build never waited, or submits stalled during it")
 				}
@@ -320,7 +323,7 @@ func TestMigrateKilledMidBuildWhileSubmitting(t *testing.T) {
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatalf("rerun: %v", err)
 	}
-	waitFor(t, func() bool { return submitted.Load() > before+200 })
+	wait.For(t, patience, "submitted.Load() > before+200", func() bool { return submitted.Load() > before+200 })
 	close(stop)
 	wg.Wait()
 	assertFinalSchema(t, admin)
@@ -375,7 +378,7 @@ func TestMigrateWaitsOutALongTransaction(t *testing.T) {
 	}}
 	done := make(chan error, 1)
 	go func() { done <- s.Migrate(ctx) }()
-	waitFor(t, func() bool {
+	wait.For(t, patience, "Migrate waits on the long transaction's lock", func() bool {
 		select {
 		case err := <-done:
 			t.Fatalf("Migrate returned while the long transaction ran: %v", err)
@@ -393,28 +396,6 @@ func TestMigrateWaitsOutALongTransaction(t *testing.T) {
 		t.Fatalf("Migrate after the long transaction ended: %v", err)
 	}
 	assertFinalSchema(t, admin)
-}
-
-// waitFor polls cond until it holds, failing the test after a generous
-// deadline; it asserts an event, not a duration.
-func waitFor(t testing.TB, cond func() bool) {
-	t.Helper()
-	if !eventually(cond) {
-		t.Fatal("condition not reached in 30s")
-	}
-}
-
-// eventually polls cond for up to 30s and reports whether it held; for
-// goroutines, which must not call t.Fatal.
-func eventually(cond func() bool) bool {
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return true
 }
 
 // TestSubmitUnderTheNarrowIndex runs Submit on the v1 schema, as during a
@@ -490,7 +471,7 @@ func TestBlockingLockWaiterDeadlocksTheBuild(t *testing.T) {
 		_, err := waiter.Exec(ctx, "SELECT pg_advisory_lock(1)")
 		waited <- err
 	}()
-	waitFor(t, func() bool {
+	wait.For(t, patience, "the waiter blocks on the advisory lock", func() bool {
 		return countActivity(t, db.pool(t), "wait_event = 'advisory'") == 1
 	})
 	_, buildErr := holder.Exec(ctx, sqlCreateWideIndex)
@@ -511,4 +492,114 @@ func countActivity(t testing.TB, pool *pgxpool.Pool, where string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// Schemas whose names need quoting (a keyword, mixed case, a quote, a
+// dot, a space) migrate in place, twice, next to each other in one
+// database, and a worker runs a task in each.
+func TestMigrateOddSchemaNames(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	admin := db.pool(t)
+	names := []string{"select", "MixedCase", `we"ird`, "a.b", "with space"}
+	for _, name := range names {
+		if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{name}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range names {
+		cfg, err := pgxpool.ParseConfig(db.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{name}.Sanitize() + ", public"
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		s := newStore(pool)
+		for range 2 {
+			if err := s.Migrate(ctx); err != nil {
+				t.Fatalf("schema %q: %v", name, err)
+			}
+		}
+		w := newWorker(t, s, WorkerConfig{Handler: func(ctx context.Context, t Task) Outcome {
+			return Succeeded(json.RawMessage(`"ok"`))
+		}})
+		runWorker(t, w)
+		task := mustSubmit(t, s, newTask("odd-"+name))
+		waitState(t, s, task.ID, StateSucceeded)
+	}
+	var tables int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relname = 'idemgate_tasks' AND n.nspname = ANY($1)`, names).Scan(&tables); err != nil {
+		t.Fatal(err)
+	}
+	if tables != len(names) {
+		t.Fatalf("%d task tables in the odd schemas; want %d", tables, len(names))
+	}
+	var stray bool
+	if err := admin.QueryRow(ctx, `SELECT to_regclass('public.idemgate_tasks') IS NOT NULL`).Scan(&stray); err != nil {
+		t.Fatal(err)
+	}
+	if stray {
+		t.Fatal("a migration created the tasks table in public")
+	}
+}
+
+// a migration rerun in schema a must not touch schema b, even
+// when search_path reaches b.
+func TestMigrateRerunStaysInItsSchema(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	admin := db.pool(t)
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA a; CREATE SCHEMA b"); err != nil {
+		t.Fatal(err)
+	}
+	inSchema := func(path string) *pgxpool.Pool {
+		cfg, err := pgxpool.ParseConfig(db.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.RuntimeParams["search_path"] = path
+		p, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		return p
+	}
+	// b is at v1: its narrow index is its only uniqueness boundary.
+	b := newStore(inSchema("b"))
+	b.test = &storeTestHooks{migrateSkip: []int{2, 3, 4}}
+	if err := b.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// a migrates with b on its search_path and dies after dropping its
+	// own narrow index, before recording v2.
+	a := newStore(inSchema("a, b"))
+	a.test = &storeTestHooks{migrateStep: func(_ context.Context, step string, pid uint32) {
+		if step == "v2: record" {
+			terminate(t, admin, pid)
+		}
+	}}
+	if err := a.Migrate(ctx); err == nil {
+		t.Fatal("Migrate succeeded on a killed connection")
+	}
+	a.test = nil
+	if err := a.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var narrowInB bool
+	if err := admin.QueryRow(ctx, `SELECT to_regclass('b.idemgate_tasks_key_v1') IS NOT NULL`).Scan(&narrowInB); err != nil {
+		t.Fatal(err)
+	}
+	if !narrowInB {
+		t.Fatal("the rerun in schema a dropped schema b's unique index")
+	}
 }

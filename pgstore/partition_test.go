@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemgate/idemgate/internal/proxy"
 )
 
 // TestPartitionedWorkerMakesOneUpstreamCall runs two workers, each on a
@@ -84,7 +86,7 @@ CREATE TRIGGER left_running AFTER UPDATE ON idemgate_tasks FOR EACH ROW
 	WHEN (OLD.state = 'running' AND NEW.state <> 'running') EXECUTE FUNCTION idemgate_test_left_running();`); err != nil {
 		t.Fatal(err)
 	}
-	pools, proxies := [2]*Store{}, [2]*tcpProxy{}
+	pools, proxies := [2]*Store{}, [2]*proxy.Proxy{}
 	for i := range 2 {
 		p, px := db.poolVia(t)
 		pools[i], proxies[i] = newStore(p), px
@@ -95,7 +97,7 @@ CREATE TRIGGER left_running AFTER UPDATE ON idemgate_tasks FOR EACH ROW
 	if w := <-entered; w != 0 {
 		t.Fatalf("worker %d took the task; want a", w)
 	}
-	proxies[0].freeze()
+	proxies[0].Set(proxy.Freeze, 0)
 	runWorker(t, newWorker(t, pools[1], cfg(1)))
 
 	waitState(t, s, task.ID, StateSucceeded)

@@ -7,9 +7,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemgate/idemgate/internal/wait"
 )
 
-// Defect 9: a handler blocked upstream is ended by its kind's Timeout,
+// A handler blocked upstream is ended by its kind's Timeout,
 // without waiting for it, as its kind's Lost policy says.
 func TestTimeoutEndsTheAttempt(t *testing.T) {
 	t.Parallel()
@@ -44,7 +46,7 @@ func TestTimeoutEndsTheAttempt(t *testing.T) {
 			if !strings.Contains(g.Error, "timed out") || c.get(task.ID) != 1 {
 				t.Fatalf("task %s %q after %d runs; want it timed out after one", g.State, g.Error, c.get(task.ID))
 			}
-			waitFor(t, func() bool { return len(got.of(task.ID)) == 2 })
+			wait.For(t, patience, "len(got.of(task.ID)) == 2", func() bool { return len(got.of(task.ID)) == 2 })
 			if evs := got.of(task.ID); evs[1] != WorkerTimedOut {
 				t.Fatalf("events %v; want claimed, timed_out", evs)
 			}
@@ -55,7 +57,7 @@ func TestTimeoutEndsTheAttempt(t *testing.T) {
 	}
 }
 
-// Defect 10: an attempt cut off by lease expiry or shutdown goes where
+// An attempt cut off by lease expiry or shutdown goes where
 // its kind's policy says; with uncertain + reconcile the handler, which
 // may have called the upstream, never runs again.
 func TestLostAttemptFollowsTheKindPolicy(t *testing.T) {
@@ -105,7 +107,7 @@ func TestLostAttemptFollowsTheKindPolicy(t *testing.T) {
 				stopA() // dies: no heartbeats, no release
 			} else {
 				go stopA() // shuts down: releases the task after ShutdownTimeout
-				waitFor(t, func() bool { return state(t, s, task.ID) != StateRunning })
+				wait.For(t, patience, "state(t, s, task.ID) != StateRunning", func() bool { return state(t, s, task.ID) != StateRunning })
 			}
 			runWorker(t, newWorker(t, s, cfg))
 			waitState(t, s, task.ID, tt.wantState)

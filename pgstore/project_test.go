@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"reflect"
 	"testing"
+	"time"
 )
 
 func TestProject(t *testing.T) {
@@ -48,6 +49,32 @@ func TestProject(t *testing.T) {
 			}
 			if (got.PollAfter > 0) == (got.State == StateSucceeded || got.State == StateFailed || got.State == StateCancelled) {
 				t.Fatalf("PollAfter %v in state %s", got.PollAfter, got.State)
+			}
+		})
+	}
+}
+
+func TestPollAfterAt(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	tests := []struct {
+		name  string
+		given Task
+		want  time.Duration
+	}{
+		{"pending, runs now", Task{State: StatePending, RunAfter: now.Add(-time.Minute)}, pollPending},
+		{"pending, scheduled in 10 minutes", Task{State: StatePending, RunAfter: now.Add(10 * time.Minute)}, 10 * time.Minute},
+		{"pending, scheduled within the poll interval", Task{State: StatePending, RunAfter: now.Add(time.Millisecond)}, pollPending},
+		{"retrying, backoff of a minute", Task{State: StateRetrying, RunAfter: now.Add(time.Minute)}, time.Minute},
+		{"running: run_after is not a schedule", Task{State: StateRunning, RunAfter: now.Add(time.Hour)}, pollRunning},
+		{"uncertain: run_after is the reconcile's", Task{State: StateUncertain, RunAfter: now.Add(time.Hour)}, pollUncertain},
+		{"succeeded: no polling", Task{State: StateSucceeded, Results: []json.RawMessage{json.RawMessage(`1`)}, RunAfter: now.Add(time.Hour)}, 0},
+		{"cancelled: no polling", Task{State: StateCancelled, RunAfter: now.Add(time.Hour)}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Project(tt.given).PollAfterAt(now); got != tt.want {
+				t.Fatalf("PollAfterAt = %v, want %v", got, tt.want)
 			}
 		})
 	}

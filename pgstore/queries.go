@@ -5,7 +5,9 @@ import (
 	"strings"
 )
 
-// Every SQL statement of the package lives in this file.
+// Every SQL statement of the package lives in this file, the schema's
+// migrations included; the statements of the migration runner itself
+// (version table, advisory lock, index checks) live in internal/migrate.
 //
 // Times that fence work (leases, run_after) are computed by the database
 // (now()), never by a node's clock: one clock for every node, so a skewed
@@ -13,8 +15,8 @@ import (
 
 // Names of the objects the schema creates, in the pool's current schema.
 const (
-	tableTasks      = "idemgate_tasks"
-	tableMigrations = "idemgate_schema_migrations"
+	// tasksTable is the table whose indexes the migrations build and drop.
+	tasksTable = "idemgate_tasks"
 	// indexKeyNarrow is v1's unique index on (tenant, idempotency_key).
 	indexKeyNarrow = "idemgate_tasks_key_v1"
 	// indexKeyWide is v2's unique index on (tenant, idempotency_key,
@@ -50,35 +52,9 @@ const tTaskColumns = `t.id::text AS id, t.tenant, t.owner, t.kind, t.runtime, t.
 	t.idempotency_key, t.fingerprint, t.params, t.trace, t.state, t.attempt, t.recoveries,
 	t.results, t.error, t.run_after, t.priority, t.created_at, t.updated_at`
 
-// Migrations.
+// Migrations: the schema's SQL, which internal/migrate runs in order
+// (migrate.go lists the versions).
 const (
-	// sqlMigrationsTable records applied versions. It is created only while
-	// the advisory lock is held.
-	sqlMigrationsTable = `CREATE TABLE IF NOT EXISTS idemgate_schema_migrations (
-	version    integer     PRIMARY KEY,
-	name       text        NOT NULL,
-	applied_at timestamptz NOT NULL DEFAULT now()
-)`
-	sqlAppliedVersions = `SELECT version FROM idemgate_schema_migrations ORDER BY version`
-	sqlRecordVersion   = `INSERT INTO idemgate_schema_migrations (version, name) VALUES (@version, @name)
-ON CONFLICT (version) DO NOTHING`
-
-	// The lock is (class, hashtext(schema)): one migrator per schema.
-	sqlTryMigrationLock = `SELECT pg_try_advisory_lock(8191, hashtext(current_schema()))`
-	sqlMigrationUnlock  = `SELECT pg_advisory_unlock(8191, hashtext(current_schema()))`
-
-	// Bounded waits. No statement runs unbounded. The CONCURRENTLY steps
-	// wait, under lock_timeout, for every transaction older than them,
-	// holding only a SHARE UPDATE EXCLUSIVE lock that blocks no reads or
-	// writes: waiting costs nothing but time, so no lock_timeout for them
-	// (nor for the version table, which only the lock holder touches).
-	sqlMigrationTimeouts = `SET statement_timeout = '15min'; SET lock_timeout = 0`
-	// sqlTxLockTimeout is for the transactional steps (v1), whose locks
-	// block the table's readers and writers queued behind them while they
-	// wait: they give up after 5s rather than queue behind a long
-	// transaction.
-	sqlTxLockTimeout = `SET LOCAL lock_timeout = '5s'`
-
 	// sqlV1 is the seed's schema: the narrow unique index.
 	sqlV1 = `
 CREATE TABLE idemgate_tasks (
@@ -168,32 +144,6 @@ END $$;
 	// invalid and must be dropped, never trusted.
 	sqlCreateWideIndex = `CREATE UNIQUE INDEX CONCURRENTLY idemgate_tasks_key_v2
 	ON idemgate_tasks (tenant, idempotency_key, runtime, network)`
-
-	// sqlDropIndex drops an index of the tasks table; %s is its name
-	// qualified by the migrated schema (quoted), never a bare name that
-	// search_path would resolve in some other schema.
-	sqlDropIndex = `DROP INDEX CONCURRENTLY IF EXISTS %s`
-
-	// sqlPinSearchPath makes the migrating session see the schema it
-	// migrates and nothing else (pg_catalog is always searched), so no
-	// unqualified name in a migration resolves in another schema.
-	// It returns that schema; NULL when search_path names none that exists.
-	sqlPinSearchPath = `SELECT current_schema() AS schema,
-	set_config('search_path', quote_ident(current_schema()), false) AS path`
-
-	// sqlIndexState reads an index of idemgate_tasks back from the catalog.
-	// No row: the index does not exist.
-	sqlIndexState = `SELECT i.indisvalid AND i.indisready AS usable, i.indisunique AS is_unique,
-	array_agg(a.attname::text ORDER BY k.ord) AS columns
-FROM pg_index i
-JOIN pg_class c ON c.oid = i.indexrelid
-CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
-JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-WHERE i.indrelid = to_regclass(quote_ident(@schema) || '.idemgate_tasks') AND c.relname = @index
-	AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = @schema)
-GROUP BY i.indisvalid, i.indisready, i.indisunique`
-
-	sqlTableExists = `SELECT to_regclass('idemgate_tasks') IS NOT NULL`
 )
 
 // Submit and reads.

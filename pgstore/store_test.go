@@ -2,16 +2,24 @@ package pgstore
 
 import (
 	"context"
+	"net"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate/internal/proxy"
 	"github.com/idemgate/idemgate/internal/testenv"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+
+// patience bounds a wait for something that must happen (wait.For): it is
+// generous, so that a test holds on a loaded machine, and costs nothing
+// when the event comes at once.
+const patience = 30 * time.Second
 
 // testDB is a fresh database of one test.
 type testDB struct {
@@ -59,4 +67,38 @@ func setup(t testing.TB) (*Store, testDB) {
 	t.Helper()
 	db := newTestDB(t)
 	return db.store(t), db
+}
+
+// poolVia opens a pool on db whose connections all go through a new
+// proxy, which a test freezes (proxy.Freeze) to partition the pool's
+// node from the database and heals again.
+func (d testDB) poolVia(t testing.TB) (*pgxpool.Pool, *proxy.Proxy) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px, err := proxy.Start(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = px.Close() })
+	host, port, err := net.SplitHostPort(px.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	cfg.ConnConfig.Fallbacks = nil
+	cfg.MaxConns = 8
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	t.Cleanup(px.Heal) // first: a frozen pool could not close
+	return pool, px
 }

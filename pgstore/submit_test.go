@@ -299,3 +299,53 @@ func TestSubmitAnnouncesBurstsOnce(t *testing.T) {
 		})
 	}
 }
+
+// SubmitMany and Submit announce only new tasks that may run now, of the
+// kinds the limiter lets through: a notification arrives in commit order,
+// so the first one a listener gets says which statements sent none.
+func TestNewTasksAreAnnouncedOnlyWhenDue(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	withKind := func(key, kind string) NewTask {
+		nt := newTask(key)
+		nt.Kind = kind
+		return nt
+	}
+	// A batch whose kinds the limiter holds back.
+	if _, err := s.submitBatch(ctx, []NewTask{withKind("a", "held-back")}, []int{0}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Tasks scheduled for later, by SubmitMany and by Submit.
+	later := withKind("b", "scheduled")
+	later.RunAfter = time.Now().Add(time.Hour)
+	later2 := withKind("c", "scheduled")
+	later2.RunAfter = later.RunAfter
+	if res, err := s.SubmitMany(ctx, []NewTask{later}); err != nil || res[0].Err != nil {
+		t.Fatal(err, res)
+	}
+	mustSubmit(t, s, later2)
+	// Then one that is announced.
+	if res, err := s.SubmitMany(ctx, []NewTask{withKind("d", "due"), withKind("e", "due")}); err != nil || res[0].Err != nil {
+		t.Fatal(err, res)
+	}
+	n, err := conn.Conn().WaitForNotification(ctx)
+	if err != nil {
+		t.Fatalf("no notification after SubmitMany: %v", err)
+	}
+	if n.Payload != "due" {
+		t.Fatalf("first notification for kind %q; want \"due\" (nothing for held-back or scheduled tasks)", n.Payload)
+	}
+	if _, err := conn.Exec(ctx, "UNLISTEN *"); err != nil {
+		t.Fatal(err)
+	}
+}

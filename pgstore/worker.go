@@ -141,9 +141,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	done := make(chan struct{})
 	go func() { w.tasks.Wait(); close(done) }()
-	if !wait(done, w.cfg.ShutdownTimeout) {
+	if !waitClosed(done, w.cfg.ShutdownTimeout) {
 		w.releaseAll(base)
-		if !wait(done, w.cfg.ShutdownTimeout/2) {
+		if !waitClosed(done, w.cfg.ShutdownTimeout/2) {
 			w.cfg.Logger.Warn("pgstore: worker: handlers ignored cancellation; their outcomes will be discarded",
 				"handlers", w.attempts.count())
 		}
@@ -154,8 +154,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	return nil
 }
 
-// wait waits up to d for done to close and reports whether it did.
-func wait(done <-chan struct{}, d time.Duration) bool {
+// waitClosed waits up to d for done to close and reports whether it did.
+func waitClosed(done <-chan struct{}, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"runtime"
+
+	"github.com/idemgate/idemgate/internal/wait"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -80,7 +83,7 @@ func state(t testing.TB, s *Store, id string) State {
 
 func waitState(t testing.TB, s *Store, id string, want State) {
 	t.Helper()
-	if !eventually(func() bool { return state(t, s, id) == want }) {
+	if !wait.Until(patience, func() bool { return state(t, s, id) == want }) {
 		t.Fatalf("task %s is %s; want %s", id, state(t, s, id), want)
 	}
 }
@@ -125,7 +128,7 @@ func TestWorkersRunEachTaskOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, func() bool { return countRows(t, s.pool, "state = 'succeeded'") == total })
+	wait.For(t, patience, "countRows(t, s.pool, 'state = 'succeeded'') == total", func() bool { return countRows(t, s.pool, "state = 'succeeded'") == total })
 	if n := overlap.Load(); n != 0 {
 		t.Errorf("%d times a task was running twice at once", n)
 	}
@@ -232,8 +235,8 @@ func TestFailedOutcomeWriteIsRetried(t *testing.T) {
 		return nil
 	}}
 	runWorker(t, w)
-	waitFor(t, func() bool { return c.get(task.ID) == 1 }) // w holds the task
-	runWorker(t, newWorker(t, s, cfg))                     // would run a rescued task at once
+	wait.For(t, patience, "c.get(task.ID) == 1", func() bool { return c.get(task.ID) == 1 }) // w holds the task
+	runWorker(t, newWorker(t, s, cfg))                                                       // would run a rescued task at once
 	waitState(t, s, task.ID, StateSucceeded)
 	got := mustGet(t, s, task)
 	if n := c.get(task.ID); n != 1 || got.Attempt != 1 {
@@ -383,7 +386,7 @@ func TestHeartbeatKeepsTheLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Outlive the first lease by a wide margin, watching it move.
-	waitFor(t, func() bool {
+	wait.For(t, patience, "the first lease has long expired", func() bool {
 		var expiredOnce bool
 		err := s.pool.QueryRow(context.Background(), "SELECT now() > $2::timestamptz + interval '300 milliseconds' FROM idemgate_tasks WHERE id = $1::uuid", task.ID, first).Scan(&expiredOnce)
 		return err == nil && expiredOnce
@@ -837,11 +840,159 @@ func TestWorkerWakeUp(t *testing.T) {
 			runWorker(t, w)
 			// Wait until the worker listens and is idle: it claimed at start
 			// and once more on the wake-up it gives itself after LISTEN.
-			waitFor(t, func() bool {
+			wait.For(t, patience, "the worker listens and is idle", func() bool {
 				return countActivity(t, s.pool, listening) == 1 && w.claims.Load() >= 2
 			})
 			id := tt.submit(t, s)
 			waitState(t, s, id, StateSucceeded)
 		})
+	}
+}
+
+// panicError is an error whose Error method panics, as a typed nil
+// pointer's does.
+type panicError struct{ msg *string }
+
+func (e *panicError) Error() string { return *e.msg }
+
+// A handler's error whose Error method panics (a typed nil) must not
+// take the worker down: the outcome is recorded with a text saying so.
+func TestHandlerErrorThatPanicsIsRecorded(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	var c calls
+	var nilErr *panicError
+	w := newWorker(t, s, WorkerConfig{MaxAttempts: 3, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond,
+		Handler: func(ctx context.Context, t Task) Outcome {
+			c.add(t.ID)
+			switch t.IdempotencyKey {
+			case "failed":
+				return Failed(nilErr)
+			case "retry":
+				return Retry(time.Hour, nilErr)
+			default:
+				return Uncertain(&panicError{})
+			}
+		}})
+	runWorker(t, w)
+	failed := mustSubmit(t, s, newTask("failed"))
+	retried := mustSubmit(t, s, newTask("retry"))
+	uncertain := mustSubmit(t, s, newTask("uncertain"))
+	waitState(t, s, failed.ID, StateFailed)
+	waitState(t, s, retried.ID, StateRetrying)
+	waitState(t, s, uncertain.ID, StateUncertain)
+	for _, task := range []Task{failed, retried, uncertain} {
+		if n := c.get(task.ID); n != 1 {
+			t.Errorf("task %s ran %d times; want once", task.IdempotencyKey, n)
+		}
+		if got := mustGet(t, s, task); !strings.Contains(got.Error, "panic") {
+			t.Errorf("task %s: error %q; want a text saying the error's text panicked", task.IdempotencyKey, got.Error)
+		}
+	}
+}
+
+// A handler that leaves its goroutine with runtime.Goexit (t.FailNow in
+// a test's handler does) ends its attempt like a panic: the task goes by
+// its kind's Lost policy and the slot is freed, not held until Timeout.
+func TestHandlerGoexitEndsTheAttempt(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	var c calls
+	w := newWorker(t, s, WorkerConfig{Concurrency: 1, MaxAttempts: 2, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond,
+		Handler: func(ctx context.Context, t Task) Outcome {
+			if c.add(t.ID) == 1 && t.IdempotencyKey == "goexit" {
+				runtime.Goexit()
+			}
+			return Succeeded(json.RawMessage(`"ok"`))
+		}})
+	runWorker(t, w)
+	gone := mustSubmit(t, s, newTask("goexit"))
+	waitState(t, s, gone.ID, StateSucceeded)
+	if n := c.get(gone.ID); n != 2 {
+		t.Fatalf("handler ran %d times; want the lost attempt retried once", n)
+	}
+	next := mustSubmit(t, s, newTask("after"))
+	waitState(t, s, next.ID, StateSucceeded)
+}
+
+// a panic in Reconcile must leave the task uncertain; it never
+// runs the handler again.
+func TestReconcilePanicKeepsTheTaskUncertain(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	var c calls
+	var panics atomic.Int64
+	w := newWorker(t, s, WorkerConfig{RescueInterval: 20 * time.Millisecond, ReconcileInterval: 10 * time.Millisecond,
+		BackoffBase: time.Millisecond, BackoffMax: time.Millisecond,
+		Handler: func(ctx context.Context, t Task) Outcome {
+			c.add(t.ID)
+			return Uncertain(errors.New("upstream timed out"))
+		},
+		Reconcile: func(ctx context.Context, t Task) Outcome {
+			panics.Add(1)
+			panic("reconcile bug")
+		}})
+	runWorker(t, w)
+	task := mustSubmit(t, s, newTask("reconcile-panics"))
+	wait.For(t, patience, "panics.Load() >= 3", func() bool { return panics.Load() >= 3 })
+	if n := c.get(task.ID); n != 1 {
+		t.Fatalf("the handler ran %d times; an uncertain task must never run again by itself", n)
+	}
+	if st := state(t, s, task.ID); st != StateUncertain {
+		t.Fatalf("task is %s after Reconcile panicked; want uncertain", st)
+	}
+}
+
+// a worker that still runs a stale attempt of a task must not
+// claim the task again; the stale attempt's context is cancelled.
+func TestWorkerDoesNotReclaimATaskItStillRuns(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	var (
+		c          calls
+		overlap    atomic.Int64
+		running    atomic.Int64
+		entered    = make(chan struct{})
+		unblock    = make(chan struct{})
+		firstCtx   = make(chan context.Context, 1)
+		secondDone = make(chan struct{})
+	)
+	w := newWorker(t, s, WorkerConfig{Lease: time.Hour, Heartbeat: 20 * time.Millisecond, PollInterval: 10 * time.Millisecond,
+		Handler: func(ctx context.Context, t Task) Outcome {
+			if running.Add(1) > 1 {
+				overlap.Add(1)
+			}
+			defer running.Add(-1)
+			if c.add(t.ID) == 1 {
+				firstCtx <- ctx
+				close(entered)
+				<-unblock // ignores its context
+				return Succeeded(json.RawMessage(`"stale"`))
+			}
+			defer close(secondDone)
+			return Succeeded(json.RawMessage(`"second"`))
+		}})
+	runWorker(t, w)
+	task := mustSubmit(t, s, newTask("reclaimed"))
+	<-entered
+	ctx1 := <-firstCtx
+	// Another worker's rescuer requeued the task (the lease looked expired).
+	if _, err := s.pool.Exec(context.Background(), `UPDATE idemgate_tasks SET state = 'retrying', run_after = now(),
+		lease_until = NULL WHERE id = $1::uuid`, task.ID); err != nil {
+		t.Fatal(err)
+	}
+	if !wait.Until(patience, func() bool { return ctx1.Err() != nil }) {
+		t.Fatalf("the stale attempt's context was never cancelled (handler ran %d times)", c.get(task.ID))
+	}
+	claims := w.claims.Load()
+	wait.For(t, patience, "w.claims.Load() >= claims+3", func() bool { return w.claims.Load() >= claims+3 })
+	if n := c.get(task.ID); n != 1 || overlap.Load() != 0 {
+		t.Fatalf("the worker ran the task %d times (%d overlapping) while its stale attempt ran", n, overlap.Load())
+	}
+	close(unblock)
+	<-secondDone
+	waitState(t, s, task.ID, StateSucceeded)
+	if got := mustGet(t, s, task); got.Attempt != 2 || string(got.Results[0]) != `"second"` {
+		t.Fatalf("task %+v; want the second attempt's success", got)
 	}
 }

@@ -2,7 +2,6 @@ package pgstore
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 
@@ -79,7 +78,7 @@ FROM generate_series(1, 1000000) g`, 1000000},
 					}
 				}
 				if n != shape.want {
-					b.Fatal(fmt.Sprintf("Stats counted %d unfinished tasks, want %d", n, shape.want))
+					b.Fatalf("Stats counted %d unfinished tasks, want %d", n, shape.want)
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/call")
