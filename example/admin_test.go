@@ -176,3 +176,24 @@ func TestOTLPTraces(t *testing.T) {
 		t.Fatal("no spans reached the collector")
 	}
 }
+
+// Attack: the default admin address must bind loopback only.
+func TestAttackAdminDefaultLoopback(t *testing.T) {
+	o, err := newObserver(context.Background(), obsSettings{}, "serve")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.shutdown(context.Background())
+	host, _, err := net.SplitHostPort(defaultAdminAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := startAdmin(obsSettings{adminAddr: net.JoinHostPort(host, "0"), adminExplicit: true}, o, io.Discard)
+	if err != nil || a == nil {
+		t.Fatalf("admin on %s: %v", host, err)
+	}
+	defer a.close(context.Background())
+	if ip := a.ln.Addr().(*net.TCPAddr).IP; !ip.IsLoopback() {
+		t.Errorf("default admin host %q listens on %v, want loopback", host, ip)
+	}
+}

@@ -287,7 +287,7 @@ func (a *api) submit(c echo.Context, params any) error {
 	}
 	h := c.Response().Header()
 	h.Set(echo.HeaderLocation, "/v1/tasks/"+task.ID)
-	h.Set("Retry-After", strconv.Itoa(retrySeconds(poll)))
+	h.Set("Retry-After", retryAfter(poll.Milliseconds()))
 	return c.JSON(http.StatusAccepted, accepted{TaskID: task.ID, Status: string(pr.State), PollAfterMS: poll.Milliseconds()})
 }
 
@@ -373,7 +373,7 @@ func (a *api) getTask(c echo.Context) error {
 	}
 	c.Response().Header().Set("Cache-Control", "no-store")
 	if v.PollAfterMS > 0 {
-		c.Response().Header().Set("Retry-After", strconv.Itoa(retrySeconds(time.Duration(v.PollAfterMS)*time.Millisecond)))
+		c.Response().Header().Set("Retry-After", retryAfter(v.PollAfterMS))
 	}
 	return c.JSON(http.StatusOK, v)
 }
@@ -435,7 +435,10 @@ func (a *api) storeUnavailable(c echo.Context, what string, err error) error {
 		Detail: "The task store is unavailable; retry the same request."}
 }
 
-// retrySeconds rounds d up to whole seconds, at least 1, for Retry-After.
-func retrySeconds(d time.Duration) int {
-	return max(1, int((d+time.Second-1)/time.Second))
+// retryAfter is the Retry-After value for a poll hint in milliseconds:
+// whole seconds, rounded up, at least 1. It works in milliseconds, as the
+// hint does: a hint near the largest Duration (a task scheduled centuries
+// ahead) cannot overflow into "retry in 1 s".
+func retryAfter(pollAfterMS int64) string {
+	return strconv.FormatInt(max(1, pollAfterMS/1000+min(1, pollAfterMS%1000)), 10)
 }

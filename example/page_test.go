@@ -319,3 +319,46 @@ func TestPageButtons(t *testing.T) {
 		t.Errorf("after cancel the page shows %q, want the task's end", got)
 	}
 }
+
+// Attack: markup in everything the page shows back — the user and tenant
+// (the "signed in as" line and the wire log), the prompt and action (the
+// request log, the replayed body), and the 409's problem document after
+// a reword. Nothing of it may become markup: no element from the payload
+// appears, no script runs.
+func TestAttackPageXSS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a node and a browser")
+	}
+	ctx := browser(t)
+	s := settings{addr: "127.0.0.1:0", databaseURL: testenv.PostgresDSN(t), workers: 1, genTime: 100 * time.Millisecond}
+	n, err := startNode(context.Background(), s, slog.New(slog.DiscardHandler), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.shutdown() })
+
+	const payload = `<img id="pwned" src=x onerror="window.__xss=1"><script>window.__xss=2</script>`
+	do := func(what string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, actions...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	do("open", chromedp.Navigate(n.url()+"/"), chromedp.WaitVisible(chromedp.ID("generate-btn")))
+	do("fill sign-in", chromedp.SetValue(chromedp.ID("tenant"), "acme"+payload),
+		chromedp.SetValue(chromedp.ID("user"), "eve"+payload),
+		chromedp.Click(chromedp.ID("signin-btn"), chromedp.NodeVisible))
+	waitFor(t, ctx, "sign in", `document.getElementById("who").textContent.includes("signed in as eve")`)
+	do("fill prompt", chromedp.SetValue(chromedp.ID("prompt"), "a cat "+payload),
+		chromedp.Click(chromedp.ID("generate-btn"), chromedp.NodeVisible))
+	waitFor(t, ctx, "202", `document.getElementById("status").innerText.includes("202")`)
+	do("reword", chromedp.Click(chromedp.ID("reword-btn"), chromedp.NodeVisible))
+	waitFor(t, ctx, "conflict shown", `!document.getElementById("problem").hidden`)
+
+	if got := text(t, ctx, `document.getElementById("log").innerText`); !strings.Contains(got, "<script>") {
+		t.Errorf("the wire log does not show the payload as text:\n%s", got)
+	}
+	if got := text(t, ctx, `String(window.__xss) + " " + document.querySelectorAll("#pwned, script:not([src])").length`); got != "undefined 0" {
+		t.Errorf("payload became markup: window.__xss and injected elements = %q", got)
+	}
+}
