@@ -263,3 +263,53 @@ func TestSumRequestInvalid(t *testing.T) {
 		})
 	}
 }
+
+// TestContentEncodingRaw: a body with a Content-Encoding is hashed as
+// received with its coding, whatever its media type: the fingerprint
+// cannot tell whether the handler reads it decoded, and parsing encoded
+// bytes as a form let two gzip streams that decode to different forms
+// share a fingerprint (middleware TestAttackEncodedFormCollision).
+func TestContentEncodingRaw(t *testing.T) {
+	t.Parallel()
+	const form = "application/x-www-form-urlencoded"
+	sum := func(ct string, ce []string, body string) Fingerprint {
+		t.Helper()
+		r := httptest.NewRequest("POST", "/", nil)
+		r.Header.Set("Content-Type", ct)
+		r.Header["Content-Encoding"] = ce
+		fp, err := Spec{Fields: []string{"/prompt"}}.SumRequest(r, []byte(body))
+		if err != nil {
+			t.Fatalf("%s %v %q: %v", ct, ce, body, err)
+		}
+		return fp
+	}
+	tests := []struct {
+		name     string
+		a, b     func() Fingerprint
+		wantSame bool
+	}{
+		{"form escapes are no longer syntax", func() Fingerprint { return sum(form, []string{"gzip"}, "prompt=a%3Db") },
+			func() Fingerprint { return sum(form, []string{"gzip"}, "prompt=a=b") }, false},
+		{"fields outside the selection take part", func() Fingerprint { return sum("application/json", []string{"gzip"}, `{"prompt":"a","note":1}`) },
+			func() Fingerprint { return sum("application/json", []string{"gzip"}, `{"prompt":"a","note":2}`) }, false},
+		{"the coding takes part", func() Fingerprint { return sum(form, []string{"gzip"}, "x") },
+			func() Fingerprint { return sum(form, []string{"deflate"}, "x") }, false},
+		{"the coding as sent", func() Fingerprint { return sum(form, []string{"gzip"}, "x") },
+			func() Fingerprint { return sum(form, []string{"GZIP"}, "x") }, false},
+		{"with and without a coding", func() Fingerprint { return sum("text/plain", []string{"gzip"}, "x") },
+			func() Fingerprint { return sum("text/plain", nil, "x") }, false},
+		{"media type parameters take part", func() Fingerprint { return sum(form+"; charset=utf-8", []string{"gzip"}, "x") },
+			func() Fingerprint { return sum(form, []string{"gzip"}, "x") }, false},
+		{"lines are framed", func() Fingerprint { return sum(form, []string{"gzip", "br"}, "x") },
+			func() Fingerprint { return sum(form, []string{"gzip, br"}, "x") }, false},
+		{"the same bytes", func() Fingerprint { return sum(form, []string{"gzip"}, "\x1f\x8b;%") },
+			func() Fingerprint { return sum(form, []string{"gzip"}, "\x1f\x8b;%") }, true},
+		{"an empty body is the empty request", func() Fingerprint { return sum(form, []string{"gzip"}, "") },
+			func() Fingerprint { return sum(form, nil, "") }, true},
+	}
+	for _, tt := range tests {
+		if same := tt.a() == tt.b(); same != tt.wantSame {
+			t.Errorf("%s: same = %v, want %v", tt.name, same, tt.wantSame)
+		}
+	}
+}
