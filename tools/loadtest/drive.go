@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemgate/idemgate/pgrecords"
 	"github.com/idemgate/idemgate/pgstore"
+	"github.com/idemgate/idemgate/tools/internal/measure"
 )
 
 // scenario is one kind of traffic.
@@ -477,7 +478,7 @@ func (b *bench) measure(ctx context.Context, sc scenario, st *stack, tl *tally, 
 		return err
 	}
 	selfBefore := processCPU()
-	pgrtBefore := st.pgrt.load()
+	pgrtBefore := st.pgrt.Load()
 	label := sc.name
 	if b.o.rounds > 1 {
 		label = fmt.Sprintf("%s %d/%d", sc.name, round+1, b.o.rounds)
@@ -486,7 +487,7 @@ func (b *bench) measure(ctx context.Context, sc scenario, st *stack, tl *tally, 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	pgrtAfter := st.pgrt.load()
+	pgrtAfter := st.pgrt.Load()
 	selfAfter := processCPU()
 	pgAfter, err := b.pgCPU()
 	if err != nil {
@@ -604,13 +605,7 @@ func (b *bench) result(ctx context.Context, sc scenario, st *stack, tl *tally) (
 	return res, nil
 }
 
+// pct is the nearest-rank p-quantile of sorted latencies, in milliseconds.
 func pct(sorted []time.Duration, p float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(p * float64(len(sorted)))
-	if i >= len(sorted) {
-		i = len(sorted) - 1
-	}
-	return float64(sorted[i].Microseconds()) / 1000
+	return float64(measure.Percentile(sorted, p).Microseconds()) / 1000
 }

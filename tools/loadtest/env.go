@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/internal/devserver"
+	"github.com/idemgate/idemgate/internal/pgtrace"
 	"github.com/idemgate/idemgate/pgstore"
 	"github.com/idemgate/idemgate/tools/internal/pgcpu"
 )
@@ -91,7 +92,7 @@ func startEnv(ctx context.Context, o options, log io.Writer) (_ *env, err error)
 
 // newPool opens a pool of n connections for one stack; a non-nil rt
 // counts its round trips.
-func (e *env) newPool(ctx context.Context, n int, rt *pgRoundTrips) (*pgxpool.Pool, error) {
+func (e *env) newPool(ctx context.Context, n int, rt *pgtrace.RoundTrips) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(e.databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("parse database url: %w", err)

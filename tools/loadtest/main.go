@@ -61,11 +61,12 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"runtime/pprof"
 	"slices"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/idemgate/idemgate/tools/internal/measure"
 )
 
 // options are the command line flags.
@@ -180,17 +181,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		return err
 	}
-	if o.cpuprofile != "" {
-		f, err := os.Create(o.cpuprofile)
-		if err != nil {
-			return fmt.Errorf("create cpu profile: %w", err)
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("start cpu profile: %w", err)
-		}
-		defer pprof.StopCPUProfile()
+	stop, err := measure.StartCPUProfile(o.cpuprofile)
+	if err != nil {
+		return err
 	}
+	defer stop()
 
 	env, err := startEnv(ctx, o, stderr)
 	if err != nil {

@@ -171,24 +171,6 @@ func TestTaskID(t *testing.T) {
 	}
 }
 
-func TestPct(t *testing.T) {
-	lat := make([]time.Duration, 1000)
-	for i := range lat {
-		lat[i] = time.Duration(i+1) * time.Millisecond
-	}
-	for _, tt := range []struct {
-		p    float64
-		want float64
-	}{{0.5, 501}, {0.99, 991}, {0.999, 1000}} {
-		if got := pct(lat, tt.p); got != tt.want {
-			t.Errorf("pct(%v) = %v ms, want %v", tt.p, got, tt.want)
-		}
-	}
-	if got := pct(nil, 0.5); got != 0 {
-		t.Errorf("pct(nil) = %v, want 0", got)
-	}
-}
-
 func TestParseFlagsStacks(t *testing.T) {
 	t.Parallel()
 	tests := []struct {

@@ -12,12 +12,12 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemgate/idemgate/internal/pgtrace"
 	"github.com/idemgate/idemgate/pgrecords"
 	"github.com/idemgate/idemgate/pgstore"
 )
@@ -47,7 +47,7 @@ func newIdemgatePG(ctx context.Context, e *env, o options) (*stack, error) {
 		return nil, err
 	}
 	st := &stack{name: idemgatePGName, floor: pgFloorName, table: tasksTable,
-		rt: &roundTrips{}, pgrt: &pgRoundTrips{}, execs: newExecutions()}
+		rt: &roundTrips{}, pgrt: &pgtrace.RoundTrips{}, execs: newExecutions()}
 	pool, err := e.newPool(ctx, o.pgConns, st.pgrt)
 	if err != nil {
 		return nil, err
@@ -152,7 +152,7 @@ func newPGFloor(ctx context.Context, e *env, o options) (*stack, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &stack{name: pgFloorName, table: tasksTable, rt: &roundTrips{}, pgrt: &pgRoundTrips{}, execs: newExecutions()}
+	st := &stack{name: pgFloorName, table: tasksTable, rt: &roundTrips{}, pgrt: &pgtrace.RoundTrips{}, execs: newExecutions()}
 	pool, err := e.newPool(ctx, o.pgConns, st.pgrt)
 	if err != nil {
 		return nil, err
@@ -273,49 +273,3 @@ func (f *pgFloor) answer(c echo.Context, key string, ident []byte) (bool, error)
 	c.Response().Header().Set("Idempotent-Replayed", "true")
 	return true, c.Blob(status, echo.MIMEApplicationJSON, body)
 }
-
-// pgRoundTrips counts the statements a pool sends, each one round trip:
-// a query or an exec, a batch, a copy. pgx also prepares each statement
-// once per connection (its statement cache), a round trip of its own that
-// is a one-off per connection, not per request, and is not counted; nor
-// are connection set-up and the pool's liveness pings.
-type pgRoundTrips struct {
-	n atomic.Int64
-}
-
-var (
-	_ pgx.QueryTracer    = (*pgRoundTrips)(nil)
-	_ pgx.BatchTracer    = (*pgRoundTrips)(nil)
-	_ pgx.CopyFromTracer = (*pgRoundTrips)(nil)
-)
-
-// load returns the count so far; 0 for a nil p (a stack without a
-// records pool).
-func (p *pgRoundTrips) load() int64 {
-	if p == nil {
-		return 0
-	}
-	return p.n.Load()
-}
-
-func (p *pgRoundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	p.n.Add(1)
-	return ctx
-}
-
-func (p *pgRoundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (p *pgRoundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	p.n.Add(1)
-	return ctx
-}
-
-func (p *pgRoundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (p *pgRoundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
-func (p *pgRoundTrips) TraceCopyFromStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceCopyFromStartData) context.Context {
-	p.n.Add(1)
-	return ctx
-}
-
-func (p *pgRoundTrips) TraceCopyFromEnd(context.Context, *pgx.Conn, pgx.TraceCopyFromEndData) {}

@@ -12,9 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idemgate/idemgate/internal/testenv"
 )
 
@@ -99,9 +96,9 @@ func TestPGStacks(t *testing.T) {
 		t.Run(st.name, func(t *testing.T) {
 			first := map[string]reply{}
 			for _, s := range steps {
-				before := st.pgrt.load()
+				before := st.pgrt.Load()
 				got := post(t, ctx, st, s.key, s.body, s.fresh)
-				rt := st.pgrt.load() - before
+				rt := st.pgrt.Load() - before
 				if got.status != s.wantStatus {
 					t.Fatalf("%s: status %d, want %d: %s", s.name, got.status, s.wantStatus, got.body)
 				}
@@ -147,9 +144,9 @@ func TestPGStacks(t *testing.T) {
 			{name: "a known key said to be new: claim lost, then read", key: "k3", body: baseBody, fresh: true, wantStatus: 202, wantReplay: true, wantRT: 2},
 			{name: "other parameters said to be new", key: "k3", body: driftBody, fresh: true, wantStatus: 409, wantRT: 2},
 		} {
-			before := floor.pgrt.load()
+			before := floor.pgrt.Load()
 			got := post(t, ctx, floor, s.key, s.body, s.fresh)
-			if rt := floor.pgrt.load() - before; got.status != s.wantStatus || rt != s.wantRT {
+			if rt := floor.pgrt.Load() - before; got.status != s.wantStatus || rt != s.wantRT {
 				t.Errorf("%s: status %d with %d round trips, want %d with %d: %s", s.name, got.status, rt, s.wantStatus, s.wantRT, got.body)
 			}
 			if replayed := got.header.Get("Idempotent-Replayed") == "true"; replayed != s.wantReplay {
@@ -191,66 +188,6 @@ FROM pg_class c WHERE c.oid = $1::regclass`, table).Scan(&cols, &opts, &pk)
 	}
 	if indexes != 1 {
 		t.Errorf("%s has %d indexes, want only its primary key", pgFloorTable, indexes)
-	}
-}
-
-// TestPGRoundTrips: a query, an exec, a batch and a copy are one round
-// trip each; the statements inside a batch are not counted again, and
-// neither is pgx's prepare of a statement it has not seen on a connection.
-func TestPGRoundTrips(t *testing.T) {
-	dsn := testenv.PostgresDSN(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	rt := &pgRoundTrips{}
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.Tracer = rt
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	if err := pool.Ping(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if n := rt.load(); n != 0 {
-		t.Fatalf("connecting counted %d round trips", n)
-	}
-	var one int
-	if err := pool.QueryRow(ctx, `SELECT $1::int`, 1).Scan(&one); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `CREATE TEMP TABLE rt (n int)`); err != nil {
-		t.Fatal(err)
-	}
-	batch := &pgx.Batch{}
-	for i := range 3 {
-		batch.Queue(`SELECT $1::int`, i)
-	}
-	if err := pool.SendBatch(ctx, batch).Close(); err != nil {
-		t.Fatal(err)
-	}
-	if n := rt.load(); n != 3 {
-		t.Errorf("a query, an exec and a batch of 3 counted %d round trips, want 3", n)
-	}
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	// A temp table lives on one connection: the pool has only one.
-	if _, err := conn.Conn().CopyFrom(ctx, pgx.Identifier{"rt"}, []string{"n"}, pgx.CopyFromRows([][]any{{1}, {2}})); err != nil {
-		t.Fatal(err)
-	}
-	if n := rt.load(); n != 4 {
-		t.Errorf("then a copy: %d round trips, want 4", n)
-	}
-	var nilRT *pgRoundTrips
-	if n := nilRT.load(); n != 0 {
-		t.Errorf("a stack without a records pool: %d round trips", n)
 	}
 }
 

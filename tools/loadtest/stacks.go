@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/internal/pgtrace"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgstore"
 )
@@ -78,9 +79,9 @@ type stack struct {
 	name  string
 	floor string // the floor its ratio is to; "" for a floor
 	url   string
-	table string        // where its rows go
-	rt    *roundTrips   // Redis round trips
-	pgrt  *pgRoundTrips // Postgres round trips of its records pool; nil without one
+	table string              // where its rows go
+	rt    *roundTrips         // Redis round trips
+	pgrt  *pgtrace.RoundTrips // Postgres round trips of its records pool; nil without one
 	execs *executions
 	close func()
 }

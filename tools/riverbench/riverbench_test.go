@@ -95,34 +95,6 @@ func TestRowsComplete(t *testing.T) {
 	}
 }
 
-func TestPercentiles(t *testing.T) {
-	ms := func(v ...int) []time.Duration {
-		out := make([]time.Duration, len(v))
-		for i, x := range v {
-			out[i] = time.Duration(x) * time.Millisecond
-		}
-		return out
-	}
-	tests := []struct {
-		name             string
-		given            []time.Duration
-		wantP50, wantP99 time.Duration
-	}{
-		{name: "empty", given: nil},
-		{name: "one", given: ms(7), wantP50: 7 * time.Millisecond, wantP99: 7 * time.Millisecond},
-		{name: "unsorted", given: ms(5, 1, 4, 2, 3), wantP50: 3 * time.Millisecond, wantP99: 5 * time.Millisecond},
-		{name: "hundred", given: ms(seq(100)...), wantP50: 50 * time.Millisecond, wantP99: 99 * time.Millisecond},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			p50, p99 := percentiles(tt.given)
-			if p50 != tt.wantP50 || p99 != tt.wantP99 {
-				t.Errorf("percentiles = %v, %v; want %v, %v", p50, p99, tt.wantP50, tt.wantP99)
-			}
-		})
-	}
-}
-
 // seq is 1..n.
 func seq(n int) []int {
 	out := make([]int, n)

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemgate/idemgate/tools/internal/measure"
 )
 
 // The rows of the table.
@@ -553,16 +555,9 @@ func (b *bench) latency(ctx context.Context, r int) error {
 
 // percentiles returns the p50 and p99 of samples (nearest rank).
 func percentiles(samples []time.Duration) (p50, p99 time.Duration) {
-	if len(samples) == 0 {
-		return 0, 0
-	}
 	s := slices.Clone(samples)
 	slices.Sort(s)
-	rank := func(p float64) time.Duration {
-		i := int(p*float64(len(s))+0.999999) - 1
-		return s[max(0, min(i, len(s)-1))]
-	}
-	return rank(0.50), rank(0.99)
+	return measure.Percentile(s, 0.50), measure.Percentile(s, 0.99)
 }
 
 // sleep waits d or until ctx ends, and reports whether d passed.

@@ -15,6 +15,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
+	"github.com/idemgate/idemgate/internal/pgtrace"
 	"github.com/idemgate/idemgate/pgstore"
 )
 
@@ -96,14 +97,14 @@ func openQueue(ctx context.Context, name, dsn string, conns int) (queue, error) 
 
 // newPool opens a pool of conns connections, all of them before it returns,
 // so that no measurement pays for a handshake, and counts its round trips.
-func newPool(ctx context.Context, dsn string, conns int) (*pgxpool.Pool, *roundTrips, error) {
+func newPool(ctx context.Context, dsn string, conns int) (*pgxpool.Pool, *pgtrace.RoundTrips, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, nil, fmt.Errorf("parse dsn: %w", err)
 	}
 	cfg.MaxConns = int32(conns)
 	cfg.MinConns = int32(conns)
-	rt := &roundTrips{}
+	rt := &pgtrace.RoundTrips{}
 	cfg.ConnConfig.Tracer = rt
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -127,11 +128,11 @@ func newPool(ctx context.Context, dsn string, conns int) (*pgxpool.Pool, *roundT
 // pgstoreQueue submits with pgstore.Submit.
 type pgstoreQueue struct {
 	pool  *pgxpool.Pool
-	rt    *roundTrips
+	rt    *pgtrace.RoundTrips
 	store *pgstore.Store
 }
 
-func openPgstore(ctx context.Context, pool *pgxpool.Pool, rt *roundTrips) (*pgstoreQueue, error) {
+func openPgstore(ctx context.Context, pool *pgxpool.Pool, rt *pgtrace.RoundTrips) (*pgstoreQueue, error) {
 	s, err := pgstore.New(ctx, pool)
 	if err != nil {
 		return nil, err
@@ -238,7 +239,7 @@ func (q *pgstoreQueue) reset(ctx context.Context) error {
 	return err
 }
 
-func (q *pgstoreQueue) trips() int64 { return q.rt.load() }
+func (q *pgstoreQueue) trips() int64 { return q.rt.Load() }
 
 func (q *pgstoreQueue) close() { q.pool.Close() }
 
@@ -248,7 +249,7 @@ func (q *pgstoreQueue) close() { q.pool.Close() }
 type riverQueue struct {
 	sys    string
 	pool   *pgxpool.Pool
-	rt     *roundTrips
+	rt     *pgtrace.RoundTrips
 	client *river.Client[pgx.Tx]
 }
 
@@ -269,7 +270,7 @@ func riverConfig(sys string, workers *river.Workers, slots int) *river.Config {
 	return cfg
 }
 
-func openRiver(ctx context.Context, sys string, pool *pgxpool.Pool, rt *roundTrips) (*riverQueue, error) {
+func openRiver(ctx context.Context, sys string, pool *pgxpool.Pool, rt *pgtrace.RoundTrips) (*riverQueue, error) {
 	driver := riverpgxv5.New(pool)
 	m, err := rivermigrate.New(driver, nil)
 	if err != nil {
@@ -321,6 +322,6 @@ func (q *riverQueue) reset(ctx context.Context) error {
 	return err
 }
 
-func (q *riverQueue) trips() int64 { return q.rt.load() }
+func (q *riverQueue) trips() int64 { return q.rt.Load() }
 
 func (q *riverQueue) close() { q.pool.Close() }

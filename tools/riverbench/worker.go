@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +21,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/idemgate/idemgate/pgstore"
+	"github.com/idemgate/idemgate/tools/internal/measure"
 )
 
 // workerMain is the worker subcommand: it works on one system's tasks
@@ -39,17 +39,11 @@ func workerMain(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := measure.StartCPUProfile(*cpuProfile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	pool, rt, err := newPool(ctx, *dsn, workerConns(*slots))
@@ -116,11 +110,11 @@ func workerMain(args []string) error {
 		return fmt.Errorf("unknown system %q", *sys)
 	}
 	out.Lock()
-	fmt.Fprintf(os.Stdout, "ready %d\n", rt.load())
+	fmt.Fprintf(os.Stdout, "ready %d\n", rt.Load())
 	out.Unlock()
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	out.Lock()
-	fmt.Fprintf(os.Stdout, "done %d\n", rt.load())
+	fmt.Fprintf(os.Stdout, "done %d\n", rt.Load())
 	out.Unlock()
 	return stop()
 }

@@ -25,7 +25,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,7 +32,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/idemgate/idemgate/internal/pgtrace"
+	"github.com/idemgate/idemgate/tools/internal/measure"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -55,28 +56,13 @@ func mainErr() error {
 	rounds := flag.Int("rounds", 3, "rounds (the median is printed)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of this process (the clients) to this file")
 	flag.Parse()
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stop, err := measure.StartCPUProfile(*cpuprofile)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	return run(*d, *conc, *rounds)
 }
-
-// counter counts statements sent (round trips) through a pgx tracer.
-type counter struct{ n atomic.Int64 }
-
-func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // redisCounter counts commands sent to Redis.
 type redisCounter struct{ n atomic.Int64 }
@@ -220,7 +206,7 @@ func run(d time.Duration, conc, rounds int) error {
 	}
 	defer rd.Stop()
 
-	var pc counter
+	var pc pgtrace.RoundTrips
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return err
@@ -254,8 +240,8 @@ func run(d time.Duration, conc, rounds int) error {
 	client.AddHook(&rc)
 
 	subjects := []subject{
-		floorSubject(pool, pc.n.Load, pgServer.Used),
-		storeSubject("pgrecords", store, pc.n.Load, pgServer.Used),
+		floorSubject(pool, pc.Load, pgServer.Used),
+		storeSubject("pgrecords", store, pc.Load, pgServer.Used),
 		storeSubject("redis store (redis-server "+rd.Addr+")", middleware.NewRedisStore(client), rc.n.Load, redisCPU(client)),
 	}
 	fmt.Printf("%d clients, %v per round, median of %d rounds\n\n", conc, d, rounds)
