@@ -177,8 +177,8 @@ func TestOTLPTraces(t *testing.T) {
 	}
 }
 
-// Attack: the default admin address must bind loopback only.
-func TestAttackAdminDefaultLoopback(t *testing.T) {
+// The default admin address must bind loopback only.
+func TestAdminDefaultAddrIsLoopback(t *testing.T) {
 	o, err := newObserver(context.Background(), obsSettings{}, "serve")
 	if err != nil {
 		t.Fatal(err)

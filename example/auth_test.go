@@ -15,10 +15,10 @@ import (
 	"github.com/labstack/echo/v4"
 )
 
-// Attack: a node with a real JWT_SECRET must not mint tokens at
+// A node with a real JWT_SECRET must not mint tokens at
 // /dev/token (with the dev secret it may), and /metrics is never on the
 // API listener.
-func TestAttackDevTokenWithRealSecret(t *testing.T) {
+func TestDevTokenRefusedWithRealSecret(t *testing.T) {
 	for _, secret := range []string{"", "a-real-secret-of-enough-length-0123456789"} {
 		s := settings{addr: "127.0.0.1:0", databaseURL: testenv.PostgresDSN(t), workers: 1, jwtSecret: secret}
 		n, err := startNode(context.Background(), s, slog.New(slog.DiscardHandler), io.Discard)

@@ -325,7 +325,7 @@ func TestPageButtons(t *testing.T) {
 // request log, the replayed body), and the 409's problem document after
 // a reword. Nothing of it may become markup: no element from the payload
 // appears, no script runs.
-func TestAttackPageXSS(t *testing.T) {
+func TestPageRendersUserTextAsText(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a node and a browser")
 	}
