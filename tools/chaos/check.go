@@ -33,11 +33,12 @@ func (r *Result) violate(format string, args ...any) {
 var invariantNames = [...]string{
 	1: "one task per (tenant, user, key, kind); a key never maps to two ids",
 	2: "no false replay: a 2xx answers only the parameters that were sent",
-	3: "no cross-tenant or cross-user answer",
+	3: "no cross-tenant or cross-user answer or effect",
 	4: "every 202 ends terminal or uncertain; no task lost; successes have real images",
 	5: "generator calls: 1 per task unless an attempt was cut off (never under uncertain)",
 	6: "liveness: every client action finishes within the bound after healing",
 	7: "a handler that produced its answer in full runs once per key",
+	8: "what clients were told holds: states only move forward, an end state a client saw is the task's end, only its owner cancels or recovers it",
 }
 
 // Statuses a task may end a run in (invariant 4).
@@ -46,7 +47,7 @@ var endStates = map[string]bool{"succeeded": true, "failed": true, "cancelled": 
 // Check runs the invariants over h. It is a pure function of the history.
 func Check(h History) []Result {
 	c := newChecker(h)
-	return []Result{c.one(), c.two(), c.three(), c.four(), c.five(), c.six(), c.seven()}
+	return []Result{c.one(), c.two(), c.three(), c.four(), c.five(), c.six(), c.seven(), c.eight()}
 }
 
 // Holds reports whether every invariant holds.
@@ -172,25 +173,39 @@ func promptOf(q Request) string {
 	return q.Params.Prompt
 }
 
-// three: a 2xx that names a task (submit, poll, cancel) names one of the
-// requester's own tasks.
+// three: a 2xx that names a task (submit, poll, cancel, export, recover)
+// names one of the requester's own tasks; a request on another identity's
+// task (poll, cancel, export, recover) finds nothing there: 404, or an
+// unavailable store's 5xx, never a 2xx or another 4xx that says the task
+// exists; and no export is charged for another identity's task.
 func (c *checker) three() Result {
 	r := result(3)
 	for _, q := range c.h.Requests {
-		if !ok2xx(q) || q.TaskID == "" {
-			continue
-		}
-		w, found := c.rows[q.TaskID]
-		if !found {
-			continue // invariant 4's business
-		}
 		id, ok := identityOf(q.Tenant, q.User)
 		if !ok {
 			continue
 		}
-		if w.Tenant != id.tenant || w.Owner != id.owner {
-			r.violate("%s by tenant %q user %q answered %d with task %s of tenant %q owner %s",
-				q.Route, q.Tenant, q.User, q.Status, q.TaskID, w.Tenant, short(w.Owner))
+		if ok2xx(q) && q.TaskID != "" {
+			if w, found := c.rows[q.TaskID]; found && (w.Tenant != id.tenant || w.Owner != id.owner) {
+				r.violate("%s by tenant %q user %q answered %d with task %s of tenant %q owner %s",
+					q.Route, q.Tenant, q.User, q.Status, q.TaskID, w.Tenant, short(w.Owner))
+				continue
+			}
+		}
+		w, found := c.rows[q.PathTask]
+		if !found || (w.Tenant == id.tenant && w.Owner == id.owner) {
+			continue
+		}
+		if q.Status == 0 || q.Status == 404 || q.Status >= 500 {
+			continue
+		}
+		r.violate("%s by tenant %q user %q on task %s of tenant %q owner %s answered %d %s: another identity's task must look absent (404)",
+			q.Route, q.Tenant, q.User, q.PathTask, w.Tenant, short(w.Owner), q.Status, q.Code)
+	}
+	for _, e := range c.h.Exports {
+		if w, found := c.rows[e.TaskID]; found && (w.Tenant != e.Tenant || w.Owner != e.Owner) {
+			r.violate("export ledger row %d charges tenant %q owner %s for task %s of tenant %q owner %s",
+				e.ID, e.Tenant, short(e.Owner), e.TaskID, w.Tenant, short(w.Owner))
 		}
 	}
 	return r
@@ -282,19 +297,38 @@ func policyName(p string) string {
 	return p
 }
 
+// redisKinds are the faults that only Redis suffers: the workers do not
+// use it, so these cut off no generator call.
+var redisKinds = map[string]bool{"redis-restart": true, "flushall": true}
+
+// isWorker reports whether the process called name is a worker process
+// (the tool names them worker0, worker1): the only processes that call
+// the generator, since the API nodes run no workers.
+func isWorker(name string) bool { return strings.HasPrefix(name, "worker") }
+
 // cutOff reports whether a fault could have cut off one of the earlier
-// calls: one on its process (any process, when the call log does not say
-// which) or on every process, active at some time in [from, to].
-func (c *checker) cutOff(earlier []GenCall, from, to time.Time) bool {
+// calls before the call at to: one on the caller's process, or on every
+// worker (a Postgres restart), active after the call began. A call
+// counted at its end began before it was seen, so for it the window opens
+// at the task's creation. When the call log does not name the caller,
+// a fault on any worker process counts, never one on an API node.
+func (c *checker) cutOff(earlier []GenCall, created, to time.Time) bool {
 	for _, f := range c.h.Faults {
-		if f.End.Before(from) || f.Start.After(to) {
+		if f.Start.After(to) {
 			continue
 		}
-		if f.Target == "" {
-			return true
-		}
 		for _, g := range earlier {
-			if g.Proc == f.Target || g.Proc == "" {
+			from := g.At
+			if g.Phase != "start" {
+				from = created
+			}
+			switch {
+			case f.End.Before(from):
+			case f.Target == "":
+				if !redisKinds[f.Kind] {
+					return true
+				}
+			case g.Proc == f.Target, g.Proc == "" && isWorker(f.Target):
 				return true
 			}
 		}
@@ -345,13 +379,16 @@ func (c *checker) six() Result {
 // it answers, so a ledger row is a handler run that produced its answer in
 // full. Per (tenant, owner, key) there is one row: the middleware stores
 // the answer, also when the client left mid-run, and a retry gets it
-// back. A second row is allowed only when a fault can have lost the first
-// run's answer or claim: one on the API node of an earlier run, or on
-// every process (Redis restarted or flushed, Postgres restarted), active
-// between the first run's start and this run's start. And every 200 to an
-// export names a ledger row of the requester's own key.
+// back. With the records in Redis, a second row is allowed only when a
+// fault can have lost an earlier run's answer: one on that run's API node
+// (or a Postgres restart) that began before the answer was stored, or
+// Redis losing records (restart, flush) between that run's start and this
+// run's start. With the records in Postgres (the route Atomic: the ledger
+// row commits with the stored answer) there is no exception. And every
+// 200 to an export names a ledger row of the requester's own key.
 func (c *checker) seven() Result {
 	r := result(7)
+	strict := c.h.Meta.Store == "postgres"
 	type ledgerKey struct{ tenant, owner, key string }
 	runs := map[ledgerKey][]Export{}
 	byID := map[int64]Export{}
@@ -364,8 +401,12 @@ func (c *checker) seven() Result {
 		es := runs[k]
 		sort.Slice(es, func(i, j int) bool { return es[i].Started.Before(es[j].Started) })
 		for i := 1; i < len(es); i++ {
-			if !c.faultOn(es[:i], es[0].Started, es[i].Started) {
-				r.violate("tenant %q owner %s export key %s (task %s): run %d of %d (%s at %s) with no fault on an earlier run's node: %s",
+			switch {
+			case strict:
+				r.violate("tenant %q owner %s export key %s (task %s): run %d of %d (%s at %s); records in Postgres allow one ledger row per export key, whatever the faults: %s",
+					k.tenant, short(k.owner), short(k.key), es[i].TaskID, i+1, len(es), es[i].Proc, es[i].Started.Format(timeFmt), exportList(es))
+			case !c.answerLost(es[:i], es[i].Started):
+				r.violate("tenant %q owner %s export key %s (task %s): run %d of %d (%s at %s) with no fault on an earlier run's node before its answer was stored, nor Redis lost since: %s",
 					k.tenant, short(k.owner), short(k.key), es[i].TaskID, i+1, len(es), es[i].Proc, es[i].Started.Format(timeFmt), exportList(es))
 			}
 		}
@@ -387,23 +428,138 @@ func (c *checker) seven() Result {
 	return r
 }
 
-// faultOn reports whether a fault on the node of one of the runs, or on
-// every process, was active at some time in [from, to].
-func (c *checker) faultOn(runs []Export, from, to time.Time) bool {
+// storeGrace is how long after its ledger row (written just before the
+// handler answers) a run's answer is taken to be stored in Redis: the
+// handler encodes the answer and the middleware writes it, a few
+// milliseconds on an idle machine. A fault that begins later cannot lose
+// that answer, unless it is Redis losing its records.
+const storeGrace = time.Second
+
+// answerLost reports whether a fault can have lost the stored answer (or
+// the claim) of one of the earlier runs before a run that started at
+// until: a fault on the run's node, or a Postgres restart, active between
+// the run's start and its answer being stored (the ledger insert's reply
+// and the completion in Redis are all that can be lost); or Redis
+// restarted or flushed between the run's start and until.
+func (c *checker) answerLost(earlier []Export, until time.Time) bool {
 	for _, f := range c.h.Faults {
-		if f.End.Before(from) || f.Start.After(to) {
+		if f.Start.After(until) {
 			continue
 		}
-		if f.Target == "" {
-			return true
-		}
-		for _, e := range runs {
-			if e.Proc == f.Target || e.Proc == "" {
+		for _, e := range earlier {
+			if f.End.Before(e.Started) {
+				continue
+			}
+			beforeStored := !f.Start.After(e.Created.Add(storeGrace))
+			switch {
+			case f.Target == "" && redisKinds[f.Kind]:
+				return true
+			case f.Target == "" && beforeStored:
+				return true
+			case (f.Target == e.Proc || e.Proc == "") && f.Target != "" && beforeStored:
 				return true
 			}
 		}
 	}
 	return false
+}
+
+// eight: what a client was told about a task holds at the end. Answers
+// that show a task's state (polls, cancels, recovers, by its owner) never
+// go back (pending, then running, retrying or uncertain, then an end
+// state), an end state shown is the task's end (failed, until its owner
+// recovers it), a cancel answered 200 shows an end state, a task ends
+// cancelled only when its owner asked to cancel it, and is recovered only
+// when its owner asked. Submits are left out: a replay shows the state
+// of its first answer, byte for byte.
+func (c *checker) eight() Result {
+	r := result(8)
+	told := map[string][]Request{}     // by task: the owner's answers that show its state
+	recovers := map[string][]Request{} // by task: the owner's recover requests, answered or not
+	cancelled := map[string]bool{}     // by task: its owner asked to cancel it
+	for _, q := range c.h.Requests {
+		id := q.PathTask
+		if id == "" {
+			id = q.TaskID
+		}
+		w, found := c.rows[id]
+		if !found || q.Route == routeSubmit || q.Route == routeExport || !c.owns(q, w) {
+			continue
+		}
+		switch q.Route {
+		case routeCancel:
+			cancelled[id] = true
+			if ok2xx(q) && stateRank(q.TaskSt) < 2 {
+				r.violate("task %s: the cancel answered %d with %s at %s, not an end state", id, q.Status, q.TaskSt, q.Done.Format(timeFmt))
+			}
+		case routeRecover:
+			recovers[id] = append(recovers[id], q)
+		}
+		if ok2xx(q) && q.TaskSt != "" {
+			told[id] = append(told[id], q)
+		}
+	}
+	recoveredBetween := func(id string, from, to time.Time) bool {
+		for _, q := range recovers[id] {
+			if q.Sent.Before(to) && q.Done.After(from) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, w := range c.h.Rows {
+		end := endState(w)
+		qs := told[w.ID]
+		sort.Slice(qs, func(i, j int) bool { return qs[i].Done.Before(qs[j].Done) })
+	answers:
+		for i, q := range qs {
+			if stateRank(q.TaskSt) == 2 && q.TaskSt != end && !recoveredBetween(w.ID, q.Sent, c.h.Meta.End.Add(time.Hour)) {
+				r.violate("task %s: %s told %s at %s, but the task ends %s", w.ID, q.Route, q.TaskSt, q.Done.Format(timeFmt), end)
+				break
+			}
+			for _, p := range qs[:i] {
+				if p.Done.Before(q.Sent) && stateRank(q.TaskSt) < stateRank(p.TaskSt) && !recoveredBetween(w.ID, p.Sent, q.Done) {
+					r.violate("task %s: told %s at %s, then %s at %s: its state went back", w.ID,
+						p.TaskSt, p.Done.Format(timeFmt), q.TaskSt, q.Done.Format(timeFmt))
+					break answers
+				}
+			}
+		}
+		if w.State == "cancelled" && !cancelled[w.ID] {
+			r.violate("task %s ended cancelled, but nobody with the right to cancel it (its owner) asked", w.ID)
+		}
+		if w.Recoveries > 0 && len(recovers[w.ID]) == 0 {
+			r.violate("task %s was recovered %d time(s), but its owner never asked", w.ID, w.Recoveries)
+		}
+	}
+	return r
+}
+
+// owns reports whether the requester of q is the owner of w.
+func (c *checker) owns(q Request, w Row) bool {
+	id, ok := identityOf(q.Tenant, q.User)
+	return ok && id.tenant == w.Tenant && id.owner == w.Owner
+}
+
+// stateRank orders task states as they may move: pending, then a live or
+// uncertain attempt, then an end state.
+func stateRank(s string) int {
+	switch s {
+	case "pending":
+		return 0
+	case "succeeded", "failed", "cancelled":
+		return 2
+	}
+	return 1
+}
+
+// endState is what the API shows of a task's final row: a success with
+// no result is shown as failed.
+func endState(w Row) string {
+	if w.State == "succeeded" && w.Results == 0 {
+		return "failed"
+	}
+	return w.State
 }
 
 func exportList(es []Export) string {

@@ -105,6 +105,50 @@ func healthy(policy string) *fixture {
 	return f
 }
 
+// cancel adds the owner's (or anyone's) cancel of task and its answer.
+func (f *fixture) cancel(tenant, user, task string, status int, taskStatus string, s float64) {
+	q := Request{Tenant: tenant, User: user, Route: routeCancel, PathTask: task,
+		Sent: at(s), Done: at(s + 0.1), Status: status}
+	if status/100 == 2 {
+		q.TaskID, q.TaskSt = task, taskStatus
+	} else if status == 404 {
+		q.Code = "not_found"
+	}
+	f.h.Requests = append(f.h.Requests, q)
+}
+
+// pollAt adds a poll of task answered at s with its status.
+func (f *fixture) pollAt(tenant, user, task string, status int, taskStatus string, images int, s float64) {
+	q := Request{Tenant: tenant, User: user, Route: routeTask, PathTask: task,
+		Sent: at(s), Done: at(s + 0.1), Status: status, Images: images}
+	if status/100 == 2 {
+		q.TaskID, q.TaskSt = task, taskStatus
+	} else if status == 404 {
+		q.Code = "not_found"
+	}
+	f.h.Requests = append(f.h.Requests, q)
+}
+
+// other adds a request by (tenant, user) on route for task, answered
+// with status and code: another identity trying a task.
+func (f *fixture) other(tenant, user, route, task string, status int, code string, s float64) {
+	q := Request{Tenant: tenant, User: user, Route: route, PathTask: task,
+		Sent: at(s), Done: at(s + 0.1), Status: status, Code: code}
+	if route == routeExport {
+		q.Key = "snoop:1"
+	}
+	if status/100 == 2 {
+		q.TaskID = task
+	}
+	f.h.Requests = append(f.h.Requests, q)
+}
+
+// start adds a generator call at its start, as the upstream's call log
+// records it; proc is the caller, "" when the log does not say.
+func (f *fixture) start(task, proc string, s float64) {
+	f.h.Gen = append(f.h.Gen, GenCall{Task: task, Proc: proc, Phase: "start", Result: "ok", At: at(s)})
+}
+
 func TestCheck(t *testing.T) {
 	t.Parallel()
 	cats := Params{Prompt: "a cat", AspectRatio: "1:1", N: 1}
@@ -204,6 +248,7 @@ func TestCheck(t *testing.T) {
 				f.h.Rows[0].State = "pending"
 				f.h.Rows[0].Attempt = 0
 				f.h.Gen = nil
+				f.h.Requests[2].TaskSt, f.h.Requests[2].Images = "pending", 0 // the poll saw it pending
 				return f
 			},
 			want: map[int]string{4: "ended the run pending"},
@@ -384,7 +429,9 @@ func TestCheck(t *testing.T) {
 			name: "7: an export answered with the run of another key",
 			given: func() *fixture {
 				f := healthy("uncertain")
-				f.exportRun(2, "acme", "bob", "export:1", "T1", "api0", 7)
+				f.task("T2", "acme", "bob", "poster:1", dogs, "succeeded", 1)
+				f.gen("T2", "worker1", 4)
+				f.exportRun(2, "acme", "bob", "export:1", "T2", "api0", 7)
 				f.export("acme", "alice", "export:1", "T1", 200, 2, true, 8)
 				return f
 			},
@@ -398,6 +445,267 @@ func TestCheck(t *testing.T) {
 				return f
 			},
 			want: map[int]string{7: "not in the ledger"},
+		},
+		// What clients were told against how tasks end (invariant 8).
+		{
+			name: "8: a cancel answered cancelled, then a late outcome made the task succeeded",
+			given: func() *fixture {
+				f := newFixture("uncertain")
+				f.task("T1", "acme", "alice", "poster:1", dogs, "succeeded", 1)
+				f.submit("acme", "alice", "poster:1", dogs, 202, "T1", false)
+				f.cancel("acme", "alice", "T1", 200, "cancelled", 2.5)
+				f.gen("T1", "worker0", 4)
+				f.action("poster:1", "cancelled", 5)
+				return f
+			},
+			want: map[int]string{8: "told cancelled"},
+		},
+		{
+			name: "8: a plain action nobody cancelled ends cancelled",
+			given: func() *fixture {
+				f := newFixture("uncertain")
+				f.task("T1", "acme", "alice", "poster:1", dogs, "cancelled", 1)
+				f.submit("acme", "alice", "poster:1", dogs, 202, "T1", false)
+				f.pollAt("acme", "alice", "T1", 200, "cancelled", 0, 3)
+				f.action("poster:1", "cancelled", 5)
+				return f
+			},
+			want: map[int]string{8: "nobody"},
+		},
+		{
+			name: "8: a poll showed succeeded with images, the task ends failed",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.h.Rows[0].State, f.h.Rows[0].Results, f.h.Rows[0].PNGs, f.h.Rows[0].Error = "failed", 0, 0, "upstream refused"
+				return f
+			},
+			want: map[int]string{8: "told succeeded"},
+		},
+		{
+			name: "8: a task told running is later told pending",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.pollAt("acme", "alice", "T1", 200, "running", 0, 2.2)
+				f.pollAt("acme", "alice", "T1", 200, "pending", 0, 2.5)
+				return f
+			},
+			want: map[int]string{8: "went back"},
+		},
+		{
+			name: "8: a cancel answered 200 with a task still running",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.cancel("acme", "alice", "T1", 200, "running", 2.5)
+				return f
+			},
+			want: map[int]string{8: "cancel answered 200 with running"},
+		},
+		{
+			name: "8: a task recovered that its owner never asked to recover",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.h.Rows[0].Recoveries = 1
+				return f
+			},
+			want: map[int]string{8: "recovered 1 time"},
+		},
+		{
+			name: "8: a cancel that ends the task cancelled holds",
+			given: func() *fixture {
+				f := newFixture("uncertain")
+				f.task("T1", "acme", "alice", "poster:1", dogs, "cancelled", 1)
+				f.submit("acme", "alice", "poster:1", dogs, 202, "T1", false)
+				f.pollAt("acme", "alice", "T1", 200, "running", 0, 2.2)
+				f.cancel("acme", "alice", "T1", 200, "cancelled", 2.5)
+				f.pollAt("acme", "alice", "T1", 200, "cancelled", 0, 3)
+				f.action("poster:1", "cancelled", 5)
+				return f
+			},
+		},
+		{
+			name: "8: a cancel too late, answered with the success it cannot undo, holds",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.cancel("acme", "alice", "T1", 200, "succeeded", 4.5)
+				return f
+			},
+		},
+		{
+			name: "8: a success with no real result is told failed, and holds",
+			given: func() *fixture {
+				f := newFixture("uncertain")
+				f.task("T1", "acme", "alice", "poster:1", dogs, "succeeded", 1)
+				f.h.Rows[0].Results, f.h.Rows[0].PNGs = 0, 0
+				f.submit("acme", "alice", "poster:1", dogs, 202, "T1", false)
+				f.pollAt("acme", "alice", "T1", 200, "failed", 0, 3)
+				f.gen("T1", "worker0", 2.9)
+				f.action("poster:1", "failed", 5)
+				return f
+			},
+			want: map[int]string{4: "succeeded with 0 results"},
+		},
+		// Invariant 7 excuses only what can lose the first answer.
+		{
+			name: "7: a Postgres restart after the first answer was stored explains nothing",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.exportRun(2, "acme", "alice", "export:1", "T1", "api1", 9)
+				f.h.Faults = append(f.h.Faults, Fault{Kind: "pg-restart", Start: at(8), End: at(8.5)})
+				return f
+			},
+			want: map[int]string{7: "run 2 of 2 (api1"},
+		},
+		{
+			name: "7: latency on the first node's Postgres link after its answer was stored explains nothing",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.exportRun(2, "acme", "alice", "export:1", "T1", "api1", 9.5)
+				f.h.Faults = append(f.h.Faults, Fault{Kind: "latency", Target: "api0", Start: at(8), End: at(9),
+					Detail: "api0→pg for 1s (+100ms per chunk)"})
+				return f
+			},
+			want: map[int]string{7: "run 2 of 2 (api1"},
+		},
+		{
+			name: "7: the first run's node killed before its answer was stored holds",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.exportRun(2, "acme", "alice", "export:1", "T1", "api1", 9)
+				f.h.Faults = append(f.h.Faults, Fault{Kind: "kill", Target: "api0", Start: at(6.31), End: at(7)})
+				return f
+			},
+		},
+		{
+			name: "7: Redis restarted after the first answer was stored holds",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.exportRun(2, "acme", "alice", "export:1", "T1", "api1", 12)
+				f.h.Faults = append(f.h.Faults, Fault{Kind: "redis-restart", Start: at(10), End: at(11)})
+				return f
+			},
+		},
+		{
+			name: "7: records in Postgres: a second run after the first node was killed mid-run",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.h.Meta.Store = "postgres"
+				f.exportRun(2, "acme", "alice", "export:1", "T1", "api1", 9)
+				f.h.Faults = append(f.h.Faults, Fault{Kind: "kill", Target: "api0", Start: at(6.1), End: at(7)})
+				return f
+			},
+			want: map[int]string{7: "one ledger row per export key"},
+		},
+		// Invariant 5 under retry excuses only a fault on the caller.
+		{
+			name: "5: under retry, latency on an API node's Redis link explains no second call",
+			given: func() *fixture {
+				f := healthy("retry")
+				f.h.Meta.Starts = true
+				f.h.Rows[0].Attempt = 2
+				f.h.Gen = nil
+				f.start("T1", "", 2.5)
+				f.start("T1", "", 34)
+				f.h.Faults = append(f.h.Faults, Fault{Kind: "latency", Target: "api0", Start: at(3), End: at(4),
+					Detail: "api0→redis for 1s (+100ms per chunk)"})
+				return f
+			},
+			want: map[int]string{5: "no fault on an earlier call's process"},
+		},
+		{
+			name: "5: under retry, a Redis restart explains no second call",
+			given: func() *fixture {
+				f := healthy("retry")
+				f.h.Meta.Starts = true
+				f.h.Rows[0].Attempt = 2
+				f.h.Gen = nil
+				f.start("T1", "", 2.5)
+				f.start("T1", "", 34)
+				f.h.Faults = append(f.h.Faults, Fault{Kind: "redis-restart", Start: at(3), End: at(4)})
+				return f
+			},
+			want: map[int]string{5: "no fault on an earlier call's process"},
+		},
+		{
+			name: "5: under retry, a fault on the other worker explains no second call",
+			given: func() *fixture {
+				f := healthy("retry")
+				f.h.Meta.Starts = true
+				f.h.Rows[0].Attempt = 2
+				f.h.Gen = nil
+				f.start("T1", "worker0", 2.5)
+				f.start("T1", "worker1", 34)
+				f.h.Faults = append(f.h.Faults, Fault{Kind: "kill", Target: "worker1", Start: at(3), End: at(4)})
+				return f
+			},
+			want: map[int]string{5: "no fault on an earlier call's process"},
+		},
+		{
+			name: "5: under retry, the caller's pause explains the second call",
+			given: func() *fixture {
+				f := healthy("retry")
+				f.h.Meta.Starts = true
+				f.h.Rows[0].Attempt = 2
+				f.h.Gen = nil
+				f.start("T1", "worker0", 2.5)
+				f.start("T1", "worker1", 34)
+				f.h.Faults = append(f.h.Faults, Fault{Kind: "pause", Target: "worker0", Start: at(3), End: at(4)})
+				return f
+			},
+		},
+		// Other identities' cancels, exports and recovers (invariant 3).
+		{
+			name: "3: another user's cancel answered 404, yet the task ends cancelled",
+			given: func() *fixture {
+				f := newFixture("uncertain")
+				f.task("T1", "acme", "alice", "poster:1", dogs, "cancelled", 1)
+				f.submit("acme", "alice", "poster:1", dogs, 202, "T1", false)
+				f.other("acme", "bob", routeCancel, "T1", 404, "not_found", 2.5)
+				f.action("poster:1", "cancelled", 5)
+				return f
+			},
+			want: map[int]string{8: "nobody"},
+		},
+		{
+			name: "3: another user's export answered 200",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.other("acme", "bob", routeExport, "T1", 200, "", 7)
+				f.h.Requests[len(f.h.Requests)-1].ExportID = 2
+				f.exportRun(2, "acme", "bob", "snoop:1", "T1", "api0", 7)
+				return f
+			},
+			want: map[int]string{3: `user "bob"`},
+		},
+		{
+			name: "3: another user's export answered 404, yet charged to the task",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.other("acme", "bob", routeExport, "T1", 404, "not_found", 7)
+				f.exportRun(2, "acme", "bob", "snoop:1", "T1", "api0", 7)
+				return f
+			},
+			want: map[int]string{3: "ledger"},
+		},
+		{
+			name: "3: another tenant's recover answered 409: the task's existence leaks",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.other("globex", "alice", routeRecover, "T1", 409, "not_recoverable", 7)
+				return f
+			},
+			want: map[int]string{3: "409"},
+		},
+		{
+			name: "3: other identities' cancel, export, recover and poll answered 404 hold",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.other("acme", "bob", routeCancel, "T1", 404, "not_found", 7)
+				f.other("globex", "alice", routeExport, "T1", 404, "not_found", 7)
+				f.other("acme", "bob", routeRecover, "T1", 404, "not_found", 7)
+				f.other("acme", "bob", routeTask, "T1", 404, "not_found", 7)
+				f.other("acme", "bob", routeTask, "T1", 503, "task_store_unavailable", 7)
+				return f
+			},
 		},
 	}
 	for _, tc := range tests {

@@ -525,6 +525,8 @@ func routeOf(method, path string) string {
 		return routeCancel
 	case method == http.MethodPost && strings.HasPrefix(path, "/v1/tasks/") && strings.HasSuffix(path, "/export"):
 		return routeExport
+	case method == http.MethodPost && strings.HasPrefix(path, "/v1/tasks/") && strings.HasSuffix(path, "/recover"):
+		return routeRecover
 	}
 	return method + " " + path
 }

@@ -44,6 +44,10 @@ type Meta struct {
 	// (the stand-in upstream's call log in Postgres), not only when they
 	// end (the workers' logs): then a call cut off by a kill counts too.
 	Starts bool `json:"starts"`
+	// Store is where the API nodes kept the idempotency records: "redis"
+	// ("" in older histories) or "postgres" (STORE=postgres, the export
+	// route Atomic: its ledger row commits with its record).
+	Store string `json:"store,omitempty"`
 }
 
 // Params are the parameters of an image request that the server
@@ -74,9 +78,12 @@ type Request struct {
 	Method string `json:"method"`
 	// Route is the route template: "POST /v1/images", "GET /v1/tasks/{id}".
 	Route string `json:"route"`
-	// Key is the request id sent as Idempotency-Key (submits only).
-	Key    string  `json:"key,omitempty"`
-	Params *Params `json:"params,omitempty"`
+	// Key is the request id sent as Idempotency-Key (submits and exports).
+	Key string `json:"key,omitempty"`
+	// PathTask is the task id the path names (the task routes), whatever
+	// the answer: it says whose task a request tried.
+	PathTask string  `json:"path_task,omitempty"`
+	Params   *Params `json:"params,omitempty"`
 	// FP is Params.FP() of what was sent (submits only).
 	FP   string    `json:"fp,omitempty"`
 	Sent time.Time `json:"sent"`
@@ -143,19 +150,22 @@ type Fault struct {
 
 // Row is one task row at the end of the run.
 type Row struct {
-	Type      string    `json:"type"` // "row"
-	ID        string    `json:"id"`
-	Tenant    string    `json:"tenant"`
-	Owner     string    `json:"owner"`
-	Kind      string    `json:"kind"`
-	IdemKey   string    `json:"idempotency_key"`
-	ParamsFP  string    `json:"params_fp"`
-	State     string    `json:"state"`
-	Attempt   int       `json:"attempt"`
-	Results   int       `json:"results"`
-	PNGs      int       `json:"pngs"` // results that are PNG data URLs
-	Error     string    `json:"error,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
+	Type     string `json:"type"` // "row"
+	ID       string `json:"id"`
+	Tenant   string `json:"tenant"`
+	Owner    string `json:"owner"`
+	Kind     string `json:"kind"`
+	IdemKey  string `json:"idempotency_key"`
+	ParamsFP string `json:"params_fp"`
+	State    string `json:"state"`
+	Attempt  int    `json:"attempt"`
+	Results  int    `json:"results"`
+	PNGs     int    `json:"pngs"` // results that are PNG data URLs
+	// Recoveries counts how often the task was put back in line after a
+	// failure (POST /v1/tasks/{id}/recover).
+	Recoveries int       `json:"recoveries,omitempty"`
+	Error      string    `json:"error,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
 }
 
 // Export is one run of the example's export handler, a billed action:

@@ -47,10 +47,11 @@ import (
 
 // Route templates as the history names them.
 const (
-	routeSubmit = "POST /v1/images"
-	routeTask   = "GET /v1/tasks/{id}"
-	routeCancel = "POST /v1/tasks/{id}/cancel"
-	routeExport = "POST /v1/tasks/{id}/export"
+	routeSubmit  = "POST /v1/images"
+	routeTask    = "GET /v1/tasks/{id}"
+	routeCancel  = "POST /v1/tasks/{id}/cancel"
+	routeExport  = "POST /v1/tasks/{id}/export"
+	routeRecover = "POST /v1/tasks/{id}/recover"
 )
 
 // exportKind is the idempotency kind of the example's export route.
