@@ -122,18 +122,18 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	values := r.Header[m.header]
 	if len(values) == 0 {
 		if m.cfg.Required {
-			return writeProblem(c, http.StatusBadRequest, codeKeyMissing,
+			return writeProblem(c, http.StatusBadRequest, CodeKeyMissing,
 				"This request needs an "+m.cfg.Header+" header.", 0)
 		}
 		return next(c)
 	}
 	if len(values) > 1 {
-		return writeProblem(c, http.StatusBadRequest, codeKeyInvalid,
+		return writeProblem(c, http.StatusBadRequest, CodeKeyInvalid,
 			"The "+m.cfg.Header+" header must appear once.", 0)
 	}
 	id, ok := parseKey(values[0])
 	if !ok {
-		return writeProblem(c, http.StatusBadRequest, codeKeyInvalid,
+		return writeProblem(c, http.StatusBadRequest, CodeKeyInvalid,
 			"The "+m.cfg.Header+" header must be 1 to 255 bytes of visible ASCII, or a quoted string.", 0)
 	}
 	tenant, user, err := m.cfg.Scope(c)
@@ -147,7 +147,7 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	if err != nil {
 		if detail := scopeRefusal(tenant, user); detail != "" {
 			st.warn("idemgate: the credentials' identity cannot scope an idempotency key", "scope", errors.New(detail))
-			return writeProblem(c, http.StatusBadRequest, codeScopeInvalid,
+			return writeProblem(c, http.StatusBadRequest, CodeScopeInvalid,
 				"The "+detail+"; an idempotency key takes 1 to 255 bytes of each. Retrying will not help.", 0)
 		}
 		// The kind is valid (checked by New, or KindFor's) and the
@@ -160,16 +160,16 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.Is(err, errBodyTooLarge) || errors.As(err, &tooLarge) {
-			return writeProblem(c, http.StatusRequestEntityTooLarge, codeBodyTooLarge,
+			return writeProblem(c, http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
 				"The request body is larger than this endpoint accepts.", 0)
 		}
-		return writeProblem(c, http.StatusBadRequest, codeBodyInvalid, "The request body could not be read.", 0)
+		return writeProblem(c, http.StatusBadRequest, CodeBodyInvalid, "The request body could not be read.", 0)
 	}
 	st.body.Reset(body)
 	r.Body = &st.body
 	inner, fields, err := m.cfg.Fingerprint.SumRequestFields(r, body, st.sums[:0])
 	if err != nil {
-		return writeProblem(c, http.StatusBadRequest, codeBodyInvalid, err.Error(), 0)
+		return writeProblem(c, http.StatusBadRequest, CodeBodyInvalid, err.Error(), 0)
 	}
 	names, values := c.ParamNames(), c.ParamValues()
 	if c.Path() == "" {
@@ -220,7 +220,7 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 		return st.replay(c, res.Response)
 	case Running:
 		st.emit(Event{Type: EventInProgress, Status: http.StatusConflict})
-		return writeProblem(c, http.StatusConflict, codeRequestInProgress,
+		return writeProblem(c, http.StatusConflict, CodeRequestInProgress,
 			"A request with this idempotency key is still running; retry later.", m.inProgressRetry(res.RetryAfter))
 	case Mismatch:
 		st.emit(Event{Type: EventReused, Status: m.cfg.MismatchStatus})
@@ -270,7 +270,7 @@ func (m *idem) protects(method string) bool {
 // reused answers key_reused, with the pointers of the fields that changed
 // if the store could tell (names only, never values).
 func (m *idem) reused(c echo.Context, changed []string) error {
-	return writeProblemChanged(c, m.cfg.MismatchStatus, codeKeyReused,
+	return writeProblemChanged(c, m.cfg.MismatchStatus, CodeKeyReused,
 		"This idempotency key was already used with other request parameters. Send a new key for new parameters.", changed)
 }
 
@@ -396,7 +396,7 @@ func (st *call) storeDown(c echo.Context, next echo.HandlerFunc, err error) erro
 		c.Set(contextKey, st)
 		return next(c)
 	}
-	return writeProblem(c, http.StatusServiceUnavailable, codeStoreUnavailable,
+	return writeProblem(c, http.StatusServiceUnavailable, CodeStoreUnavailable,
 		"The idempotency store is unavailable; retry later.", 1)
 }
 

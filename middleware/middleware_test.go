@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/internal/wait"
 	"github.com/idemgate/idemgate/middleware"
 )
 
@@ -598,7 +599,7 @@ func TestInFlight(t *testing.T) {
 				return
 			}
 			// Let the waiter poll at least once, then finish the holder.
-			waitUntil(t, "the waiter's polls", func() bool { return store.claims.Load() >= 3 })
+			wait.For(t, 30*time.Second, "the waiter's polls", func() bool { return store.claims.Load() >= 3 })
 			close(release)
 			first := <-done
 			rec := <-second
@@ -658,7 +659,8 @@ func TestLeaseRenewal(t *testing.T) {
 		for range 3 {
 			mr.FastForward(2 * lease / 3)
 			seen := store.extends.Load()
-			if !waitUntil(t, "two renewals", func() bool { return store.extends.Load() >= seen+2 || store.lost.Load() > 0 }) {
+			if !wait.Until(30*time.Second, func() bool { return store.extends.Load() >= seen+2 || store.lost.Load() > 0 }) {
+				t.Errorf("no two renewals within 30 s")
 				return errors.New("no renewals")
 			}
 			if store.lost.Load() > 0 {
@@ -678,21 +680,6 @@ func TestLeaseRenewal(t *testing.T) {
 	if got := v.do(req{key: "k", body: imageBody}); got.Header().Get("Idempotent-Replayed") != "true" {
 		t.Errorf("after a renewed run the retry is %d, want a replay", got.Code)
 	}
-}
-
-// waitUntil polls cond until it holds, or fails the test after 10 s; it
-// reports whether cond held.
-func waitUntil(t *testing.T, what string, cond func() bool) bool {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Errorf("gave up waiting for %s after 10 s", what)
-			return false
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return true
 }
 
 // TestCrashedHolder: a claim whose holder never completes blocks retries

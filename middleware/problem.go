@@ -8,50 +8,78 @@ import (
 	"github.com/labstack/echo/v4"
 )
 
-// Problem codes: the "code" extension member of every error answer.
+// Code is the "code" extension member of every problem document the
+// middleware answers (RFC 9457 application/problem+json), and the end of
+// its "type" URI. Codes are a wire contract: clients branch on them, so a
+// code's meaning never changes and a code is never reused for another.
+type Code string
+
+// The problem codes the middleware answers.
 const (
-	codeKeyMissing        = "key_missing"
-	codeKeyInvalid        = "key_invalid"
-	codeKeyReused         = "key_reused"
-	codeRequestInProgress = "request_in_progress"
-	codeBodyTooLarge      = "body_too_large"
-	codeBodyInvalid       = "body_invalid"
-	codeStoreUnavailable  = "store_unavailable"
-	codeScopeInvalid      = "scope_invalid"
-	// codeEncodingNotAcceptable: the stored response's Content-Encoding is
-	// not one the retry accepts, and it cannot be decoded for it.
-	codeEncodingNotAcceptable = "encoding_not_acceptable"
+	// CodeKeyMissing (400): Config.Required and no idempotency key.
+	CodeKeyMissing Code = "key_missing"
+	// CodeKeyInvalid (400): the key header is repeated, empty, too long
+	// or not printable.
+	CodeKeyInvalid Code = "key_invalid"
+	// CodeKeyReused (Config.MismatchStatus, default 409): the key was
+	// used with other parameters. A decision for the caller, never an
+	// automatic retry.
+	CodeKeyReused Code = "key_reused"
+	// CodeRequestInProgress (409, with Retry-After): another request with
+	// the key is still running.
+	CodeRequestInProgress Code = "request_in_progress"
+	// CodeBodyTooLarge (413): the body is over Config.MaxBodyBytes.
+	CodeBodyTooLarge Code = "body_too_large"
+	// CodeBodyInvalid (400): the body could not be read or fingerprinted.
+	CodeBodyInvalid Code = "body_invalid"
+	// CodeStoreUnavailable (503, with Retry-After): the store could not
+	// be reached and the middleware fails closed.
+	CodeStoreUnavailable Code = "store_unavailable"
+	// CodeScopeInvalid (400): the credentials' tenant or user cannot
+	// scope a key (empty or over 255 bytes). Retrying will not help.
+	CodeScopeInvalid Code = "scope_invalid"
+	// CodeEncodingNotAcceptable (406): the stored response's
+	// Content-Encoding is not one the retry accepts, and it cannot be
+	// decoded for it.
+	CodeEncodingNotAcceptable Code = "encoding_not_acceptable"
+	// CodeLeaseLost (503, with Retry-After) on a Config.Atomic route: the
+	// request's claim ran out and another request took the key over
+	// before its transaction could commit, so the transaction was rolled
+	// back. Nothing of this run took effect; a retry gets the other
+	// run's answer.
+	CodeLeaseLost Code = "lease_lost"
 )
 
 // problemTypeBase prefixes the code to make the RFC 9457 "type" URI.
 const problemTypeBase = "https://github.com/idemgate/idemgate#"
 
-var problemTitles = map[string]string{
-	codeKeyMissing:            "Idempotency key missing",
-	codeKeyInvalid:            "Idempotency key invalid",
-	codeKeyReused:             "Idempotency key reused",
-	codeRequestInProgress:     "Request in progress",
-	codeBodyTooLarge:          "Request body too large",
-	codeBodyInvalid:           "Request body invalid",
-	codeStoreUnavailable:      "Idempotency store unavailable",
-	codeScopeInvalid:          "Identity unusable for idempotency",
-	codeEncodingNotAcceptable: "Stored response encoding not acceptable",
+var problemTitles = map[Code]string{
+	CodeKeyMissing:            "Idempotency key missing",
+	CodeKeyInvalid:            "Idempotency key invalid",
+	CodeKeyReused:             "Idempotency key reused",
+	CodeRequestInProgress:     "Request in progress",
+	CodeBodyTooLarge:          "Request body too large",
+	CodeBodyInvalid:           "Request body invalid",
+	CodeStoreUnavailable:      "Idempotency store unavailable",
+	CodeScopeInvalid:          "Identity unusable for idempotency",
+	CodeEncodingNotAcceptable: "Stored response encoding not acceptable",
+	CodeLeaseLost:             "Idempotency lease lost",
 }
 
 // writeProblem answers an application/problem+json (RFC 9457) document.
 // It is built by hand: every string is a constant of this package except
 // detail, which is escaped.
-func writeProblem(c echo.Context, status int, code, detail string, retryAfter int) error {
+func writeProblem(c echo.Context, status int, code Code, detail string, retryAfter int) error {
 	return writeProblemExt(c, status, code, detail, retryAfter, nil)
 }
 
 // writeProblemChanged is writeProblem with the extension member "changed":
 // the JSON Pointers of the fields that differ, when there are any.
-func writeProblemChanged(c echo.Context, status int, code, detail string, changed []string) error {
+func writeProblemChanged(c echo.Context, status int, code Code, detail string, changed []string) error {
 	return writeProblemExt(c, status, code, detail, 0, changed)
 }
 
-func writeProblemExt(c echo.Context, status int, code, detail string, retryAfter int, changed []string) error {
+func writeProblemExt(c echo.Context, status int, code Code, detail string, retryAfter int, changed []string) error {
 	b := make([]byte, 0, 256)
 	b = append(b, `{"type":"`...)
 	b = append(b, problemTypeBase...)

@@ -46,8 +46,8 @@ func (st *call) replay(c echo.Context, resp Response) error {
 	if ce := resp.Header["Content-Encoding"]; len(ce) > 0 && !acceptsEncoding(c.Request().Header["Accept-Encoding"], ce) {
 		body, ok := decodeForReplay(ce, resp.Body, st.m.cfg.MaxResponseBytes)
 		if !ok {
-			st.emit(Event{Type: EventReplayed, Status: http.StatusNotAcceptable, Reason: codeEncodingNotAcceptable})
-			return writeProblem(c, http.StatusNotAcceptable, codeEncodingNotAcceptable,
+			st.emit(Event{Type: EventReplayed, Status: http.StatusNotAcceptable, Reason: string(CodeEncodingNotAcceptable)})
+			return writeProblem(c, http.StatusNotAcceptable, CodeEncodingNotAcceptable,
 				"The stored response to this request is sent with Content-Encoding "+strings.Join(ce, ", ")+
 					", which this request does not accept; retry with an Accept-Encoding that allows it.", 0)
 		}

@@ -2,15 +2,20 @@ package pgrecords_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
+	"net/http"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/devserver"
 	"github.com/idemgate/idemgate/internal/testenv"
+	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/middleware/storetest"
 	"github.com/idemgate/idemgate/pgrecords"
 )
@@ -125,4 +130,46 @@ func crash(t *testing.T, srv *devserver.Postgres) {
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
+}
+
+func token() middleware.Token {
+	var tok middleware.Token
+	_, _ = rand.Read(tok[:])
+	return tok
+}
+
+func key() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return "idem:pgrecords:test:" + hex.EncodeToString(b[:])
+}
+
+func request(lease time.Duration) middleware.ClaimRequest {
+	return middleware.ClaimRequest{
+		Fingerprint: "v1:" + fingerprint.Fingerprint(hex.EncodeToString(make([]byte, 32))),
+		Owner:       "owner-a",
+		Kind:        "image",
+		Lease:       lease,
+		Token:       token(),
+	}
+}
+
+func sample() middleware.Response {
+	return middleware.Response{
+		Status: http.StatusCreated,
+		Header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"one", "", "two"}},
+		Body:   []byte("{\"id\":42}\x00\xff"),
+	}
+}
+
+func mustClaim(t *testing.T, s middleware.Store, key string, req middleware.ClaimRequest, want middleware.ClaimStatus) middleware.ClaimResult {
+	t.Helper()
+	res, err := s.Claim(testCtx(t), key, req)
+	if err != nil {
+		t.Fatalf("Claim: %v", err)
+	}
+	if res.Status != want {
+		t.Fatalf("Claim = %v, want %v", res.Status, want)
+	}
+	return res
 }

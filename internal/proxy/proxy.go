@@ -1,5 +1,6 @@
 // Package proxy is a loopback TCP proxy whose link can be made to misbehave
-// on command: delayed, dropped (blackholed), frozen or cut. Fault tests put
+// on command: delayed, dropped (blackholed), frozen or cut, or with only
+// the server's next replies held back (DelayReplies). Fault tests put
 // one between a process and the server it talks to (Redis, Postgres) and
 // turn the link bad and good again while the process runs.
 package proxy
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -62,6 +64,9 @@ type Proxy struct {
 	conns  map[*link]struct{}
 	closed bool
 	wg     sync.WaitGroup
+
+	lateReplies atomic.Int64 // upstream chunks still to hold back
+	lateDelay   atomic.Int64 // by this many nanoseconds
 }
 
 // link is one client connection and its upstream connection.
@@ -110,6 +115,20 @@ func (p *Proxy) Set(m Mode, delay time.Duration) {
 		k.close()
 	}
 }
+
+// DelayReplies holds back each of the next n chunks that the upstream
+// sends (on any connection) by d before the mode forwards it; what the
+// clients send passes as the mode says. A request reaches the server and
+// runs, and its answer arrives after the client may have given up: a lost
+// reply, not a lost request. Calls replace what is left of the last one.
+func (p *Proxy) DelayReplies(n int, d time.Duration) {
+	p.lateDelay.Store(int64(d))
+	p.lateReplies.Store(int64(n))
+}
+
+// DelayedRepliesLeft returns how many of the replies that DelayReplies
+// asked to hold back have not arrived from the upstream yet.
+func (p *Proxy) DelayedRepliesLeft() int { return int(max(p.lateReplies.Load(), 0)) }
 
 // Heal is Set(Pass, 0).
 func (p *Proxy) Heal() { p.Set(Pass, 0) }
@@ -179,8 +198,8 @@ func (p *Proxy) serve(c net.Conn) {
 	p.mu.Unlock()
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); p.pipe(k, s, c) }()
-	go func() { defer wg.Done(); p.pipe(k, c, s) }()
+	go func() { defer wg.Done(); p.pipe(k, s, c, false) }()
+	go func() { defer wg.Done(); p.pipe(k, c, s, true) }()
 	wg.Wait()
 	p.mu.Lock()
 	delete(p.conns, k)
@@ -188,12 +207,15 @@ func (p *Proxy) serve(c net.Conn) {
 }
 
 // pipe copies src to dst chunk by chunk, as the mode says, until either
-// side ends; then it closes both.
-func (p *Proxy) pipe(k *link, dst, src net.Conn) {
+// side ends; then it closes both. reply says src is the upstream.
+func (p *Proxy) pipe(k *link, dst, src net.Conn, reply bool) {
 	defer k.close()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if n > 0 && reply && p.lateReplies.Load() > 0 && p.lateReplies.Add(-1) >= 0 {
+			time.Sleep(time.Duration(p.lateDelay.Load()))
+		}
 		if n > 0 && !p.forward(dst, buf[:n]) {
 			return
 		}

@@ -195,3 +195,43 @@ func TestConcurrent(t *testing.T) {
 		t.Fatalf("after the storm: %q, %v", got, err)
 	}
 }
+
+// TestDelayReplies: the next reply is held back by the delay while the
+// request passes at once; later replies come at once again.
+func TestDelayReplies(t *testing.T) {
+	t.Parallel()
+	p, err := Start(echoServer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	c, err := net.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	r := bufio.NewReader(c)
+	roundTrip := func() time.Duration {
+		t.Helper()
+		start := time.Now()
+		if _, err := c.Write([]byte("ping\n")); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if line, err := r.ReadString('\n'); err != nil || line != "ping\n" {
+			t.Fatalf("read = %q, %v", line, err)
+		}
+		return time.Since(start)
+	}
+	const delay = 300 * time.Millisecond
+	p.DelayReplies(1, delay)
+	if got := roundTrip(); got < delay {
+		t.Errorf("held-back reply came after %v, want at least %v", got, delay)
+	}
+	if n := p.DelayedRepliesLeft(); n != 0 {
+		t.Errorf("DelayedRepliesLeft = %d, want 0", n)
+	}
+	if got := roundTrip(); got >= delay {
+		t.Errorf("next reply came after %v, want at once", got)
+	}
+}

@@ -20,7 +20,7 @@ import (
 	"github.com/idemgate/idemgate/middleware"
 )
 
-// Attacks on the capture of a response whose client left: the ways a
+// Tests of the capture of a response whose client left: the ways a
 // handler can write (through echo, past it, streaming, serving a file),
 // sizes at the limit, and a hijack that fails.
 
@@ -95,9 +95,9 @@ func clientLeft(t *testing.T, maxResp int64, h echo.HandlerFunc) leftResult {
 	return leftResult{calls.Load(), resp.Header.Get("Idempotent-Replayed") == "true", resp.StatusCode, body, failed.Load()}
 }
 
-// TestAttackClientLeftWriters: every way a handler writes a response in
+// TestClientLeftWriters: every way a handler writes a response in
 // full is stored when its client left, and the retry replays it.
-func TestAttackClientLeftWriters(t *testing.T) {
+func TestClientLeftWriters(t *testing.T) {
 	t.Parallel()
 	const size = 512 << 10
 	payload := bytes.Repeat([]byte{'x'}, size)
@@ -161,11 +161,11 @@ func TestAttackClientLeftWriters(t *testing.T) {
 	}
 }
 
-// TestAttackHijackFails: a handler that tries to take the connection over
+// TestHijackFails: a handler that tries to take the connection over
 // (a WebSocket upgrade) where it cannot (HTTP/2, a recorder) and then
 // answers normally produced its response in full: it is stored, and the
 // retry replays it instead of running the handler again.
-func TestAttackHijackFails(t *testing.T) {
+func TestHijackFails(t *testing.T) {
 	t.Parallel()
 	v := newEnv(t, nil, func(c echo.Context, n int64) error {
 		if _, _, err := c.Response().Hijack(); err == nil {

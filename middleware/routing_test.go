@@ -16,11 +16,11 @@ import (
 	"github.com/idemgate/idemgate/middleware"
 )
 
-// TestAttackDecompressOutside: echo's Decompress outside the middleware
+// TestDecompressOutside: echo's Decompress outside the middleware
 // (e.Use(Decompress) before it) hands over the decoded body while
 // Content-Length still counts the gzip bytes: every gzip request was 400
 // (decoded shorter) or 413 (decoded longer).
-func TestAttackDecompressOutside(t *testing.T) {
+func TestDecompressOutside(t *testing.T) {
 	t.Parallel()
 	mr := miniredis.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
@@ -55,10 +55,10 @@ func TestAttackDecompressOutside(t *testing.T) {
 	}
 }
 
-// TestAttackPreRouting: the middleware registered with e.Pre runs before
+// TestPreRouting: the middleware registered with e.Pre runs before
 // routing: no route template, no path parameters. /v1/orders/1/refund and
 // /v1/orders/2/refund under one key were replayed each other's answer.
-func TestAttackPreRouting(t *testing.T) {
+func TestPreRouting(t *testing.T) {
 	t.Parallel()
 	type refund struct {
 		ID     string `param:"id"`

@@ -3,10 +3,7 @@ package middleware_test
 import (
 	"context"
 	"errors"
-	"io"
-	"net"
 	"net/http/httptest"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,83 +12,10 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate/internal/proxy"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/middleware"
 )
-
-// replyDelayProxy forwards TCP to a Redis server and holds back the next
-// `late` reply chunks (on any connection) for `delay`: the commands reach
-// the server and run, their answers arrive after the client gave up.
-type replyDelayProxy struct {
-	addr  string
-	late  atomic.Int64
-	delay time.Duration
-}
-
-func startReplyDelayProxy(t *testing.T, upstream string, delay time.Duration) *replyDelayProxy {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &replyDelayProxy{addr: l.Addr().String(), delay: delay}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	track := func(c net.Conn) {
-		mu.Lock()
-		conns = append(conns, c)
-		mu.Unlock()
-	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", upstream)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			track(c)
-			track(u)
-			wg.Add(2)
-			go func() { defer wg.Done(); _, _ = io.Copy(u, c); u.Close() }()
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := u.Read(buf)
-					if n > 0 {
-						if p.late.Load() > 0 && p.late.Add(-1) >= 0 {
-							time.Sleep(p.delay)
-						}
-						if _, werr := c.Write(buf[:n]); werr != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return p
-}
 
 // TestLostClaimReplyReal: Redis runs the claim but its reply arrives after
 // the client's read timeout. The request is answered 503 store_unavailable,
@@ -102,9 +26,13 @@ func TestLostClaimReplyReal(t *testing.T) {
 	t.Parallel()
 	opts := testenv.Redis(t)
 	const readTimeout = 100 * time.Millisecond
-	proxy := startReplyDelayProxy(t, opts.Addr, 4*readTimeout)
+	px, err := proxy.Start(opts.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { px.Close() })
 	o := *opts
-	o.Addr = proxy.addr
+	o.Addr = px.Addr
 	o.ReadTimeout, o.WriteTimeout = readTimeout, readTimeout
 	o.MaxRetries = -1 // one lost reply is the case; go-redis's resends are TestResentClaim's
 	client := redis.NewClient(&o)
@@ -116,9 +44,9 @@ func TestLostClaimReplyReal(t *testing.T) {
 	if rec := v.do(req{key: "warm", body: imageBody}); rec.Code != 201 {
 		t.Fatalf("warm-up = %d %s", rec.Code, rec.Body)
 	}
-	proxy.late.Store(1)
+	px.DelayReplies(1, 4*readTimeout)
 	want{status: 503, code: "store_unavailable", calls: 1}.check(t, v, v.do(req{key: "k", body: imageBody}))
-	if n := proxy.late.Load(); n > 0 {
+	if n := px.DelayedRepliesLeft(); n > 0 {
 		t.Fatalf("no reply was held back (%d left): the test proves nothing", n)
 	}
 	// The claim ran in Redis: without the release the key would be held.

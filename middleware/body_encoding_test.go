@@ -91,7 +91,7 @@ func forgeCRC(p []byte, letters []int, want uint32) bool {
 	return crc32.ChecksumIEEE(p) == want
 }
 
-// TestAttackEncodedFormCollision: with a decoding middleware inside this
+// TestEncodedFormCollision: with a decoding middleware inside this
 // one (echo's Decompress on the route), the fingerprint reads the gzip
 // bytes while the handler reads what they decode to. Two gzip streams can
 // parse as one form and decode to forms the handler binds differently:
@@ -100,7 +100,7 @@ func forgeCRC(p []byte, letters []int, want uint32) bool {
 // %3D and = read alike, and the CRC-32 is matched by flipping the case of
 // hex escapes in a padding field. A body with a Content-Encoding must
 // never share a fingerprint with another unless their bytes are equal.
-func TestAttackEncodedFormCollision(t *testing.T) {
+func TestEncodedFormCollision(t *testing.T) {
 	t.Parallel()
 	var r1, r2 []byte
 	for pad := 0; pad < 64 && r1 == nil; pad++ {
