@@ -41,12 +41,14 @@ func StartPostgres(ctx context.Context) (*Postgres, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (install the PostgreSQL server, e.g. apt-get install postgresql)", err)
 	}
+	// The server beside initdb (one installation), else any on the path.
 	bin := filepath.Dir(initdb)
-	postgres := filepath.Join(bin, "postgres")
-	if _, err := os.Stat(postgres); err != nil {
-		if postgres, err = lookPath("postgres", pgDirs...); err != nil {
+	if _, err := os.Stat(filepath.Join(bin, "postgres")); err != nil {
+		postgres, err := lookPath("postgres", pgDirs...)
+		if err != nil {
 			return nil, err
 		}
+		bin = filepath.Dir(postgres)
 	}
 	cred, err := credential()
 	if err != nil {
