@@ -188,7 +188,7 @@ func (p *player) play(ctx context.Context) {
 		note.ClientNote = "second try"
 		p.submit(actx, key, note)
 	}
-	if p.rng.IntN(10) == 0 {
+	if p.rng.IntN(5) == 0 {
 		p.snoop(actx)
 	}
 	switch scenario {
@@ -361,27 +361,44 @@ func (p *player) poll(ctx context.Context, id string) (string, string) {
 	}
 }
 
-// cancel asks to cancel the task; the route may not exist yet (404/405).
+// cancel asks to cancel the task until an answer says what became of it
+// (200 with its end state, or a 4xx), switching nodes on a transport error
+// or a 5xx; the route is idempotent. What the answer says is checked
+// against how the task ends (invariant 8).
 func (p *player) cancel(ctx context.Context, id string) {
-	base := p.w.nodes[p.rng.IntN(len(p.w.nodes))]
-	for range 3 {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/tasks/"+id+"/cancel", nil)
-		if err != nil {
+	node := p.rng.IntN(len(p.w.nodes))
+	for time.Now().Before(p.w.deadline) && ctx.Err() == nil {
+		status, _ := p.post(ctx, p.w.nodes[node], "/v1/tasks/"+id+"/cancel", "")
+		if status != 0 && status < 500 {
 			return
 		}
-		req.Header.Set("Authorization", "Bearer "+p.token)
-		resp, err := p.http.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode < 500 {
-				return
-			}
-		}
-		sleep(ctx, 200*time.Millisecond)
+		node = (node + 1) % len(p.w.nodes)
+		sleep(ctx, 100*time.Millisecond+time.Duration(p.rng.IntN(200))*time.Millisecond)
 	}
 }
 
-// snoop polls a task of another identity: it must be 404 (invariant 3).
+// post sends one POST with the client's token (and an Idempotency-Key
+// when key is set) and returns the status, 0 for a transport error.
+func (p *player) post(ctx context.Context, base, path, key string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, nil)
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+p.token)
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := p.http.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// snoop tries a task of another identity once: a poll, a cancel, an
+// export (under the snooper's own request id) or a recover. Each must
+// find nothing (404) and change nothing (invariants 3 and 8).
 func (p *player) snoop(ctx context.Context) {
 	p.w.mu.Lock()
 	var ids []string
@@ -394,7 +411,18 @@ func (p *player) snoop(ctx context.Context) {
 	if len(ids) == 0 {
 		return
 	}
-	_, _ = p.cl[0].Task(ctx, ids[p.rng.IntN(len(ids))])
+	id := ids[p.rng.IntN(len(ids))]
+	base := p.w.nodes[p.rng.IntN(len(p.w.nodes))]
+	switch p.rng.IntN(4) {
+	case 0:
+		_, _ = p.cl[0].Task(ctx, id)
+	case 1:
+		_, _ = p.post(ctx, base, "/v1/tasks/"+id+"/cancel", "")
+	case 2:
+		_, _ = p.post(ctx, base, "/v1/tasks/"+id+"/export", fmt.Sprintf("snoop:%d:%d", p.round, p.slot))
+	case 3:
+		_, _ = p.post(ctx, base, "/v1/tasks/"+id+"/recover", "")
+	}
 }
 
 func (p *player) remember(id string) {
@@ -434,6 +462,9 @@ func (t *recording) RoundTrip(req *http.Request) (*http.Response, error) {
 	ac, _ := req.Context().Value(actionKey{}).(actionCtx)
 	q := Request{Client: ac.client, Action: ac.action, Tenant: ac.tenant, User: ac.user,
 		Node: req.URL.Host, Method: req.Method, Route: routeOf(req.Method, req.URL.Path), Sent: time.Now()}
+	if rest, ok := strings.CutPrefix(req.URL.Path, "/v1/tasks/"); ok {
+		q.PathTask, _, _ = strings.Cut(rest, "/")
+	}
 	if q.Route == routeExport {
 		q.Key = req.Header.Get("Idempotency-Key")
 	}

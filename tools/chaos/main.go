@@ -78,6 +78,7 @@ type options struct {
 	plant    string
 	faults   string
 	policy   string
+	store    string
 	genTime  time.Duration
 	history  string
 	keep     bool
@@ -97,7 +98,8 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.asJSON, "json", false, "print the report as JSON")
 	fs.StringVar(&o.plant, "plant", "", `plant a known bug (needs its hook; "list" prints them)`)
 	fs.StringVar(&o.faults, "faults", "all", "comma-separated fault kinds to inject, \"all\" or \"none\": "+strings.Join(faultKinds, ","))
-	fs.StringVar(&o.policy, "policy", "images=uncertain", "what a lost attempt becomes per task kind: kind=uncertain|retry,...")
+	fs.StringVar(&o.policy, "policy", defaultPolicy, "what a lost attempt becomes per task kind, given to the workers (TASK_POLICY): kind=uncertain|retry,...")
+	fs.StringVar(&o.store, "store", "redis", "where the API nodes keep idempotency records: redis, or postgres (STORE=postgres: the export route is Atomic and invariant 7 strict)")
 	fs.DurationVar(&o.genTime, "gen-time", time.Second, "how long the stand-in generator takes per task")
 	fs.StringVar(&o.history, "history", "", "write the history (JSON lines) here; default: in the run directory")
 	fs.BoolVar(&o.keep, "keep", false, "keep the run directory (logs, history) even when every invariant holds")
@@ -110,11 +112,18 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("chaos: unexpected argument %q", fs.Arg(0))
 	}
+	if o.store != "redis" && o.store != "postgres" {
+		return o, fmt.Errorf("chaos: -store %q: want redis or postgres", o.store)
+	}
 	if o.duration <= 0 || o.bound <= 0 || o.clients <= 0 {
 		return o, errors.New("chaos: -duration, -bound and -clients must be positive")
 	}
 	return o, nil
 }
+
+// defaultPolicy is the example's own: a lost image attempt becomes
+// uncertain and is reconciled, never generated again.
+const defaultPolicy = "images=uncertain"
 
 // parsePolicy reads kind=policy pairs.
 func parsePolicy(s string) (map[string]string, error) {
@@ -180,7 +189,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		if !p.hooked(o.root) {
-			fmt.Fprintf(stderr, "chaos: plant %q has no hook in %s/%s (see the chaos README)\n", o.plant, o.root, p.Pkg)
+			fmt.Fprintf(stderr, "chaos: plant %q has no hook in %s (any of %s; see the chaos README)\n", o.plant, o.root, strings.Join(p.Pkgs, ", "))
 			return 2
 		}
 	}
@@ -219,7 +228,7 @@ func moduleRoot() (string, error) {
 
 // soak makes one run and returns its history and run directory.
 func soak(ctx context.Context, o options, logf func(string, ...any)) (History, string, error) {
-	kinds, err := parseKinds(o.faults)
+	kinds, err := parseKinds(o.faults, o.store)
 	if err != nil {
 		return History{}, "", err
 	}
@@ -231,7 +240,8 @@ func soak(ctx context.Context, o options, logf func(string, ...any)) (History, s
 	ctx, cancel := context.WithTimeout(ctx, o.duration+o.bound+5*time.Minute)
 	defer cancel()
 
-	sys, err := startSystem(ctx, systemConfig{root: o.root, plant: o.plant, genTime: o.genTime, workers: 4, log: logf})
+	sys, err := startSystem(ctx, systemConfig{root: o.root, plant: o.plant, store: o.store, policy: o.policy,
+		genTime: o.genTime, workers: 4, log: logf})
 	if sys != nil {
 		defer sys.stop()
 	}
@@ -253,7 +263,12 @@ func soak(ctx context.Context, o options, logf func(string, ...any)) (History, s
 	defer hf.Close()
 	rec := newRecorder(hf)
 
-	meta := Meta{Seed: o.seed, Duration: o.duration, Plant: o.plant, Bound: o.bound, Policy: policy, Start: time.Now()}
+	// The policy the workers run, as they say it: the checker judges
+	// generator calls by what the system did, not by what was asked.
+	if policy, err = sys.workerPolicy(policy); err != nil {
+		return History{}, sys.dir, err
+	}
+	meta := Meta{Seed: o.seed, Duration: o.duration, Plant: o.plant, Bound: o.bound, Policy: policy, Store: o.store, Start: time.Now()}
 	heal := meta.Start.Add(o.duration)
 	var nodes []string
 	for _, p := range sys.api() {
@@ -261,11 +276,14 @@ func soak(ctx context.Context, o options, logf func(string, ...any)) (History, s
 	}
 	w := &workload{rec: rec, nodes: nodes, secret: []byte(sys.secret), clients: o.clients, seed: o.seed,
 		stopNew: heal, deadline: heal.Add(o.bound), patience: 2 * time.Second}
-	flush := redis.NewClient(&redis.Options{Addr: sys.redis.Addr, MaxRetries: -1, DialTimeout: time.Second})
-	defer flush.Close()
-	nem := &nemesis{sys: sys, rec: rec, rng: rand.New(rand.NewPCG(uint64(o.seed), 0x6e656d)), kinds: kinds, log: logf, flush: flush}
+	nem := &nemesis{sys: sys, rec: rec, rng: rand.New(rand.NewPCG(uint64(o.seed), 0x6e656d)), kinds: kinds, log: logf}
+	if sys.redis != nil {
+		nem.flush = redis.NewClient(&redis.Options{Addr: sys.redis.Addr, MaxRetries: -1, DialTimeout: time.Second})
+		defer nem.flush.Close()
+	}
+	defer nem.close()
 
-	logf("seed %d: %d clients, faults for %v (%s), then %v to finish", o.seed, o.clients, o.duration, o.faults, o.bound)
+	logf("seed %d: %d clients, records in %s, faults for %v (%s), then %v to finish", o.seed, o.clients, o.store, o.duration, strings.Join(kinds, ","), o.bound)
 	clientsDone := make(chan error, 1)
 	go func() { clientsDone <- w.run(ctx) }()
 	nem.run(ctx, heal)
@@ -345,7 +363,10 @@ func waitTasksEnd(ctx context.Context, sys *system, deadline time.Time) error {
 // upstreamCalls reads the stand-in upstream's call log, when the example
 // keeps one (idemgate_example_upstream_calls: a row per request received,
 // written before the generator runs): every generator call at its start,
-// durable across kills. found is false when there is no such table.
+// durable across kills. When the log has a caller column (the worker's
+// name, WORKER_NAME, which the tool sets to the process's name), each call
+// names its process; otherwise Proc is "" (any worker). found is false
+// when there is no such table.
 func upstreamCalls(ctx context.Context, sys *system) (calls []GenCall, found bool, err error) {
 	conn, err := pgx.Connect(ctx, sys.pg.DSN("postgres"))
 	if err != nil {
@@ -355,15 +376,30 @@ func upstreamCalls(ctx context.Context, sys *system) (calls []GenCall, found boo
 	if err := conn.QueryRow(ctx, `SELECT to_regclass('idemgate_example_upstream_calls') IS NOT NULL`).Scan(&found); err != nil || !found {
 		return nil, false, err
 	}
-	rows, err := conn.Query(ctx, `SELECT ref, outcome, sent_at FROM idemgate_example_upstream_calls ORDER BY id`)
+	var hasCaller bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM information_schema.columns
+	WHERE table_name = 'idemgate_example_upstream_calls' AND column_name = 'caller' AND table_schema = current_schema())`).Scan(&hasCaller); err != nil {
+		return nil, false, fmt.Errorf("chaos: read the upstream's columns: %w", err)
+	}
+	caller := `''`
+	if hasCaller {
+		caller = `COALESCE(caller, '')`
+	}
+	rows, err := conn.Query(ctx, `SELECT ref, outcome, sent_at, `+caller+` FROM idemgate_example_upstream_calls ORDER BY id`)
 	if err != nil {
 		return nil, false, fmt.Errorf("chaos: read the upstream's calls: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		g := GenCall{Phase: "start"}
-		if err := rows.Scan(&g.Task, &g.Result, &g.At); err != nil {
+		var name string
+		if err := rows.Scan(&g.Task, &g.Result, &g.At, &name); err != nil {
 			return nil, false, fmt.Errorf("chaos: read an upstream call: %w", err)
+		}
+		// Only a name the tool gave counts: any other could match no
+		// fault and condemn a call that a fault did cut off.
+		if p := sys.byName(name); p != nil && p.kind == workerProc {
+			g.Proc = name
 		}
 		calls = append(calls, g)
 	}
@@ -378,7 +414,7 @@ func dumpTable(ctx context.Context, sys *system, rec *recorder) error {
 	}
 	defer conn.Close(context.Background())
 	rows, err := conn.Query(ctx, `SELECT id::text, tenant, owner, kind, idempotency_key, COALESCE(params, 'null'::jsonb),
-	state, attempt, results, error, created_at FROM idemgate_tasks ORDER BY created_at`)
+	state, attempt, results, error, created_at, recoveries FROM idemgate_tasks ORDER BY created_at`)
 	if err != nil {
 		return fmt.Errorf("chaos: read tasks: %w", err)
 	}
@@ -387,7 +423,7 @@ func dumpTable(ctx context.Context, sys *system, rec *recorder) error {
 		var w Row
 		var params, results []byte
 		if err := rows.Scan(&w.ID, &w.Tenant, &w.Owner, &w.Kind, &w.IdemKey, &params, &w.State, &w.Attempt,
-			&results, &w.Error, &w.CreatedAt); err != nil {
+			&results, &w.Error, &w.CreatedAt, &w.Recoveries); err != nil {
 			return fmt.Errorf("chaos: read task: %w", err)
 		}
 		var p Params
@@ -451,6 +487,7 @@ func dumpExports(ctx context.Context, sys *system, rec *recorder) error {
 type Summary struct {
 	Seed     int64          `json:"seed"`
 	Duration string         `json:"duration"`
+	Store    string         `json:"store"`
 	Plant    string         `json:"plant,omitempty"`
 	Faults   map[string]int `json:"faults"`
 	Requests map[string]int `json:"requests"`
@@ -471,7 +508,7 @@ type Summary struct {
 }
 
 func summarize(h History) Summary {
-	s := Summary{Seed: h.Meta.Seed, Duration: h.Meta.Duration.String(), Plant: h.Meta.Plant,
+	s := Summary{Seed: h.Meta.Seed, Duration: h.Meta.Duration.String(), Plant: h.Meta.Plant, Store: h.Meta.Store,
 		Faults: map[string]int{}, Requests: map[string]int{}, Actions: map[string]int{}, Tasks: map[string]int{}}
 	for _, f := range h.Faults {
 		s.Faults[f.Kind]++
@@ -558,7 +595,11 @@ func report(w io.Writer, h History, asJSON bool) int {
 	if plant == "" {
 		plant = "none"
 	}
-	fmt.Fprintf(w, "chaos: seed %d, %s of faults, plant %s\n\n", s.Seed, s.Duration, plant)
+	store := s.Store
+	if store == "" {
+		store = "redis"
+	}
+	fmt.Fprintf(w, "chaos: seed %d, %s of faults, plant %s, records in %s\n\n", s.Seed, s.Duration, plant, store)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	table(tw, "faults injected", s.Faults)
 	table(tw, "requests by outcome", s.Requests)

@@ -2,12 +2,16 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/internal/proxy"
@@ -24,7 +28,12 @@ var faultKinds = []string{
 	"freeze",        // hold every byte on one link
 	"drop",          // blackhole one link
 	"latency",       // delay every chunk on one link
+	"commit-kill",   // slow an API node's Postgres link, SIGKILL the node as soon as an export it ran commits its ledger row
 }
+
+// commitKillWait bounds how long a commit-kill waits for an export to
+// commit on its node before it heals without a kill.
+const commitKillWait = 4 * time.Second
 
 // nemesis injects faults on a seeded schedule until stop.
 type nemesis struct {
@@ -34,13 +43,30 @@ type nemesis struct {
 	kinds []string // allowed kinds
 	deck  []string // kinds left in this round
 	log   func(format string, args ...any)
-	flush *redis.Client
+	flush *redis.Client // nil when there is no Redis (-store postgres)
+	pg    *pgx.Conn     // direct (unproxied) connection that watches the export ledger
 }
 
-// parseKinds checks a comma-separated list of fault kinds ("" or "all": every kind).
-func parseKinds(s string) ([]string, error) {
+// close releases the nemesis's own connection.
+func (n *nemesis) close() {
+	if n.pg != nil {
+		n.pg.Close(context.Background())
+	}
+}
+
+// parseKinds checks a comma-separated list of fault kinds ("" or "all":
+// every kind that applies to the store). With the records in Postgres the
+// example uses no Redis, so the kinds that break Redis do not apply.
+func parseKinds(s, store string) ([]string, error) {
+	applies := func(k string) bool { return store != "postgres" || !redisKinds[k] }
 	if s == "" || s == "all" {
-		return faultKinds, nil
+		var out []string
+		for _, k := range faultKinds {
+			if applies(k) {
+				out = append(out, k)
+			}
+		}
+		return out, nil
 	}
 	if s == "none" {
 		return nil, nil
@@ -48,12 +74,11 @@ func parseKinds(s string) ([]string, error) {
 	var out []string
 	for _, k := range strings.Split(s, ",") {
 		k = strings.TrimSpace(k)
-		found := false
-		for _, f := range faultKinds {
-			found = found || f == k
-		}
-		if !found {
+		if !slices.Contains(faultKinds, k) {
 			return nil, fmt.Errorf("chaos: unknown fault kind %q (kinds: %s)", k, strings.Join(faultKinds, ", "))
+		}
+		if !applies(k) {
+			return nil, fmt.Errorf("chaos: fault kind %q needs Redis, which -store %s does not use", k, store)
 		}
 		out = append(out, k)
 	}
@@ -125,6 +150,29 @@ func (n *nemesis) inject(ctx context.Context, kind string, until time.Time) {
 		if err := n.sys.redis.Restart(ctx); err != nil {
 			n.log("restart redis: %v", err)
 		}
+	case "commit-kill":
+		p := n.sys.api()[n.rng.IntN(len(n.sys.api()))]
+		f.Target = p.name
+		delay := n.dur(30*time.Millisecond, 120*time.Millisecond)
+		wait := capped(n.dur(time.Second, commitKillWait))
+		// The node's Postgres link is slowed, so that a commit's reply
+		// and whatever the node writes next reach their ends well after
+		// the commit shows in the ledger: the kill lands in between.
+		p.links["pg"].Set(proxy.Delay, delay)
+		id, err := n.killOnCommit(ctx, p, time.Now().Add(wait))
+		p.links["pg"].Heal()
+		switch {
+		case err != nil:
+			f.Detail = fmt.Sprintf("%s→pg +%v: no kill: %v", p.name, delay.Round(time.Millisecond), err)
+		case id == 0:
+			f.Detail = fmt.Sprintf("%s→pg +%v: no export committed within %v", p.name, delay.Round(time.Millisecond), wait.Round(time.Millisecond))
+		default:
+			f.Detail = fmt.Sprintf("%s→pg +%v: killed once export %d committed", p.name, delay.Round(time.Millisecond), id)
+			sleep(ctx, capped(n.dur(200*time.Millisecond, 1500*time.Millisecond)))
+			if err := p.start(n.sys.bin); err != nil {
+				n.log("restart %s: %v", p.name, err)
+			}
+		}
 	case "flushall":
 		if err := n.flush.FlushAll(ctx).Err(); err != nil {
 			f.Detail = "failed: " + err.Error()
@@ -160,6 +208,62 @@ func (n *nemesis) inject(ctx context.Context, kind string, until time.Time) {
 	n.rec.fault(f)
 }
 
+// lastExport returns the newest ledger row's id, 0 before the first
+// export (the route makes the ledger then).
+func lastExport(ctx context.Context, conn *pgx.Conn) (int64, error) {
+	var found bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('idemgate_example_exports') IS NOT NULL`).Scan(&found); err != nil || !found {
+		return 0, err
+	}
+	var last int64
+	err := conn.QueryRow(ctx, `SELECT COALESCE(max(id), 0) FROM idemgate_example_exports`).Scan(&last)
+	return last, err
+}
+
+// killOnCommit watches the export ledger from a connection of its own and
+// SIGKILLs p as soon as a row that p wrote commits, and returns its id;
+// 0 when none commits before until.
+func (n *nemesis) killOnCommit(ctx context.Context, p *proc, until time.Time) (int64, error) {
+	if n.pg == nil || n.pg.IsClosed() {
+		conn, err := pgx.Connect(ctx, n.sys.pg.DSN("postgres"))
+		if err != nil {
+			return 0, err
+		}
+		n.pg = conn
+	}
+	last, err := lastExport(ctx, n.pg)
+	if err != nil {
+		// The connection may have died with a Postgres restart: once more.
+		n.pg.Close(ctx)
+		if n.pg, err = pgx.Connect(ctx, n.sys.pg.DSN("postgres")); err != nil {
+			return 0, err
+		}
+		if last, err = lastExport(ctx, n.pg); err != nil {
+			n.pg.Close(ctx)
+			return 0, err
+		}
+	}
+	for time.Now().Before(until) && ctx.Err() == nil {
+		var id int64
+		err := n.pg.QueryRow(ctx, `SELECT id FROM idemgate_example_exports WHERE id > $1 AND node = $2 ORDER BY id LIMIT 1`,
+			last, p.addr).Scan(&id)
+		switch {
+		case err == nil:
+			p.kill()
+			return id, nil
+		case errors.Is(err, pgx.ErrNoRows):
+		default:
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "42P01" { // the ledger is made by the first export
+				n.pg.Close(ctx)
+				return 0, err
+			}
+		}
+		sleep(ctx, 3*time.Millisecond)
+	}
+	return 0, nil
+}
+
 // healAll undoes whatever may be left: every link passes, every process
 // runs and is not stopped.
 func (n *nemesis) healAll(ctx context.Context) {
@@ -173,6 +277,9 @@ func (n *nemesis) healAll(ctx context.Context) {
 			}
 		}
 		p.signal(sigCont)
+	}
+	if n.sys.redis == nil {
+		return
 	}
 	select {
 	case <-n.sys.redis.Exited():

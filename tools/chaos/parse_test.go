@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -148,17 +149,32 @@ func TestDeck(t *testing.T) {
 
 func TestParseKindsAndPolicy(t *testing.T) {
 	t.Parallel()
-	if k, err := parseKinds("all"); err != nil || len(k) != len(faultKinds) {
+	if k, err := parseKinds("all", "redis"); err != nil || len(k) != len(faultKinds) {
 		t.Errorf("all: %v, %v", k, err)
 	}
-	if k, err := parseKinds("none"); err != nil || len(k) != 0 {
+	if k, err := parseKinds("none", "redis"); err != nil || len(k) != 0 {
 		t.Errorf("none: %v, %v", k, err)
 	}
-	if k, err := parseKinds("kill, flushall"); err != nil || !slices.Equal(k, []string{"kill", "flushall"}) {
+	if k, err := parseKinds("kill, flushall", "redis"); err != nil || !slices.Equal(k, []string{"kill", "flushall"}) {
 		t.Errorf("kill, flushall: %v, %v", k, err)
 	}
-	if _, err := parseKinds("kill,clock-skew"); err == nil {
+	if _, err := parseKinds("kill,clock-skew", "redis"); err == nil {
 		t.Error("an unknown kind was accepted")
+	}
+	// With the records in Postgres there is no Redis to break.
+	k, err := parseKinds("all", "postgres")
+	if err != nil || slices.Contains(k, "flushall") || slices.Contains(k, "redis-restart") || !slices.Contains(k, "commit-kill") ||
+		len(k) != len(faultKinds)-2 {
+		t.Errorf("all under postgres: %v, %v", k, err)
+	}
+	if _, err := parseKinds("kill,flushall", "postgres"); err == nil {
+		t.Error("flushall accepted with the records in Postgres")
+	}
+	if _, err := parseOptions([]string{"-store", "memcached"}, io.Discard); err == nil {
+		t.Error("-store memcached accepted")
+	}
+	if o, err := parseOptions(nil, io.Discard); err != nil || o.store != "redis" || o.policy != defaultPolicy {
+		t.Errorf("defaults: store %q policy %q, %v", o.store, o.policy, err)
 	}
 	if p, err := parsePolicy("images=uncertain,music=retry"); err != nil || p["images"] != "uncertain" || p["music"] != "retry" {
 		t.Errorf("policy: %v, %v", p, err)
@@ -214,7 +230,7 @@ func FuzzFlagLists(f *testing.F) {
 	f.Add("images=uncertain,music=retry")
 	f.Add(" , =,")
 	f.Fuzz(func(t *testing.T, s string) {
-		if kinds, err := parseKinds(s); err == nil {
+		if kinds, err := parseKinds(s, "postgres"); err == nil {
 			for _, k := range kinds {
 				if !slices.Contains(faultKinds, k) {
 					t.Fatalf("parseKinds(%q) accepted %q", s, k)

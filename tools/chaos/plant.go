@@ -22,14 +22,16 @@ const (
 // plant is one bug that can be planted.
 type plant struct {
 	Name string
-	// Pkg is the package directory (from the module root) whose hook
-	// plants the bug.
-	Pkg string
+	// Pkgs are the package directories (from the module root) one of
+	// which holds the hook that plants the bug.
+	Pkgs []string
 	// What the bug does, and which invariant catches it.
 	Bug    string
 	Caught int
 	// Faults are the fault kinds that make the bug show; "" for all.
 	Faults string
+	// Store is the -store the bug shows under; "" for the default.
+	Store string
 	// Hook is the text the plant's hook leaves in a file of Pkg other
 	// than the plant files; "" means the plant's quoted name.
 	Hook string
@@ -39,25 +41,31 @@ type plant struct {
 // short run of the tests.
 var plants = []plant{
 	{
-		Name: "replay-ignores-fingerprint", Pkg: "middleware", Caught: 2,
+		Name: "replay-ignores-fingerprint", Pkgs: []string{"middleware"}, Caught: 2,
 		Bug:    "a finished record is replayed whatever fingerprint the retry carries: a reworded retry gets the old task",
 		Faults: "pause,latency",
 	},
 	{
-		Name: "release-on-client-gone", Pkg: "middleware", Caught: 7,
+		Name: "release-on-client-gone", Pkgs: []string{"middleware"}, Caught: 7,
 		Bug: "a handler's complete response is released, not stored, when its client is gone (write error or closed request): " +
 			"the client's retry runs the handler again; the export route's ledger gets a second charge for one key",
 		Faults: "pause,latency",
 	},
 	{
-		Name: "rescue-unfenced", Pkg: "pgstore", Caught: 5, Hook: "plantSQL(sqlRescue)",
+		Name: "rescue-unfenced", Pkgs: []string{"pgstore"}, Caught: 5, Hook: "plantSQL(sqlRescue)",
 		Bug:    "the rescuer requeues running tasks whatever their lease: a live attempt is handed out again and the generator runs twice",
 		Faults: "pause,latency",
 	},
 	{
-		Name: "skip-readback", Pkg: "pgstore", Caught: 2,
+		Name: "skip-readback", Pkgs: []string{"pgstore"}, Caught: 2,
 		Bug:    "Submit does not read back and compare the task that holds the key: after Redis forgets a key, a reworded retry gets the old task",
 		Faults: "flushall,redis-restart,latency",
+	},
+	{
+		Name: "complete-outside-tx", Pkgs: []string{"middleware", "pgrecords"}, Caught: 7, Store: "postgres",
+		Bug: "an Atomic route's record is completed after the handler's transaction committed, not in it: " +
+			"a node killed in between leaves the export's ledger row without its stored answer, and the retry charges again",
+		Faults: "commit-kill",
 	},
 }
 
@@ -72,21 +80,23 @@ func findPlant(name string) (plant, bool) {
 }
 
 // hooked reports whether the hook of p exists in the module at root: a Go
-// file of its package, not a test and not one of the plant files
+// file of one of its packages, not a test and not one of the plant files
 // (plant_chaos.go, plant_off.go), that holds p.Hook.
 func (p plant) hooked(root string) bool {
 	hook := p.Hook
 	if hook == "" {
 		hook = `"` + p.Name + `"`
 	}
-	files, _ := filepath.Glob(filepath.Join(root, p.Pkg, "*.go"))
-	for _, f := range files {
-		if base := filepath.Base(f); strings.HasSuffix(base, "_test.go") || strings.HasPrefix(base, "plant_") {
-			continue
-		}
-		b, err := os.ReadFile(f)
-		if err == nil && strings.Contains(string(b), hook) {
-			return true
+	for _, pkg := range p.Pkgs {
+		files, _ := filepath.Glob(filepath.Join(root, pkg, "*.go"))
+		for _, f := range files {
+			if base := filepath.Base(f); strings.HasSuffix(base, "_test.go") || strings.HasPrefix(base, "plant_") {
+				continue
+			}
+			b, err := os.ReadFile(f)
+			if err == nil && strings.Contains(string(b), hook) {
+				return true
+			}
 		}
 	}
 	return false
@@ -99,6 +109,10 @@ func listPlants(w io.Writer, root string) {
 		if p.hooked(root) {
 			state = "hooked"
 		}
-		fmt.Fprintf(w, "%-28s %-10s invariant %d  %-12s %s\n", p.Name, p.Pkg, p.Caught, state, p.Bug)
+		store := p.Store
+		if store == "" {
+			store = "redis"
+		}
+		fmt.Fprintf(w, "%-28s %-20s %-8s invariant %d  %-12s %s\n", p.Name, strings.Join(p.Pkgs, ","), store, p.Caught, state, p.Bug)
 	}
 }

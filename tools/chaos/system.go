@@ -68,6 +68,8 @@ func (p *proc) url() string { return "http://" + p.addr }
 type systemConfig struct {
 	root    string // module root
 	plant   string // a planted bug, or ""
+	store   string // where the API nodes keep idempotency records: "redis" or "postgres"
+	policy  string // the workers' TASK_POLICY: kind=uncertain|retry,...
 	genTime time.Duration
 	workers int // tasks per worker process
 	log     func(format string, args ...any)
@@ -113,10 +115,15 @@ func startSystem(ctx context.Context, cfg systemConfig) (s *system, err error) {
 	if s.pg, err = devserver.StartPostgres(ctx); err != nil {
 		return s, err
 	}
-	if s.redis, err = devserver.StartRedis(ctx, 0); err != nil {
-		return s, err
+	// With the records in Postgres the example uses no Redis at all.
+	if cfg.store != "postgres" {
+		if s.redis, err = devserver.StartRedis(ctx, 0); err != nil {
+			return s, err
+		}
+		s.log("postgres on %s, redis on %s, run dir %s", s.pg.Addr, s.redis.Addr, dir)
+	} else {
+		s.log("postgres on %s (records too: STORE=postgres), run dir %s", s.pg.Addr, dir)
 	}
-	s.log("postgres on %s, redis on %s, run dir %s", s.pg.Addr, s.redis.Addr, dir)
 
 	s.env = []string{
 		"JWT_SECRET=" + s.secret,
@@ -147,13 +154,21 @@ func startSystem(ctx context.Context, cfg systemConfig) (s *system, err error) {
 		p.links["pg"] = pgp
 		p.env = append(append([]string{}, s.env...),
 			"DATABASE_URL=postgres://postgres@"+pgp.Addr+"/postgres?sslmode=disable&connect_timeout=3")
-		if p.kind == apiNode {
+		switch {
+		case p.kind == workerProc:
+			// The worker's name goes into the upstream's call log, so
+			// that a generator call names its process; the policy says
+			// what a lost attempt becomes.
+			p.env = append(p.env, "WORKER_NAME="+p.name, "TASK_POLICY="+cfg.policy)
+		case cfg.store == "postgres":
+			p.env = append(p.env, "STORE=postgres", "ADDR="+p.addr)
+		default:
 			rp, err := proxy.Start(s.redis.Addr)
 			if err != nil {
 				return s, err
 			}
 			p.links["redis"] = rp
-			p.env = append(p.env, "REDIS_URL=redis://"+rp.Addr+"/0", "ADDR="+p.addr)
+			p.env = append(p.env, "STORE=redis", "REDIS_URL=redis://"+rp.Addr+"/0", "ADDR="+p.addr)
 		}
 	}
 	// One process migrates first, so the others find the schema ready.
@@ -174,6 +189,73 @@ func startSystem(ctx context.Context, cfg systemConfig) (s *system, err error) {
 		}
 	}
 	return s, nil
+}
+
+// workerPolicy returns the policy the workers say they run (a startup
+// line "policy: kind=…,…"), checked against asked. An example that does
+// not say is taken to run its own default, so asking for another policy
+// from it is an error: the checker would judge by a policy nobody ran.
+func (s *system) workerPolicy(asked map[string]string) (map[string]string, error) {
+	var said map[string]string
+	for _, p := range s.procs {
+		if p.kind != workerProc {
+			continue
+		}
+		got, found, err := policyLine(p.logf)
+		if err != nil {
+			return nil, fmt.Errorf("chaos: policy of %s: %w", p.name, err)
+		}
+		if !found {
+			def, _ := parsePolicy(defaultPolicy)
+			if !samePolicy(asked, def) {
+				return nil, fmt.Errorf("chaos: -policy %s: %s does not say it runs it (the example must read TASK_POLICY and print \"policy: kind=…\" at start); without it only %s can be checked",
+					formatPolicy(asked), p.name, defaultPolicy)
+			}
+			got = asked
+		}
+		for kind, pol := range asked {
+			if got[kind] != pol {
+				return nil, fmt.Errorf("chaos: -policy %s: %s runs %s", formatPolicy(asked), p.name, formatPolicy(got))
+			}
+		}
+		said = got
+	}
+	return said, nil
+}
+
+// policyLine finds the worker's "policy: kind=…,…" startup line in its log.
+func policyLine(path string) (map[string]string, bool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, false, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "policy: "); ok {
+			m, err := parsePolicy(rest)
+			return m, err == nil, err
+		}
+	}
+	return nil, false, nil
+}
+
+func samePolicy(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func formatPolicy(m map[string]string) string {
+	parts := make([]string, 0, len(m))
+	for _, k := range sortedKeys(m) {
+		parts = append(parts, k+"="+m[k])
+	}
+	return strings.Join(parts, ",")
 }
 
 // api returns the API nodes.
