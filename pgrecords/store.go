@@ -37,7 +37,7 @@ import (
 // use.
 type Store struct {
 	pool *pgxpool.Pool
-	// SweepBatch is the number of records one Sweep statement deletes at
+	// sweepBatch is the number of records one Sweep statement deletes at
 	// most (default 1000): small batches hold few row locks and a short
 	// transaction.
 	sweepBatch int
