@@ -78,15 +78,35 @@ func (s *Server) Kill() error {
 // Exited is closed when the server process has exited.
 func (s *Server) Exited() <-chan struct{} { return s.done }
 
-// starter runs every child on one OS thread that never exits: Pdeathsig
-// fires when the thread that forked the child exits, and the Go runtime may
-// otherwise retire threads.
+// StartChild starts cmd so that the child dies with this process: the
+// kernel sends it SIGKILL (Pdeathsig) when the thread that forked it exits,
+// so every child is forked from one OS thread that is locked for the life
+// of the process. Other fields of cmd.SysProcAttr are kept. As with
+// cmd.Start, the caller must Wait for cmd.
+//
+// A program's own children that must not outlive it (servers, test
+// processes, soak nodes) start here; Pdeathsig is Linux-only.
+func StartChild(cmd *exec.Cmd) error {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	var err error
+	forker.run(func() { err = cmd.Start() })
+	return err
+}
+
+// starter runs functions on one OS thread that never exits: the Go
+// runtime may otherwise retire the thread that forked a child, which would
+// fire the child's Pdeathsig.
 type starter struct {
 	once sync.Once
 	reqs chan func()
 }
 
-var threadStarter starter
+// forker is the starter of this process's children. A package-level value
+// is the one exception to "no globals": the thread belongs to the process.
+var forker starter
 
 func (st *starter) run(f func()) {
 	st.once.Do(func() {
@@ -103,16 +123,15 @@ func (st *starter) run(f func()) {
 	<-done
 }
 
-// startChild starts cmd so that it dies with this process.
+// startChild starts a server that dies with this process, in a process
+// group of its own: a terminal's Ctrl-C reaches only the program that
+// started it, which then stops the server in order.
 func startChild(cmd *exec.Cmd) (*Server, error) {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
-	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	cmd.SysProcAttr.Setpgid = true
-	var err error
-	threadStarter.run(func() { err = cmd.Start() })
-	if err != nil {
+	if err := StartChild(cmd); err != nil {
 		return nil, err
 	}
 	s := &Server{cmd: cmd, done: make(chan struct{})}

@@ -70,6 +70,38 @@ func TestServersDieWithTheirParent(t *testing.T) {
 	}
 }
 
+// TestStartChildDiesWithItsParent starts a child from a process that then
+// exits without waiting for it, and checks that the child is gone.
+func TestStartChildDiesWithItsParent(t *testing.T) {
+	if os.Getenv("DEVSERVER_ORPHAN_PARENT") == "1" {
+		cmd := exec.Command("sleep", "600")
+		if err := StartChild(cmd); err != nil {
+			fmt.Println("error", err)
+			os.Exit(3)
+		}
+		fmt.Println(cmd.Process.Pid)
+		os.Exit(0) // without Wait: the child would be orphaned
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestStartChildDiesWithItsParent$")
+	cmd.Env = append(os.Environ(), "DEVSERVER_ORPHAN_PARENT=1")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("parent: %v\n%s", err, out)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(out)))
+	if err != nil {
+		t.Fatalf("parent printed %q", out)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+		if time.Now().After(deadline) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			t.Fatalf("child %d outlived its parent", pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func TestStopRemovesFiles(t *testing.T) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Skip("redis-server not installed")
