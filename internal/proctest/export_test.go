@@ -1,0 +1,4 @@
+package proctest
+
+// RaceEnabled is raceEnabled, for the tests of Build.
+const RaceEnabled = raceEnabled
