@@ -40,9 +40,9 @@ func TestAdminMetrics(t *testing.T) {
 		ev.Type = typ
 		o.onEvent(ev)
 	}
-	o.rec.OnWorkerEvent(pgstore.WorkerEvent{Type: pgstore.WorkerClaimed, Kind: "images", TaskID: "t", Attempt: 1, Latency: time.Millisecond})
-	o.rec.OnWorkerEvent(pgstore.WorkerEvent{Type: pgstore.WorkerSucceeded, Kind: "images", TaskID: "t", Attempt: 1, Latency: time.Second})
-	o.rec.OnWorkerEvent(pgstore.WorkerEvent{Type: pgstore.WorkerRescued, Kind: "images", TaskID: "u", Attempt: 1})
+	o.tasks.OnWorkerEvent(pgstore.WorkerEvent{Type: pgstore.WorkerClaimed, Kind: "images", TaskID: "t", Attempt: 1, Latency: time.Millisecond})
+	o.tasks.OnWorkerEvent(pgstore.WorkerEvent{Type: pgstore.WorkerSucceeded, Kind: "images", TaskID: "t", Attempt: 1, Latency: time.Second})
+	o.tasks.OnWorkerEvent(pgstore.WorkerEvent{Type: pgstore.WorkerRescued, Kind: "images", TaskID: "u", Attempt: 1})
 
 	res, err := http.Get(a.url() + "/metrics")
 	if err != nil {

@@ -112,12 +112,12 @@ func (b *backends) open(ctx context.Context, s settings, withRedis, embedded boo
 		b.redis = redis.NewClient(&redis.Options{Addr: mr.Addr()})
 		b.redisInfo = fmt.Sprintf("in-process miniredis on %s (set REDIS_URL for a real Redis)", mr.Addr())
 	} else {
-		opts, err := redis.ParseURL(s.redisURL)
+		opts, topology, err := parseRedisURL(s.redisURL)
 		if err != nil {
 			return fmt.Errorf("REDIS_URL: %w", err)
 		}
-		b.redis = redis.NewClient(opts)
-		b.redisInfo = redactURL(s.redisURL)
+		b.redis = redis.NewUniversalClient(opts)
+		b.redisInfo = fmt.Sprintf("%s (%s)", redactURL(s.redisURL), topology)
 	}
 	b.closers = append(b.closers, func() { _ = b.redis.Close() })
 	if err := b.redis.Ping(pingCtx).Err(); err != nil {

@@ -49,7 +49,10 @@ Environment (a flag, when given, wins):
   ADDR          listen address (-addr); default :8080
   DATABASE_URL  PostgreSQL URL (-database-url); unset: a throwaway local
                 cluster (initdb + postgres), removed on exit
-  REDIS_URL     Redis URL (-redis-url); unset: an in-process miniredis
+  REDIS_URL     Redis URL (-redis-url); unset: an in-process miniredis.
+                One node: redis://host:6379/0. A cluster: several seeds,
+                redis://h1:7000,h2:7001,h3:7002. Sentinel:
+                redis://s1:26379,s2:26379?master_name=mymaster
   STORE         where idempotency records live (-store): redis (the default)
                 or postgres (the tasks' database; no Redis at all)
   JWT_SECRET    HS256 secret for bearer tokens; unset: a public dev secret
