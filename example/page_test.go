@@ -320,7 +320,7 @@ func TestPageButtons(t *testing.T) {
 	}
 }
 
-// Attack: markup in everything the page shows back — the user and tenant
+// Markup in everything the page shows back — the user and tenant
 // (the "signed in as" line and the wire log), the prompt and action (the
 // request log, the replayed body), and the 409's problem document after
 // a reword. Nothing of it may become markup: no element from the payload
