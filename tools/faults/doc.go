@@ -6,9 +6,10 @@
 // The tests are behind the build tag "faults" (they take minutes and kill
 // processes):
 //
-//	go test -tags faults -race -count=1 ./faults/
+//	go test -tags faults -race -count=1 ./tools/faults/
 //
 // Each test starts its own servers (internal/devserver, internal/testenv)
-// and, for the multi-process cases, builds the example service into a
-// temporary directory and runs it as API and worker nodes.
+// and, for the multi-process cases, builds the example service once
+// (internal/proctest, with -race when the suite runs with it) and runs it as
+// API, worker and migrate processes.
 package faults

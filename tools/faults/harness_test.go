@@ -25,6 +25,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/internal/proctest"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgstore"
@@ -35,7 +36,7 @@ func TestMain(m *testing.M) {
 	// say what matters.
 	redis.SetLogger(quietLogger{})
 	code := testenv.Main(m)
-	binaries.cleanup()
+	proctest.Cleanup()
 	os.Exit(code)
 }
 

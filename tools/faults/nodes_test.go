@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgate/idemgate/internal/testenv"
+	"github.com/idemgate/idemgate/internal/wait"
 )
 
 // cluster is the shared stores of a multi-process case and the example
@@ -51,8 +52,8 @@ func TestAPINodeKilled(t *testing.T) {
 	t.Parallel()
 	const tenant = "faults-node-killed"
 	c := newCluster(t, tenant)
-	a, urlA := startServe(t, "API node A", c.env)
-	_, urlB := startServe(t, "API node B", c.env)
+	a, urlA := startServe(t, c.env)
+	_, urlB := startServe(t, c.env)
 	ctx := context.Background()
 
 	lock, err := c.db.Begin(ctx)
@@ -72,14 +73,14 @@ func TestAPINodeKilled(t *testing.T) {
 	})
 	// A's pool has fewer connections than clients: some handlers wait in
 	// their INSERT, the others for a connection. All hold their claims.
-	waitFor(t, 20*time.Second, "handlers on A held in their INSERT", func() bool {
+	wait.For(t, 20*time.Second, "handlers on A held in their INSERT", func() bool {
 		var n int
 		c.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO idemgate_tasks%'`).Scan(&n)
 		return n >= 2
 	})
 	time.Sleep(500 * time.Millisecond)
-	a.kill(t)
+	kill(t, a)
 	killed := time.Now()
 	if err := lock.Commit(ctx); err != nil {
 		t.Fatalf("unlock tasks: %v", err)
@@ -172,30 +173,32 @@ func TestWorkerKilled(t *testing.T) {
 	t.Parallel()
 	const tenant = "faults-worker-killed"
 	c := newCluster(t, tenant)
-	_, url := startServe(t, "API node", c.env)
+	_, url := startServe(t, c.env)
 	ctx := context.Background()
 
 	sent := func(id string) func() bool {
 		return func() bool { return readTask(t, c.db, id).state == "running" && upstreamCalls(t, c.db, id) == 1 }
 	}
 	// Worker 1 would take 10 minutes: it is killed mid-task.
-	w1 := startProc(t, "worker 1", c.env, "worker", "-workers", "1", "-gen-time", "10m")
+	w1 := startProc(t, c.env, "worker", "-workers", "1", "-gen-time", "10m")
 	id1 := submitOne(t, url, c.auth, "worker-killed-1")
-	waitFor(t, 30*time.Second, "task 1 running on worker 1, its request sent", sent(id1))
+	wait.For(t, 30*time.Second, "task 1 running on worker 1, its request sent", sent(id1))
 	// Worker 2 would finish in 2s: it is frozen before, and wakes long after.
-	w2 := startProc(t, "worker 2", c.env, "worker", "-workers", "1", "-gen-time", "2s")
+	w2 := startProc(t, c.env, "worker", "-workers", "1", "-gen-time", "2s")
 	id2 := submitOne(t, url, c.auth, "worker-killed-2")
-	waitFor(t, 30*time.Second, "task 2 running on worker 2, its request sent", sent(id2))
-	w2.signal(syscall.SIGSTOP)
-	w1.kill(t)
+	wait.For(t, 30*time.Second, "task 2 running on worker 2, its request sent", sent(id2))
+	if err := w2.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	kill(t, w1)
 	before1, before2 := readTask(t, c.db, id1), readTask(t, c.db, id2)
 	if before1.lockedBy == before2.lockedBy {
 		t.Fatalf("both tasks on one worker (%s): the case needs one on each", before1.lockedBy)
 	}
 	stopped := time.Now()
 
-	startProc(t, "worker 3", c.env, "worker", "-workers", "2", "-gen-time", "200ms")
-	waitFor(t, 120*time.Second, "task 2 reconciled to succeeded, task 1 uncertain", func() bool {
+	startProc(t, c.env, "worker", "-workers", "2", "-gen-time", "200ms")
+	wait.For(t, 120*time.Second, "task 2 reconciled to succeeded, task 1 uncertain", func() bool {
 		return readTask(t, c.db, id2).state == "succeeded" && readTask(t, c.db, id1).state == "uncertain"
 	})
 	rescuedAfter := time.Since(stopped)
@@ -212,7 +215,9 @@ func TestWorkerKilled(t *testing.T) {
 		}
 	}
 
-	w2.signal(syscall.SIGCONT)
+	if err := w2.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(3 * time.Second) // its 2s generation is long over: it tries to finish now
 	if got := readTask(t, c.db, id2); got != after2 {
 		t.Errorf("the woken stale worker changed task 2: %+v, was %+v", got, after2)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemgate/idemgate/internal/devserver"
 	"github.com/idemgate/idemgate/internal/testenv"
+	"github.com/idemgate/idemgate/internal/wait"
 )
 
 // TestPostgresRestarted restarts PostgreSQL (fast shutdown) under load:
@@ -181,9 +182,9 @@ func TestMigrationKilled(t *testing.T) {
 	}
 	// The table must exist for the lock holders: the first run creates it
 	// (v1, one transaction) and is held at the wide build.
-	for i, st := range steps {
+	for _, st := range steps {
 		release := st.blocker()
-		p := startProc(t, fmt.Sprintf("migrate #%d", i+1), env, "migrate")
+		p := startProc(t, env, "migrate")
 		var pid uint32
 		var query string
 		deadline := time.Now().Add(30 * time.Second)
@@ -197,8 +198,8 @@ func TestMigrationKilled(t *testing.T) {
 				t.Fatalf("step %q: pg_stat_activity: %v", st.name, err)
 			}
 			select {
-			case <-p.done:
-				t.Fatalf("step %q: migrate exited before it was held at %v (last held at %q):\n%s", st.name, st.stalled, query, p.out.String())
+			case <-p.Exited():
+				t.Fatalf("step %q: migrate exited before it was held at %v (last held at %q):\n%s", st.name, st.stalled, query, p.Output())
 			default:
 			}
 			if time.Now().After(deadline) {
@@ -206,7 +207,7 @@ func TestMigrationKilled(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		p.kill(t)
+		kill(t, p)
 		if st.killConn {
 			if _, err := db.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
 				t.Fatalf("terminate migrating backend: %v", err)
@@ -216,7 +217,7 @@ func TestMigrationKilled(t *testing.T) {
 		release()
 		// Wait until the killed migration's backend is gone (an orphaned
 		// statement finishes first, then fails to answer the dead client).
-		waitFor(t, 30*time.Second, "the killed migration's backend to end", func() bool {
+		wait.For(t, 30*time.Second, "the killed migration's backend to end", func() bool {
 			var n int
 			db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n)
 			return n == 0
@@ -225,9 +226,9 @@ func TestMigrationKilled(t *testing.T) {
 		t.Logf("killed while %s → %v", st.name, state)
 	}
 
-	var out strings.Builder
-	if err := runToExit(ctx, t, env, &out, "migrate"); err != nil {
-		t.Fatalf("rerun after the kills: %v\n%s", err, out.String())
+	rerun := startProc(t, env, "migrate")
+	if err := rerun.Wait(2 * time.Minute); err != nil {
+		t.Fatalf("rerun after the kills: %v\n%s", err, rerun.Output())
 	}
 	state := uniqueBoundary(t, ctx, db, "after the rerun")
 	if len(state) == 0 || strings.Contains(strings.Join(state, " "), "idemgate_tasks_key_v1") {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemgate/idemgate/internal/devserver"
 	"github.com/idemgate/idemgate/internal/testenv"
+	"github.com/idemgate/idemgate/internal/wait"
 )
 
 // startRedis starts a redis-server of the test's own, to kill or flush.
@@ -29,17 +30,6 @@ func startRedis(t *testing.T) *devserver.Redis {
 	}
 	t.Cleanup(func() { rs.Stop() })
 	return rs
-}
-
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func storeUnavailable(r reply) bool {
@@ -61,7 +51,7 @@ func TestRedisKilled(t *testing.T) {
 		t.Fatalf("kill redis-server: %v", err)
 	}
 	down := time.Now()
-	waitFor(t, 10*time.Second, "8 answers 503 store_unavailable while Redis is down", func() bool {
+	wait.For(t, 10*time.Second, "8 answers 503 store_unavailable while Redis is down", func() bool {
 		return count(l.since(down), storeUnavailable) >= 8
 	})
 	accepted := l.accepted()
