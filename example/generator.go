@@ -174,8 +174,9 @@ func dataURL(png []byte) string {
 // The log lives in the service's database, standing in for the API's
 // own: every process of the service sees the same upstream.
 type upstream struct {
-	gen generator
-	log *pgxpool.Pool
+	gen    generator
+	log    *pgxpool.Pool
+	caller string // the calling process's name, logged with each call
 }
 
 // upstreamSchema creates the stand-in upstream's call log, once per
@@ -188,6 +189,7 @@ CREATE TABLE IF NOT EXISTS idemgate_example_upstream_calls (
 	sent_at timestamptz NOT NULL DEFAULT now(),
 	done_at timestamptz NOT NULL  -- when the upstream is done with it
 );
+ALTER TABLE idemgate_example_upstream_calls ADD COLUMN IF NOT EXISTS caller text; -- the worker that called (WORKER_NAME)
 CREATE INDEX IF NOT EXISTS idemgate_example_upstream_calls_ref ON idemgate_example_upstream_calls (ref, id)`
 
 // Outcomes of a call, as the stand-in upstream logs them.
@@ -245,9 +247,9 @@ func (u upstream) call(ctx context.Context, ref string, p imageParams, from int)
 	case strings.Contains(p.Prompt, markerPartial) && from == 0:
 		outcome = callPartial
 	}
-	if _, err := u.log.Exec(ctx, `INSERT INTO idemgate_example_upstream_calls (ref, outcome, done_at)
-		VALUES (@ref, @outcome, now() + @took_us::bigint * interval '1 microsecond')`,
-		pgx.NamedArgs{"ref": ref, "outcome": outcome, "took_us": took.Microseconds()}); err != nil {
+	if _, err := u.log.Exec(ctx, `INSERT INTO idemgate_example_upstream_calls (ref, outcome, done_at, caller)
+		VALUES (@ref, @outcome, now() + @took_us::bigint * interval '1 microsecond', NULLIF(@caller, ''))`,
+		pgx.NamedArgs{"ref": ref, "outcome": outcome, "took_us": took.Microseconds(), "caller": u.caller}); err != nil {
 		return nil, sendError(err)
 	}
 	return u.gen.generate(ctx, p, from)

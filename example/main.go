@@ -59,6 +59,8 @@ Environment (a flag, when given, wins):
                 (printed with a warning: never use it outside a laptop)
   WORKERS       in-process workers (-workers); default 2
   GEN_TIME      stand-in generation time per task (-gen-time); default 1.5s
+  TASK_POLICY   what a lost attempt becomes (-policy), e.g. images=uncertain,music=retry
+  WORKER_NAME   the worker's name (-name); default host:pid
   READ_HEADER_TIMEOUT, READ_TIMEOUT, WRITE_TIMEOUT, IDLE_TIMEOUT
                 HTTP server limits (-read-header-timeout 5s, -read-timeout 10s,
                 -write-timeout 30s, -idle-timeout 60s)
@@ -140,6 +142,8 @@ type settings struct {
 	jwtSecret   string
 	workers     int
 	genTime     time.Duration
+	policy      string // TASK_POLICY
+	workerName  string // WORKER_NAME
 	obs         obsSettings
 	limits      serverLimits // HTTP server timeouts (serve.go)
 }
@@ -177,6 +181,10 @@ func (s *settings) addWorkerFlags(fs *flag.FlagSet, getenv func(string) string, 
 		"number of in-process workers (env WORKERS)")
 	fs.DurationVar(&s.genTime, "gen-time", envDuration(getenv, "GEN_TIME", 1500*time.Millisecond),
 		"how long the stand-in generator takes per task (env GEN_TIME)")
+	fs.StringVar(&s.policy, "policy", getenv("TASK_POLICY"),
+		"what a lost attempt becomes, per kind (env TASK_POLICY): kind=uncertain|retry,...; empty: "+formatPolicy(defaultPolicy))
+	fs.StringVar(&s.workerName, "name", getenv("WORKER_NAME"),
+		"this process's worker name, in logs and the stand-in upstream's call log (env WORKER_NAME); empty: host:pid")
 }
 
 func parse(fs *flag.FlagSet, args []string) error {

@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/idemgate/idemgate/pgstore"
 )
 
 // shutdownBudget bounds a graceful shutdown: in-flight requests finish,
@@ -142,7 +144,8 @@ type node struct {
 	srv      *http.Server
 	served   chan error // receives the HTTP server's exit error
 	workers  *workerPool
-	devToken string // a token to print, only when the dev secret is used
+	policy   map[string]pgstore.LostPolicy // what the workers do with a lost attempt
+	devToken string                        // a token to print, only when the dev secret is used
 	obs      *observer
 	admin    *admin
 }
@@ -180,7 +183,11 @@ func startNode(ctx context.Context, s settings, logger *slog.Logger, stderr io.W
 	}
 	// Requests are served only after openBackends migrated the schema.
 	a := &api{store: b.store, pool: b.pool, redis: b.redis, records: b.records, secret: secret, logger: logger, obs: n.obs}
-	n.workers, err = startWorkers(b, s.workers, generator{took: s.genTime}, logger, n.obs)
+	wo, err := s.workerOptions()
+	if err == nil {
+		n.workers, err = runWorkers(b, wo, logger, n.obs)
+		n.policy = wo.policy
+	}
 	if err != nil {
 		n.ln.Close()
 		b.close()
@@ -213,6 +220,9 @@ func (n *node) printStartup(w io.Writer) {
 	fmt.Fprintf(w, "idemgate example listening on %s (%d workers)\n", u, n.settings.workers)
 	fmt.Fprintf(w, "  postgres: %s\n", n.b.pgInfo)
 	fmt.Fprintf(w, "  redis:    %s\n", n.b.redisInfo)
+	if n.settings.workers > 0 {
+		fmt.Fprintf(w, "  policy: %s\n", formatPolicy(n.policy))
+	}
 	printObs(w, u, n.admin, n.obs)
 	if n.devToken != "" {
 		fmt.Fprintf(w, "Try it (dev token: tenant acme, user alice, 24h):\n  TOKEN=%s\n", n.devToken)
@@ -259,13 +269,18 @@ func cmdWorker(ctx context.Context, args []string, getenv func(string) string, s
 	if err != nil {
 		return err
 	}
-	w, err := startWorkers(b, s.workers, generator{took: s.genTime}, logger, obs)
+	wo, err := s.workerOptions()
+	var w *workerPool
+	if err == nil {
+		w, err = runWorkers(b, wo, logger, obs)
+	}
 	if err != nil {
 		_ = adm.close(ctx)
 		_ = obs.shutdown(ctx)
 		return err
 	}
-	fmt.Fprintf(stdout, "idemgate example worker running (%d workers)\n  postgres: %s\n", s.workers, b.pgInfo)
+	fmt.Fprintf(stdout, "idemgate example worker %s running (%d workers)\n  postgres: %s\n  policy: %s\n",
+		wo.name, s.workers, b.pgInfo, formatPolicy(wo.policy))
 	printAdmin(stdout, adm)
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "shutting down")

@@ -156,3 +156,34 @@ func (c *severable) Write(b []byte) (int, error) {
 }
 
 func (c *severable) Close() error { return nil }
+
+// Each call is logged with the name of the worker that made it, so that a
+// second call for one task can be traced to its process (the chaos
+// checker's invariant 5); a process without a name logs none.
+func TestUpstreamLogsTheCaller(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	p := imageParams{Prompt: "a lighthouse", AspectRatio: "1:1", N: 1}
+	for _, caller := range []string{"worker-2", ""} {
+		up := upstream{gen: generator{}, log: pool, caller: caller}
+		if err := up.prepare(ctx); err != nil {
+			t.Fatal(err)
+		}
+		ref := "task-of-" + caller
+		if _, err := up.call(ctx, ref, p, 0); err != nil {
+			t.Fatal(err)
+		}
+		var got *string
+		if err := pool.QueryRow(ctx, `SELECT caller FROM idemgate_example_upstream_calls WHERE ref = $1`, ref).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if (caller == "") != (got == nil) || (got != nil && *got != caller) {
+			t.Fatalf("caller logged as %v, want %q", got, caller)
+		}
+	}
+}

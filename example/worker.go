@@ -6,6 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/idemgate/idemgate/pgstore"
@@ -44,34 +48,84 @@ type workerPool struct {
 	done   chan struct{}
 }
 
-// startWorkers runs up to n tasks at once on b's store, and prunes old
-// tasks; n == 0 runs none (and prunes nothing). obs, when not nil,
-// instruments the worker.
+// defaultPolicy is what a lost attempt (lease expired, worker killed or
+// shut down) becomes, per kind. A generation is paid for: an attempt cut
+// off after the request went out must not make a second one, so it becomes
+// uncertain and reconcile asks the upstream. Music is rendered in process:
+// running it again is free.
+var defaultPolicy = map[string]pgstore.LostPolicy{kindImages: pgstore.LostUncertain, kindMusic: pgstore.LostRetry}
+
+// parsePolicy reads TASK_POLICY, "kind=uncertain|retry,...", over the
+// defaults: a kind it does not name keeps its default.
+func parsePolicy(s string) (map[string]pgstore.LostPolicy, error) {
+	out := maps.Clone(defaultPolicy)
+	for part := range strings.SplitSeq(s, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		kind, pol, ok := strings.Cut(part, "=")
+		if _, known := defaultPolicy[kind]; !known || !ok ||
+			(pol != string(pgstore.LostUncertain) && pol != string(pgstore.LostRetry)) {
+			return nil, fmt.Errorf("policy %q: want %s or %s =uncertain or =retry", part, kindImages, kindMusic)
+		}
+		out[kind] = pgstore.LostPolicy(pol)
+	}
+	return out, nil
+}
+
+// formatPolicy is the startup line's form of p: kinds sorted.
+func formatPolicy(p map[string]pgstore.LostPolicy) string {
+	parts := make([]string, 0, len(p))
+	for _, kind := range slices.Sorted(maps.Keys(p)) {
+		parts = append(parts, kind+"="+string(p[kind]))
+	}
+	return strings.Join(parts, ",")
+}
+
+// workerOptions says how a process runs its workers.
+type workerOptions struct {
+	n      int       // tasks run at once; 0 runs none
+	gen    generator // the stand-in generator
+	policy map[string]pgstore.LostPolicy
+	name   string // names the worker in logs and in the upstream's call log
+}
+
+// startWorkers runs up to n tasks at once on b's store with the default
+// policy, and prunes old tasks; n == 0 runs none (and prunes nothing).
+// obs, when not nil, instruments the worker.
 func startWorkers(b *backends, n int, gen generator, logger *slog.Logger, obs *observer) (*workerPool, error) {
+	return runWorkers(b, workerOptions{n: n, gen: gen}, logger, obs)
+}
+
+// runWorkers is startWorkers with every option.
+func runWorkers(b *backends, o workerOptions, logger *slog.Logger, obs *observer) (*workerPool, error) {
+	n, gen := o.n, o.gen
+	policy := o.policy
+	if policy == nil {
+		policy = defaultPolicy
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &workerPool{cancel: cancel, done: make(chan struct{})}
 	if n <= 0 {
 		close(p.done)
 		return p, nil
 	}
-	up := upstream{gen: gen, log: b.pool}
+	up := upstream{gen: gen, log: b.pool, caller: o.name}
 	if err := up.prepare(ctx); err != nil {
 		cancel()
 		return nil, fmt.Errorf("stand-in upstream: %w", err)
 	}
 	r := runner{up: up, logger: logger}
+	policies := make(map[string]pgstore.KindPolicy, len(policy))
+	for kind, lost := range policy {
+		policies[kind] = pgstore.KindPolicy{Timeout: attemptTimeout(gen.took), Lost: lost}
+	}
 	cfg := pgstore.WorkerConfig{
-		Handler:   r.handle,
-		Reconcile: r.reconcile,
-		Kinds:     []string{kindImages, kindMusic},
-		Policies: map[string]pgstore.KindPolicy{
-			// A generation is paid for: an attempt cut off after the
-			// request went out must not make a second one. It becomes
-			// uncertain, and reconcile asks the upstream.
-			kindImages: {Timeout: attemptTimeout(gen.took), Lost: pgstore.LostUncertain},
-			// Music is rendered in process: running it again is free.
-			kindMusic: {Timeout: attemptTimeout(gen.took), Lost: pgstore.LostRetry},
-		},
+		Handler:           r.handle,
+		Reconcile:         r.reconcile,
+		Kinds:             []string{kindImages, kindMusic},
+		Policies:          policies,
+		Name:              o.name,
 		Concurrency:       n,
 		RescueInterval:    rescueEvery,
 		ReconcileInterval: reconcileAfter,
@@ -277,4 +331,19 @@ func encodeImages(pngs [][]byte) []json.RawMessage {
 		out[i], _ = json.Marshal(dataURL(b))
 	}
 	return out
+}
+
+// workerOptions reads the worker settings of s; name defaults to host:pid,
+// which is what pgstore names a worker by default too.
+func (s settings) workerOptions() (workerOptions, error) {
+	policy, err := parsePolicy(s.policy)
+	if err != nil {
+		return workerOptions{}, fmt.Errorf("TASK_POLICY (-policy): %w", err)
+	}
+	name := s.workerName
+	if name == "" {
+		host, _ := os.Hostname()
+		name = fmt.Sprintf("%s:%d", host, os.Getpid())
+	}
+	return workerOptions{n: s.workers, gen: generator{took: s.genTime}, policy: policy, name: name}, nil
 }
