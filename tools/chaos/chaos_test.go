@@ -14,8 +14,8 @@ import (
 // The short soak and the planted-bug runs start real processes (Postgres,
 // redis-server, four example processes) and take minutes; -short skips them.
 
-// soakSeed is the fixed seed of the short soak in make test.
-const soakSeed = 1
+// soakSeed is the fixed seed of the short soak and of the planted-bug runs.
+const soakSeed = "1"
 
 // keptDir finds the run directory the tool kept, in its stderr.
 var keptDir = regexp.MustCompile(`kept in (\S+)`)
@@ -61,7 +61,7 @@ func TestSoak(t *testing.T) {
 	for _, store := range []string{"redis", "postgres"} {
 		t.Run(store, func(t *testing.T) {
 			t.Parallel()
-			code, s := runTool(t, "-seed", "1", "-duration", "45s", "-bound", "60s", "-store", store)
+			code, s := runTool(t, "-seed", soakSeed, "-duration", "45s", "-bound", "60s", "-store", store)
 			for _, r := range s.Invariants {
 				if !r.Holds {
 					t.Errorf("invariant %d (%s) violated %d times, e.g.:\n  %s", r.N, r.Name, r.Violations, strings.Join(r.Examples, "\n  "))
@@ -116,7 +116,7 @@ func TestPlants(t *testing.T) {
 			if !p.hooked(root) {
 				t.Fatalf("no hook for %s in any of %s: the plant cannot be put back", p.Name, strings.Join(p.Pkgs, ", "))
 			}
-			args := []string{"-plant", p.Name, "-seed", "1", "-duration", "12s", "-bound", "45s", "-faults", p.Faults}
+			args := []string{"-plant", p.Name, "-seed", soakSeed, "-duration", "12s", "-bound", "45s", "-faults", p.Faults}
 			if p.Store != "" {
 				args = append(args, "-store", p.Store)
 			}

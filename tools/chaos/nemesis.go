@@ -28,12 +28,12 @@ var faultKinds = []string{
 	"freeze",        // hold every byte on one link
 	"drop",          // blackhole one link
 	"latency",       // delay every chunk on one link
-	"commit-kill",   // slow an API node's Postgres link, SIGKILL the node as soon as an export it ran commits its ledger row
+	"commit-kill",   // slow the API nodes' Postgres links, SIGKILL the node whose export commits its ledger row first
 }
 
 // commitKillWait bounds how long a commit-kill waits for an export to
 // commit on its node before it heals without a kill.
-const commitKillWait = 4 * time.Second
+const commitKillWait = 6 * time.Second
 
 // nemesis injects faults on a seeded schedule until stop.
 type nemesis struct {
@@ -151,23 +151,40 @@ func (n *nemesis) inject(ctx context.Context, kind string, until time.Time) {
 			n.log("restart redis: %v", err)
 		}
 	case "commit-kill":
-		p := n.sys.api()[n.rng.IntN(len(n.sys.api()))]
-		f.Target = p.name
-		delay := n.dur(30*time.Millisecond, 120*time.Millisecond)
-		wait := capped(n.dur(time.Second, commitKillWait))
-		// The node's Postgres link is slowed, so that a commit's reply
-		// and whatever the node writes next reach their ends well after
+		// Both API nodes' Postgres links are slowed (one alone would
+		// drive the clients to the other), so that a commit's reply and
+		// whatever a node writes after it reach their ends well after
 		// the commit shows in the ledger: the kill lands in between.
-		p.links["pg"].Set(proxy.Delay, delay)
-		id, err := n.killOnCommit(ctx, p, time.Now().Add(wait))
-		p.links["pg"].Heal()
+		nodes := n.sys.api()
+		delay := n.dur(15*time.Millisecond, 40*time.Millisecond)
+		wait := capped(n.dur(2*time.Second, commitKillWait))
+		for _, p := range nodes {
+			p.links["pg"].Set(proxy.Delay, delay)
+		}
+		p, id, err := n.killOnCommit(ctx, nodes, time.Now().Add(wait))
+		healed := time.Now()
+		for _, q := range nodes {
+			q.links["pg"].Heal()
+		}
+		slow := fmt.Sprintf("→pg +%v per chunk", delay.Round(time.Millisecond))
 		switch {
+		case p != nil:
+			f.Detail = fmt.Sprintf("%s%s: killed once export %d committed", p.name, slow, id)
 		case err != nil:
-			f.Detail = fmt.Sprintf("%s→pg +%v: no kill: %v", p.name, delay.Round(time.Millisecond), err)
-		case id == 0:
-			f.Detail = fmt.Sprintf("%s→pg +%v: no export committed within %v", p.name, delay.Round(time.Millisecond), wait.Round(time.Millisecond))
+			p, f.Detail = nodes[0], fmt.Sprintf("%s%s: no kill: %v", nodes[0].name, slow, err)
 		default:
-			f.Detail = fmt.Sprintf("%s→pg +%v: killed once export %d committed", p.name, delay.Round(time.Millisecond), id)
+			p, f.Detail = nodes[0], fmt.Sprintf("%s%s: no export committed within %v", nodes[0].name, slow, wait.Round(time.Millisecond))
+		}
+		f.Target = p.name
+		// Every slowed link is on the record, so that the checker
+		// knows what each node went through.
+		for _, q := range nodes {
+			if q != p {
+				n.rec.fault(Fault{Kind: "latency", Target: q.name, Start: f.Start, End: healed,
+					Detail: q.name + slow + " during a commit-kill"})
+			}
+		}
+		if id != 0 {
 			sleep(ctx, capped(n.dur(200*time.Millisecond, 1500*time.Millisecond)))
 			if err := p.start(n.sys.bin); err != nil {
 				n.log("restart %s: %v", p.name, err)
@@ -221,13 +238,13 @@ func lastExport(ctx context.Context, conn *pgx.Conn) (int64, error) {
 }
 
 // killOnCommit watches the export ledger from a connection of its own and
-// SIGKILLs p as soon as a row that p wrote commits, and returns its id;
-// 0 when none commits before until.
-func (n *nemesis) killOnCommit(ctx context.Context, p *proc, until time.Time) (int64, error) {
+// SIGKILLs the node that wrote the first row to commit, and returns it
+// and the row's id; nil when none commits before until.
+func (n *nemesis) killOnCommit(ctx context.Context, nodes []*proc, until time.Time) (*proc, int64, error) {
 	if n.pg == nil || n.pg.IsClosed() {
 		conn, err := pgx.Connect(ctx, n.sys.pg.DSN("postgres"))
 		if err != nil {
-			return 0, err
+			return nil, 0, err
 		}
 		n.pg = conn
 	}
@@ -236,32 +253,41 @@ func (n *nemesis) killOnCommit(ctx context.Context, p *proc, until time.Time) (i
 		// The connection may have died with a Postgres restart: once more.
 		n.pg.Close(ctx)
 		if n.pg, err = pgx.Connect(ctx, n.sys.pg.DSN("postgres")); err != nil {
-			return 0, err
+			return nil, 0, err
 		}
 		if last, err = lastExport(ctx, n.pg); err != nil {
 			n.pg.Close(ctx)
-			return 0, err
+			return nil, 0, err
 		}
 	}
+	byAddr := map[string]*proc{}
+	for _, p := range nodes {
+		byAddr[p.addr] = p
+	}
 	for time.Now().Before(until) && ctx.Err() == nil {
-		var id int64
-		err := n.pg.QueryRow(ctx, `SELECT id FROM idemgate_example_exports WHERE id > $1 AND node = $2 ORDER BY id LIMIT 1`,
-			last, p.addr).Scan(&id)
+		var (
+			id   int64
+			node string
+		)
+		err := n.pg.QueryRow(ctx, `SELECT id, node FROM idemgate_example_exports WHERE id > $1 ORDER BY id LIMIT 1`, last).Scan(&id, &node)
 		switch {
 		case err == nil:
-			p.kill()
-			return id, nil
+			if p := byAddr[node]; p != nil {
+				p.kill()
+				return p, id, nil
+			}
+			last = id
 		case errors.Is(err, pgx.ErrNoRows):
 		default:
 			var pgErr *pgconn.PgError
 			if !errors.As(err, &pgErr) || pgErr.Code != "42P01" { // the ledger is made by the first export
 				n.pg.Close(ctx)
-				return 0, err
+				return nil, 0, err
 			}
 		}
-		sleep(ctx, 3*time.Millisecond)
+		sleep(ctx, 2*time.Millisecond)
 	}
-	return 0, nil
+	return nil, 0, nil
 }
 
 // healAll undoes whatever may be left: every link passes, every process

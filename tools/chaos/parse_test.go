@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"io"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -245,4 +247,86 @@ func FuzzFlagLists(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestWorkerPolicy: the policy the checker judges by is the one the
+// workers say they run; asking for another than the example's own from
+// workers that do not say is an error, not a silent default.
+func TestWorkerPolicy(t *testing.T) {
+	t.Parallel()
+	logs := map[string]string{
+		"silent": "idemgate example worker running (4 workers)\n  postgres: postgres://…\n",
+		"retry":  "idemgate example worker running (4 workers)\n  postgres: postgres://…\n  policy: images=retry,music=retry\n",
+		"bad":    "  policy: images=sometimes\n",
+	}
+	dir := t.TempDir()
+	sysWith := func(log string) *system {
+		path := filepath.Join(dir, log+".log")
+		if err := os.WriteFile(path, []byte(logs[log]), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return &system{procs: []*proc{
+			{name: "api0", kind: apiNode, logf: "/nonexistent"},
+			{name: "worker0", kind: workerProc, logf: path},
+			{name: "worker1", kind: workerProc, logf: path},
+		}}
+	}
+	retry := map[string]string{"images": "retry"}
+	uncertain := map[string]string{"images": "uncertain"}
+	tests := []struct {
+		name    string
+		given   string
+		when    map[string]string
+		want    map[string]string
+		wantErr bool
+	}{
+		{name: "the default from a worker that does not say", given: "silent", when: uncertain, want: uncertain},
+		{name: "retry from a worker that does not say", given: "silent", when: retry, wantErr: true},
+		{name: "retry from a worker that says retry", given: "retry", when: retry, want: map[string]string{"images": "retry", "music": "retry"}},
+		{name: "uncertain from a worker that says retry", given: "retry", when: uncertain, wantErr: true},
+		{name: "a policy line that does not parse", given: "bad", when: uncertain, wantErr: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := sysWith(tc.given).workerPolicy(tc.when)
+			if (err != nil) != tc.wantErr || (err == nil && !samePolicy(got, tc.want)) {
+				t.Errorf("workerPolicy(%v) = %v, %v; want %v (error %v)", tc.when, got, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestRecordingPathTask: every request on a task route records whose
+// task it tried, whatever the answer, and names its route.
+func TestRecordingPathTask(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write([]byte(`{"status":404,"code":"not_found"}`))
+	}))
+	t.Cleanup(srv.Close)
+	rec := newRecorder(nil)
+	hc := &http.Client{Transport: &recording{rec: rec, base: http.DefaultTransport}}
+	for _, tc := range []struct{ method, path, route string }{
+		{http.MethodGet, "/v1/tasks/T1", routeTask},
+		{http.MethodPost, "/v1/tasks/T1/cancel", routeCancel},
+		{http.MethodPost, "/v1/tasks/T1/export", routeExport},
+		{http.MethodPost, "/v1/tasks/T1/recover", routeRecover},
+	} {
+		req, err := http.NewRequest(tc.method, srv.URL+tc.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		h := rec.history()
+		q := h.Requests[len(h.Requests)-1]
+		if q.Route != tc.route || q.PathTask != "T1" || q.Status != 404 || q.Code != "not_found" || q.TaskID != "" {
+			t.Errorf("%s %s recorded as %+v", tc.method, tc.path, q)
+		}
+	}
 }
