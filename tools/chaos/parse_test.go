@@ -330,3 +330,17 @@ func TestRecordingPathTask(t *testing.T) {
 		}
 	}
 }
+
+func TestWorkerRunning(t *testing.T) {
+	t.Parallel()
+	for line, want := range map[string]bool{
+		"idemgate example worker running (4 workers)\n":         true,
+		"idemgate example worker worker0 running (4 workers)\n": true,
+		"chaos: start worker0 at 2026-12-03T18:00:00Z\n":        false,
+		"idemgate example worker worker0 starting\n":            false,
+	} {
+		if got := workerRunning.MatchString(line); got != want {
+			t.Errorf("workerRunning on %q = %v, want %v", line, got, want)
+		}
+	}
+}

@@ -271,6 +271,11 @@ func (s *system) byName(name string) *proc {
 	return nil
 }
 
+// workerRunning matches the line a worker process prints once it runs:
+// "idemgate example worker running (…)", or with its name (WORKER_NAME)
+// "idemgate example worker worker0 running (…)".
+var workerRunning = regexp.MustCompile(`(?m)^idemgate example worker (\S+ )?running \(`)
+
 // waitReady waits until an API node answers /healthz with 200, or a worker
 // says it runs.
 func (s *system) waitReady(ctx context.Context, p *proc, within time.Duration) error {
@@ -285,7 +290,7 @@ func (s *system) waitReady(ctx context.Context, p *proc, within time.Duration) e
 					return nil
 				}
 			}
-		} else if b, err := os.ReadFile(p.logf); err == nil && strings.Contains(string(b), "worker running") {
+		} else if b, err := os.ReadFile(p.logf); err == nil && workerRunning.Match(b) {
 			return nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
