@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+
+	"github.com/labstack/echo/v4"
 )
 
 // captureWriter passes a response through to the client and keeps a copy
@@ -35,7 +37,14 @@ type captureWriter struct {
 	overflow    bool
 	hijacked    bool
 	clientErr   error // the first failed write or flush to the client
+	// hold keeps the whole response back (an Atomic route): nothing goes
+	// to the client until send, after the commit. Flush does nothing,
+	// Hijack is refused, and a body over max is dropped (overflow).
+	hold bool
 }
+
+// errHoldHijack is what Hijack answers on an Atomic route.
+var errHoldHijack = errors.New("idemgate: an Atomic route cannot hijack the connection: its answer goes out after the commit")
 
 func (w *captureWriter) reset(rw http.ResponseWriter, f *headerFilter, max int64) {
 	*w = captureWriter{ResponseWriter: rw, filter: f, max: max}
@@ -52,10 +61,7 @@ func (w *captureWriter) reset(rw http.ResponseWriter, f *headerFilter, max int64
 // release returns the body buffer to its pool; the captured body must not
 // be used afterwards.
 func (w *captureWriter) release() {
-	if w.body != nil && cap(*w.body) <= maxPooledBlob {
-		bodyPool.Put(w.body)
-	}
-	w.body = nil
+	w.releaseBody()
 	for _, h := range [...]*http.Header{&w.header, &w.before} {
 		if *h != nil {
 			clear(*h)
@@ -65,12 +71,47 @@ func (w *captureWriter) release() {
 	}
 }
 
+// releaseBody returns the body buffer to its pool.
+func (w *captureWriter) releaseBody() {
+	if w.body != nil && cap(*w.body) <= maxPooledBlob {
+		bodyPool.Put(w.body)
+	}
+	w.body = nil
+}
+
+// takeBack undoes what a held answer did to the response: the headers the
+// handler set are removed (those set before it ran are put back), so that
+// another answer can replace it.
+func (w *captureWriter) takeBack(res *echo.Response) {
+	h := w.ResponseWriter.Header()
+	for name := range h {
+		if _, ok := w.before[name]; !ok {
+			delete(h, name)
+		}
+	}
+	for name, v := range w.before {
+		h[name] = v
+	}
+	res.Committed, res.Status, res.Size = false, 0, 0
+}
+
+// send writes a held answer to the client: status, then body. A client
+// that went away misses it; the commit stands.
+func (w *captureWriter) send(res *echo.Response) {
+	w.ResponseWriter.WriteHeader(w.status)
+	n, _ := w.ResponseWriter.Write(*w.body)
+	res.Size += int64(n)
+}
+
 func (w *captureWriter) WriteHeader(code int) {
 	// 1xx (103 Early Hints) may precede the final status; 101 is final.
 	if !w.wroteHeader && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		w.wroteHeader = true
 		w.status = code
 		w.header = w.filter.snapshot(w.ResponseWriter.Header(), w.before)
+	}
+	if w.hold {
+		return // sent after the commit; 1xx (Early Hints) are dropped
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
@@ -82,10 +123,17 @@ func (w *captureWriter) Write(b []byte) (int, error) {
 	if w.body != nil {
 		if int64(len(*w.body))+int64(len(b)) > w.max {
 			w.overflow = true
-			w.release()
+			if w.hold {
+				w.releaseBody() // the headers are needed to take the answer back
+			} else {
+				w.release()
+			}
 		} else {
 			*w.body = append(*w.body, b...)
 		}
+	}
+	if w.hold {
+		return len(b), nil
 	}
 	if w.clientErr != nil {
 		return w.clientGone(len(b), 0)
@@ -113,6 +161,9 @@ func (w *captureWriter) FlushError() error {
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
 	}
+	if w.hold {
+		return nil // the whole answer goes out after the commit
+	}
 	if w.clientErr != nil {
 		_, err := w.clientGone(0, 0)
 		return err
@@ -133,6 +184,9 @@ func (w *captureWriter) Flush() { _ = w.FlushError() }
 // A hijack that fails (HTTP/2, a writer that cannot) leaves the response
 // to the handler, which may still answer it in full: that one is stored.
 func (w *captureWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if w.hold {
+		return nil, nil, errHoldHijack
+	}
 	conn, rw, err := http.NewResponseController(w.ResponseWriter).Hijack()
 	if err == nil {
 		w.hijacked = true

@@ -120,6 +120,23 @@ type Config struct {
 	// Optional. Default: no logging.
 	Logger *slog.Logger
 
+	// Atomic runs the handler inside a transaction that the Store opens
+	// after a successful claim, and finishes the record in that same
+	// transaction: the handler's own writes and its stored response
+	// commit together, or neither does. The handler finds the transaction
+	// in the request's context (pgrecords.Tx). A response the middleware
+	// would store commits; any other (an error, a panic, a status
+	// Cacheable refuses, a body over MaxResponseBytes) rolls back and
+	// releases the claim. The whole answer is held back until the commit:
+	// Flush does nothing and Hijack fails. A claim lost before the commit
+	// (the lease ran out and another request took the key) rolls back and
+	// is answered 503 lease_lost. Every request the route runs gets a
+	// transaction, one without a key (or of a method not protected) too.
+	// The Store must implement TxStore (pgrecords.Store does, RedisStore
+	// cannot), and FailOpen must be false.
+	// Optional. Default false.
+	Atomic bool
+
 	// now is the clock; tests inject one. Default time.Now.
 	now func() time.Time
 }
@@ -186,6 +203,16 @@ func newIdem(cfg Config) (*idem, error) {
 	}
 	if cfg.Scope == nil {
 		bad("Scope is required")
+	}
+	var txStore TxStore
+	if cfg.Atomic {
+		var ok bool
+		if txStore, ok = cfg.Store.(TxStore); !ok && cfg.Store != nil {
+			bad("Atomic needs a Store that implements TxStore (pgrecords.Store does): %T cannot commit a record in the handler's database transaction", cfg.Store)
+		}
+		if cfg.FailOpen {
+			bad("FailOpen cannot be combined with Atomic: an Atomic handler needs the store's transaction, which an unreachable store cannot give")
+		}
 	}
 	if cfg.Skipper == nil {
 		cfg.Skipper = middleware.DefaultSkipper
@@ -277,6 +304,7 @@ func newIdem(cfg Config) (*idem, error) {
 	}
 	return &idem{
 		cfg:    cfg,
+		tx:     txStore,
 		header: http.CanonicalHeaderKey(cfg.Header),
 		filter: filter,
 		routes: make(map[routeKey]*route),

@@ -53,6 +53,7 @@ const (
 // idem is a validated Config with its caches.
 type idem struct {
 	cfg    Config
+	tx     TxStore // set on an Atomic route
 	header string // canonical
 	filter *headerFilter
 
@@ -117,7 +118,7 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	}
 	r := c.Request()
 	if !m.protects(r.Method) {
-		return next(c)
+		return m.passThrough(c, next)
 	}
 	values := r.Header[m.header]
 	if len(values) == 0 {
@@ -125,7 +126,7 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 			return writeProblem(c, http.StatusBadRequest, CodeKeyMissing,
 				"This request needs an "+m.cfg.Header+" header.", 0)
 		}
-		return next(c)
+		return m.passThrough(c, next)
 	}
 	if len(values) > 1 {
 		return writeProblem(c, http.StatusBadRequest, CodeKeyInvalid,
@@ -215,6 +216,9 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	switch res.Status {
 	case Claimed:
 		st.emit(Event{Type: EventClaimed})
+		if m.tx != nil {
+			return st.runAtomic(c, next)
+		}
 		return st.run(c, next)
 	case Finished:
 		return st.replay(c, res.Response)

@@ -48,6 +48,10 @@ const (
 	// back. Nothing of this run took effect; a retry gets the other
 	// run's answer.
 	CodeLeaseLost Code = "lease_lost"
+	// CodeResponseTooLarge (500) on a Config.Atomic route: the answer was
+	// over Config.MaxResponseBytes, so it could not be stored and its
+	// transaction was rolled back. Retrying will not help.
+	CodeResponseTooLarge Code = "response_too_large"
 )
 
 // problemTypeBase prefixes the code to make the RFC 9457 "type" URI.
@@ -64,6 +68,7 @@ var problemTitles = map[Code]string{
 	CodeScopeInvalid:          "Identity unusable for idempotency",
 	CodeEncodingNotAcceptable: "Stored response encoding not acceptable",
 	CodeLeaseLost:             "Idempotency lease lost",
+	CodeResponseTooLarge:      "Response too large to store",
 }
 
 // writeProblem answers an application/problem+json (RFC 9457) document.

@@ -50,6 +50,28 @@ END
 $$;
 `
 
+// sqlV2 adds the completion of an Atomic route's record inside the
+// handler's transaction. It raises SQLSTATE IG001 when the record is not
+// claimed with the token at that moment (clock_timestamp(), not the
+// transaction's start): the transaction is then aborted, so a COMMIT sent
+// with it in the same round trip rolls back, and nothing of the handler's
+// writes takes effect. The retention also counts from clock_timestamp():
+// a handler may have run for a while since its transaction began.
+const sqlV2 = `
+CREATE FUNCTION idemgate_records_complete_tx(p_key text, p_token uuid, p_retention_us bigint, p_response bytea)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+	UPDATE idemgate_records SET finished = true,
+		expires_at = clock_timestamp() + p_retention_us * interval '1 microsecond', response = p_response
+	WHERE key = p_key AND token = p_token AND NOT finished AND expires_at > clock_timestamp();
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'idemgate: lease lost' USING ERRCODE = 'IG001';
+	END IF;
+END
+$$;
+`
+
 const (
 	// sqlClaim is a claim: one read by primary key of the live record, if
 	// any. Only when there is none does it call idemgate_records_claim,
@@ -84,6 +106,11 @@ WHERE key = $1 AND token = $2 AND NOT finished AND expires_at > now()`
 WHERE key = $1 AND token = $2 AND NOT finished AND expires_at > now()`
 
 	sqlCompleted = `SELECT finished FROM idemgate_records WHERE key = $1 AND token = $2 AND expires_at > now()`
+
+	// sqlCompleteTx finishes an Atomic route's record in the handler's
+	// transaction; sqlCommit goes in the same round trip.
+	sqlCompleteTx = `SELECT idemgate_records_complete_tx($1, $2, $3, $4)`
+	sqlCommit     = `COMMIT`
 
 	sqlRelease = `DELETE FROM idemgate_records
 WHERE key = $1 AND token = $2 AND NOT finished AND expires_at > now()`

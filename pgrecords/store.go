@@ -61,6 +61,7 @@ func New(ctx context.Context, pool *pgxpool.Pool) (*Store, error) {
 // migrations is the schema history of the records table, oldest first.
 var migrations = []migrate.Migration{
 	{Version: 1, Name: "create idemgate_records", SQL: sqlV1},
+	{Version: 2, Name: "create idemgate_records_complete_tx", SQL: sqlV2},
 }
 
 // Migrate brings the records table to the newest version in the pool's

@@ -1,0 +1,156 @@
+package middleware
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+)
+
+// passThrough runs a request the middleware does not protect (no key, or
+// a method it does not protect): as it is, or on an Atomic route in a
+// transaction of its own under the same commit and rollback rule, which
+// finishes no record.
+func (m *idem) passThrough(c echo.Context, next echo.HandlerFunc) error {
+	if m.tx == nil {
+		return next(c)
+	}
+	st := &call{m: m, rt: m.route(c), start: m.cfg.now()}
+	st.ctx.parent = c.Request().Context()
+	defer st.cancelStore()
+	return st.runAtomic(c, next)
+}
+
+// runAtomic runs the handler inside a transaction of the store's and holds
+// its whole answer back. A response that would be stored commits (with
+// the record's completion, fenced by the claim's token, when the request
+// holds a claim) and then goes out; anything else rolls back, releases the
+// claim and answers what is left to say.
+func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
+	m := st.m
+	claimed := st.key != ""
+	tx, err := m.tx.Begin(st.storeCtx())
+	if err != nil {
+		st.emit(Event{Type: EventStoreError, Reason: "begin", Err: err})
+		st.warn("idemgate: store unavailable", "begin", err)
+		if claimed {
+			st.release("begin_failed", 0)
+		}
+		return writeProblem(c, http.StatusServiceUnavailable, CodeStoreUnavailable,
+			"The idempotency store is unavailable; retry later.", 1)
+	}
+	if claimed {
+		c.Set(contextKey, st)
+	}
+	r := c.Request()
+	c.SetRequest(r.WithContext(tx.Context(r.Context())))
+	res := c.Response()
+	orig := res.Writer
+	st.cw.reset(orig, m.filter, m.cfg.MaxResponseBytes)
+	st.cw.hold = true
+	res.Writer = &st.cw
+	if claimed {
+		st.startRenewal()
+	}
+
+	finished := false
+	defer func() {
+		if finished {
+			return
+		}
+		// The handler panicked: roll back, release, and panic on.
+		if claimed {
+			st.stopRenewal()
+		}
+		res.Writer = orig
+		st.rollback(tx)
+		st.cw.takeBack(res)
+		st.cw.release()
+		if claimed {
+			st.release("panic", 0)
+		}
+		if p := recover(); p != nil {
+			panic(p)
+		}
+	}()
+	err = next(c)
+	if err == nil && !st.cw.wroteHeader {
+		res.WriteHeader(http.StatusOK)
+	}
+	finished = true
+	if claimed {
+		st.stopRenewal()
+	}
+	res.Writer = orig
+	defer st.cw.release()
+
+	switch {
+	case err != nil:
+		st.rollback(tx)
+		st.cw.takeBack(res)
+		if !claimed {
+			return err
+		}
+		st.release("handler_error", 0)
+		if errors.Is(err, ErrKeyReused) {
+			st.emit(Event{Type: EventReused, Status: m.cfg.MismatchStatus})
+			return m.reused(c, nil)
+		}
+		return err
+	case st.cw.overflow:
+		st.rollback(tx)
+		st.cw.takeBack(res)
+		if claimed {
+			st.release("response_too_large", st.cw.status)
+		}
+		return writeProblem(c, http.StatusInternalServerError, CodeResponseTooLarge,
+			"The answer was larger than this endpoint can store, so its transaction was rolled back.", 0)
+	case !m.cfg.Cacheable(st.cw.status):
+		st.rollback(tx)
+		if claimed {
+			st.release("not_cacheable", st.cw.status)
+		}
+		st.cw.send(res)
+		return nil
+	}
+
+	var done *Completion
+	if claimed && plant != "complete-outside-tx" {
+		done = &Completion{Key: st.key, Token: st.token, Retention: m.cfg.Retention,
+			Response: Response{Status: st.cw.status, Header: st.cw.header, Body: *st.cw.body}}
+	}
+	err = tx.Commit(st.storeCtx(), done)
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		st.storeFailed("commit", err)
+		st.cw.takeBack(res)
+		return writeProblem(c, http.StatusServiceUnavailable, CodeLeaseLost,
+			"This request's claim on its idempotency key ran out before it could commit, and another request took the key over; nothing of this request took effect. Retry to get that request's answer.", 1)
+	case err != nil:
+		st.rollback(tx)
+		st.emit(Event{Type: EventStoreError, Reason: "commit", Err: err})
+		st.warn("idemgate: commit failed", "commit", err)
+		if claimed {
+			// If the commit did happen, the record is finished and the
+			// release (fenced) changes nothing.
+			st.releaseUnconfirmed()
+		}
+		st.cw.takeBack(res)
+		return writeProblem(c, http.StatusServiceUnavailable, CodeStoreUnavailable,
+			"The transaction of this request could not be committed; retry later.", 1)
+	}
+	if claimed && plant == "complete-outside-tx" {
+		st.complete() // planted: the completion written after the handler's transaction committed
+	}
+	st.cw.send(res)
+	return nil
+}
+
+// rollback rolls tx back; a failure is reported, and the transaction ends
+// with its connection anyway.
+func (st *call) rollback(tx Tx) {
+	if err := tx.Rollback(st.storeCtx()); err != nil {
+		st.emit(Event{Type: EventStoreError, Reason: "rollback", Err: err})
+		st.warn("idemgate: rollback failed", "rollback", err)
+	}
+}
