@@ -54,7 +54,7 @@ const (
 type idem struct {
 	cfg    Config
 	tx     TxStore // set on an Atomic route
-	header string // canonical
+	header string  // canonical
 	filter *headerFilter
 
 	last   atomic.Pointer[route] // per-route use: always the same route
