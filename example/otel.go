@@ -24,6 +24,7 @@ import (
 
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/otelidem"
+	"github.com/idemgate/idemgate/otelidem/otelpgstore"
 	"github.com/idemgate/idemgate/pgstore"
 )
 
@@ -71,7 +72,8 @@ func (s *obsSettings) addObsFlags(fs *flag.FlagSet, getenv func(string) string, 
 // OTLP when the OTel environment asks for them. A nil *observer is off:
 // every method passes through.
 type observer struct {
-	rec      *otelidem.Recorder
+	rec      *otelidem.Recorder    // the middleware's events and store calls
+	tasks    *otelpgstore.Recorder // submits, attempts, worker events, task counts
 	mp       *sdkmetric.MeterProvider
 	tp       *sdktrace.TracerProvider // nil when traces are off
 	metrics  http.Handler
@@ -126,6 +128,9 @@ func newObserver(ctx context.Context, s obsSettings, service string) (*observer,
 		tp = o.tp
 	}
 	o.rec, err = otelidem.New(otelidem.Config{MeterProvider: o.mp, TracerProvider: tp, Tenant: s.tenantMetrics})
+	if err == nil {
+		o.tasks, err = otelpgstore.New(otelpgstore.Config{MeterProvider: o.mp, TracerProvider: tp})
+	}
 	if err != nil {
 		_ = o.shutdown(ctx)
 		return nil, err
@@ -182,7 +187,7 @@ func startObs(ctx context.Context, s obsSettings, service string, tasks *pgstore
 	}
 	if tasks != nil {
 		// Stopped with the meter provider at shutdown.
-		if _, err := o.rec.ObserveTasks(tasks, kindImages, kindMusic); err != nil {
+		if _, err := o.tasks.ObserveTasks(tasks, kindImages, kindMusic); err != nil {
 			_ = o.shutdown(ctx)
 			return nil, nil, err
 		}
@@ -202,7 +207,7 @@ func (o *observer) submit(ctx context.Context, t pgstore.NewTask,
 	if o == nil {
 		return submit(ctx, t)
 	}
-	return o.rec.Submit(ctx, t, submit)
+	return o.tasks.Submit(ctx, t, submit)
 }
 
 // worker instruments a worker's config: attempt and reconcile spans, and
@@ -211,16 +216,16 @@ func (o *observer) worker(cfg *pgstore.WorkerConfig) {
 	if o == nil {
 		return
 	}
-	cfg.Handler = o.rec.Attempt(cfg.Handler)
+	cfg.Handler = o.tasks.Attempt(cfg.Handler)
 	if cfg.Reconcile != nil {
-		cfg.Reconcile = o.rec.Reconcile(cfg.Reconcile)
+		cfg.Reconcile = o.tasks.Reconcile(cfg.Reconcile)
 	}
 	if prev := cfg.OnEvent; prev != nil {
 		cfg.OnEvent = func(ev pgstore.WorkerEvent) {
 			prev(ev)
-			o.rec.OnWorkerEvent(ev)
+			o.tasks.OnWorkerEvent(ev)
 		}
 	} else {
-		cfg.OnEvent = o.rec.OnWorkerEvent
+		cfg.OnEvent = o.tasks.OnWorkerEvent
 	}
 }

@@ -4,16 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"strings"
 	"sync"
-	"time"
 
-	"github.com/labstack/echo/v4"
-	echomw "github.com/labstack/echo/v4/middleware"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -21,7 +16,9 @@ import (
 	"github.com/idemgate/idemgate/middleware"
 )
 
-// scope is the instrumentation scope of every instrument and span.
+// scope is the instrumentation scope of every instrument and span: the
+// module's path, shared with otelpgstore, so that both packages' metrics
+// sit under one scope.
 const scope = "github.com/idemgate/idemgate/otelidem"
 
 // Attribute keys. Their values come from small fixed sets (or, for
@@ -53,24 +50,17 @@ type Config struct {
 	// TracerProvider makes the spans. Optional. Default
 	// otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
-	// Propagator reads a caller's trace context from request headers
-	// (Server) and carries a request's trace to the task's worker
-	// (Submit, Attempt). Optional. Default propagation.TraceContext{}.
+	// Propagator reads a caller's trace context from the request headers
+	// (Server). Optional. Default propagation.TraceContext{}.
 	Propagator propagation.TextMapPropagator
 	// Tenant adds the normalized tenant as the attribute idemgate.tenant
 	// to the request metrics. Optional. Default false: a service with
 	// many tenants would get a series per tenant.
 	Tenant bool
-	// AttemptSpanLimit bounds how long an attempt's span stays open after
-	// its handler returned, waiting for the worker's event that says how
-	// the attempt ended. Without one (the outcome write failed, the
-	// process is stopping) the span ends then with the outcome "unknown".
-	// Optional. Default 2 minutes.
-	AttemptSpanLimit time.Duration
 }
 
-// Recorder turns idemgate's events into instruments and spans. Its methods
-// are safe for concurrent use.
+// Recorder turns the middleware's events and store calls into instruments
+// and spans. Its methods are safe for concurrent use.
 type Recorder struct {
 	cfg    Config
 	tracer trace.Tracer
@@ -79,8 +69,6 @@ type Recorder struct {
 	decision  metric.Float64Histogram
 	storeDur  metric.Float64Histogram
 	waitDur   metric.Float64Histogram
-	tasks     *taskInstruments
-	attempts  sync.Map // attemptKey → *openAttempt
 	eventSets sync.Map // eventKey → metric.MeasurementOption
 }
 
@@ -95,9 +83,6 @@ func New(cfg Config) (*Recorder, error) {
 	}
 	if cfg.Propagator == nil {
 		cfg.Propagator = propagation.TraceContext{}
-	}
-	if cfg.AttemptSpanLimit <= 0 {
-		cfg.AttemptSpanLimit = 2 * time.Minute
 	}
 	m := cfg.MeterProvider.Meter(scope)
 	r := &Recorder{cfg: cfg, tracer: cfg.TracerProvider.Tracer(scope)}
@@ -117,8 +102,6 @@ func New(cfg Config) (*Recorder, error) {
 	r.waitDur, e = m.Float64Histogram("idemgate.wait.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time a request waited for an in-flight request holding its key."),
 		metric.WithExplicitBucketBoundaries(durationBuckets...))
-	err = errors.Join(err, e)
-	r.tasks, e = newTaskInstruments(m)
 	err = errors.Join(err, e)
 	if err != nil {
 		return nil, fmt.Errorf("otelidem: instruments: %w", err)
@@ -180,59 +163,4 @@ func (r *Recorder) eventSet(ev middleware.Event) metric.MeasurementOption {
 	}
 	o, _ := r.eventSets.LoadOrStore(k, metric.WithAttributeSet(attribute.NewSet(attrs...)))
 	return o.(metric.MeasurementOption)
-}
-
-// Server returns echo middleware that starts a server span per request,
-// continuing the caller's trace from the request headers. Store calls,
-// Submit and the task's attempts become its descendants. Add it with
-// e.Use so that it wraps every route.
-func (r *Recorder) Server() echo.MiddlewareFunc {
-	return r.ServerWithSkipper(echomw.DefaultSkipper)
-}
-
-// ServerWithSkipper is Server with a skipper, e.g. for health checks.
-func (r *Recorder) ServerWithSkipper(skip echomw.Skipper) echo.MiddlewareFunc {
-	return func(next echo.HandlerFunc) echo.HandlerFunc {
-		return func(c echo.Context) error {
-			if skip(c) {
-				return next(c)
-			}
-			req := c.Request()
-			ctx := r.cfg.Propagator.Extract(req.Context(), propagation.HeaderCarrier(req.Header))
-			route := c.Path()
-			method := knownMethod(req.Method)
-			name := method
-			if route != "" {
-				name += " " + route
-			}
-			ctx, span := r.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer),
-				trace.WithAttributes(keyMethod.String(method), keyRoute.String(route)))
-			defer span.End()
-			c.SetRequest(req.WithContext(ctx))
-			err := next(c)
-			if err != nil {
-				// Let echo's error handler write the answer now, as echo's
-				// Logger does, so the span carries the status the client gets.
-				c.Error(err)
-			}
-			status := c.Response().Status
-			span.SetAttributes(keyStatus.Int(status))
-			if status >= 500 {
-				span.SetStatus(codes.Error, "")
-			}
-			return err
-		}
-	}
-}
-
-// knownMethod returns m when it is a method of RFC 9110 or RFC 5789, and
-// _OTHER otherwise (as OTel's HTTP conventions ask): a client chooses the
-// method, and a span name per made-up method would carry what it sent.
-func knownMethod(m string) string {
-	switch m {
-	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
-		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace:
-		return m
-	}
-	return "_OTHER"
 }

@@ -1,135 +1,40 @@
 package otelidem_test
 
 import (
-	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/otelidem"
+	"github.com/idemgate/idemgate/otelidem/internal/oteltest"
 )
 
-// bundle is a Recorder on an SDK whose metrics are read with a
-// ManualReader and whose spans are kept in memory.
+// bundle is a Recorder on an SDK that the test reads.
 type bundle struct {
-	rec    *otelidem.Recorder
-	reader *sdkmetric.ManualReader
-	spans  *tracetest.SpanRecorder
+	rec *otelidem.Recorder
+	*oteltest.SDK
 }
 
 func setup(t testing.TB, cfg otelidem.Config) *bundle {
 	t.Helper()
-	b := &bundle{reader: sdkmetric.NewManualReader(), spans: tracetest.NewSpanRecorder()}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(b.reader))
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(b.spans))
-	t.Cleanup(func() {
-		_ = mp.Shutdown(context.Background())
-		_ = tp.Shutdown(context.Background())
-	})
-	cfg.MeterProvider, cfg.TracerProvider = mp, tp
+	sdk := oteltest.New(t)
+	cfg.MeterProvider, cfg.TracerProvider = sdk.MeterProvider, sdk.TracerProvider
 	rec, err := otelidem.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.rec = rec
-	return b
-}
-
-// collect reads every instrument once.
-func (b *bundle) collect(t *testing.T) metricdata.ResourceMetrics {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := b.reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	return rm
-}
-
-// find returns the metric called name, failing the test when it is absent.
-func find(t *testing.T, rm metricdata.ResourceMetrics, name string) metricdata.Metrics {
-	t.Helper()
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name == name {
-				return m
-			}
-		}
-	}
-	t.Fatalf("no metric %q", name)
-	return metricdata.Metrics{}
-}
-
-// matches reports whether set holds every attribute of want.
-func matches(set attribute.Set, want []attribute.KeyValue) bool {
-	for _, kv := range want {
-		v, ok := set.Value(kv.Key)
-		if !ok || v != kv.Value {
-			return false
-		}
-	}
-	return true
-}
-
-// count sums a counter's points, or a histogram's counts, whose attributes
-// include want.
-func count(t *testing.T, rm metricdata.ResourceMetrics, name string, want ...attribute.KeyValue) int64 {
-	t.Helper()
-	var n int64
-	switch d := find(t, rm, name).Data.(type) {
-	case metricdata.Sum[int64]:
-		for _, p := range d.DataPoints {
-			if matches(p.Attributes, want) {
-				n += p.Value
-			}
-		}
-	case metricdata.Histogram[float64]:
-		for _, p := range d.DataPoints {
-			if matches(p.Attributes, want) {
-				n += int64(p.Count)
-			}
-		}
-	default:
-		t.Fatalf("metric %q has data %T", name, d)
-	}
-	return n
-}
-
-// allAttributes returns every attribute value of every point of every metric.
-func allAttributes(rm metricdata.ResourceMetrics) []attribute.KeyValue {
-	var out []attribute.KeyValue
-	add := func(s attribute.Set) { out = append(out, s.ToSlice()...) }
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			switch d := m.Data.(type) {
-			case metricdata.Sum[int64]:
-				for _, p := range d.DataPoints {
-					add(p.Attributes)
-				}
-			case metricdata.Histogram[float64]:
-				for _, p := range d.DataPoints {
-					add(p.Attributes)
-				}
-			case metricdata.Gauge[float64]:
-				for _, p := range d.DataPoints {
-					add(p.Attributes)
-				}
-			}
-		}
-	}
-	return out
+	return &bundle{rec: rec, SDK: sdk}
 }
 
 // service is an echo with one protected route on miniredis whose handler
@@ -224,7 +129,7 @@ func TestRequestMetrics(t *testing.T) {
 			s.mr.Close()
 			wantStatus(s.post("poster:launch:3", "a lighthouse"), http.StatusServiceUnavailable) // store down
 
-			rm := b.collect(t)
+			rm := b.Collect(t)
 			const requests = "idemgate.requests"
 			route := attribute.String("http.route", "/v1/images")
 			for _, c := range []struct {
@@ -234,17 +139,17 @@ func TestRequestMetrics(t *testing.T) {
 				{"claimed", 2}, {"replayed", 1}, {"reused", 1}, {"in_progress", 1}, {"store_error", 1},
 				{"released", 0}, {"lease_lost", 0}, {"fail_open", 0},
 			} {
-				if got := count(t, rm, requests, attribute.String("idemgate.outcome", c.outcome), route,
+				if got := oteltest.Count(t, rm, requests, attribute.String("idemgate.outcome", c.outcome), route,
 					attribute.String("idemgate.kind", "images"), attribute.String("http.request.method", "POST")); got != c.want {
 					t.Errorf("%s{outcome=%s} = %d, want %d", requests, c.outcome, got, c.want)
 				}
 			}
-			if got := count(t, rm, requests, attribute.String("idemgate.outcome", "store_error"),
+			if got := oteltest.Count(t, rm, requests, attribute.String("idemgate.outcome", "store_error"),
 				attribute.String("idemgate.reason", "claim")); got != 1 {
 				t.Errorf("store_error with reason claim = %d, want 1", got)
 			}
 			// Every decision was timed: two claims, a replay, a conflict, an in-progress.
-			if got := count(t, rm, "idemgate.decision.duration"); got != 5 {
+			if got := oteltest.Count(t, rm, "idemgate.decision.duration"); got != 5 {
 				t.Errorf("idemgate.decision.duration count = %d, want 5", got)
 			}
 			for _, c := range []struct {
@@ -255,15 +160,15 @@ func TestRequestMetrics(t *testing.T) {
 				{"claim", "running", 1}, {"claim", "error", 1}, {"complete", "ok", 2},
 				{"release", "ok", 0},
 			} {
-				if got := count(t, rm, "idemgate.store.duration", attribute.String("idemgate.operation", c.op),
+				if got := oteltest.Count(t, rm, "idemgate.store.duration", attribute.String("idemgate.operation", c.op),
 					attribute.String("idemgate.result", c.result)); got != c.want {
 					t.Errorf("idemgate.store.duration{%s,%s} count = %d, want %d", c.op, c.result, got, c.want)
 				}
 			}
 
 			tenants := 0
-			for _, kv := range allAttributes(rm) {
-				v := kv.Value.Emit()
+			for _, kv := range oteltest.Attributes(rm) {
+				v := kv.Value.String()
 				if strings.Contains(v, "poster:launch") || strings.Contains(v, "alice") || strings.Contains(v, "lighthouse") {
 					t.Errorf("attribute %s = %q carries a key, user or body", kv.Key, v)
 				}
@@ -279,58 +184,6 @@ func TestRequestMetrics(t *testing.T) {
 			}
 		})
 	}
-}
-
-// TestStoreSpans checks that the store calls are children of the request's
-// span, which continues the caller's trace.
-func TestStoreSpans(t *testing.T) {
-	b := setup(t, otelidem.Config{})
-	s := newService(t, b)
-	if rec := s.post("poster:launch:1", "a lighthouse"); rec.Code != http.StatusAccepted {
-		t.Fatalf("status %d", rec.Code)
-	}
-	byName := map[string]sdktrace.ReadOnlySpan{}
-	for _, sp := range b.spans.Ended() {
-		byName[sp.Name()] = sp
-	}
-	server, ok := byName["POST /v1/images"]
-	if !ok {
-		t.Fatalf("no server span; spans: %v", names(b.spans.Ended()))
-	}
-	if got := server.SpanContext().TraceID().String(); got != "4bf92f3577b34da6a3ce929d0e0e4736" {
-		t.Errorf("server span trace %s does not continue the caller's", got)
-	}
-	for _, name := range []string{"idemgate.claim", "idemgate.complete"} {
-		sp, ok := byName[name]
-		if !ok {
-			t.Fatalf("no %s span; spans: %v", name, names(b.spans.Ended()))
-		}
-		if sp.Parent().SpanID() != server.SpanContext().SpanID() {
-			t.Errorf("%s parent = %s, want the server span %s", name, sp.Parent().SpanID(), server.SpanContext().SpanID())
-		}
-		for _, kv := range sp.Attributes() {
-			if strings.Contains(kv.Value.Emit(), "poster:launch") {
-				t.Errorf("%s attribute %s carries the key", name, kv.Key)
-			}
-		}
-	}
-	var status int64
-	for _, kv := range server.Attributes() {
-		if kv.Key == "http.response.status_code" {
-			status = kv.Value.AsInt64()
-		}
-	}
-	if status != http.StatusAccepted {
-		t.Errorf("server span status code %d, want 202", status)
-	}
-}
-
-func names(spans []sdktrace.ReadOnlySpan) []string {
-	out := make([]string, len(spans))
-	for i, s := range spans {
-		out[i] = s.Name()
-	}
-	return out
 }
 
 // TestFailOpenMetrics: with FailOpen, a request while the store is down
@@ -351,11 +204,113 @@ func TestFailOpenMetrics(t *testing.T) {
 	if rec := s.postTo("/v1/open", "k", "p"); rec.Code != http.StatusAccepted {
 		t.Fatalf("status %d, want the handler's 202", rec.Code)
 	}
-	rm := b.collect(t)
+	rm := b.Collect(t)
 	route := attribute.String("http.route", "/v1/open")
 	for outcome, want := range map[string]int64{"store_error": 1, "fail_open": 1, "claimed": 0} {
-		if got := count(t, rm, "idemgate.requests", route, attribute.String("idemgate.outcome", outcome)); got != want {
+		if got := oteltest.Count(t, rm, "idemgate.requests", route, attribute.String("idemgate.outcome", outcome)); got != want {
 			t.Errorf("idemgate.requests{%s} = %d, want %d", outcome, got, want)
 		}
+	}
+}
+
+// TestRequestMetricCardinality: the middleware on every route (e.Use), and
+// a client that sends keyed POSTs to made-up paths (a 404 storm), under
+// many tenants, users and keys, with different bodies for one key
+// (conflicts). The request metrics stay at a handful of series per outcome
+// and carry no path, key, tenant (not opted in) or user.
+func TestRequestMetricCardinality(t *testing.T) {
+	b := setup(t, otelidem.Config{})
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	e := echo.New()
+	e.Use(b.rec.Server())
+	e.Use(middleware.New(middleware.Config{
+		Store: b.rec.Store(middleware.NewRedisStore(rdb)),
+		Scope: func(c echo.Context) (string, string, error) {
+			return c.Request().Header.Get("X-Tenant"), c.Request().Header.Get("X-User"), nil
+		},
+		Fingerprint: fingerprint.Spec{Fields: []string{"/p"}},
+		OnEvent:     b.rec.OnEvent,
+	}))
+	e.POST("/v1/a/:id", func(c echo.Context) error { return c.NoContent(http.StatusCreated) })
+	for i := range 200 {
+		for _, path := range []string{fmt.Sprintf("/nope-SECRETPATH/%d", i), fmt.Sprintf("/v1/a/SECRETID%d", i)} {
+			for _, body := range []string{`{"p":"x"}`, `{"p":"y"}`} {
+				req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Idempotency-Key", fmt.Sprintf("SECRETKEY-%d", i))
+				req.Header.Set("X-Tenant", fmt.Sprintf("SECRETTENANT-%d", i))
+				req.Header.Set("X-User", fmt.Sprintf("SECRETUSER-%d", i))
+				e.ServeHTTP(httptest.NewRecorder(), req)
+			}
+		}
+	}
+	rm := b.Collect(t)
+	sets := map[attribute.Distinct]bool{}
+	for _, s := range oteltest.Points(rm, "idemgate.requests") {
+		sets[s.Equivalent()] = true
+	}
+	if len(sets) == 0 || len(sets) > 8 {
+		t.Errorf("idemgate.requests has %d series after 800 requests on 400 paths, want a handful", len(sets))
+	}
+	for _, kv := range oteltest.Attributes(rm) {
+		if strings.Contains(kv.Value.String(), "SECRET") || kv.Key == "idemgate.tenant" {
+			t.Errorf("metric attribute %s=%q carries client input", kv.Key, kv.Value.String())
+		}
+	}
+	for _, s := range b.Spans.Ended() {
+		if strings.Contains(s.Name(), "SECRET") {
+			t.Errorf("span name %q carries client input", s.Name())
+		}
+		for _, kv := range s.Attributes() {
+			if strings.Contains(kv.Value.String(), "SECRET") {
+				t.Errorf("span %s attribute %s=%q carries client input", s.Name(), kv.Key, kv.Value.String())
+			}
+		}
+	}
+}
+
+// BenchmarkOnEvent is the cost a request pays for its metrics, on the SDK.
+func BenchmarkOnEvent(b *testing.B) {
+	bu := setup(b, otelidem.Config{})
+	ev := middleware.Event{Type: middleware.EventClaimed, Route: "POST /v1/images", Kind: "images", Tenant: "acme", Latency: time.Millisecond}
+	b.ReportAllocs()
+	for b.Loop() {
+		bu.rec.OnEvent(ev)
+	}
+}
+
+// TestConcurrentEvents records events from many goroutines at once (run
+// it with -race): each distinct attribute set is built once and shared,
+// and every event is counted under its own outcome.
+func TestConcurrentEvents(t *testing.T) {
+	t.Parallel()
+	b := setup(t, otelidem.Config{Tenant: true})
+	types := []middleware.EventType{middleware.EventClaimed, middleware.EventReplayed, middleware.EventReused, middleware.EventWaited}
+	const goroutines, each = 32, 200 // each a multiple of len(types)
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			for i := range each {
+				b.rec.OnEvent(middleware.Event{Type: types[i%len(types)], Route: "POST /v1/images", Kind: "images",
+					Tenant: "acme", Reason: "finished", Latency: time.Millisecond})
+			}
+		})
+	}
+	wg.Wait()
+	rm := b.Collect(t)
+	per := int64(goroutines * each / len(types))
+	for _, typ := range types[:3] {
+		if got := oteltest.Count(t, rm, "idemgate.requests", attribute.String("idemgate.outcome", typ.String()),
+			attribute.String("idemgate.tenant", "acme")); got != per {
+			t.Errorf("requests{%s} = %d, want %d", typ, got, per)
+		}
+	}
+	if got := oteltest.Count(t, rm, "idemgate.decision.duration"); got != 3*per {
+		t.Errorf("decision.duration count = %d, want %d", got, 3*per)
+	}
+	if got := oteltest.Count(t, rm, "idemgate.wait.duration", attribute.String("idemgate.wait.result", "finished")); got != per {
+		t.Errorf("wait.duration{finished} count = %d, want %d", got, per)
 	}
 }

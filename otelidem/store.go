@@ -3,7 +3,6 @@ package otelidem
 import (
 	"context"
 	"errors"
-	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/codes"
@@ -11,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/otelidem/internal/redact"
 )
 
 // Store returns s with a span and a duration measurement around each call:
@@ -79,7 +79,7 @@ func (s *store) end(ctx context.Context, span trace.Span, start time.Time, op, r
 	took := time.Since(start)
 	span.SetAttributes(keyResult.String(result))
 	if result == resultError {
-		span.RecordError(redacted{err, key})
+		span.RecordError(redact.Error(err, key))
 		span.SetStatus(codes.Error, "store call failed")
 	}
 	span.End()
@@ -96,22 +96,3 @@ func resultOf(err error) string {
 	}
 	return resultError
 }
-
-// redacted is a store's error as a span records it: a store may name the
-// key in its errors (a hand-written one, a driver quoting its arguments),
-// and the key holds the tenant and user. Its message has each occurrence
-// of the key replaced; errors.Is and As still see the original.
-type redacted struct {
-	err error
-	key string
-}
-
-func (r redacted) Error() string {
-	msg := r.err.Error()
-	if r.key == "" {
-		return msg
-	}
-	return strings.ReplaceAll(msg, r.key, "[key]")
-}
-
-func (r redacted) Unwrap() error { return r.err }

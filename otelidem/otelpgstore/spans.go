@@ -1,26 +1,24 @@
-package otelidem
+package otelpgstore
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemgate/idemgate/otelidem/internal/redact"
 	"github.com/idemgate/idemgate/pgstore"
 )
 
 // traceparent is the carrier key of pgstore's Task.Trace: a W3C traceparent.
 const traceparent = "traceparent"
 
-// w3c reads and writes Task.Trace, whatever Config.Propagator is: the
-// column holds a W3C traceparent.
+// w3c reads and writes Task.Trace: the column holds a W3C traceparent,
+// whatever propagator the application uses for its requests.
 var w3c propagation.TraceContext
 
 // Submit runs submit(ctx, t) in a span, idemgate.task.submit, and stores
@@ -42,7 +40,7 @@ func (r *Recorder) Submit(ctx context.Context, t pgstore.NewTask,
 	case errors.Is(err, pgstore.ErrConflict):
 		span.SetAttributes(keyResult.String("conflict"))
 	case err != nil:
-		span.RecordError(redacted{err, t.IdempotencyKey})
+		span.RecordError(redact.Error(err, t.IdempotencyKey))
 		span.SetStatus(codes.Error, "submit failed")
 	default:
 		span.SetAttributes(keyTaskID.String(task.ID), keyDuplicate.Bool(task.Duplicate),
@@ -142,80 +140,4 @@ func (a *openAttempt) end(outcome string, err error) {
 		a.span.SetStatus(codes.Error, outcome)
 	}
 	a.span.End()
-}
-
-// OnWorkerEvent records a worker event and ends the attempt's span. Set it
-// as pgstore.WorkerConfig.OnEvent (or call it from yours).
-func (r *Recorder) OnWorkerEvent(ev pgstore.WorkerEvent) {
-	ctx := context.Background()
-	kind := keyTaskKind.String(ev.Kind)
-	m := r.tasks
-	switch ev.Type {
-	case pgstore.WorkerClaimed:
-		m.claimDur.Record(ctx, ev.Latency.Seconds(), metric.WithAttributes(kind))
-		return
-	case pgstore.WorkerRescued:
-		m.rescues.Add(ctx, 1, metric.WithAttributes(kind))
-		return
-	case pgstore.WorkerOutcomeRetry:
-		m.outcomeRetries.Add(ctx, 1, metric.WithAttributes(kind))
-		return
-	case pgstore.WorkerStale:
-		m.stale.Add(ctx, 1, metric.WithAttributes(kind))
-	}
-	// The end of an attempt.
-	set := metric.WithAttributeSet(attribute.NewSet(kind, keyTaskOutcome.String(string(ev.Type))))
-	m.attempts.Add(ctx, 1, set)
-	m.attemptDur.Record(ctx, ev.Latency.Seconds(), set)
-	if a, ok := r.attempts.LoadAndDelete(attemptKey{ev.TaskID, ev.Attempt}); ok {
-		a.(*openAttempt).end(string(ev.Type), ev.Err)
-	}
-}
-
-// StatsReader is what ObserveTasks reads; *pgstore.Store is one.
-type StatsReader interface {
-	Stats(ctx context.Context) (pgstore.Stats, error)
-}
-
-// unfinished are the states Stats counts; each known kind reports all of
-// them, zero included, so that a drained queue reads 0 rather than vanishing.
-var unfinished = []pgstore.State{pgstore.StatePending, pgstore.StateRunning, pgstore.StateRetrying, pgstore.StateUncertain}
-
-// ObserveTasks reports s's task counts (idemgate.tasks) and the age of
-// its oldest runnable and uncertain task (idemgate.task.oldest.age),
-// read with one Stats call per collection. Each of kinds, and every kind
-// seen since, reports all its unfinished states, zeros included. Call the
-// returned function to stop. One process is enough: the figures are the
-// database's.
-func (r *Recorder) ObserveTasks(s StatsReader, kinds ...string) (unregister func() error, err error) {
-	m := r.tasks
-	var mu sync.Mutex // two readers may collect at once
-	known := map[string]bool{}
-	for _, k := range kinds {
-		known[k] = true
-	}
-	reg, err := m.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
-		st, err := s.Stats(ctx)
-		if err != nil {
-			return fmt.Errorf("otelidem: task stats: %w", err)
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		for kind := range st.Counts {
-			known[kind] = true
-		}
-		for kind := range known {
-			for _, state := range unfinished {
-				o.ObserveInt64(m.tasks, int64(st.Counts[kind][state]), metric.WithAttributes(
-					keyTaskKind.String(kind), keyTaskState.String(string(state))))
-			}
-		}
-		o.ObserveFloat64(m.oldest, st.OldestRunnable.Seconds(), metric.WithAttributes(keyTaskQueue.String("runnable")))
-		o.ObserveFloat64(m.oldest, st.OldestUncertain.Seconds(), metric.WithAttributes(keyTaskQueue.String("uncertain")))
-		return nil
-	}, m.tasks, m.oldest)
-	if err != nil {
-		return nil, fmt.Errorf("otelidem: observe tasks: %w", err)
-	}
-	return reg.Unregister, nil
 }
