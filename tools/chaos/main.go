@@ -3,20 +3,24 @@
 // on a seeded schedule, every request and answer recorded, and invariants
 // checked over the record.
 //
-//	go run ./chaos -seed 1 -duration 60s          # a run; exit 0 iff every invariant holds
-//	go run ./chaos -seed 1 -duration 30m -json    # the long run, as JSON
-//	go run ./chaos -plant list                    # the bugs that can be planted
-//	go run ./chaos -plant replay-ignores-fingerprint -duration 20s
-//	go run ./chaos -check history.jsonl           # check a recorded history again
+//	go run ./tools/chaos -seed 1 -duration 60s          # a run; exit 0 iff every invariant holds
+//	go run ./tools/chaos -seed 1 -duration 60s -store postgres   # records in Postgres: invariant 7 strict
+//	go run ./tools/chaos -seed 1 -duration 30m -json    # the long run, as JSON
+//	go run ./tools/chaos -policy images=retry           # the workers retry a lost attempt
+//	go run ./tools/chaos -plant list                    # the bugs that can be planted
+//	go run ./tools/chaos -plant replay-ignores-fingerprint -duration 20s
+//	go run ./tools/chaos -check history.jsonl           # check a recorded history again
 //
 // The system: two API nodes (example serve) and two worker processes
-// (example worker) on a throwaway PostgreSQL and a real redis-server, all on
-// loopback, each process's link to each server through a proxy the tool
-// controls. Dozens of clients follow the client rules with the example's
-// Go client; a nemesis kills, pauses, partitions, freezes, slows and
-// flushes. When the fault window ends everything is healed, the clients
-// finish their last action within -bound, and the checker reads the history.
-// Every child process dies with the tool (Pdeathsig).
+// (example worker) on a throwaway PostgreSQL and a real redis-server (none
+// with -store postgres: the records are in Postgres), all on loopback,
+// each process's link to each server through a proxy the tool controls.
+// Dozens of clients follow the client rules with the example's Go client;
+// a nemesis kills, pauses, partitions, freezes, slows and flushes, and
+// kills an API node right after an export it ran committed. When the
+// fault window ends everything is healed, the clients finish their last
+// action within -bound, and the checker reads the history. Every child
+// process dies with the tool (Pdeathsig).
 //
 // Exit status: 0 when every invariant holds, 1 when one is violated (the run
 // directory with the history and the processes' logs is kept and named), 2
@@ -599,7 +603,7 @@ func report(w io.Writer, h History, asJSON bool) int {
 	if store == "" {
 		store = "redis"
 	}
-	fmt.Fprintf(w, "chaos: seed %d, %s of faults, plant %s, records in %s\n\n", s.Seed, s.Duration, plant, store)
+	fmt.Fprintf(w, "chaos: seed %d, %s of faults, plant %s, records in %s, policy %s\n\n", s.Seed, s.Duration, plant, store, formatPolicy(h.Meta.Policy))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	table(tw, "faults injected", s.Faults)
 	table(tw, "requests by outcome", s.Requests)
