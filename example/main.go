@@ -44,6 +44,8 @@ Commands:
   migrate   create or upgrade the schema; needs DATABASE_URL
   token     print a dev JWT:  token -tenant acme -user alice
   demo      the narrated retry story, against -url or an embedded server
+  tasks     operator tools; needs DATABASE_URL: list, show, retry, cancel,
+            limits, pause, resume (run "tasks -h")
 
 Environment (a flag, when given, wins):
   ADDR          listen address (-addr); default :8080
@@ -110,6 +112,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = cmdToken(args, getenv, stdout, stderr)
 	case "demo":
 		err = cmdDemo(ctx, args, getenv, stdout, stderr)
+	case "tasks":
+		err = cmdTasks(ctx, args, getenv, stdout, stderr)
 	case "help":
 		fmt.Fprint(stdout, usage)
 		return 0

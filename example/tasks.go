@@ -1,0 +1,343 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/idemgate/idemgate/pgstore"
+)
+
+const tasksUsage = `Operator tools on the task queue in DATABASE_URL (every tenant's tasks).
+
+  tasks list [-state S] [-tenant T] [-kind K] [-limit N]   newest first
+  tasks show ID
+  tasks retry ID        a failed task runs again on the same ID, attempts reset
+  tasks cancel ID
+  tasks limits KIND [-max-running N] [-max-running-per-tenant N] [-starts-per-second R]
+                        with no limit flag: print the kind's limits; a flag sets that
+                        limit (0: none) and keeps the others
+  tasks pause KIND      no new attempt of KIND starts; running ones finish
+  tasks resume KIND
+
+Each prints a table, or JSON with -json.`
+
+// cmdTasks runs the operator tools: pgstore's Operator view and kind limits.
+func cmdTasks(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "-help" || args[0] == "--help" {
+		fmt.Fprintln(stderr, tasksUsage)
+		if len(args) == 0 {
+			return errUsage
+		}
+		return flag.ErrHelp
+	}
+	sub, args := args[0], args[1:]
+	fs := newFlagSet("tasks "+sub, tasksUsage, stderr)
+	var s settings
+	s.addStoreFlags(fs, getenv, false)
+	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	var (
+		f      pgstore.Filter
+		state  string
+		limits limitFlags
+	)
+	switch sub {
+	case "list":
+		fs.StringVar(&state, "state", "", "only tasks in this state: pending, running, retrying, uncertain, succeeded, failed, cancelled")
+		fs.StringVar(&f.Tenant, "tenant", "", "only this tenant's tasks (the normalized tenant segment)")
+		fs.StringVar(&f.Kind, "kind", "", "only tasks of this kind")
+		fs.IntVar(&f.Limit, "limit", 20, fmt.Sprintf("at most this many tasks (1 to %d)", pgstore.MaxListLimit))
+	case "limits":
+		fs.Var(&limits.maxRunning, "max-running", "attempts of the kind running at once, across all workers (0: no limit)")
+		fs.Var(&limits.perTenant, "max-running-per-tenant", "the same, per tenant (0: no limit)")
+		fs.Var(&limits.rate, "starts-per-second", "attempt starts per second across all workers (0: no limit)")
+	case "show", "retry", "cancel", "pause", "resume":
+	default:
+		fmt.Fprintf(stderr, "tasks: unknown command %q\n\n%s\n", sub, tasksUsage)
+		return errUsage
+	}
+	operand, err := parseWithOperand(fs, args, sub != "list")
+	if err != nil {
+		return err
+	}
+	if state != "" {
+		if f.State, err = parseState(state); err != nil {
+			return err
+		}
+	}
+	if s.databaseURL == "" {
+		return errors.New("DATABASE_URL (or -database-url) is required: the tools act on a running service's database")
+	}
+	b, err := openBackends(ctx, s, false, false)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	op := b.store.Operator()
+	out := printer{w: stdout, json: *asJSON}
+
+	switch sub {
+	case "list":
+		ts, err := op.List(ctx, f)
+		if err != nil {
+			return err
+		}
+		return out.tasks(ts)
+	case "show":
+		t, err := op.Get(ctx, operand)
+		if err != nil {
+			return err
+		}
+		return out.task(t)
+	case "retry":
+		t, err := op.Retry(ctx, operand)
+		if err != nil {
+			return err
+		}
+		return out.task(t)
+	case "cancel":
+		t, err := op.Cancel(ctx, operand)
+		if err != nil {
+			return err
+		}
+		return out.task(t)
+	}
+
+	// limits, pause, resume: read, change what was asked, write.
+	l, err := b.store.KindLimits(ctx, operand)
+	if err != nil {
+		return err
+	}
+	switch sub {
+	case "pause":
+		l.Paused = true
+	case "resume":
+		l.Paused = false
+	case "limits":
+		limits.apply(&l)
+	}
+	if sub != "limits" || limits.any() {
+		if err := b.store.SetKindLimits(ctx, operand, l); err != nil {
+			return err
+		}
+	}
+	return out.limits(ctx, b.store, operand, l)
+}
+
+// parseWithOperand parses args, which may hold one operand (an ID or a
+// kind) before, between or after the flags, as in "limits images
+// -max-running 8".
+func parseWithOperand(fs *flag.FlagSet, args []string, want bool) (string, error) {
+	var operands []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return "", err
+			}
+			return "", errUsage
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		operands = append(operands, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	switch {
+	case want && len(operands) == 1:
+		return operands[0], nil
+	case !want && len(operands) == 0:
+		return "", nil
+	case want:
+		fmt.Fprintf(fs.Output(), "want one ID or kind, got %d arguments\n", len(operands))
+	default:
+		fmt.Fprintf(fs.Output(), "unexpected argument %q\n", operands[0])
+	}
+	fs.Usage()
+	return "", errUsage
+}
+
+func parseState(s string) (pgstore.State, error) {
+	for _, st := range []pgstore.State{pgstore.StatePending, pgstore.StateRunning, pgstore.StateRetrying,
+		pgstore.StateUncertain, pgstore.StateSucceeded, pgstore.StateFailed, pgstore.StateCancelled} {
+		if s == string(st) {
+			return st, nil
+		}
+	}
+	return "", fmt.Errorf("-state %q: want pending, running, retrying, uncertain, succeeded, failed or cancelled", s)
+}
+
+// limitFlags are the limits given on the command line; a flag not given
+// keeps the stored value.
+type limitFlags struct {
+	maxRunning, perTenant intFlag
+	rate                  floatFlag
+}
+
+func (f limitFlags) any() bool { return f.maxRunning.set || f.perTenant.set || f.rate.set }
+
+func (f limitFlags) apply(l *pgstore.KindLimits) {
+	if f.maxRunning.set {
+		l.MaxRunning = f.maxRunning.v
+	}
+	if f.perTenant.set {
+		l.MaxRunningPerTenant = f.perTenant.v
+	}
+	if f.rate.set {
+		l.StartsPerSecond = f.rate.v
+	}
+}
+
+// intFlag and floatFlag remember whether they were given.
+type intFlag struct {
+	v   int
+	set bool
+}
+
+func (f *intFlag) String() string { return fmt.Sprint(f.v) }
+func (f *intFlag) Set(s string) error {
+	_, err := fmt.Sscan(s, &f.v)
+	f.set = err == nil
+	return err
+}
+
+type floatFlag struct {
+	v   float64
+	set bool
+}
+
+func (f *floatFlag) String() string { return fmt.Sprint(f.v) }
+func (f *floatFlag) Set(s string) error {
+	_, err := fmt.Sscan(s, &f.v)
+	f.set = err == nil
+	return err
+}
+
+// taskRow is a task as the tools print it.
+type taskRow struct {
+	ID         string            `json:"task_id"`
+	Tenant     string            `json:"tenant"`
+	Owner      string            `json:"owner"`
+	Kind       string            `json:"kind"`
+	State      string            `json:"state"`
+	Attempt    int               `json:"attempt"`
+	Recoveries int               `json:"recoveries"`
+	Priority   int               `json:"priority"`
+	RunAfter   time.Time         `json:"run_after"`
+	CreatedAt  time.Time         `json:"created_at"`
+	UpdatedAt  time.Time         `json:"updated_at"`
+	Error      string            `json:"error,omitempty"`
+	Params     json.RawMessage   `json:"params,omitempty"`
+	Results    []json.RawMessage `json:"-"`
+	NResults   int               `json:"results"`
+}
+
+func rowOf(t pgstore.Task) taskRow {
+	return taskRow{ID: t.ID, Tenant: t.Tenant, Owner: t.Owner, Kind: t.Kind, State: string(t.State),
+		Attempt: t.Attempt, Recoveries: t.Recoveries, Priority: t.Priority, RunAfter: t.RunAfter,
+		CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt, Error: t.Error, Params: t.Params,
+		Results: t.Results, NResults: len(t.Results)}
+}
+
+// limitsRow is a kind's limits and what runs of it now.
+type limitsRow struct {
+	Kind                string  `json:"kind"`
+	Paused              bool    `json:"paused"`
+	MaxRunning          int     `json:"max_running"`
+	MaxRunningPerTenant int     `json:"max_running_per_tenant"`
+	StartsPerSecond     float64 `json:"starts_per_second"`
+	Running             int     `json:"running"`
+	Runnable            int     `json:"runnable"` // pending and retrying
+}
+
+// printer writes tables for people or JSON for programs.
+type printer struct {
+	w    io.Writer
+	json bool
+}
+
+func (p printer) encode(v any) error {
+	enc := json.NewEncoder(p.w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func (p printer) tasks(ts []pgstore.Task) error {
+	rows := make([]taskRow, len(ts))
+	for i, t := range ts {
+		rows[i] = rowOf(t)
+		rows[i].Params = nil // list stays short; show has them
+	}
+	if p.json {
+		return p.encode(rows)
+	}
+	tw := tabwriter.NewWriter(p.w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tTENANT\tKIND\tSTATE\tATTEMPT\tPRIORITY\tCREATED\tERROR")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.ID, r.Tenant, r.Kind, r.State, r.Attempt,
+			r.Priority, r.CreatedAt.UTC().Format(time.DateTime), clip(r.Error, 60))
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(tw, "(no tasks)")
+	}
+	return tw.Flush()
+}
+
+func (p printer) task(t pgstore.Task) error {
+	r := rowOf(t)
+	if p.json {
+		return p.encode(r)
+	}
+	tw := tabwriter.NewWriter(p.w, 0, 4, 2, ' ', 0)
+	for _, kv := range [][2]string{
+		{"task", r.ID}, {"tenant", r.Tenant}, {"owner", r.Owner}, {"kind", r.Kind}, {"state", r.State},
+		{"attempt", fmt.Sprint(r.Attempt)}, {"recoveries", fmt.Sprint(r.Recoveries)},
+		{"priority", fmt.Sprint(r.Priority)}, {"run after", r.RunAfter.UTC().Format(time.RFC3339)},
+		{"created", r.CreatedAt.UTC().Format(time.RFC3339)}, {"updated", r.UpdatedAt.UTC().Format(time.RFC3339)},
+		{"params", clip(string(r.Params), 200)}, {"results", fmt.Sprint(r.NResults)}, {"error", r.Error},
+	} {
+		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
+	}
+	return tw.Flush()
+}
+
+func (p printer) limits(ctx context.Context, store *pgstore.Store, kind string, l pgstore.KindLimits) error {
+	st, err := store.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	c := st.Counts[kind]
+	r := limitsRow{Kind: kind, Paused: l.Paused, MaxRunning: l.MaxRunning, MaxRunningPerTenant: l.MaxRunningPerTenant,
+		StartsPerSecond: l.StartsPerSecond, Running: c[pgstore.StateRunning],
+		Runnable: c[pgstore.StatePending] + c[pgstore.StateRetrying]}
+	if p.json {
+		return p.encode(r)
+	}
+	tw := tabwriter.NewWriter(p.w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KIND\tPAUSED\tRUNNING\tMAX RUNNING\tPER TENANT\tSTARTS/S\tRUNNABLE")
+	fmt.Fprintf(tw, "%s\t%v\t%d\t%s\t%s\t%s\t%d\n", r.Kind, r.Paused, r.Running, limitText(float64(r.MaxRunning)),
+		limitText(float64(r.MaxRunningPerTenant)), limitText(r.StartsPerSecond), r.Runnable)
+	return tw.Flush()
+}
+
+// limitText prints a limit, "-" for none.
+func limitText(v float64) string {
+	if v == 0 {
+		return "-"
+	}
+	return fmt.Sprint(v)
+}
+
+// clip shortens s to n runes for a table cell, on one line.
+func clip(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}

@@ -1,0 +1,222 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgate/idemgate/internal/testenv"
+	"github.com/idemgate/idemgate/pgstore"
+)
+
+// opsBench is a database with tasks of two tenants, and the operator
+// tools pointed at it.
+type opsBench struct {
+	dsn   string
+	pool  *pgxpool.Pool
+	store *pgstore.Store
+	ids   []string // acme's images task, acme's music task, globex's images task
+}
+
+func newOpsBench(t *testing.T) *opsBench {
+	t.Helper()
+	ctx := context.Background()
+	dsn := testenv.PostgresDSN(t)
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := pgstore.New(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	o := &opsBench{dsn: dsn, pool: pool, store: store}
+	for i, nt := range []struct{ tenant, kind string }{{"acme", kindImages}, {"acme", kindMusic}, {"globex", kindImages}} {
+		task, err := store.Submit(ctx, pgstore.NewTask{Tenant: nt.tenant, Owner: "owner", Kind: nt.kind,
+			Runtime: taskRuntime, Network: taskNetwork, IdempotencyKey: fmt.Sprintf("key-%d", i),
+			Fingerprint: "v1:fp", Params: json.RawMessage(`{"prompt":"p"}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.ids = append(o.ids, task.ID)
+	}
+	return o
+}
+
+// run runs "example tasks args..." and returns its exit code and output.
+func (o *opsBench) run(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	getenv := func(k string) string {
+		if k == "DATABASE_URL" {
+			return o.dsn
+		}
+		return ""
+	}
+	code := run(context.Background(), append([]string{"tasks"}, args...), getenv, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+// rows runs a command with -json that prints tasks.
+func (o *opsBench) rows(t *testing.T, args ...string) []taskRow {
+	t.Helper()
+	code, out, errOut := o.run(t, append(args, "-json")...)
+	if code != 0 {
+		t.Fatalf("tasks %v: exit %d: %s", args, code, errOut)
+	}
+	var rows []taskRow
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		var one taskRow
+		if err := json.Unmarshal([]byte(out), &one); err != nil {
+			t.Fatalf("tasks %v: not JSON: %v\n%s", args, err, out)
+		}
+		rows = []taskRow{one}
+	}
+	return rows
+}
+
+func TestTasksList(t *testing.T) {
+	t.Parallel()
+	o := newOpsBench(t)
+	tests := []struct {
+		name  string
+		given []string
+		want  []string // task IDs, newest first
+	}{
+		{"all", []string{"list"}, []string{o.ids[2], o.ids[1], o.ids[0]}},
+		{"one tenant", []string{"list", "-tenant", "acme"}, []string{o.ids[1], o.ids[0]}},
+		{"one kind", []string{"list", "-kind", kindImages}, []string{o.ids[2], o.ids[0]}},
+		{"a state none is in", []string{"list", "-state", "failed"}, nil},
+		{"limit", []string{"list", "-limit", "1"}, []string{o.ids[2]}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []string
+			for _, r := range o.rows(t, tt.given...) {
+				got = append(got, r.ID)
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Fatalf("tasks %v = %v, want %v", tt.given, got, tt.want)
+			}
+		})
+	}
+	// The table a person reads names every task and its state.
+	code, out, _ := o.run(t, "list")
+	if code != 0 || !strings.Contains(out, "STATE") || strings.Count(out, "pending") != 3 {
+		t.Fatalf("table (exit %d):\n%s", code, out)
+	}
+}
+
+func TestTasksShowCancelRetry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	o := newOpsBench(t)
+	id := o.ids[0]
+
+	code, out, _ := o.run(t, "show", id)
+	if code != 0 || !strings.Contains(out, "state:") || !strings.Contains(out, "pending") || !strings.Contains(out, `"prompt"`) {
+		t.Fatalf("show (exit %d):\n%s", code, out)
+	}
+	if rows := o.rows(t, "cancel", id); rows[0].State != string(pgstore.StateCancelled) {
+		t.Fatalf("cancel: state %s", rows[0].State)
+	}
+	// Only a failed task can be retried.
+	if code, _, errOut := o.run(t, "retry", o.ids[1]); code != 1 || !strings.Contains(errOut, "not failed") {
+		t.Fatalf("retry of a pending task: exit %d, %q", code, errOut)
+	}
+	if _, err := o.pool.Exec(ctx, `UPDATE idemgate_tasks SET state = 'failed', attempt = 3, error = 'upstream refused' WHERE id = $1`, o.ids[1]); err != nil {
+		t.Fatal(err)
+	}
+	r := o.rows(t, "retry", o.ids[1])[0]
+	if r.ID != o.ids[1] || (r.State != string(pgstore.StatePending) && r.State != string(pgstore.StateRetrying)) || r.Error != "" {
+		t.Fatalf("retry: %+v, want the same task runnable again with its error cleared", r)
+	}
+	if code, _, errOut := o.run(t, "show", "00000000-0000-0000-0000-000000000000"); code != 1 || !strings.Contains(errOut, "not found") {
+		t.Fatalf("show of no task: exit %d, %q", code, errOut)
+	}
+}
+
+func TestTasksLimitsPauseResume(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	o := newOpsBench(t)
+	limits := func(args ...string) limitsRow {
+		t.Helper()
+		code, out, errOut := o.run(t, append(args, "-json")...)
+		if code != 0 {
+			t.Fatalf("tasks %v: exit %d: %s", args, code, errOut)
+		}
+		var r limitsRow
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		return r
+	}
+	if r := limits("limits", kindImages); r != (limitsRow{Kind: kindImages, Runnable: 2}) {
+		t.Fatalf("a kind never limited: %+v", r)
+	}
+	limits("limits", kindImages, "-max-running", "8")
+	if r := limits("limits", kindImages, "-starts-per-second", "2.5"); r.MaxRunning != 8 || r.StartsPerSecond != 2.5 {
+		t.Fatalf("a second flag must keep the first limit: %+v", r)
+	}
+	if r := limits("pause", kindImages); !r.Paused || r.MaxRunning != 8 {
+		t.Fatalf("pause: %+v", r)
+	}
+	stored, err := o.store.KindLimits(ctx, kindImages)
+	if err != nil || stored != (pgstore.KindLimits{MaxRunning: 8, StartsPerSecond: 2.5, Paused: true}) {
+		t.Fatalf("stored limits %+v, %v", stored, err)
+	}
+	if r := limits("resume", kindImages); r.Paused || r.MaxRunning != 8 {
+		t.Fatalf("resume: %+v", r)
+	}
+	if l, _ := o.store.KindLimits(ctx, kindMusic); l != (pgstore.KindLimits{}) {
+		t.Fatalf("another kind changed: %+v", l)
+	}
+	code, out, _ := o.run(t, "limits", kindImages)
+	if code != 0 || !strings.Contains(out, "MAX RUNNING") || !strings.Contains(out, "2.5") {
+		t.Fatalf("table (exit %d):\n%s", code, out)
+	}
+}
+
+// Bad command lines get a clear error and change nothing.
+func TestTasksBadInput(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	o := newOpsBench(t)
+	tests := []struct {
+		name     string
+		given    []string
+		wantCode int
+		wantErr  string
+	}{
+		{"no command", nil, 2, "Operator tools"},
+		{"unknown command", []string{"purge"}, 2, "unknown command"},
+		{"limits without a kind", []string{"limits"}, 2, "want one ID or kind"},
+		{"two IDs", []string{"show", "a", "b"}, 2, "want one ID or kind"},
+		{"unknown state", []string{"list", "-state", "done"}, 1, "want pending"},
+		{"limit too large", []string{"list", "-limit", "100000"}, 1, "limit"},
+		{"negative limit", []string{"limits", kindImages, "-max-running", "-1"}, 1, "MaxRunning"},
+		{"rate not a number", []string{"limits", kindImages, "-starts-per-second", "NaN"}, 1, "StartsPerSecond"},
+		{"not a number", []string{"limits", kindImages, "-max-running", "eight"}, 2, "invalid value"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, _, errOut := o.run(t, tt.given...)
+			if code != tt.wantCode || !strings.Contains(errOut, tt.wantErr) {
+				t.Fatalf("tasks %v: exit %d, stderr %q; want exit %d saying %q", tt.given, code, errOut, tt.wantCode, tt.wantErr)
+			}
+		})
+	}
+	if l, _ := o.store.KindLimits(ctx, kindImages); l != (pgstore.KindLimits{}) {
+		t.Fatalf("a refused command stored limits %+v", l)
+	}
+}
