@@ -11,7 +11,10 @@
 // lease runs out, extend, release, complete after release, retention, a
 // resent claim and a resent complete, a release after a claim whose answer
 // was lost, concurrent claims of one key (one winner), cancelled contexts,
-// and the changed fields of a Mismatch (for a store that keeps them).
+// and the changed fields of a Mismatch (for a store that keeps them). A
+// store that implements middleware.TxStore (Atomic routes) also runs the
+// Tx cases: a commit finishes the record, a rollback keeps the claim, and
+// a completion is fenced by its token and by the lease at commit time.
 //
 // Two clients: a store is shared by many processes, each with its own
 // connections. A harness with Other (a second, independent client of the
@@ -133,6 +136,17 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 			t.Run(kk.name+"/"+tc.name, func(t *testing.T) {
 				t.Parallel()
 				tc.run(t, newHarness(t), kk.keys)
+			})
+		}
+		for _, tc := range txCases {
+			t.Run(kk.name+"/"+tc.name, func(t *testing.T) {
+				t.Parallel()
+				h := newHarness(t)
+				s, ok := h.Store.(middleware.TxStore)
+				if !ok {
+					t.Skipf("storetest: %T does not implement middleware.TxStore (Atomic routes)", h.Store)
+				}
+				tc.run(t, h, s, kk.keys)
 			})
 		}
 	}

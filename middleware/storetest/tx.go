@@ -1,0 +1,140 @@
+package storetest
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/idemgate/idemgate/middleware"
+)
+
+// txCases are the cases of a store that implements middleware.TxStore
+// (Atomic routes); Run skips them for any other store.
+var txCases = []struct {
+	name string
+	run  func(t *testing.T, h Harness, s middleware.TxStore, k keys)
+}{
+	{"TxCommitFinishes", testTxCommitFinishes},
+	{"TxRollbackKeepsClaim", testTxRollbackKeepsClaim},
+	{"TxCommitWithoutRecord", testTxCommitWithoutRecord},
+	{"TxCommitFencedByToken", testTxCommitFencedByToken},
+	{"TxCommitAfterLeaseRanOut", testTxCommitAfterLeaseRanOut},
+}
+
+func begin(t *testing.T, s middleware.TxStore) middleware.Tx {
+	t.Helper()
+	tx, err := s.Begin(ctx(t))
+	if err != nil {
+		t.Fatalf("Begin: %v", err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx(t)) })
+	return tx
+}
+
+func completion(key string, req middleware.ClaimRequest, resp middleware.Response) *middleware.Completion {
+	return &middleware.Completion{Key: key, Token: req.Token, Response: resp, Retention: time.Hour}
+}
+
+// testTxCommitFinishes: a commit with a completion finishes the record,
+// which every client then replays byte for byte; the claim's token can no
+// longer change it.
+func testTxCommitFinishes(t *testing.T, h Harness, s middleware.TxStore, k keys) {
+	for name, resp := range responses() {
+		t.Run(name, func(t *testing.T) {
+			key, req := newCase(t, k)
+			claim(t, h.Store, key, req, middleware.Claimed)
+			tx := begin(t, s)
+			if tx.Context(ctx(t)) == nil {
+				t.Fatal("Tx.Context returned nil")
+			}
+			if err := tx.Commit(ctx(t), completion(key, req, resp)); err != nil {
+				t.Fatalf("Commit: %v", err)
+			}
+			checkReplay(t, claim(t, h.second(), key, retry(req), middleware.Finished).Response, resp)
+			checkLost(t, "Release after the commit", h.Store.Release(ctx(t), key, req.Token))
+			checkLost(t, "Extend after the commit", h.Store.Extend(ctx(t), key, req.Token, longLease))
+		})
+	}
+}
+
+// testTxRollbackKeepsClaim: a rollback leaves the claim as it was: still
+// the token's to release, so that a retry runs.
+func testTxRollbackKeepsClaim(t *testing.T, h Harness, s middleware.TxStore, k keys) {
+	key, req := newCase(t, k)
+	claim(t, h.Store, key, req, middleware.Claimed)
+	tx := begin(t, s)
+	if err := tx.Rollback(ctx(t)); err != nil {
+		t.Fatalf("Rollback: %v", err)
+	}
+	claim(t, h.second(), key, retry(req), middleware.Running)
+	if err := h.Store.Release(ctx(t), key, req.Token); err != nil {
+		t.Fatalf("Release after the rollback: %v", err)
+	}
+	claim(t, h.second(), key, retry(req), middleware.Claimed)
+}
+
+// testTxCommitWithoutRecord: a transaction of a request without a key
+// commits without a completion.
+func testTxCommitWithoutRecord(t *testing.T, _ Harness, s middleware.TxStore, _ keys) {
+	if err := begin(t, s).Commit(ctx(t), nil); err != nil {
+		t.Fatalf("Commit without a completion: %v", err)
+	}
+}
+
+// testTxCommitFencedByToken: a completion whose token does not hold the
+// claim (another token's, released, already finished) is ErrLeaseLost,
+// and the record stays as it was.
+func testTxCommitFencedByToken(t *testing.T, h Harness, s middleware.TxStore, k keys) {
+	key, req := newCase(t, k)
+	claim(t, h.Store, key, req, middleware.Claimed)
+	wrong := retry(req)
+	checkLost(t, "Commit with another token", begin(t, s).Commit(ctx(t), completion(key, wrong, sampleResponse())))
+	claim(t, h.second(), key, retry(req), middleware.Running)
+
+	released, relReq := newCase(t, k)
+	claim(t, h.Store, released, relReq, middleware.Claimed)
+	if err := h.Store.Release(ctx(t), released, relReq.Token); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	checkLost(t, "Commit after Release", begin(t, s).Commit(ctx(t), completion(released, relReq, sampleResponse())))
+	claim(t, h.second(), released, retry(relReq), middleware.Claimed)
+
+	if err := h.Store.Complete(ctx(t), key, req.Token, sampleResponse(), time.Hour); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	other := sampleResponse()
+	other.Body = []byte("another answer")
+	checkLost(t, "Commit of a finished record", begin(t, s).Commit(ctx(t), completion(key, req, other)))
+	checkReplay(t, claim(t, h.second(), key, retry(req), middleware.Finished).Response, sampleResponse())
+}
+
+// testTxCommitAfterLeaseRanOut: a claim whose lease ran out cannot commit,
+// whether or not another request has taken the key since; the taker's
+// claim is untouched. The store decides by its clock at the commit, not
+// at the transaction's start: the transaction begins while the lease
+// still holds.
+func testTxCommitAfterLeaseRanOut(t *testing.T, h Harness, s middleware.TxStore, k keys) {
+	for _, taken := range []bool{false, true} {
+		key, stale := newCase(t, k)
+		stale.Lease = h.Lease
+		claim(t, h.Store, key, stale, middleware.Claimed)
+		tx := begin(t, s)
+		h.Advance(h.Lease + h.Lease/2)
+		fresh := retry(stale)
+		if taken {
+			claim(t, h.second(), key, fresh, middleware.Claimed)
+		}
+		err := tx.Commit(ctx(t), completion(key, stale, sampleResponse()))
+		if !errors.Is(err, middleware.ErrLeaseLost) {
+			t.Fatalf("Commit after the lease ran out (taken over: %v) = %v, want ErrLeaseLost", taken, err)
+		}
+		if taken {
+			claim(t, h.Store, key, retry(stale), middleware.Running)
+			if err := h.second().Complete(ctx(t), key, fresh.Token, sampleResponse(), time.Hour); err != nil {
+				t.Fatalf("the taker's Complete: %v", err)
+			}
+		} else {
+			claim(t, h.second(), key, fresh, middleware.Claimed)
+		}
+	}
+}
