@@ -18,8 +18,61 @@ import (
 // The spans are children of the request's span (the middleware passes the
 // request's values to the store). They carry the operation and its result,
 // never the key or the token.
+//
+// A store that can run Atomic routes (a middleware.TxStore, such as
+// pgrecords.Store) stays one: the wrapper opens and ends the handler's
+// transaction through it, with spans idemgate.begin and idemgate.commit
+// (the record's completion and the COMMIT) or idemgate.rollback.
 func (r *Recorder) Store(s middleware.Store) middleware.Store {
-	return &store{next: s, r: r}
+	w := &store{next: s, r: r}
+	if ts, ok := s.(middleware.TxStore); ok {
+		return &txStore{store: w, next: ts}
+	}
+	return w
+}
+
+// txStore wraps a middleware.TxStore.
+type txStore struct {
+	*store
+	next middleware.TxStore
+}
+
+var _ middleware.TxStore = (*txStore)(nil)
+
+func (s *txStore) Begin(ctx context.Context) (middleware.Tx, error) {
+	ctx, span, start := s.start(ctx, "begin")
+	tx, err := s.next.Begin(ctx)
+	s.end(ctx, span, start, "begin", resultOf(err), "", err)
+	if err != nil {
+		return nil, err
+	}
+	return &storeTx{next: tx, s: s.store}, nil
+}
+
+// storeTx wraps the transaction of one Atomic request.
+type storeTx struct {
+	next middleware.Tx
+	s    *store
+}
+
+func (t *storeTx) Context(ctx context.Context) context.Context { return t.next.Context(ctx) }
+
+func (t *storeTx) Commit(ctx context.Context, c *middleware.Completion) error {
+	ctx, span, start := t.s.start(ctx, "commit")
+	err := t.next.Commit(ctx, c)
+	key := ""
+	if c != nil {
+		key = c.Key
+	}
+	t.s.end(ctx, span, start, "commit", resultOf(err), key, err)
+	return err
+}
+
+func (t *storeTx) Rollback(ctx context.Context) error {
+	ctx, span, start := t.s.start(ctx, "rollback")
+	err := t.next.Rollback(ctx)
+	t.s.end(ctx, span, start, "rollback", resultOf(err), "", err)
+	return err
 }
 
 // store wraps a middleware.Store.
