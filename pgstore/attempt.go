@@ -62,16 +62,65 @@ func (a *attempt) stop() {
 
 // attempts are the attempts a worker runs, by task ID: at most one per
 // task, so that a worker never runs a task twice at once.
+//
+// A cancellation can arrive while a claim is in flight: Store.Cancel
+// commits after the claim did, and its notification may come before the
+// claimed attempts are registered. While any claim is in flight, a
+// cancellation of a task without an attempt is kept, and registering the
+// claim's attempts applies it, so no notification falls between the two.
 type attempts struct {
 	mu sync.Mutex
 	m  map[string]*attempt
+
+	claiming  int             // claims in flight
+	cancelled map[string]bool // tasks cancelled while claims were in flight
 }
 
-// add registers a; an earlier attempt of the same task (which the claim
-// excludes, so only a bug could leave) is cancelled as stale.
-func (as *attempts) add(a *attempt) {
+// beginClaim records that a claim is in flight; register ends it.
+func (as *attempts) beginClaim() {
 	as.mu.Lock()
 	defer as.mu.Unlock()
+	as.claiming++
+}
+
+// register adds the attempts of a claim that beginClaim announced,
+// cancels those whose task was cancelled meanwhile, and ends the claim.
+func (as *attempts) register(claimed []*attempt) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	for _, a := range claimed {
+		as.addLocked(a)
+		if as.cancelled[a.task.ID] {
+			a.cancel(errCancelled)
+		}
+	}
+	as.claiming--
+	if as.claiming == 0 {
+		clear(as.cancelled)
+	}
+}
+
+// cancel cancels the attempt of a task that Store.Cancel ended, or, while
+// a claim is in flight, keeps the cancellation for the claim's attempts.
+func (as *attempts) cancel(id string) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	if a := as.m[id]; a != nil {
+		a.cancel(errCancelled)
+		return
+	}
+	if as.claiming > 0 {
+		if as.cancelled == nil {
+			as.cancelled = map[string]bool{}
+		}
+		as.cancelled[id] = true
+	}
+}
+
+// addLocked registers a, with as.mu held; an earlier attempt of the same
+// task (which the claim excludes, so only a bug could leave) is cancelled
+// as stale.
+func (as *attempts) addLocked(a *attempt) {
 	if as.m == nil {
 		as.m = map[string]*attempt{}
 	}
@@ -88,12 +137,6 @@ func (as *attempts) remove(a *attempt) {
 	if as.m[a.task.ID] == a {
 		delete(as.m, a.task.ID)
 	}
-}
-
-func (as *attempts) get(id string) *attempt {
-	as.mu.Lock()
-	defer as.mu.Unlock()
-	return as.m[id]
 }
 
 func (as *attempts) count() int {

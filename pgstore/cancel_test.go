@@ -213,3 +213,97 @@ func TestCancelWhileListenIsDown(t *testing.T) {
 		t.Fatalf("task %s with results %s; the late success must not apply", g.State, g.Results)
 	}
 }
+
+// A cancel that races a claim: the worker emits its claimed events (here
+// through a slow OnEvent, 1ms each) while Cancel commits and its
+// notification arrives. A handler must never start for a task whose
+// Cancel has returned, nor run on with a live context: the notification
+// reaches the attempt even when it arrives between the claim and the
+// attempt's start. Margins: notifications take well under slack to arrive
+// on a loaded machine; without the fix the heartbeat (every 5s) is what
+// ends such a handler's context.
+func TestCancelRacingAClaimStopsTheAttempt(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	const total = 200
+	const slack = 100 * time.Millisecond // a notification's delivery, on a loaded machine
+	const heartbeat = 5 * time.Second
+	type run struct {
+		started time.Time // the handler was called with a live context
+		ended   time.Time // its context ended
+	}
+	var mu sync.Mutex
+	runs := map[string][]run{}
+	cancelledAt := map[string]time.Time{}
+	w := newWorker(t, s, WorkerConfig{Concurrency: 32, Lease: 3 * heartbeat, Heartbeat: heartbeat,
+		OnEvent: func(ev WorkerEvent) {
+			if ev.Type == WorkerClaimed {
+				time.Sleep(time.Millisecond)
+			}
+		},
+		Handler: func(ctx context.Context, task Task) Outcome {
+			if ctx.Err() != nil {
+				return Outcome{}
+			}
+			r := run{started: time.Now()}
+			select {
+			case <-ctx.Done():
+			case <-time.After(2 * heartbeat):
+			}
+			r.ended = time.Now()
+			mu.Lock()
+			runs[task.ID] = append(runs[task.ID], r)
+			mu.Unlock()
+			return Succeeded(json.RawMessage(`1`))
+		}})
+	tasks := make([]Task, total)
+	for i := range tasks {
+		tasks[i] = mustSubmit(t, s, newTask(fmt.Sprintf("race-%d", i)))
+	}
+	rand.Shuffle(len(tasks), func(i, j int) { tasks[i], tasks[j] = tasks[j], tasks[i] })
+	runWorker(t, w)
+	var wg sync.WaitGroup
+	const cancellers = 4
+	for c := range cancellers {
+		wg.Go(func() {
+			for i := c; i < total; i += cancellers {
+				time.Sleep(time.Duration(rand.IntN(5)) * time.Millisecond)
+				got, err := s.Cancel(ctx, tasks[i].Tenant, tasks[i].Owner, tasks[i].ID)
+				if err != nil {
+					t.Errorf("Cancel: %v", err)
+					return
+				}
+				if got.State == StateCancelled {
+					mu.Lock()
+					cancelledAt[got.ID] = time.Now()
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	wait.For(t, patience, "every handler's context ended", func() bool { return w.count() == 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(cancelledAt) != total {
+		t.Fatalf("%d of %d Cancels returned cancelled", len(cancelledAt), total)
+	}
+	startedLate, liveLong := 0, 0
+	for id, at := range cancelledAt {
+		for _, r := range runs[id] {
+			if r.started.Sub(at) > slack {
+				startedLate++
+				t.Logf("task %s: handler started %v after its Cancel returned", id, r.started.Sub(at))
+			}
+			if r.ended.Sub(at) > slack {
+				liveLong++
+				t.Logf("task %s: handler's context live %v after its Cancel returned", id, r.ended.Sub(at))
+			}
+		}
+	}
+	if startedLate > 0 || liveLong > 0 {
+		t.Fatalf("of %d cancelled tasks: %d handlers started after their Cancel returned, %d ran on with a live context",
+			total, startedLate, liveLong)
+	}
+}

@@ -66,8 +66,7 @@ func claimNow(t testing.TB, s *Store, kinds []string, n int) []Task {
 	t.Helper()
 	w := newWorker(t, s, WorkerConfig{Kinds: kinds, Handler: func(context.Context, Task) Outcome { return Outcome{} }})
 	sql, args := w.claimStatement(n)
-	rows, _ := s.pool.Query(context.Background(), sql, args)
-	got, err := pgx.CollectRows(rows, pgx.RowToStructByName[Task])
+	got, err := w.runClaim(context.Background(), sql, args)
 	if err != nil {
 		t.Fatal(err)
 	}

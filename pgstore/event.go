@@ -32,4 +32,12 @@ const (
 	WorkerCancelled    WorkerEventType = "cancelled"     // a running attempt was cancelled by Store.Cancel
 	WorkerTimedOut     WorkerEventType = "timed_out"     // an attempt ran past its kind's Timeout
 	WorkerReconciled   WorkerEventType = "reconciled"    // Reconcile resolved an uncertain task
+	// WorkerHeldBack: a claim left a due task of Kind waiting because of
+	// the kind's limits (KindLimits: paused, MaxRunning,
+	// MaxRunningPerTenant or StartsPerSecond). Only Kind is set; one
+	// event per kind and claim.
+	WorkerHeldBack WorkerEventType = "held_back"
 )
+
+// stateHeld marks the row a claim returns for a kind it held back.
+const stateHeld State = "held"

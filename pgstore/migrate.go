@@ -44,6 +44,20 @@ var migrations = []migrate.Migration{
 		{Name: "drop v4's claim index concurrently", Run: migrate.DropIndex(tasksTable, indexClaim)},
 		{Name: "drop v1's runnable index concurrently", Run: migrate.DropIndex(tasksTable, indexRunnableV1)},
 	}},
+	{Version: 6, Name: "fair claiming (turns) and kind limits", Steps: []migrate.Step{
+		{Name: "add the turn column and the kind limits table", Run: migrate.TxExec(sqlV6Schema)},
+		{Name: "drop an invalid leftover of the claim index", Run: migrate.DropIfUnusable(tasksTable, indexClaimV6)},
+		{Name: "build the claim index concurrently", Run: migrate.CreateIfAbsent(tasksTable, indexClaimV6, sqlCreateClaimIndexV6)},
+		{Name: "read the claim index back", Run: migrate.RequireUsable(tasksTable, indexClaimV6, false, []string{"kind", "priority", "turn", "run_after"})},
+		{Name: "drop an invalid leftover of the runnable index", Run: migrate.DropIfUnusable(tasksTable, indexRunnableV6)},
+		{Name: "build the runnable index concurrently", Run: migrate.CreateIfAbsent(tasksTable, indexRunnableV6, sqlCreateRunnableIndexV6)},
+		{Name: "read the runnable index back", Run: migrate.RequireUsable(tasksTable, indexRunnableV6, false, []string{"priority", "turn", "run_after"})},
+		{Name: "drop an invalid leftover of the tenant turn index", Run: migrate.DropIfUnusable(tasksTable, indexTenantTurn)},
+		{Name: "build the tenant turn index concurrently", Run: migrate.CreateIfAbsent(tasksTable, indexTenantTurn, sqlCreateTenantTurnIndex)},
+		{Name: "read the tenant turn index back", Run: migrate.RequireUsable(tasksTable, indexTenantTurn, false, []string{"kind", "priority", "tenant", "turn"})},
+		{Name: "drop v5's claim index concurrently", Run: migrate.DropIndex(tasksTable, indexClaimV5)},
+		{Name: "drop v5's runnable index concurrently", Run: migrate.DropIndex(tasksTable, indexRunnableV5)},
+	}},
 }
 
 // Migrate brings the schema to the newest version. It is idempotent and

@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -36,6 +37,15 @@ const (
 	// indexFinishedV1 is v1's index of finished tasks, which v4 replaces
 	// by indexDone (it did not cover cancelled tasks).
 	indexFinishedV1 = "idemgate_tasks_finished"
+	// indexClaimV6 serves the fair claim by kind: highest priority first,
+	// then tenants in turn (v6); it replaces indexClaimV5.
+	indexClaimV6 = "idemgate_tasks_claim_v6"
+	// indexRunnableV6 serves the fair claim of any kind (v6); it replaces
+	// indexRunnableV5.
+	indexRunnableV6 = "idemgate_tasks_runnable_v6"
+	// indexTenantTurn finds a tenant's last turn in a kind and priority
+	// (v6), so that Submit can give its next task the turn after.
+	indexTenantTurn = "idemgate_tasks_tenant_turn"
 	// notifyChannel carries a task's kind whenever it becomes runnable.
 	notifyChannel = "idemgate_tasks"
 	// cancelChannel carries a task's ID when it is cancelled.
@@ -140,14 +150,58 @@ END $$;
 	sqlCreateRunnableIndexV5 = `CREATE INDEX CONCURRENTLY idemgate_tasks_runnable_v5
 	ON idemgate_tasks (priority DESC, run_after) WHERE state IN ('pending', 'retrying')`
 
+	// v6: fair claiming and kind limits. turn is a task's place in the
+	// line of its kind and priority, counted per tenant (see turnOf);
+	// rows from before v6 have none and go first, oldest first. The
+	// column has no default, so adding it is catalog-only; the limits
+	// table is new. The claim indexes lead with (kind,) priority and turn
+	// so that a claim reads the next turns and stops after @limit rows.
+	sqlV6Schema = `ALTER TABLE idemgate_tasks ADD COLUMN IF NOT EXISTS turn bigint;
+CREATE TABLE IF NOT EXISTS idemgate_kind_limits (
+	kind                   text        PRIMARY KEY,
+	max_running            integer     NOT NULL DEFAULT 0 CHECK (max_running >= 0),
+	max_running_per_tenant integer     NOT NULL DEFAULT 0 CHECK (max_running_per_tenant >= 0),
+	starts_per_second      float8      NOT NULL DEFAULT 0 CHECK (starts_per_second >= 0
+		AND starts_per_second < 'Infinity'),
+	paused                 boolean     NOT NULL DEFAULT false,
+	tokens                 float8      NOT NULL DEFAULT 0,
+	refilled_at            timestamptz NOT NULL DEFAULT now(),
+	updated_at             timestamptz NOT NULL DEFAULT now()
+)`
+	sqlCreateClaimIndexV6 = `CREATE INDEX CONCURRENTLY idemgate_tasks_claim_v6
+	ON idemgate_tasks (kind, priority DESC, turn NULLS FIRST, run_after) WHERE state IN ('pending', 'retrying')`
+	sqlCreateRunnableIndexV6 = `CREATE INDEX CONCURRENTLY idemgate_tasks_runnable_v6
+	ON idemgate_tasks (priority DESC, turn NULLS FIRST, run_after) WHERE state IN ('pending', 'retrying')`
+	sqlCreateTenantTurnIndex = `CREATE INDEX CONCURRENTLY idemgate_tasks_tenant_turn
+	ON idemgate_tasks (kind, priority, tenant, turn) WHERE state IN ('pending', 'retrying')`
+
 	// v2: widen the key. No IF NOT EXISTS: a leftover of a killed build is
 	// invalid and must be dropped, never trusted.
 	sqlCreateWideIndex = `CREATE UNIQUE INDEX CONCURRENTLY idemgate_tasks_key_v2
 	ON idemgate_tasks (tenant, idempotency_key, runtime, network)`
 )
 
+// turnOf is the turn of a new task of (kind, priority, tenant), SQL
+// expressions all three: the turn after the tenant's last task waiting in
+// that line, but never before the line's next turn (its lowest waiting
+// one), and 0 for an empty line. So a tenant's backlog takes turns 0, 1,
+// 2, …, and another tenant's first task the next turn to be served:
+// claims, which take the lowest turns first, serve the tenants in turn.
+// Each lookup is one descent of an index (tenant_turn, claim_v6). Two
+// concurrent Submits of one tenant may take the same turn: a tenant gains
+// at most its concurrency in places, and no lock serializes its Submits.
+func turnOf(kind, priority, tenant string) string {
+	return `greatest(0,
+	(SELECT w.turn + 1 FROM idemgate_tasks w WHERE w.kind = ` + kind + ` AND w.priority = ` + priority + `
+		AND w.tenant = ` + tenant + ` AND w.state IN ('pending', 'retrying') AND w.turn IS NOT NULL
+		ORDER BY w.turn DESC LIMIT 1),
+	(SELECT w.turn FROM idemgate_tasks w WHERE w.kind = ` + kind + ` AND w.priority = ` + priority + `
+		AND w.state IN ('pending', 'retrying') AND w.turn IS NOT NULL
+		ORDER BY w.turn NULLS FIRST LIMIT 1))`
+}
+
 // Submit and reads.
-const (
+var (
 	// sqlSubmit inserts the task, or returns the row that holds its key,
 	// in one statement. DO NOTHING instead of river's DO UPDATE: a
 	// duplicate writes nothing (no dead tuple, no row lock, no WAL) and
@@ -161,9 +215,10 @@ const (
 	sqlSubmit = `WITH ins AS (
 	INSERT INTO idemgate_tasks AS t
 		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace,
-		run_after, priority)
+		run_after, priority, turn)
 	VALUES (@tenant, @owner, @kind, @runtime, @network, @key, @fingerprint, @params, @trace,
-		greatest(@run_after::timestamptz, now()), @priority)
+		greatest(@run_after::timestamptz, now()), @priority,
+		` + turnOf("@kind::text", "@priority::smallint", "@tenant::text") + `)
 	ON CONFLICT (tenant, idempotency_key, runtime, network) DO NOTHING
 	RETURNING ` + tTaskColumns + `
 )
@@ -180,9 +235,10 @@ WHERE tenant = @tenant AND idempotency_key = @key AND runtime = @runtime AND net
 	sqlSubmitPlain = `WITH ins AS (
 	INSERT INTO idemgate_tasks
 		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace,
-		run_after, priority)
+		run_after, priority, turn)
 	VALUES (@tenant, @owner, @kind, @runtime, @network, @key, @fingerprint, @params, @trace,
-		greatest(@run_after::timestamptz, now()), @priority)
+		greatest(@run_after::timestamptz, now()), @priority,
+		` + turnOf("@kind::text", "@priority::smallint", "@tenant::text") + `)
 	RETURNING ` + taskColumns + `
 )
 SELECT *, false AS duplicate FROM ins
@@ -209,10 +265,12 @@ WHERE NOT @notify::boolean OR ins.run_after > now() OR idemgate_tasks_notify(ins
 ), ins AS (
 	INSERT INTO idemgate_tasks AS t
 		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace,
-		run_after, priority)
+		run_after, priority, turn)
 	SELECT tenant, owner, kind, runtime, network, key, fingerprint, params, trace,
-		greatest(run_after, now()), priority
-	FROM x WHERE ord = first_ord
+		greatest(run_after, now()), priority,
+		` + turnOf("f.kind", "f.priority", "f.tenant") + ` + f.nth - 1
+	FROM (SELECT *, row_number() OVER (PARTITION BY kind, priority, tenant ORDER BY ord) AS nth
+		FROM x WHERE ord = first_ord) f
 	ORDER BY tenant, key, runtime, network
 	ON CONFLICT (tenant, idempotency_key, runtime, network) DO NOTHING
 	RETURNING ` + tTaskColumns + `
@@ -233,9 +291,32 @@ WHERE NOT EXISTS (SELECT FROM ins WHERE ins.tenant = x.tenant AND ins.idempotenc
 	sqlByKey = `SELECT ` + taskColumns + `, true AS duplicate FROM idemgate_tasks
 WHERE tenant = @tenant AND idempotency_key = @key AND runtime = @runtime AND network = @network`
 
-	// sqlGet scopes the lookup to the caller: anyone else's task is absent.
+	// sqlGet scopes the lookup to the caller: anyone else's task is
+	// absent. @operator lifts the scope (Operator.Get).
 	sqlGet = `SELECT ` + taskColumns + `, false AS duplicate FROM idemgate_tasks
-WHERE id = @id::uuid AND tenant = @tenant AND owner = @owner`
+WHERE id = @id::uuid AND (@operator::boolean OR tenant = @tenant AND owner = @owner)`
+
+	// sqlList lists tasks newest first, of @state, @tenant and @kind
+	// where they are not empty. For operator tools: it may read much of
+	// the table.
+	sqlList = `SELECT ` + taskColumns + `, false AS duplicate FROM idemgate_tasks
+WHERE (@state::text = '' OR state = @state) AND (@tenant::text = '' OR tenant = @tenant)
+	AND (@kind::text = '' OR kind = @kind)
+ORDER BY created_at DESC, id
+LIMIT @limit`
+
+	// sqlRetry puts a failed task back in line on the same row, as an
+	// operator's controlled recovery: with its attempts reset (tries, not
+	// attempt, the fencing token), a fresh turn in its tenant's line, and
+	// what partial results it kept.
+	sqlOperatorRetry = `WITH rec AS (
+	UPDATE idemgate_tasks t SET state = 'retrying', tries = 0, recoveries = t.recoveries + 1, error = '',
+		run_after = now(), finished_at = NULL, updated_at = now(),
+		turn = ` + turnOf("t.kind", "t.priority", "t.tenant") + `
+	WHERE t.id = @id::uuid AND t.state = 'failed'
+	RETURNING ` + tTaskColumns + `
+)
+SELECT *, false AS duplicate FROM rec WHERE idemgate_tasks_notify(rec.kind)`
 
 	// sqlRecover puts a failed task that kept partial results back in line,
 	// on the same row. A partial result is a real item: not JSON null, the
@@ -253,12 +334,13 @@ WHERE id = @id::uuid AND tenant = @tenant AND owner = @owner`
 SELECT *, false AS duplicate FROM rec WHERE idemgate_tasks_notify(rec.kind)`
 
 	// sqlCancel ends an unfinished task as cancelled and tells the workers,
-	// whose running attempt of it (if any) then stops. A finished task is
-	// left alone: nothing comes back, and the caller reads it to say why.
+	// whose running attempt of it (if any) then stops; scoped like sqlGet.
+	// A finished task is left alone: nothing comes back, and the caller
+	// reads it to say why.
 	sqlCancel = `WITH can AS (
 	UPDATE idemgate_tasks SET state = 'cancelled', error = 'cancelled',
 		lease_until = NULL, locked_by = NULL, finished_at = now(), updated_at = now()
-	WHERE id = @id::uuid AND tenant = @tenant AND owner = @owner
+	WHERE id = @id::uuid AND (@operator::boolean OR tenant = @tenant AND owner = @owner)
 		AND state IN ('pending', 'running', 'retrying', 'uncertain')
 	RETURNING ` + taskColumns + `
 )
@@ -298,42 +380,186 @@ SELECT kind, state, count(*)::bigint, 0,
 FROM idemgate_tasks WHERE state = 'uncertain' GROUP BY kind, state`
 )
 
-// claimKindsSQL is sqlClaim for some kinds only. Each kind is read from
-// the claim index (kind, priority DESC, run_after) by a CTE of its own
-// that names the kind as a literal, so that the planner, which knows how
-// common each kind is, never walks the index of all runnable tasks past
-// another kind's backlog (with a parameter, a generic plan may). Of all
-// kinds' candidates, the highest priority and then the oldest come
-// first. Every kind must pass literalKind.
-func claimKindsSQL(kinds []string) string {
-	var b strings.Builder
-	b.WriteString("WITH ")
-	for i, kind := range kinds {
-		fmt.Fprintf(&b, `k%d AS (
-	SELECT id, priority, run_after FROM idemgate_tasks
-	WHERE kind = '%s' AND state IN ('pending', 'retrying') AND run_after <= now()
-		AND id <> ALL(coalesce(@held::uuid[], '{}'))
-	ORDER BY priority DESC, run_after
+// Claims. A claim takes up to @limit tasks in one statement shaped like
+// river's: candidates read from an index in claim order with FOR UPDATE
+// SKIP LOCKED, then one UPDATE … RETURNING. Runnable tasks are taken by
+// priority, highest first, then by turn (tenants in turn, see turnOf),
+// then oldest first; uncertain tasks due for a Reconcile oldest first.
+// @held are tasks whose earlier attempt still runs in this worker: it
+// never runs two attempts of one task.
+//
+// Kind limits bind the claim: a candidate is taken only while its kind
+// has room (not paused, fewer attempts holding a lease than MaxRunning,
+// a token for StartsPerSecond) and its tenant too (MaxRunningPerTenant).
+// The room is counted from the table itself (attempts whose lease has
+// not ended, dead workers' included), so it needs the latest committed
+// claims: sqlLockLimitedKinds runs first, in the same transaction, and
+// serializes the claims of limited kinds; the claim's own snapshot is
+// taken after it. Kinds without limits take no lock.
+
+// sqlLockLimitedKinds takes the advisory locks of the limited kinds among
+// @kinds (all when empty), in one order, so that two claims never wait
+// for each other crosswise. A lock's keys are (8192, hashtext(kind));
+// migrations use the class 8191.
+// It also turns JIT off for the claim: the claim reads a few rows, but
+// its estimates (CTEs, window functions) can pass jit_above_cost, and
+// compiling it would cost far more than running it.
+const sqlLockLimitedKinds = `SELECT set_config('jit', 'off', true) AS jit,
+	(SELECT count(pg_advisory_xact_lock(8192, hashtext(kind)))::int FROM (
+		SELECT kind FROM idemgate_kind_limits
+		WHERE (max_running > 0 OR max_running_per_tenant > 0 OR starts_per_second > 0)
+			AND (cardinality(coalesce(@kinds::text[], '{}')) = 0 OR kind = ANY(@kinds::text[]))
+		ORDER BY hashtext(kind), kind) k) AS locked`
+
+// holding is true of a task h whose attempt counts against its kind's
+// limits: a running attempt whose lease has not ended (its worker may
+// have died: it counts until then), or a Reconcile whose claim has not
+// lapsed.
+const holding = `(h.state = 'running' AND h.lease_until > now()
+		OR h.state = 'uncertain' AND h.locked_by IS NOT NULL AND h.run_after > now())`
+
+// tokensNow is the token bucket of limits row l now: refilled at
+// starts_per_second since refilled_at, up to a burst of one second's
+// worth (at least one token). Its clock is the statement's start, not
+// the transaction's: a claim's transaction may have waited for the lock
+// of its kinds, and the bucket refills only until the claim is made.
+const tokensNow = `least(greatest(1, l.starts_per_second),
+	l.tokens + l.starts_per_second * greatest(0, extract(epoch FROM statement_timestamp() - l.refilled_at)))`
+
+// claimLimits is the CTE lim: the limits of the claim's kinds (%s filters
+// l.kind), with room, the attempts the kind may start now (NULL: no
+// limit), and per_tenant, MaxRunningPerTenant (0: none).
+const claimLimits = `lim AS (
+	SELECT l.kind, l.max_running_per_tenant AS per_tenant, ` + tokensNow + ` AS tokens,
+		CASE WHEN l.paused THEN 0 ELSE least(
+			CASE WHEN l.max_running > 0 THEN greatest(0, l.max_running
+				- (SELECT count(*) FROM idemgate_tasks h WHERE h.kind = l.kind AND ` + holding + `)) END,
+			CASE WHEN l.starts_per_second > 0 THEN floor(` + tokensNow + `) END)::int END AS room
+	FROM idemgate_kind_limits l
+	WHERE %s
+)`
+
+// claimShape is what differs between claims: the candidate CTEs (ending
+// in one named cand, with columns id, kind, tenant, priority, turn,
+// run_after), their order, what a due task of a kind is, and the SET list.
+type claimShape struct {
+	limitKinds string // the kinds of lim: a condition on l.kind
+	candidates string
+	order      string
+	due        string // a condition on task d
+	set        string
+}
+
+const (
+	runnableOrder = `priority DESC, turn NULLS FIRST, run_after`
+	runnableDue   = `d.state IN ('pending', 'retrying') AND d.run_after <= now()`
+	notHeld       = `id <> ALL(coalesce(@held::uuid[], '{}'))`
+	anyOfKinds    = `(cardinality(coalesce(@kinds::text[], '{}')) = 0 OR %s = ANY(@kinds::text[]))`
+	// noRoom is true of a task t whose kind can start nothing now.
+	noRoom = `EXISTS (SELECT FROM lim WHERE lim.kind = t.kind AND lim.room = 0)`
+)
+
+// claimSQL builds the statement of a claim of this shape. Of the
+// candidates, those of a kind past its room or of a tenant past its
+// MaxRunningPerTenant are not taken (a kind with no room is not read); each
+// kind that held a due task back comes back as a row in state held,
+// with the kind and nothing else, after the claimed tasks. Tokens are
+// spent in the same statement.
+func claimSQL(sh claimShape) string {
+	return `WITH ` + fmt.Sprintf(claimLimits, sh.limitKinds) + `, ` + sh.candidates + `, ranked AS (
+	SELECT c.id, c.kind, c.priority, c.turn, c.run_after,
+		(lim.room IS NULL OR row_number() OVER (PARTITION BY c.kind ORDER BY ` + sh.order + `) <= lim.room)
+		AND (coalesce(lim.per_tenant, 0) = 0 OR row_number() OVER (PARTITION BY c.kind, c.tenant ORDER BY ` + sh.order + `)
+			<= lim.per_tenant - (SELECT count(*) FROM idemgate_tasks h
+				WHERE h.kind = c.kind AND h.tenant = c.tenant AND ` + holding + `)) AS ok
+	FROM cand c LEFT JOIN lim ON lim.kind = c.kind
+), picked AS (
+	SELECT id FROM ranked WHERE ok ORDER BY ` + sh.order + ` LIMIT @limit
+), claimed AS (
+	UPDATE idemgate_tasks t SET ` + sh.set + `
+	FROM picked WHERE t.id = picked.id
+	RETURNING ` + tTaskColumns + `
+), spent AS (
+	UPDATE idemgate_kind_limits l SET tokens = lim.tokens - c.n, refilled_at = statement_timestamp()
+	FROM (SELECT kind, count(*) AS n FROM claimed GROUP BY kind) c JOIN lim ON lim.kind = c.kind
+	WHERE l.kind = c.kind AND l.starts_per_second > 0
+)
+SELECT *, false AS duplicate FROM claimed
+UNION ALL
+SELECT '', '', '', h.kind, '', '', '', '', NULL::jsonb, '', '` + string(stateHeld) + `', 0, 0, '[]'::jsonb, '',
+	now(), 0::smallint, now(), now(), false
+FROM (SELECT kind FROM ranked WHERE NOT ok
+	UNION SELECT lim.kind FROM lim WHERE lim.room = 0
+		AND (SELECT true FROM idemgate_tasks d WHERE d.kind = lim.kind AND ` + sh.due + ` LIMIT 1)) h`
+}
+
+// claimRunnableSQL is the claim of runnable tasks of kinds (all when
+// none). Each kind that can be written as a literal is read by a CTE of
+// its own that names it, so that the planner, which knows how common each
+// kind is, never walks the index of all runnable tasks past another
+// kind's backlog (with a parameter, a generic plan may). Kinds that cannot be literals are read together
+// (correct, but the planner may scan other kinds' backlog), as is every
+// kind when kinds is empty: then a kind with no room is read past.
+func claimRunnableSQL(kinds []string) string {
+	sh := claimShape{order: runnableOrder, due: runnableDue, set: claimSet}
+	if len(kinds) == 0 || slices.ContainsFunc(kinds, func(k string) bool { return !literalKind(k) }) {
+		sh.limitKinds = fmt.Sprintf(anyOfKinds, "l.kind")
+		sh.candidates = `cand AS (
+	SELECT id, kind, tenant, priority, turn, run_after FROM idemgate_tasks t
+	WHERE state IN ('pending', 'retrying') AND run_after <= now() AND ` + fmt.Sprintf(anyOfKinds, "kind") + `
+		AND ` + notHeld + ` AND NOT ` + noRoom + `
+	ORDER BY ` + runnableOrder + `
 	LIMIT @limit
 	FOR UPDATE SKIP LOCKED
-), `, i, kind)
+)`
+		return claimSQL(sh)
 	}
-	b.WriteString("picked AS (\n\tSELECT id FROM (")
+	var b strings.Builder
+	quoted := make([]string, len(kinds))
+	for i, kind := range kinds {
+		quoted[i] = "'" + kind + "'"
+		fmt.Fprintf(&b, `k%d AS (
+	SELECT id, kind, tenant, priority, turn, run_after FROM idemgate_tasks
+	WHERE kind = '%s' AND state IN ('pending', 'retrying') AND run_after <= now() AND %s
+		AND NOT EXISTS (SELECT FROM lim WHERE lim.kind = '%s' AND lim.room = 0)
+	ORDER BY %s
+	LIMIT @limit
+	FOR UPDATE SKIP LOCKED
+), `, i, kind, notHeld, kind, runnableOrder)
+	}
+	b.WriteString("cand AS (")
 	for i := range kinds {
 		if i > 0 {
 			b.WriteString(" UNION ALL ")
 		}
 		fmt.Fprintf(&b, "SELECT * FROM k%d", i)
 	}
-	b.WriteString(`) r
-	ORDER BY priority DESC, run_after
-	LIMIT @limit
-)
-UPDATE idemgate_tasks t SET ` + claimSet + `
-FROM picked WHERE t.id = picked.id
-RETURNING ` + tTaskColumns + `, false AS duplicate`)
-	return b.String()
+	b.WriteString(")")
+	sh.limitKinds = "l.kind IN (" + strings.Join(quoted, ", ") + ")"
+	sh.candidates = b.String()
+	return claimSQL(sh)
 }
+
+// sqlClaimUncertain takes uncertain tasks of @kinds (all when empty) due
+// for reconciliation. The state stays uncertain; run_after moves past the
+// lease so no other worker reconciles the task meanwhile, and attempt is
+// the fence. A Reconcile counts against its kind's limits like an attempt.
+var sqlClaimUncertain = claimSQL(claimShape{
+	limitKinds: fmt.Sprintf(anyOfKinds, "l.kind"),
+	candidates: `cand AS (
+	SELECT id, kind, tenant, priority, turn, run_after FROM idemgate_tasks t
+	WHERE state = 'uncertain' AND run_after <= now() AND ` + fmt.Sprintf(anyOfKinds, "kind") + `
+		AND ` + notHeld + ` AND NOT ` + noRoom + `
+	ORDER BY run_after
+	LIMIT @limit
+	FOR UPDATE SKIP LOCKED
+)`,
+	order: "run_after",
+	due:   `d.state = 'uncertain' AND d.run_after <= now()`,
+	set: `attempt = t.attempt + 1,
+	run_after = now() + @lease_us::bigint * interval '1 microsecond', locked_by = @worker,
+	updated_at = now()`,
+})
 
 // literalKind reports whether kind can be written into SQL as a literal
 // as it is: letters, digits and a few punctuation marks, no quote, no
@@ -350,19 +576,30 @@ func literalKind(kind string) bool {
 	return true
 }
 
-// sqlClaimAnyOf is sqlClaim for kinds that cannot be literals: correct,
-// but the planner may scan other kinds' backlog.
-const sqlClaimAnyOf = `WITH picked AS (
-	SELECT id FROM idemgate_tasks
-	WHERE kind = ANY(@kinds::text[]) AND state IN ('pending', 'retrying') AND run_after <= now()
-		AND id <> ALL(coalesce(@held::uuid[], '{}'))
-	ORDER BY priority DESC, run_after
-	LIMIT @limit
-	FOR UPDATE SKIP LOCKED
+// Kind limits.
+const (
+	// sqlKindLimits reads the limits of @kind; no row: none were set.
+	sqlKindLimits = `SELECT max_running, max_running_per_tenant, starts_per_second, paused
+FROM idemgate_kind_limits WHERE kind = @kind`
+
+	// sqlAllKindLimits reads the limits of every kind that has some.
+	sqlAllKindLimits = `SELECT kind, max_running, max_running_per_tenant, starts_per_second, paused
+FROM idemgate_kind_limits
+WHERE max_running > 0 OR max_running_per_tenant > 0 OR starts_per_second > 0 OR paused`
+
+	// sqlSetKindLimits stores the limits of @kind. The token bucket keeps
+	// what it holds (refilled to now, at most the new burst), so that
+	// setting limits again gives no extra burst; a new bucket starts full.
+	sqlSetKindLimits = `INSERT INTO idemgate_kind_limits AS l
+	(kind, max_running, max_running_per_tenant, starts_per_second, paused, tokens, refilled_at, updated_at)
+VALUES (@kind, @max_running, @max_running_per_tenant, @starts_per_second, @paused,
+	greatest(1, @starts_per_second::float8), statement_timestamp(), now())
+ON CONFLICT (kind) DO UPDATE SET max_running = EXCLUDED.max_running,
+	max_running_per_tenant = EXCLUDED.max_running_per_tenant, starts_per_second = EXCLUDED.starts_per_second,
+	paused = EXCLUDED.paused, refilled_at = statement_timestamp(), updated_at = now(),
+	tokens = CASE WHEN l.starts_per_second > 0 THEN least(greatest(1, EXCLUDED.starts_per_second), ` + tokensNow + `)
+		ELSE greatest(1, EXCLUDED.starts_per_second) END`
 )
-UPDATE idemgate_tasks t SET ` + claimSet + `
-FROM picked WHERE t.id = picked.id
-RETURNING ` + tTaskColumns + `, false AS duplicate`
 
 // Workers. Every transition of a claimed task is fenced by
 // WHERE id = @id AND attempt = @attempt AND state = <the state it was
@@ -380,40 +617,6 @@ const (
 	lease_until = now() + @lease_us::bigint * interval '1 microsecond', locked_by = @worker,
 	lost = CASE WHEN t.kind = ANY(@uncertain_kinds::text[]) THEN 'uncertain' ELSE 'retry' END,
 	updated_at = now()`
-
-	// sqlClaim takes up to @limit runnable tasks of any kind, highest
-	// priority first, then oldest: river's shape, a SKIP LOCKED CTE
-	// feeding one UPDATE … RETURNING. @held are tasks whose earlier attempt still runs in this
-	// worker: it never runs two attempts of one task.
-	sqlClaim = `WITH picked AS (
-	SELECT id FROM idemgate_tasks
-	WHERE state IN ('pending', 'retrying') AND run_after <= now()
-		AND id <> ALL(coalesce(@held::uuid[], '{}'))
-	ORDER BY priority DESC, run_after
-	LIMIT @limit
-	FOR UPDATE SKIP LOCKED
-)
-UPDATE idemgate_tasks t SET ` + claimSet + `
-FROM picked WHERE t.id = picked.id
-RETURNING ` + tTaskColumns + `, false AS duplicate`
-
-	// sqlClaimUncertain takes uncertain tasks due for reconciliation. The
-	// state stays uncertain; run_after moves past the lease so no other
-	// worker reconciles the task meanwhile, and attempt is the fence.
-	sqlClaimUncertain = `WITH picked AS (
-	SELECT id FROM idemgate_tasks
-	WHERE state = 'uncertain' AND run_after <= now()
-		AND (cardinality(@kinds::text[]) = 0 OR kind = ANY(@kinds::text[]))
-		AND id <> ALL(coalesce(@held::uuid[], '{}'))
-	ORDER BY run_after
-	LIMIT @limit
-	FOR UPDATE SKIP LOCKED
-)
-UPDATE idemgate_tasks t SET attempt = t.attempt + 1,
-	run_after = now() + @lease_us::bigint * interval '1 microsecond', locked_by = @worker,
-	updated_at = now()
-FROM picked WHERE t.id = picked.id
-RETURNING ` + tTaskColumns + `, false AS duplicate`
 
 	// sqlFinishBatch ends many running tasks, each succeeded or failed,
 	// with its results and error: the hot path of a busy worker, one

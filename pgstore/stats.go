@@ -22,10 +22,16 @@ type Stats struct {
 	// task: such a task waits for a Reconcile, and without one it waits
 	// for ever. Zero when there is none.
 	OldestUncertain time.Duration
+	// Limits are the KindLimits of every kind that has some (paused
+	// kinds included). Counts[kind][StateRunning] beside
+	// Limits[kind].MaxRunning is the kind's use of its limit; the
+	// WorkerHeldBack event counts the claims a limit held back.
+	Limits map[string]KindLimits
 }
 
 // Stats reads the counts of unfinished tasks and the ages of the oldest
-// waiting ones, in one statement that reads only unfinished tasks.
+// waiting ones, in one statement that reads only unfinished tasks, and
+// the kinds' limits.
 func (s *Store) Stats(ctx context.Context) (Stats, error) {
 	type group struct {
 		Kind       string `db:"kind"`
@@ -51,6 +57,9 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 		case StateUncertain:
 			st.OldestUncertain = max(st.OldestUncertain, time.Duration(g.OldestUS)*time.Microsecond)
 		}
+	}
+	if st.Limits, err = s.allKindLimits(ctx); err != nil {
+		return Stats{}, err
 	}
 	return st, nil
 }

@@ -381,10 +381,25 @@ func runAfterArg(at time.Time) pgtype.Timestamptz {
 // Get returns the task with that ID if it belongs to tenant and owner, and
 // ErrNotFound otherwise, whether or not the task exists for someone else.
 func (s *Store) Get(ctx context.Context, tenant, owner, id string) (Task, error) {
+	return s.get(ctx, scope{tenant: tenant, owner: owner}, id)
+}
+
+// scope is whose tasks a call may see: one tenant's owner's, or, for an
+// Operator, everyone's.
+type scope struct {
+	tenant, owner string
+	operator      bool
+}
+
+func (sc scope) args(id string) pgx.NamedArgs {
+	return pgx.NamedArgs{"id": id, "tenant": sc.tenant, "owner": sc.owner, "operator": sc.operator}
+}
+
+func (s *Store) get(ctx context.Context, sc scope, id string) (Task, error) {
 	if !validID(id) {
 		return Task{}, ErrNotFound
 	}
-	t, found, err := queryTask(ctx, s.pool, sqlGet, pgx.NamedArgs{"id": id, "tenant": tenant, "owner": owner})
+	t, found, err := queryTask(ctx, s.pool, sqlGet, sc.args(id))
 	if err != nil {
 		return Task{}, interpretError("get", err)
 	}
@@ -438,17 +453,21 @@ func (s *Store) Recover(ctx context.Context, tenant, owner, id string) (Task, er
 // succeeded or failed is not changed: Cancel returns it with an error
 // wrapping ErrFinished. Another caller's task is ErrNotFound.
 func (s *Store) Cancel(ctx context.Context, tenant, owner, id string) (Task, error) {
+	return s.cancel(ctx, scope{tenant: tenant, owner: owner}, id)
+}
+
+func (s *Store) cancel(ctx context.Context, sc scope, id string) (Task, error) {
 	if !validID(id) {
 		return Task{}, ErrNotFound
 	}
-	t, found, err := queryTask(ctx, s.pool, sqlCancel, pgx.NamedArgs{"id": id, "tenant": tenant, "owner": owner})
+	t, found, err := queryTask(ctx, s.pool, sqlCancel, sc.args(id))
 	if err != nil {
 		return Task{}, interpretError("cancel", err)
 	}
 	if found {
 		return t, nil
 	}
-	cur, err := s.Get(ctx, tenant, owner, id)
+	cur, err := s.get(ctx, sc, id)
 	if err != nil {
 		return Task{}, fmt.Errorf("pgstore: cancel: %w", err)
 	}

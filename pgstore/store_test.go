@@ -14,7 +14,12 @@ import (
 	"github.com/idemgate/idemgate/internal/testenv"
 )
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
+func TestMain(m *testing.M) {
+	if dsn := os.Getenv(workerProcessEnv); dsn != "" {
+		os.Exit(workerProcess(dsn))
+	}
+	os.Exit(testenv.Main(m))
+}
 
 // patience bounds a wait for something that must happen (wait.For): it is
 // generous, so that a test holds on a loaded machine, and costs nothing

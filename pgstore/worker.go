@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +53,9 @@ type workerTestHooks struct {
 	// failWrite, when it returns an error, makes try number try of an
 	// outcome's write fail with it instead of reaching the database.
 	failWrite func(t Task, try int) error
+	// plainClaim, when set, is run instead of the claim statement, alone
+	// (no transaction, no limits): an older claim, to measure against.
+	plainClaim string
 }
 
 // NewWorker returns a worker for s; start it with Run. It copies cfg's
@@ -68,15 +70,8 @@ func NewWorker(s *Store, cfg WorkerConfig) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &Worker{store: s, cfg: cfg, uncertainKinds: cfg.uncertainKinds(), wake: make(chan struct{}, 1)}
-	switch {
-	case len(cfg.Kinds) == 0:
-		w.claimSQL = sqlClaim
-	case !slices.ContainsFunc(cfg.Kinds, func(k string) bool { return !literalKind(k) }):
-		w.claimSQL = claimKindsSQL(cfg.Kinds)
-	default:
-		w.claimSQL = sqlClaimAnyOf
-	}
+	w := &Worker{store: s, cfg: cfg, uncertainKinds: cfg.uncertainKinds(), wake: make(chan struct{}, 1),
+		claimSQL: claimRunnableSQL(cfg.Kinds)}
 	if cfg.Reconcile == nil && len(w.uncertainKinds) > 0 {
 		cfg.Logger.Warn("pgstore: worker: kinds whose lost attempts become uncertain, but no Reconcile: "+
 			"such tasks wait for another worker's Reconcile (Store.Stats counts them)", "kinds", w.uncertainKinds)
@@ -174,10 +169,10 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 	for ctx.Err() == nil { // a claim after cancellation would only be released again
 		free := w.cfg.Concurrency - w.attempts.count()
 		if free > 0 {
-			claimed, sent, err := w.claim(base, free)
-			for _, t := range claimed {
-				w.start(base, t, StateRunning, sent) // even when stopping: shutdown finishes or releases them
-			}
+			w.attempts.beginClaim()
+			claimed, sent, took, err := w.claim(base, free)
+			// Even when stopping: shutdown finishes or releases them.
+			w.start(base, claimed, StateRunning, sent, took)
 			switch {
 			case ctx.Err() != nil:
 				return
@@ -208,32 +203,72 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 // their leases by this process's clock. Its context is not the caller's:
 // a claim cancelled after it committed would strand the claimed tasks
 // until their lease ran out.
-func (w *Worker) claim(base context.Context, n int) ([]Task, time.Time, error) {
+func (w *Worker) claim(base context.Context, n int) ([]Task, time.Time, time.Duration, error) {
 	defer w.claims.Add(1)
 	ctx, cancel := context.WithTimeout(base, w.cfg.Lease/2)
 	defer cancel()
 	sql, args := w.claimStatement(n)
 	sent := time.Now()
-	rows, _ := w.store.pool.Query(ctx, sql, args)
-	claimed, err := pgx.CollectRows(rows, pgx.RowToStructByName[Task])
+	claimed, err := w.runClaim(ctx, sql, args)
 	took := time.Since(sent)
-	for _, t := range claimed {
-		w.emit(WorkerEvent{Type: WorkerClaimed, Kind: t.Kind, TaskID: t.ID, Attempt: t.Attempt, Latency: took})
-	}
 	if err != nil {
-		return claimed, sent, interpretError("claim", err)
+		return nil, sent, took, interpretError("claim", err)
 	}
-	return claimed, sent, nil
+	return claimed, sent, took, nil
 }
 
 // claimStatement is the claim of up to n tasks, for this worker's kinds.
 func (w *Worker) claimStatement(n int) (string, pgx.NamedArgs) {
-	args := pgx.NamedArgs{"limit": n, "lease_us": w.leaseUS(), "worker": w.cfg.Name,
-		"held": w.attempts.ids(), "uncertain_kinds": w.uncertainKinds}
-	if w.claimSQL == sqlClaimAnyOf {
-		args["kinds"] = w.cfg.Kinds
+	return w.claimSQL, pgx.NamedArgs{"limit": n, "lease_us": w.leaseUS(), "worker": w.cfg.Name,
+		"held": w.attempts.ids(), "uncertain_kinds": w.uncertainKinds, "kinds": w.cfg.Kinds}
+}
+
+// runClaim runs a claim statement in a transaction of its own after
+// sqlLockLimitedKinds, all in one round trip, and returns the claimed
+// tasks; a kind the claim reports held back by its limits is emitted as
+// WorkerHeldBack. The claim's snapshot is taken after the locks are
+// granted, so it sees every claim of a limited kind committed before.
+func (w *Worker) runClaim(ctx context.Context, sql string, args pgx.NamedArgs) ([]Task, error) {
+	if w.test != nil && w.test.plainClaim != "" && sql == w.claimSQL {
+		rows, _ := w.store.pool.Query(ctx, w.test.plainClaim, args)
+		return pgx.CollectRows(rows, pgx.RowToStructByName[Task])
 	}
-	return w.claimSQL, args
+	var b pgx.Batch
+	b.Queue("BEGIN")
+	b.Queue(sqlLockLimitedKinds, pgx.NamedArgs{"kinds": w.cfg.Kinds})
+	b.Queue(sql, args)
+	b.Queue("COMMIT")
+	br := w.store.pool.SendBatch(ctx, &b)
+	_, err := br.Exec()
+	if err == nil {
+		_, err = br.Exec()
+	}
+	var got []Task
+	if err == nil {
+		rows, qerr := br.Query()
+		if qerr == nil {
+			got, qerr = pgx.CollectRows(rows, pgx.RowToStructByName[Task])
+		}
+		err = qerr
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	claimed := got[:0]
+	for _, t := range got {
+		if t.State == stateHeld {
+			w.emit(WorkerEvent{Type: WorkerHeldBack, Kind: t.Kind})
+			continue
+		}
+		claimed = append(claimed, t)
+	}
+	return claimed, nil
 }
 
 // leaseUS is the lease a claim or heartbeat writes into the row: the
@@ -242,11 +277,25 @@ func (w *Worker) leaseUS() int64 {
 	return (w.cfg.Lease + leaseMargin(w.cfg.Lease)).Microseconds()
 }
 
-// start runs one claimed attempt of t in its own goroutine.
-func (w *Worker) start(base context.Context, t Task, from State, sent time.Time) {
-	a := newAttempt(base, t, from, w.cfg.policy(t.Kind), sent, w.cfg.Lease)
-	w.attempts.add(a)
-	w.tasks.Go(func() { w.runAttempt(a) })
+// start runs the attempts of a claim (announced by beginClaim), each in
+// its own goroutine. The attempts are registered first, so that a
+// cancellation arriving from then on finds them; a WorkerClaimed event
+// (for a claim of running tasks, which took took) follows; and only then
+// do the handlers start, each unless its attempt was cancelled meanwhile.
+func (w *Worker) start(base context.Context, claimed []Task, from State, sent time.Time, took time.Duration) {
+	as := make([]*attempt, len(claimed))
+	for i, t := range claimed {
+		as[i] = newAttempt(base, t, from, w.cfg.policy(t.Kind), sent, w.cfg.Lease)
+	}
+	w.attempts.register(as)
+	if from == StateRunning {
+		for _, t := range claimed {
+			w.emit(WorkerEvent{Type: WorkerClaimed, Kind: t.Kind, TaskID: t.ID, Attempt: t.Attempt, Latency: took})
+		}
+	}
+	for _, a := range as {
+		w.tasks.Go(func() { w.runAttempt(a) })
+	}
 }
 
 // result is what a handler call came to.
@@ -265,14 +314,13 @@ func (w *Worker) runAttempt(a *attempt) {
 		h = w.cfg.Reconcile
 	}
 	done := make(chan result, 1)
-	go func() {
-		// A handler that calls runtime.Goexit never returns: deferred,
-		// the send still happens, as a panic would.
-		res := result{panicked: true, panic: "the handler called runtime.Goexit"}
-		defer func() { done <- res }()
-		res = call(a.ctx, h, a.task)
-		res.outcome.err = safeErr(res.outcome.err)
-	}()
+	if a.ctx.Err() != nil {
+		// Cancelled (or its lease lost) before it started: the handler
+		// is not called at all.
+		done <- result{cause: context.Cause(a.ctx)}
+	} else {
+		go w.callHandler(a, h, done)
+	}
 
 	var res result
 	returned := true
@@ -308,6 +356,16 @@ func (w *Worker) runAttempt(a *attempt) {
 	if w.test != nil && w.test.onFinish != nil {
 		w.test.onFinish(a.task, res.outcome, applied, err)
 	}
+}
+
+// callHandler runs h on a's task and sends what it came to on done.
+func (w *Worker) callHandler(a *attempt, h Handler, done chan<- result) {
+	// A handler that calls runtime.Goexit never returns: deferred,
+	// the send still happens, as a panic would.
+	res := result{panicked: true, panic: "the handler called runtime.Goexit"}
+	defer func() { done <- res }()
+	res = call(a.ctx, h, a.task)
+	res.outcome.err = safeErr(res.outcome.err)
 }
 
 // call runs h, turning a panic into a result.
@@ -374,11 +432,7 @@ func (w *Worker) emit(ev WorkerEvent) {
 
 // cancelTask cancels this worker's attempt of a task that Store.Cancel
 // ended.
-func (w *Worker) cancelTask(id string) {
-	if a := w.attempts.get(id); a != nil {
-		a.cancel(errCancelled)
-	}
-}
+func (w *Worker) cancelTask(id string) { w.attempts.cancel(id) }
 
 // count is how many slots are taken.
 func (w *Worker) count() int { return w.attempts.count() }
@@ -414,15 +468,13 @@ func (w *Worker) reconcile(ctx, base context.Context) error {
 	}
 	qctx, cancel := context.WithTimeout(ctx, w.cfg.Lease/2)
 	defer cancel()
+	w.attempts.beginClaim()
 	sent := time.Now()
-	rows, _ := w.store.pool.Query(qctx, sqlClaimUncertain, pgx.NamedArgs{"limit": free, "lease_us": w.leaseUS(),
+	claimed, err := w.runClaim(qctx, sqlClaimUncertain, pgx.NamedArgs{"limit": free, "lease_us": w.leaseUS(),
 		"kinds": w.cfg.Kinds, "worker": w.cfg.Name, "held": w.attempts.ids()})
-	claimed, err := pgx.CollectRows(rows, pgx.RowToStructByName[Task])
+	w.start(base, claimed, StateUncertain, sent, time.Since(sent))
 	if err != nil {
 		return interpretError("claim uncertain", err)
-	}
-	for _, t := range claimed {
-		w.start(base, t, StateUncertain, sent)
 	}
 	return nil
 }

@@ -312,7 +312,7 @@ func TestStaleTransitionsAreFenced(t *testing.T) {
 	ctx := context.Background()
 	task := mustSubmit(t, s, newTask("fenced"))
 	w := newWorker(t, s, WorkerConfig{Handler: func(context.Context, Task) Outcome { return Outcome{} }, Lease: time.Hour})
-	claimed, _, err := w.claim(ctx, 10)
+	claimed, _, _, err := w.claim(ctx, 10)
 	if err != nil || len(claimed) != 1 || claimed[0].Attempt != 1 {
 		t.Fatalf("claim = %+v, %v; want attempt 1 of the task", claimed, err)
 	}

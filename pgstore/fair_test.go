@@ -1,0 +1,90 @@
+package pgstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+)
+
+// tenantTask is a task of tenant with key key.
+func tenantTask(tenant, key string) NewTask {
+	nt := newTask(key)
+	nt.Tenant = tenant
+	return nt
+}
+
+// Within a kind and a priority, claims take tenants in turn: a lone task
+// of another tenant, submitted behind a tenant's backlog, is claimed
+// among the next claims, not after the backlog; priority stays strict.
+func TestClaimTakesTenantsInTurn(t *testing.T) {
+	t.Parallel()
+	for _, shape := range claimShapes {
+		t.Run(shape.name, func(t *testing.T) {
+			t.Parallel()
+			s, _ := setup(t)
+			ctx := context.Background()
+			backlog := make([]NewTask, 300)
+			for i := range backlog {
+				backlog[i] = tenantTask("acme", fmt.Sprintf("a-%d", i))
+				backlog[i].Kind = shape.kind
+			}
+			if _, err := s.SubmitMany(ctx, backlog); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 5 { // Submit's own turns, after SubmitMany's
+				nt := tenantTask("acme", fmt.Sprintf("a-late-%d", i))
+				nt.Kind = shape.kind
+				mustSubmit(t, s, nt)
+			}
+			for _, tenant := range []string{"beta", "gamma"} {
+				nt := tenantTask(tenant, tenant+"-1")
+				nt.Kind = shape.kind
+				mustSubmit(t, s, nt)
+			}
+			urgent := tenantTask("acme", "a-urgent")
+			urgent.Kind, urgent.Priority = shape.kind, 1
+			mustSubmit(t, s, urgent)
+
+			var order []string
+			for range 6 {
+				for _, task := range claimNow(t, s, shape.kinds, 1) {
+					order = append(order, task.IdempotencyKey)
+				}
+			}
+			if len(order) != 6 || order[0] != "a-urgent" {
+				t.Fatalf("claimed %v; want the higher priority first", order)
+			}
+			for _, key := range []string{"beta-1", "gamma-1"} {
+				if i := slices.Index(order, key); i < 0 || i > 3 {
+					t.Fatalf("claimed %v; want %s among the first claims of priority 0 (one per tenant in turn)", order, key)
+				}
+			}
+		})
+	}
+}
+
+// Two tenants' backlogs, submitted one after the other, are claimed
+// alternately.
+func TestClaimAlternatesBacklogs(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	for _, tenant := range []string{"acme", "beta"} {
+		batch := make([]NewTask, 50)
+		for i := range batch {
+			batch[i] = tenantTask(tenant, fmt.Sprintf("%s-%d", tenant, i))
+		}
+		if _, err := s.SubmitMany(ctx, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := claimNow(t, s, nil, 20)
+	count := map[string]int{}
+	for _, task := range got {
+		count[task.Tenant]++
+	}
+	if count["acme"] != 10 || count["beta"] != 10 {
+		t.Fatalf("20 claims took %v; want 10 of each tenant", count)
+	}
+}

@@ -1,0 +1,102 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// KindLimits bind every worker of the database at once; they are stored in
+// the database and take effect without a restart. Zero means no limit (and
+// not paused).
+//
+// A limit counts every start of a handler of the kind: first attempts,
+// retries and Reconcile calls. An attempt counts from its claim until its
+// lease ends or it finishes, so the attempt of a worker that died counts
+// until its lease runs out. Claims of a limited kind are serialized by an
+// advisory lock, so workers racing for the last slot never exceed a limit;
+// a claim that began before SetKindLimits returned is bound by the limits
+// it read.
+type KindLimits struct {
+	// MaxRunning bounds the attempts of the kind running at once, across
+	// all workers.
+	MaxRunning int
+	// MaxRunningPerTenant bounds the same per tenant.
+	MaxRunningPerTenant int
+	// StartsPerSecond bounds attempt starts per second across all
+	// workers: a token bucket with a burst of one second's worth (at
+	// least one start).
+	StartsPerSecond float64
+	// Paused stops new attempts from starting; running ones finish, and
+	// Submit still accepts tasks.
+	Paused bool
+}
+
+func (l KindLimits) validate() error {
+	switch {
+	case l.MaxRunning < 0 || l.MaxRunning > math.MaxInt32:
+		return fmt.Errorf("pgstore: kind limits: MaxRunning %d outside [0, %d]", l.MaxRunning, math.MaxInt32)
+	case l.MaxRunningPerTenant < 0 || l.MaxRunningPerTenant > math.MaxInt32:
+		return fmt.Errorf("pgstore: kind limits: MaxRunningPerTenant %d outside [0, %d]", l.MaxRunningPerTenant, math.MaxInt32)
+	case math.IsNaN(l.StartsPerSecond) || math.IsInf(l.StartsPerSecond, 0) || l.StartsPerSecond < 0:
+		return fmt.Errorf("pgstore: kind limits: StartsPerSecond %v is not a finite rate ≥ 0", l.StartsPerSecond)
+	}
+	return nil
+}
+
+// SetKindLimits stores the limits of kind; the zero KindLimits removes
+// them. Workers apply them from their next claim on. Negative limits and
+// a rate that is NaN or infinite are refused.
+func (s *Store) SetKindLimits(ctx context.Context, kind string, l KindLimits) error {
+	if kind == "" {
+		return errors.New("pgstore: set kind limits: empty kind")
+	}
+	if err := l.validate(); err != nil {
+		return err
+	}
+	_, err := s.pool.Exec(ctx, sqlSetKindLimits, pgx.NamedArgs{"kind": kind, "max_running": l.MaxRunning,
+		"max_running_per_tenant": l.MaxRunningPerTenant, "starts_per_second": l.StartsPerSecond, "paused": l.Paused})
+	if err != nil {
+		return interpretError("set kind limits", err)
+	}
+	return nil
+}
+
+// KindLimits returns the limits of kind: the zero value, and no error, for
+// a kind whose limits were never set.
+func (s *Store) KindLimits(ctx context.Context, kind string) (KindLimits, error) {
+	rows, _ := s.pool.Query(ctx, sqlKindLimits, pgx.NamedArgs{"kind": kind})
+	l, err := pgx.CollectOneRow(rows, pgx.RowToStructByPos[KindLimits])
+	if errors.Is(err, pgx.ErrNoRows) {
+		return KindLimits{}, nil
+	}
+	if err != nil {
+		return KindLimits{}, interpretError("kind limits", err)
+	}
+	return l, nil
+}
+
+// allKindLimits returns the limits of every kind that has some.
+func (s *Store) allKindLimits(ctx context.Context) (map[string]KindLimits, error) {
+	type row struct {
+		Kind string
+		KindLimits
+	}
+	rows, _ := s.pool.Query(ctx, sqlAllKindLimits)
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+		var x row
+		err := r.Scan(&x.Kind, &x.MaxRunning, &x.MaxRunningPerTenant, &x.StartsPerSecond, &x.Paused)
+		return x, err
+	})
+	if err != nil {
+		return nil, interpretError("kind limits", err)
+	}
+	out := make(map[string]KindLimits, len(got))
+	for _, r := range got {
+		out[r.Kind] = r.KindLimits
+	}
+	return out, nil
+}

@@ -1,0 +1,216 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemgate/idemgate/internal/wait"
+	"github.com/jackc/pgx/v5"
+)
+
+// measuring skips t unless PGSTORE_MEASURE is set: the measurements print
+// figures (run with -v) and assert nothing about time.
+func measuring(t *testing.T) {
+	t.Helper()
+	if os.Getenv("PGSTORE_MEASURE") == "" {
+		t.Skip("set PGSTORE_MEASURE=1 to measure (with -v)")
+	}
+}
+
+// explain prints EXPLAIN (ANALYZE, BUFFERS) of sql with args, in a
+// transaction rolled back after, so a claim claims nothing for good.
+func explain(t *testing.T, s *Store, title, sql string, args pgx.NamedArgs) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SET LOCAL jit = off"); err != nil { // as runClaim does
+		t.Fatal(err)
+	}
+	rows, _ := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+sql, args)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s:\n%s", title, strings.Join(lines, "\n"))
+}
+
+// The claim, a Submit and Stats at a 100k-task backlog of one tenant with
+// a thousand other tenants' tasks behind it.
+//
+//	PGSTORE_MEASURE=1 go test -count=1 -v -run TestExplainClaimAtABacklog ./pgstore/
+func TestExplainClaimAtABacklog(t *testing.T) {
+	measuring(t)
+	s, _ := setup(t)
+	ctx := context.Background()
+	// acme's 100k tasks take turns 0…99999; the others one turn each, as
+	// Submit would give them.
+	if _, err := s.pool.Exec(ctx, `INSERT INTO idemgate_tasks
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, turn)
+		SELECT 'acme', 'o', 'image', 'gpu', 'main', 'a-' || g, 'f', g - 1 FROM generate_series(1, 100000) g;
+		INSERT INTO idemgate_tasks (tenant, owner, kind, runtime, network, idempotency_key, fingerprint, turn)
+		SELECT 'tenant-' || g, 'o', 'image', 'gpu', 'main', 'b-' || g, 'f', 0 FROM generate_series(1, 1000) g;
+		ANALYZE idemgate_tasks`); err != nil {
+		t.Fatal(err)
+	}
+	for _, shape := range claimShapes[:2] {
+		w := newWorker(t, s, WorkerConfig{Kinds: shape.kinds, Handler: func(context.Context, Task) Outcome { return Outcome{} }})
+		sql, args := w.claimStatement(16)
+		explain(t, s, "claim of 16, "+shape.name, sql, args)
+	}
+	if err := s.SetKindLimits(ctx, "image", KindLimits{MaxRunning: 8, MaxRunningPerTenant: 2, StartsPerSecond: 100}); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(t, s, WorkerConfig{Kinds: []string{"image"}, Handler: func(context.Context, Task) Outcome { return Outcome{} }})
+	sql, args := w.claimStatement(16)
+	explain(t, s, "claim of 16, literal kinds, with limits", sql, args)
+	nt := tenantTask("acme", "explain-submit")
+	explain(t, s, "Submit of acme's next task", sqlSubmit, pgx.NamedArgs{"tenant": nt.Tenant, "owner": nt.Owner,
+		"kind": nt.Kind, "runtime": nt.Runtime, "network": nt.Network, "key": nt.IdempotencyKey,
+		"fingerprint": nt.Fingerprint, "params": nil, "trace": "", "run_after": runAfterArg(nt.RunAfter),
+		"priority": 0, "notify": false})
+}
+
+// sqlClaimFIFO is the claim before fair claiming (v5): highest priority,
+// then oldest first, on an index of (priority DESC, run_after).
+const sqlClaimFIFO = `WITH picked AS (
+	SELECT id FROM idemgate_tasks
+	WHERE state IN ('pending', 'retrying') AND run_after <= now()
+		AND id <> ALL(coalesce(@held::uuid[], '{}'))
+	ORDER BY priority DESC, run_after
+	LIMIT @limit
+	FOR UPDATE SKIP LOCKED
+)
+UPDATE idemgate_tasks t SET ` + claimSet + `
+FROM picked WHERE t.id = picked.id
+RETURNING ` + tTaskColumns + `, false AS duplicate`
+
+// measureDB is a store whose database also has v5's index for
+// sqlClaimFIFO.
+func measureDB(t *testing.T) *Store {
+	t.Helper()
+	s, _ := setup(t)
+	if _, err := s.pool.Exec(context.Background(), `CREATE INDEX idemgate_tasks_runnable_v5
+		ON idemgate_tasks (priority DESC, run_after) WHERE state IN ('pending', 'retrying')`); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// submitBacklog stores n tasks of tenants (in turn, as one client would
+// submit them) in batches of a thousand.
+func submitBacklog(t *testing.T, s *Store, prefix string, n int, tenants ...string) {
+	t.Helper()
+	for from := 0; from < n; from += 1000 {
+		var batch []NewTask
+		for i := from; i < min(n, from+1000); i++ {
+			batch = append(batch, tenantTask(tenants[i%len(tenants)], fmt.Sprintf("%s-%d", prefix, i)))
+		}
+		if _, err := s.SubmitMany(context.Background(), batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A lone task of tenant B submitted behind tenant A's 20k backlog (one
+// worker, 16 slots, 5ms handler): how many attempts start, and how long,
+// before B's, against an idle queue and against the FIFO claim.
+//
+//	PGSTORE_MEASURE=1 go test -count=1 -v -run TestMeasureFairness ./pgstore/
+func TestMeasureFairness(t *testing.T) {
+	measuring(t)
+	s := measureDB(t)
+	ctx := context.Background()
+	for _, sc := range []struct {
+		name    string
+		backlog int
+		fifo    bool
+	}{
+		{"idle queue", 0, false},
+		{"fair claim, 20k backlog", 20000, false},
+		{"FIFO claim (before), 20k backlog", 20000, true},
+	} {
+		if _, err := s.pool.Exec(ctx, "TRUNCATE idemgate_tasks"); err != nil {
+			t.Fatal(err)
+		}
+		submitBacklog(t, s, "a", sc.backlog, "acme")
+		var starts atomic.Int64
+		var bStart atomic.Int64 // starts before B's, +1
+		var bAt atomic.Pointer[time.Time]
+		w := newWorker(t, s, WorkerConfig{Concurrency: 16, Handler: func(_ context.Context, task Task) Outcome {
+			n := starts.Add(1)
+			if task.Tenant == "beta" {
+				now := time.Now()
+				bAt.Store(&now)
+				bStart.Store(n)
+			}
+			time.Sleep(5 * time.Millisecond)
+			return Succeeded(json.RawMessage(`1`))
+		}})
+		if sc.fifo {
+			w.test = &workerTestHooks{plainClaim: sqlClaimFIFO}
+		}
+		stop := runWorker(t, w)
+		if sc.backlog > 0 {
+			wait.For(t, patience, "the worker drains the backlog", func() bool { return starts.Load() >= 500 })
+		}
+		before := starts.Load()
+		submitted := time.Now()
+		mustSubmit(t, s, tenantTask("beta", "b-lone"))
+		wait.For(t, 5*time.Minute, "B's task started", func() bool { return bAt.Load() != nil })
+		stop()
+		t.Logf("%-34s B waited %5d starts, %v", sc.name+":", bStart.Load()-before-1, bAt.Load().Sub(submitted).Round(time.Millisecond))
+	}
+}
+
+// Drain throughput of one worker (16 slots, no-op handler) on a backlog
+// of 5000 tasks of 500 tenants: the fair claim against the FIFO claim
+// (before), in alternating rounds on the same backlog.
+//
+//	PGSTORE_MEASURE=1 go test -count=1 -v -run TestMeasureDrainCost ./pgstore/
+func TestMeasureDrainCost(t *testing.T) {
+	measuring(t)
+	s := measureDB(t)
+	ctx := context.Background()
+	tenants := make([]string, 500)
+	for i := range tenants {
+		tenants[i] = fmt.Sprintf("tenant-%d", i)
+	}
+	const n = 5000
+	rates := map[bool][]float64{}
+	for round := range 6 {
+		fifo := round%2 == 1
+		if _, err := s.pool.Exec(ctx, "TRUNCATE idemgate_tasks"); err != nil {
+			t.Fatal(err)
+		}
+		submitBacklog(t, s, "d", n, tenants...)
+		if _, err := s.pool.Exec(ctx, "VACUUM ANALYZE idemgate_tasks"); err != nil {
+			t.Fatal(err)
+		}
+		w := newWorker(t, s, WorkerConfig{Concurrency: 16,
+			Handler: func(context.Context, Task) Outcome { return Succeeded(json.RawMessage(`1`)) }})
+		if fifo {
+			w.test = &workerTestHooks{plainClaim: sqlClaimFIFO}
+		}
+		began := time.Now()
+		stop := runWorker(t, w)
+		wait.For(t, 5*time.Minute, "the backlog drained", func() bool { return countRows(t, s.pool, "state = 'succeeded'") == n })
+		took := time.Since(began)
+		stop()
+		rates[fifo] = append(rates[fifo], n/took.Seconds())
+		t.Logf("round %d, %s: %.0f tasks/s", round+1, map[bool]string{false: "fair", true: "FIFO"}[fifo], n/took.Seconds())
+	}
+	median := func(xs []float64) float64 { slices.Sort(xs); return xs[len(xs)/2] }
+	t.Logf("median drain: fair %.0f tasks/s, FIFO %.0f tasks/s: fair/FIFO = %.2f×",
+		median(rates[false]), median(rates[true]), median(rates[false])/median(rates[true]))
+}
