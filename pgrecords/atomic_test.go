@@ -34,8 +34,8 @@ const ledgerDDL = `CREATE TABLE IF NOT EXISTS ledger (key text NOT NULL, node te
 type atomicNode struct {
 	e     *echo.Echo
 	runs  atomic.Int64
-	gate  chan struct{} // X-Mode "wait": the handler blocks on it after its write
-	entry chan struct{} // X-Mode "wait": a send when the handler has written
+	gate  chan struct{} // X-Mode "wait" blocks on it after the write, "late" before
+	entry chan struct{} // X-Mode "wait" and "late": a send when the handler blocks
 }
 
 func newAtomicNode(t *testing.T, name string, store middleware.Store, configure func(*middleware.Config)) *atomicNode {
@@ -62,6 +62,10 @@ func newAtomicNode(t *testing.T, name string, store middleware.Store, configure 
 			return errors.New("no transaction on an Atomic route")
 		}
 		key := c.Request().Header.Get("Idempotency-Key")
+		if c.Request().Header.Get("X-Mode") == "late" { // wait, then write
+			n.entry <- struct{}{}
+			<-n.gate
+		}
 		if _, err := tx.Exec(c.Request().Context(), `INSERT INTO ledger (key, node) VALUES ($1, $2)`, key, name); err != nil {
 			return err
 		}
