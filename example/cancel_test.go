@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/internal/testenv"
+	"github.com/idemgate/idemgate/internal/wait"
 	"github.com/idemgate/idemgate/pgstore"
 )
 
@@ -149,7 +150,10 @@ func TestLostImageAttemptIsReconciled(t *testing.T) {
 	_, v := n.do(t, "alice", http.MethodPost, "/v1/images", "lost:1", `{"prompt":"a patient cat","n":2}`)
 	id := v["task_id"].(string)
 	up := upstream{gen: generator{took: took}, log: n.b.pool}
-	waitUntil(t, func() bool { c, err := up.calls(context.Background(), id); return err == nil && c == 1 })
+	wait.For(t, time.Minute, "the task's request at the upstream", func() bool {
+		c, err := up.calls(context.Background(), id)
+		return err == nil && c == 1
+	})
 	stop() // releases the running task by the images policy: uncertain
 	if task := n.waitStatus(t, id, "uncertain"); task["images"] != nil {
 		t.Fatalf("uncertain task shows images: %v", task)
@@ -187,7 +191,7 @@ func TestReconcileAsksTheUpstream(t *testing.T) {
 	go func() {
 		_, _ = slow.call(callCtx, "running", imageParams{Prompt: "a cat", AspectRatio: "1:1", N: 1}, 0)
 	}()
-	waitUntil(t, func() bool { c, _ := up.calls(ctx, "running"); return c == 1 })
+	wait.For(t, time.Minute, "the slow call at the upstream", func() bool { c, _ := up.calls(ctx, "running"); return c == 1 })
 	cancel()
 	tests := []struct {
 		name string
@@ -204,17 +208,6 @@ func TestReconcileAsksTheUpstream(t *testing.T) {
 				t.Fatalf("reconcile of %s found %d; want %d", tt.id, got, tt.want)
 			}
 		})
-	}
-}
-
-func waitUntil(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 60s")
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 

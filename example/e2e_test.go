@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -10,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -20,59 +18,28 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate/internal/proctest"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/keyspace"
 )
 
 func TestMain(m *testing.M) {
 	code := testenv.Main(m)
-	if builtDir != "" {
-		os.RemoveAll(builtDir)
-	}
+	proctest.Cleanup()
 	os.Exit(code)
 }
 
-// The example binary, built once per test binary (with -race when the
-// tests run with it).
-var (
-	buildOnce sync.Once
-	builtDir  string
-	builtBin  string
-	buildErr  error
-)
+// examplePkg is this program, built for the tests that run it as a process.
+const examplePkg = "github.com/idemgate/idemgate/example"
 
-func exampleBinary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		builtDir, buildErr = os.MkdirTemp("", "idemgate-example-bin-")
-		if buildErr != nil {
-			return
-		}
-		builtBin = filepath.Join(builtDir, "example")
-		args := []string{"build", "-o", builtBin}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return builtBin
-}
-
-// proc is one running example process.
+// proc is one running example process and, for serve, its URL.
 type proc struct {
-	cmd  *exec.Cmd
-	out  *lockedBuffer
-	url  string
-	done chan struct{}
-	err  error
+	*proctest.Process
+	url string
 }
 
+// lockedBuffer is a bytes.Buffer safe for a writer and readers in
+// different goroutines (TestExampleTelemetry's span exporter writes to one).
 type lockedBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
@@ -90,14 +57,16 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-var listeningRE = regexp.MustCompile(`listening on (http://\S+)`)
+// upRE matches the line that says a process is up: "listening on URL" for
+// serve, "worker NAME running" for worker.
+var upRE = regexp.MustCompile(`listening on (http://\S+)|example worker (?:\S+ )?running`)
 
 // startProc runs the example binary with env (nothing else of ours leaks
-// in) and waits until its stdout says it is up: "listening on URL" for
-// serve, "worker running" for worker. The process is killed at cleanup.
+// in) and waits until its stdout says it is up. The process is stopped at
+// cleanup.
 func startProc(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	p, err := launch(t, exampleBinary(t), env, args...)
+	p, err := launch(t, proctest.Build(t, examplePkg), env, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,50 +85,15 @@ func launch(t *testing.T, bin string, env []string, args ...string) (*proc, erro
 		cmd.Env = append(cmd.Env, kv)
 	}
 	cmd.Env = append(cmd.Env, env...)
-	p := &proc{cmd: cmd, out: &lockedBuffer{}, done: make(chan struct{})}
-	pr, pw := io.Pipe()
-	cmd.Stdout = io.MultiWriter(p.out, pw)
-	cmd.Stderr = p.out
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %v: %v", args, err)
+	p, err := proctest.Start(t, cmd)
+	if err != nil {
+		return nil, err
 	}
-	go func() {
-		p.err = cmd.Wait()
-		pw.Close()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = cmd.Process.Kill()
-			<-p.done
-		}
-		if t.Failed() {
-			t.Logf("output of %v:\n%s", args, p.out.String())
-		}
-	})
-	up := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			line := sc.Text()
-			if m := listeningRE.FindStringSubmatch(line); m != nil {
-				up <- m[1]
-			} else if strings.Contains(line, "worker running") {
-				up <- ""
-			}
-		}
-		io.Copy(io.Discard, pr)
-	}()
-	select {
-	case p.url = <-up:
-		return p, nil
-	case <-p.done:
-		return nil, fmt.Errorf("%v exited before it was up: %v\n%s", args, p.err, p.out.String())
-	case <-time.After(90 * time.Second):
-		return nil, fmt.Errorf("%v not up after 90s:\n%s", args, p.out.String())
+	m, err := p.WaitOutput(upRE, 90*time.Second)
+	if err != nil {
+		return nil, err
 	}
+	return &proc{Process: p, url: m[1]}, nil
 }
 
 // testSecret signs the tokens of the end-to-end tests.
@@ -195,7 +129,7 @@ func startDeployment(t *testing.T) *deployment {
 	d := &deployment{dsn: dsn, redis: redis.NewClient(ropts), ownsRDB: testenv.RedisServer(t) != nil}
 	t.Cleanup(func() { d.redis.Close() })
 	// Start the nodes at once: their migrations race, as in a rollout.
-	bin := exampleBinary(t)
+	bin := proctest.Build(t, examplePkg)
 	names := []string{"a", "b", "worker"}
 	procs := make([]*proc, len(names))
 	errs := make([]error, len(names))

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemgate/idemgate/internal/wait"
 )
 
 // succeededTask submits a prompt as alice and waits until it succeeded.
@@ -192,7 +194,7 @@ func TestExportClientLeaves(t *testing.T) {
 	}
 	// The first run goes on without its client; let it end before the
 	// retry, so the retry meets its stored answer (or, planted, nothing).
-	waitUntil(t, func() bool { return n.exports(t, id) == 1 })
+	wait.For(t, time.Minute, "the first export run to end", func() bool { return n.exports(t, id) == 1 })
 	time.Sleep(exportRenderTime)
 	a, err := exportOver(ctx, t, srv.Client(), srv.URL, string(n.secret), id, "export:leave")
 	if err != nil {

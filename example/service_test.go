@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/idemgate/idemgate/example/client"
+	"github.com/idemgate/idemgate/internal/proctest"
 )
 
 // TestService runs the seed's scenario end to end on two serve nodes and
@@ -335,7 +336,7 @@ func TestService(t *testing.T) {
 		t.Run("demo tells the story against a running node", func(t *testing.T) {
 			t.Parallel()
 			out := t.TempDir()
-			cmd := exec.Command(exampleBinary(t), "demo", "-url", d.b.url, "-out", out)
+			cmd := exec.Command(proctest.Build(t, examplePkg), "demo", "-url", d.b.url, "-out", out)
 			cmd.Env = append(os.Environ(), "JWT_SECRET="+testSecret)
 			story, err := cmd.CombinedOutput()
 			if err != nil {
@@ -439,6 +440,7 @@ func (p *lossyProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 var (
 	pgDirRE = regexp.MustCompile(`throwaway cluster on \S+ in (\S+),`)
 	tokenRE = regexp.MustCompile(`TOKEN=(\S+)`)
+	ctrlCRE = regexp.MustCompile(`Ctrl-C stops it\.`)
 )
 
 // TestEmbeddedDefaults runs the binary with nothing configured: it starts
@@ -450,11 +452,10 @@ func TestEmbeddedDefaults(t *testing.T) {
 	}
 	t.Parallel()
 	p := startProc(t, nil, "-addr", "127.0.0.1:0", "-gen-time", "200ms")
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(p.out.String(), "Ctrl-C stops it.") && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
+	if _, err := p.WaitOutput(ctrlCRE, 10*time.Second); err != nil {
+		t.Fatal(err)
 	}
-	out := p.out.String()
+	out := p.Output()
 	dir, tok := pgDirRE.FindStringSubmatch(out), tokenRE.FindStringSubmatch(out)
 	if dir == nil || tok == nil || !strings.Contains(out, "WARNING: JWT_SECRET is not set") ||
 		!strings.Contains(out, "in-process miniredis") || !strings.Contains(out, "curl ") {
@@ -473,21 +474,16 @@ func TestEmbeddedDefaults(t *testing.T) {
 	}
 
 	start := time.Now()
-	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
+	if err := p.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-p.done:
-	case <-time.After(2 * shutdownBudget):
-		// shutdownBudget bounds the server and workers; stopping and
-		// removing the throwaway cluster comes after, so allow twice that
-		// on a loaded machine.
-		t.Fatalf("still running %v after SIGINT", 2*shutdownBudget)
+	// shutdownBudget bounds the server and workers; stopping and removing
+	// the throwaway cluster comes after, so allow twice that on a loaded
+	// machine.
+	if err := p.Wait(2 * shutdownBudget); err != nil {
+		t.Fatalf("after SIGINT: %v\n%s", err, p.Output())
 	}
 	t.Logf("exited %v after SIGINT", time.Since(start).Round(time.Millisecond))
-	if p.err != nil {
-		t.Errorf("exit: %v\n%s", p.err, p.out.String())
-	}
 	if _, err := os.Stat(dir[1]); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("throwaway cluster dir %s still there after exit (stat: %v)", dir[1], err)
 	}

@@ -65,7 +65,7 @@ func TestStorePostgres(t *testing.T) {
 	if finished != 1 {
 		t.Errorf("%d finished records in idemgate_records, want 1", finished)
 	}
-	if out := p.out.String(); !strings.Contains(out, "STORE=postgres") {
+	if out := p.Output(); !strings.Contains(out, "STORE=postgres") {
 		t.Errorf("startup lines do not say where records live:\n%s", out)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgate/idemgate/internal/testenv"
+	"github.com/idemgate/idemgate/internal/wait"
 )
 
 // A request whose answer was lost on the way back (the connection broke
@@ -92,7 +93,7 @@ CREATE TRIGGER attack_hold BEFORE INSERT ON idemgate_example_upstream_calls
 		_, err := up.call(ctx, ref, imageParams{Prompt: "a cat", AspectRatio: "1:1", N: 1}, 0)
 		got <- err
 	}()
-	waitUntil(t, func() bool {
+	wait.For(t, time.Minute, "the upstream's INSERT held by the lock", func() bool {
 		var n int
 		_ = admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO idemgate_example_upstream_calls%'`).Scan(&n)
@@ -110,7 +111,7 @@ CREATE TRIGGER attack_hold BEFORE INSERT ON idemgate_example_upstream_calls
 		t.Fatal(err)
 	}
 	cut.Store(false)
-	waitUntil(t, func() bool {
+	wait.For(t, time.Minute, "the upstream's log of the call", func() bool {
 		var n int
 		err := admin.QueryRow(ctx, "SELECT count(*) FROM idemgate_example_upstream_calls WHERE ref = $1", ref).Scan(&n)
 		return err == nil && n == 1
