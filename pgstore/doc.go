@@ -34,8 +34,8 @@
 //
 // A Worker claims runnable tasks in batches (a FOR UPDATE SKIP LOCKED CTE
 // feeding one UPDATE … RETURNING; with Kinds, one CTE per kind on the
-// (kind, run_after) index, so other kinds' backlog is never read), runs
-// its Handler on each, and records the Outcome. Each claim increments
+// (kind, priority, turn, run_after) index, so other kinds' backlog is
+// never read), runs its Handler on each, and records the Outcome. Each claim increments
 // Task.Attempt and gives the attempt a lease, which the worker extends
 // while the handler runs. Every transition is fenced by WHERE id = … AND
 // attempt = … AND state = …, so a worker that lost its lease (it hung,
@@ -53,6 +53,29 @@
 // Reconcile: for work that may already have reached an upstream that must
 // not be called twice). KindPolicy.Timeout (default DefaultTimeout, 10
 // minutes) bounds each attempt.
+//
+// # Fair claiming and kind limits
+//
+// Claims take the highest priority first (strictly), and within a kind
+// and a priority the tenants in turn: Submit gives each task a turn, the
+// one after its tenant's last waiting task but never before the next turn
+// to be served, and claims take the lowest turns first. So a tenant's
+// backlog delays another tenant's task by about one task per tenant with
+// waiting work, not by the backlog's length. A retried task keeps its
+// turn (it goes first when due); Operator.Retry gives a new one.
+//
+// Store.SetKindLimits stores KindLimits in the database: MaxRunning and
+// MaxRunningPerTenant (attempts holding a lease, across all workers),
+// StartsPerSecond (a token bucket) and Paused. Every claim applies them,
+// first attempts, retries and Reconcile calls alike; claims of a limited
+// kind are serialized by an advisory lock taken in the claim's own
+// transaction, so workers racing for the last slot never exceed a
+// limit, and a dead worker's attempt counts until its lease ends. A
+// claim that left a due task waiting because of a limit emits
+// WorkerHeldBack. Store.Stats reports the limits beside the counts.
+//
+// Operator (Store.Operator) is for operator tools: List with a Filter,
+// and Get, Cancel and Retry by task ID alone, for any tenant.
 //
 // The worker is a few small parts: the pure decision of what an ended
 // attempt does to its task (decide, table-tested), the completer that
@@ -88,7 +111,10 @@
 // a valid unique index on the key, and a rerun finishes the job. Version 3
 // adds the trace and lost-policy columns, the cancelled state and the
 // cancel notification; version 4 validates v3's checks and builds the
-// claim index by kind and the finished-task index, CONCURRENTLY. The
+// claim index by kind and the finished-task index, CONCURRENTLY; version 5
+// adds priority, version 6 turns and the kind limits table, each with
+// their claim indexes built CONCURRENTLY and read back before the ones
+// they replace are dropped. The
 // migrating session's search_path is pinned to the schema it migrates,
 // and what a step drops is read back from that schema's catalog and named
 // by it, so a migration never touches another schema.

@@ -316,3 +316,46 @@ func TestStartsPerSecondHolds(t *testing.T) {
 		t.Fatalf("50 starts at %v/s took %v; want at least (50 − burst)/rate", rate, took)
 	}
 }
+
+// Reconcile calls count against MaxRunning like attempts: with running
+// attempts and due reconciles of one kind on two workers, no more than
+// MaxRunning of either run at once.
+func TestKindLimitsCountReconcileCalls(t *testing.T) {
+	t.Parallel()
+	s, db := setup(t)
+	ctx := context.Background()
+	const maxRunning = 2
+	if err := s.SetKindLimits(ctx, "image", KindLimits{MaxRunning: maxRunning}); err != nil {
+		t.Fatal(err)
+	}
+	var batch []NewTask
+	for i := range 40 {
+		batch = append(batch, newTask(fmt.Sprintf("reconciled-%d", i)))
+	}
+	if _, err := s.SubmitMany(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(ctx, `UPDATE idemgate_tasks SET state = 'uncertain', attempt = 1
+		WHERE idempotency_key LIKE 'reconciled-%' AND right(idempotency_key, 1) IN ('0', '2', '4', '6', '8')`); err != nil {
+		t.Fatal(err)
+	}
+	var running, most atomic.Int64
+	run := func(context.Context, Task) Outcome {
+		n := running.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(10 * time.Millisecond)
+		running.Add(-1)
+		return Succeeded(json.RawMessage(`1`))
+	}
+	for range 2 {
+		runWorker(t, newWorker(t, newStore(db.pool(t)), WorkerConfig{Concurrency: 8, Handler: run, Reconcile: run,
+			RescueInterval: 20 * time.Millisecond}))
+	}
+	wait.For(t, patience, "every task succeeded", func() bool {
+		return countRows(t, s.pool, "state = 'succeeded'") == len(batch)
+	})
+	if m := most.Load(); m > maxRunning {
+		t.Fatalf("%d handlers and Reconciles ran at once; want ≤ MaxRunning %d", m, maxRunning)
+	}
+}
