@@ -222,7 +222,8 @@ func newIdem(cfg Config) (*idem, error) {
 			bad("Kind %q: %w", cfg.Kind, err)
 		}
 	}
-	if err := cfg.Fingerprint.Validate(); err != nil {
+	fp, err := cfg.Fingerprint.Compile()
+	if err != nil {
 		bad("Fingerprint: %w", err)
 	}
 	if cfg.Header == "" {
@@ -307,6 +308,7 @@ func newIdem(cfg Config) (*idem, error) {
 		tx:     txStore,
 		header: http.CanonicalHeaderKey(cfg.Header),
 		filter: filter,
+		fp:     fp,
 		routes: make(map[routeKey]*route),
 	}, nil
 }

@@ -55,6 +55,19 @@
 //	encoding_not_acceptable
 //	                     406  stored Content-Encoding the retry does not accept
 //	                          and that cannot be decoded for it
+//	lease_lost           503  Atomic route: the claim ran out and another request
+//	                          took the key over before the commit; rolled back
+//	response_too_large   500  Atomic route: answer over MaxResponseBytes; rolled back
+//
+// The codes are the Code constants (CodeKeyMissing, …): a wire contract
+// that clients may compare against.
+//
+// Atomic routes (Config.Atomic, with a Store that implements TxStore such
+// as pgrecords.Store): the handler runs inside a transaction the store
+// opens after the claim, and the record is completed in that same
+// transaction, so the handler's own writes and its stored answer commit
+// together or not at all; the answer is held until the commit. See
+// docs/atomic-routes.md.
 //
 // The Store interface is small enough to implement on Postgres or DynamoDB;
 // RedisStore implements it on a single Redis, Sentinel or Cluster: a claim

@@ -56,6 +56,7 @@ type idem struct {
 	tx     TxStore // set on an Atomic route
 	header string  // canonical
 	filter *headerFilter
+	fp     *fingerprint.Compiled // cfg.Fingerprint, compiled once
 
 	last   atomic.Pointer[route] // per-route use: always the same route
 	mu     sync.Mutex
@@ -168,7 +169,7 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	}
 	st.body.Reset(body)
 	r.Body = &st.body
-	inner, fields, err := m.cfg.Fingerprint.SumRequestFields(r, body, st.sums[:0])
+	inner, fields, err := m.fp.SumRequestFields(r, body, st.sums[:0])
 	if err != nil {
 		return writeProblem(c, http.StatusBadRequest, CodeBodyInvalid, err.Error(), 0)
 	}

@@ -11,6 +11,14 @@
 // time. A replay or conflict is a plain read by primary key; only a claim
 // that finds no live record calls a function that writes (see sqlClaim).
 //
+// Atomic routes (middleware.Config.Atomic): Store implements
+// middleware.TxStore. The handler runs in a transaction on a connection of
+// the pool (Tx, TxFromContext) and the record is completed in it, fenced by
+// the claim's token at the commit, with the COMMIT in the same round trip:
+// the handler's writes, the tasks it submits with pgstore.SubmitTx and the
+// stored answer commit together or not at all. A miss costs one round
+// trip more (BEGIN); a replay opens no transaction.
+//
 // Expired records stay until the next claim of their key reclaims them or
 // Sweep deletes them in small batches. The table has one index, the
 // primary key, which no update changes, and a fillfactor of 70: updates
