@@ -21,6 +21,7 @@ import (
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/keyspace"
 	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/pgrecords"
 	"github.com/idemgate/idemgate/pgstore"
 )
 
@@ -69,7 +70,11 @@ func (a *api) handler() *echo.Echo {
 		records = middleware.NewRedisStore(a.redis)
 	}
 	store := a.obs.store(records)
-	idem := func(kind string, fields ...string) echo.MiddlewareFunc {
+	// With the records in Postgres (STORE=postgres), the routes that write
+	// run Atomic: the task or the ledger row commits in one transaction
+	// with the stored answer. Redis cannot commit with Postgres.
+	atomic := a.records != nil
+	idem := func(kind string, atomic bool, fields ...string) echo.MiddlewareFunc {
 		return middleware.New(middleware.Config{
 			Store:       store,
 			Scope:       identity,
@@ -82,16 +87,17 @@ func (a *api) handler() *echo.Echo {
 			WaitInFlight: 2 * time.Second,
 			OnEvent:      a.logEvent,
 			Logger:       a.logger,
+			Atomic:       atomic,
 		})
 	}
 	v1 := e.Group("/v1", authMiddleware(a.secret))
 	v1.POST("/images", a.submitImages,
-		idem(kindImages, "/prompt", "/aspect_ratio", "/n", "/reference_image"))
-	v1.POST("/music", a.submitMusic, idem(kindMusic, "/prompt", "/seconds"))
+		idem(kindImages, atomic, "/prompt", "/aspect_ratio", "/n", "/reference_image"))
+	v1.POST("/music", a.submitMusic, idem(kindMusic, false, "/prompt", "/seconds"))
 	v1.GET("/tasks/:id", a.getTask)
 	v1.POST("/tasks/:id/recover", a.recoverTask)
 	v1.POST("/tasks/:id/cancel", a.cancelTask)
-	v1.POST("/tasks/:id/export", newExporter(a).export, idem(kindExport))
+	v1.POST("/tasks/:id/export", newExporter(a).export, idem(kindExport, atomic))
 	return e
 }
 
@@ -259,6 +265,13 @@ func (a *api) submit(c echo.Context, params any) error {
 	if err != nil {
 		return fmt.Errorf("submit: encode params: %w", err)
 	}
+	submit := a.store.Submit
+	if tx := pgrecords.Tx(c); tx != nil {
+		// An Atomic route: the task commits with the stored 202, or not at all.
+		submit = func(ctx context.Context, t pgstore.NewTask) (pgstore.Task, error) {
+			return a.store.SubmitTx(ctx, tx, t)
+		}
+	}
 	task, err := a.obs.submit(c.Request().Context(), pgstore.NewTask{
 		Tenant:         req.Key.Tenant(),
 		Owner:          req.Key.Owner(),
@@ -268,7 +281,7 @@ func (a *api) submit(c echo.Context, params any) error {
 		IdempotencyKey: req.Key.Task(),
 		Fingerprint:    string(req.Fingerprint),
 		Params:         raw,
-	}, a.store.Submit)
+	}, submit)
 	if errors.Is(err, pgstore.ErrConflict) {
 		return middleware.ErrKeyReused
 	}

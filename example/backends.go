@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -42,6 +43,10 @@ func (b *backends) close() {
 	b.closers = nil
 }
 
+// defaultPoolConns is the Postgres pool size unless DATABASE_URL sets
+// pool_max_conns.
+const defaultPoolConns = 32
+
 // openBackends connects to Postgres (DATABASE_URL, or a throwaway cluster
 // when embedded is allowed) and, with withRedis, to Redis (REDIS_URL, or an
 // in-process miniredis), then migrates the schema.
@@ -72,7 +77,18 @@ func (b *backends) open(ctx context.Context, s settings, withRedis, embedded boo
 	} else {
 		b.pgInfo = redactURL(dsn)
 	}
-	b.pool, err = pgxpool.New(ctx, dsn)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	if !strings.Contains(dsn, "pool_max_conns") {
+		// pgx's default (4 on a 2-core machine) is too few for Atomic
+		// routes: each holds a connection for its handler's transaction
+		// while the handler, the lease renewal and other requests need
+		// more.
+		cfg.MaxConns = defaultPoolConns
+	}
+	b.pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("postgres: %w", err)
 	}

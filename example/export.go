@@ -22,6 +22,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/pgrecords"
 	"github.com/idemgate/idemgate/pgstore"
 )
 
@@ -152,8 +153,16 @@ func (e *exporter) export(c echo.Context) error {
 	if err := e.prepare(ctx); err != nil {
 		return e.unavailable(c, "prepare the ledger", err)
 	}
+	// On an Atomic route (STORE=postgres) the charge commits with the
+	// stored answer: a retry finds one or the other, never a second charge.
+	var db interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	} = e.pool
+	if tx := pgrecords.Tx(c); tx != nil {
+		db = tx
+	}
 	var id int64
-	err = e.pool.QueryRow(ctx, `INSERT INTO idemgate_example_exports
+	err = db.QueryRow(ctx, `INSERT INTO idemgate_example_exports
 		(tenant, owner, idempotency_key, task_id, node, bytes, started_at)
 		VALUES (@tenant, @owner, @key, @task::uuid, @node, @bytes, @started) RETURNING id`,
 		pgx.NamedArgs{"tenant": tenant, "owner": ownerID, "key": req.Key.Task(), "task": t.ID,
