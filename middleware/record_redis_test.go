@@ -2,11 +2,13 @@ package middleware
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -328,4 +330,208 @@ func usedCPU(t *testing.T, c *redis.Client) float64 {
 		}
 	}
 	return cpu
+}
+
+// scriptCalls is a go-redis hook that counts EVALSHA and EVAL calls by the
+// script's SHA-1 (EVAL by the SHA-1 of its source).
+type scriptCalls struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (h *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if name := cmd.Name(); (name == "evalsha" || name == "eval") && len(args) > 1 {
+			sha, _ := args[1].(string)
+			if name == "eval" {
+				sha = redis.NewScript(sha).Hash()
+			}
+			h.mu.Lock()
+			h.n[sha]++
+			h.mu.Unlock()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *scriptCalls) count(s *redis.Script) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.n[s.Hash()]
+}
+
+// TestRedisCompleteKnownClaim: a claim this store made completes by
+// finishScript (head compared, record set whole) and leaves exactly the
+// record completeScript leaves; one it did not make, or made under another
+// key with the same token, completes by completeScript; both are fenced
+// by the token in Redis.
+func TestRedisCompleteKnownClaim(t *testing.T) {
+	t.Parallel()
+	for name, client := range redisClients(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			calls := &scriptCalls{n: map[string]int{}}
+			client.AddHook(calls)
+			s, other := NewRedisStore(client), NewRedisStore(client)
+			key := func(request string) string {
+				k, err := keyspace.Derive("images", keyspace.Scope{Tenant: "acme", User: "alice", Request: request + newToken().String()})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return k.String()
+			}
+			alice, err := keyspace.Derive("images", keyspace.Scope{Tenant: "acme", User: "alice", Request: "x"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			claim := func(k string, tok Token) ClaimRequest {
+				return ClaimRequest{Fingerprint: "v1:" + fingerprint.Fingerprint(strings.Repeat("a", 64)), Owner: alice.Owner(), Kind: alice.Kind(),
+					Lease: time.Minute, Token: tok, Fields: []fingerprint.FieldSum{{1, 2, 3, 4}, {5, 6, 7, 8}}}
+			}
+			resp := Response{Status: 202, Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/tasks/1"}}, Body: []byte(`{"task_id":"1"}`)}
+			get := func(k string) string {
+				sk, _ := storeKey(k, "", "")
+				v, err := client.Get(ctx, sk).Result()
+				if err != nil {
+					t.Fatalf("GET %s: %v", k, err)
+				}
+				return v
+			}
+
+			// The same claim completed both ways stores the same bytes.
+			tok := newToken()
+			fast, slow := key("fast"), key("slow")
+			for _, k := range []string{fast, slow} {
+				if res, err := s.Claim(ctx, k, claim(k, tok)); err != nil || res.Status != Claimed {
+					t.Fatalf("Claim = %v, %v", res.Status, err)
+				}
+			}
+			before := calls.count(finishScript)
+			if err := s.Complete(ctx, fast, tok, resp, time.Hour); err != nil {
+				t.Fatalf("Complete (known claim) = %v", err)
+			}
+			if got := calls.count(finishScript) - before; got != 1 {
+				t.Errorf("a known claim completed with %d finishScript calls, want 1", got)
+			}
+			before = calls.count(completeScript)
+			if err := other.Complete(ctx, slow, tok, resp, time.Hour); err != nil {
+				t.Fatalf("Complete (claim of another store) = %v", err)
+			}
+			if got := calls.count(completeScript) - before; got != 1 {
+				t.Errorf("another store's claim completed with %d completeScript calls, want 1", got)
+			}
+			if a, b := get(fast), get(slow); a != b {
+				t.Errorf("finished records differ:\n known claim %q\n general     %q", a, b)
+			}
+			// Resent, and completed by another token: the answers of
+			// completeScript.
+			if err := s.Complete(ctx, fast, tok, resp, time.Hour); err != nil {
+				t.Errorf("resent Complete = %v, want nil", err)
+			}
+			if err := s.Complete(ctx, fast, newToken(), resp, time.Hour); !errors.Is(err, ErrLeaseLost) {
+				t.Errorf("Complete with another token = %v, want ErrLeaseLost", err)
+			}
+
+			// Fenced: the claim lost to another request, then its
+			// Complete finds that request's claim and changes nothing.
+			lost := key("lost")
+			tok = newToken()
+			if _, err := s.Claim(ctx, lost, claim(lost, tok)); err != nil {
+				t.Fatal(err)
+			}
+			sk, _ := storeKey(lost, "", "")
+			client.Del(ctx, sk)
+			thief := newToken()
+			if res, err := other.Claim(ctx, lost, claim(lost, thief)); err != nil || res.Status != Claimed {
+				t.Fatalf("the second claim = %v, %v", res.Status, err)
+			}
+			held := get(lost)
+			if err := s.Complete(ctx, lost, tok, resp, time.Hour); !errors.Is(err, ErrLeaseLost) {
+				t.Errorf("Complete of a lost claim = %v, want ErrLeaseLost", err)
+			}
+			if got := get(lost); got != held {
+				t.Errorf("a lost claim's Complete changed the record: %q, was %q", got, held)
+			}
+			if err := other.Complete(ctx, lost, thief, resp, time.Hour); err != nil {
+				t.Errorf("the holder's Complete = %v", err)
+			}
+
+			// One token on two keys with other parameters: each key
+			// keeps its own fingerprint.
+			tok = newToken()
+			one, two := key("one"), key("two")
+			reqOne, reqTwo := claim(one, tok), claim(two, tok)
+			reqTwo.Fingerprint = "v1:" + fingerprint.Fingerprint(strings.Repeat("b", 64))
+			s.Claim(ctx, one, reqOne)
+			s.Claim(ctx, two, reqTwo)
+			for _, k := range []string{one, two} {
+				if err := s.Complete(ctx, k, tok, resp, time.Hour); err != nil {
+					t.Fatalf("Complete = %v", err)
+				}
+			}
+			for k, req := range map[string]ClaimRequest{one: reqOne, two: reqTwo} {
+				req.Token = newToken()
+				if res, err := other.Claim(ctx, k, req); err != nil || res.Status != Finished {
+					t.Errorf("replay after one token on two keys = %v, %v; want finished", res.Status, err)
+				}
+			}
+
+			// A released claim is forgotten.
+			rel := key("released")
+			tok = newToken()
+			s.Claim(ctx, rel, claim(rel, tok))
+			if err := s.Release(ctx, rel, tok); err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := s.claims.m[tok]; ok {
+				t.Error("a released claim is still remembered")
+			}
+		})
+	}
+}
+
+// TestClaimCacheBound: the cache holds at most maxCachedClaims claims;
+// when full, it drops those past their lease, and otherwise remembers no
+// more (those claims complete by the general script).
+func TestClaimCacheBound(t *testing.T) {
+	t.Parallel()
+	var c claimCache
+	rec := []byte("\x02Crecord")
+	for i := range maxCachedClaims {
+		var tok Token
+		binary.BigEndian.PutUint64(tok[:], uint64(i))
+		c.add(tok, "k", rec, -time.Second) // already past its lease
+	}
+	fresh := newToken()
+	c.add(fresh, "k", rec, time.Minute)
+	if len(c.m) != 1 {
+		t.Fatalf("a full cache of expired claims kept %d after an add, want 1", len(c.m))
+	}
+	for i := range maxCachedClaims - 1 {
+		var tok Token
+		binary.BigEndian.PutUint64(tok[:], uint64(i))
+		c.add(tok, "k", rec, time.Minute)
+	}
+	late := newToken()
+	c.add(late, "k", rec, time.Minute)
+	if _, ok := c.m[late]; ok || len(c.m) != maxCachedClaims {
+		t.Errorf("a cache full of live claims took another (%d held)", len(c.m))
+	}
+	arg := &scriptArg{}
+	if !c.take(fresh, "k", arg) || string(arg.b) != string(rec) {
+		t.Errorf("take = %q, want the record", arg.b)
+	}
+	if c.take(fresh, "k", &scriptArg{}) {
+		t.Error("a claim was taken twice")
+	}
+	c.add(late, "k", make([]byte, maxCachedRecord+1), time.Minute)
+	if _, ok := c.m[late]; ok {
+		t.Error("a record too long to hold inline was remembered")
+	}
 }

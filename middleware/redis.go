@@ -323,7 +323,7 @@ func fencedResult(op string, cmd *redis.Cmd) error {
 }
 
 // maxCachedClaims bounds the claims a RedisStore remembers: about 150
-// bytes each. Beyond it, claims complete by the general script.
+// bytes each, so at most about 600 KB. Beyond it, claims complete by the general script.
 const maxCachedClaims = 4096
 
 // claimCache remembers the claimed records this process wrote, by token,
@@ -336,14 +336,22 @@ type claimCache struct {
 
 type cachedClaim struct {
 	key   string // the stored key
-	rec   []byte // the claimed record as set
-	until time.Time
+	until int64  // Unix nanoseconds: the lease's end, at the claim
+	n     uint8  // bytes of rec in use
+	rec   [maxCachedRecord]byte
 }
+
+// maxCachedRecord holds a claim under a keyspace key with up to 16 field
+// digests, inline, so that remembering it allocates nothing.
+const maxCachedRecord = 2 + 16 + 1 + storedFP + 1 + 16*storedSum
 
 // add remembers the claim of k by tok, recorded as rec, for about lease
 // (an entry outliving its lease is dropped only when the cache is full).
 func (c *claimCache) add(tok Token, k string, rec []byte, lease time.Duration) {
-	now := time.Now()
+	if len(rec) > maxCachedRecord {
+		return
+	}
+	now := time.Now().UnixNano()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil {
@@ -351,7 +359,7 @@ func (c *claimCache) add(tok Token, k string, rec []byte, lease time.Duration) {
 	}
 	if len(c.m) >= maxCachedClaims {
 		for t, e := range c.m {
-			if now.After(e.until) {
+			if now > e.until {
 				delete(c.m, t)
 			}
 		}
@@ -359,7 +367,9 @@ func (c *claimCache) add(tok Token, k string, rec []byte, lease time.Duration) {
 			return
 		}
 	}
-	c.m[tok] = cachedClaim{key: k, rec: append([]byte(nil), rec...), until: now.Add(lease)}
+	e := cachedClaim{key: k, until: now + int64(lease), n: uint8(len(rec))}
+	copy(e.rec[:], rec)
+	c.m[tok] = e
 }
 
 // take forgets the claim of tok and, if it was a claim of k, appends its
@@ -372,7 +382,7 @@ func (c *claimCache) take(tok Token, k string, arg *scriptArg) bool {
 	if !ok || e.key != k {
 		return false
 	}
-	arg.b = append(arg.b, e.rec...)
+	arg.b = append(arg.b, e.rec[:e.n]...)
 	return true
 }
 
