@@ -95,6 +95,7 @@ func (a *api) handler() *echo.Echo {
 		idem(kindImages, atomic, "/prompt", "/aspect_ratio", "/n", "/reference_image"))
 	v1.POST("/music", a.submitMusic, idem(kindMusic, false, "/prompt", "/seconds"))
 	v1.GET("/tasks/:id", a.getTask)
+	v1.GET("/queue", a.queue)
 	v1.POST("/tasks/:id/recover", a.recoverTask)
 	v1.POST("/tasks/:id/cancel", a.cancelTask)
 	v1.POST("/tasks/:id/export", newExporter(a).export, idem(kindExport, atomic))
@@ -454,4 +455,39 @@ func (a *api) storeUnavailable(c echo.Context, what string, err error) error {
 // ahead) cannot overflow into "retry in 1 s".
 func retryAfter(pollAfterMS int64) string {
 	return strconv.FormatInt(max(1, pollAfterMS/1000+min(1, pollAfterMS%1000)), 10)
+}
+
+// kindQueue is one kind's line of GET /v1/queue: what runs and waits, and
+// the kind's cluster-wide limits (0: none).
+type kindQueue struct {
+	Kind                string  `json:"kind"`
+	Running             int     `json:"running"`
+	Waiting             int     `json:"waiting"` // pending and retrying
+	Paused              bool    `json:"paused"`
+	MaxRunning          int     `json:"max_running"`
+	MaxRunningPerTenant int     `json:"max_running_per_tenant"`
+	StartsPerSecond     float64 `json:"starts_per_second"`
+}
+
+// queue answers GET /v1/queue: the state of the task queue per kind, for
+// the page. It names counts and limits only, no tenant's tasks.
+func (a *api) queue(c echo.Context) error {
+	ctx := c.Request().Context()
+	st, err := a.store.Stats(ctx)
+	if err != nil {
+		return a.storeUnavailable(c, "queue stats", err)
+	}
+	out := make([]kindQueue, 0, 2)
+	for _, kind := range []string{kindImages, kindMusic} {
+		l, err := a.store.KindLimits(ctx, kind)
+		if err != nil {
+			return a.storeUnavailable(c, "kind limits", err)
+		}
+		n := st.Counts[kind]
+		out = append(out, kindQueue{Kind: kind, Running: n[pgstore.StateRunning],
+			Waiting: n[pgstore.StatePending] + n[pgstore.StateRetrying], Paused: l.Paused,
+			MaxRunning: l.MaxRunning, MaxRunningPerTenant: l.MaxRunningPerTenant, StartsPerSecond: l.StartsPerSecond})
+	}
+	c.Response().Header().Set("Cache-Control", "no-store")
+	return c.JSON(http.StatusOK, map[string]any{"kinds": out})
 }

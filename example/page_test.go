@@ -17,6 +17,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemgate/idemgate/internal/testenv"
+	"github.com/idemgate/idemgate/pgstore"
 )
 
 // screenshotEnv names a path where TestPage writes its screenshot (PNG),
@@ -175,6 +176,19 @@ func TestPage(t *testing.T) {
 	}
 	if got := text(t, ctx, `[...document.querySelectorAll(".rules li.met")].map(l => l.id).join(",")`); got != "rule1,rule2,rule3" {
 		t.Errorf("rules shown as met: %q, want all three", got)
+	}
+
+	// The queue card shows each kind's running count against its limit,
+	// and a kind an operator paused.
+	if err := n.b.store.SetKindLimits(context.Background(), kindImages, pgstore.KindLimits{MaxRunning: 8, Paused: true}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, "queue shows images paused with its limit", `(() => {
+		const r = document.querySelector('#queue tr[data-kind="images"]');
+		return r !== null && r.innerText.includes("paused") && r.innerText.includes("/ 8");
+	})()`)
+	if got := text(t, ctx, `document.querySelector('#queue tr[data-kind="music"]').innerText`); strings.Contains(got, "paused") {
+		t.Errorf("music shown as %q: only images was paused", got)
 	}
 
 	if path := os.Getenv(screenshotEnv); path != "" {

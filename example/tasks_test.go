@@ -5,10 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"net/http"
 	"strings"
 	"testing"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/pgstore"
@@ -218,5 +222,30 @@ func TestTasksBadInput(t *testing.T) {
 	}
 	if l, _ := o.store.KindLimits(ctx, kindImages); l != (pgstore.KindLimits{}) {
 		t.Fatalf("a refused command stored limits %+v", l)
+	}
+}
+
+// GET /v1/queue reports each kind's running and waiting tasks and its
+// limits, for the page.
+func TestQueueRoute(t *testing.T) {
+	t.Parallel()
+	o := newOpsBench(t)
+	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	secret := []byte("s3cret")
+	a := &api{store: o.store, pool: o.pool, redis: rdb, secret: secret, logger: slog.New(slog.DiscardHandler)}
+	n := &taskNode{b: &backends{pool: o.pool, store: o.store}, e: a.handler(), secret: secret}
+	if err := o.store.SetKindLimits(context.Background(), kindMusic, pgstore.KindLimits{MaxRunning: 2, Paused: true}); err != nil {
+		t.Fatal(err)
+	}
+	code, v := n.do(t, "alice", http.MethodGet, "/v1/queue", "", "")
+	if code != http.StatusOK {
+		t.Fatalf("GET /v1/queue: %d %v", code, v)
+	}
+	got, _ := json.Marshal(v["kinds"])
+	want := `[{"kind":"images","max_running":0,"max_running_per_tenant":0,"paused":false,"running":0,"starts_per_second":0,"waiting":2},` +
+		`{"kind":"music","max_running":2,"max_running_per_tenant":0,"paused":true,"running":0,"starts_per_second":0,"waiting":1}]`
+	if string(got) != want {
+		t.Fatalf("queue = %s\nwant    %s", got, want)
 	}
 }

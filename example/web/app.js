@@ -146,6 +146,7 @@ async function signIn(ev) {
   st.token = j.token;
   $("who").textContent = `signed in as ${user} @ ${tenant} (dev token)`;
   showProblem(null);
+  showQueue();
 }
 
 function useToken(ev) {
@@ -153,6 +154,43 @@ function useToken(ev) {
   st.token = $("token").value.trim();
   $("who").textContent = "using the pasted token";
   showProblem(null);
+  showQueue();
+}
+
+// ---- the queue ---------------------------------------------------------------
+
+// showQueue fills the queue card from GET /v1/queue. It is read every two
+// seconds while signed in, outside the wire log: it is not the action.
+async function showQueue() {
+  if (!st.token) return;
+  let j;
+  try {
+    const res = await fetch("/v1/queue", { headers: { Authorization: "Bearer " + st.token } });
+    if (!res.ok) return;
+    j = await res.json();
+  } catch (_) { return; }
+  const body = document.createElement("tbody");
+  const head = document.createElement("tr");
+  for (const h of ["kind", "running / limit", "waiting", "per tenant", "starts/s", ""]) {
+    const th = document.createElement("th");
+    th.textContent = h;
+    head.appendChild(th);
+  }
+  body.appendChild(head);
+  const limit = (v) => (v ? String(v) : "–");
+  for (const k of j.kinds) {
+    const tr = document.createElement("tr");
+    tr.dataset.kind = k.kind;
+    for (const text of [k.kind, `${k.running} / ${limit(k.max_running)}`, String(k.waiting),
+      limit(k.max_running_per_tenant), limit(k.starts_per_second), k.paused ? "paused" : ""]) {
+      const td = document.createElement("td");
+      td.textContent = text;
+      tr.appendChild(td);
+    }
+    if (k.paused) tr.className = "paused";
+    body.appendChild(tr);
+  }
+  $("queue").replaceChildren(body);
 }
 
 // ---- the business action ---------------------------------------------------
@@ -282,4 +320,5 @@ document.addEventListener("DOMContentLoaded", () => {
   $("reword-btn").addEventListener("click", reword);
   $("cancel-btn").addEventListener("click", cancelTask);
   $("new-btn").addEventListener("click", newAction);
+  setInterval(showQueue, 2000);
 });
