@@ -14,23 +14,49 @@ import (
 // The short soak and the planted-bug runs start real processes (Postgres,
 // redis-server, four example processes) and take minutes; -short skips them.
 
+// TestMain removes the example binaries the runs built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	removeBuilds()
+	os.Exit(code)
+}
+
 // soakSeed is the fixed seed of the short soak and of the planted-bug runs.
 const soakSeed = "1"
 
 // keptDir finds the run directory the tool kept, in its stderr.
 var keptDir = regexp.MustCompile(`kept in (\S+)`)
 
-// runTool runs the command in-process and returns its exit code and the
-// JSON summary.
-func runTool(t *testing.T, args ...string) (int, Summary) {
+// toolRun is one finished run of the command.
+type toolRun struct {
+	args        []string
+	code        int
+	out, errOut string
+}
+
+// startTool runs the command in-process in the background. The runs wait
+// far more than they compute (a stand-in generator, fault windows, leases
+// running out, the clients' last actions): side by side they take about
+// as long as the longest one, which t.Parallel would not give with
+// -parallel at GOMAXPROCS on a two-core machine.
+func startTool(args ...string) <-chan toolRun {
+	done := make(chan toolRun, 1)
+	go func() {
+		var out, errOut bytes.Buffer
+		ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
+		defer cancel()
+		code := run(ctx, append([]string{"-json", "-q"}, args...), &out, &errOut)
+		done <- toolRun{args: args, code: code, out: out.String(), errOut: errOut.String()}
+	}()
+	return done
+}
+
+// summary returns the run's exit code and JSON summary, failing t if the
+// run could not be made. A violated run keeps its directory for a look; a
+// planted bug's expected violation needs no look unless the test failed.
+func (r toolRun) summary(t *testing.T) (int, Summary) {
 	t.Helper()
-	var out, errOut bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	code := run(ctx, append([]string{"-json", "-q"}, args...), &out, &errOut)
-	// A violated run keeps its directory for a look; a planted bug's
-	// expected violation needs no look unless the test failed.
-	if m := keptDir.FindStringSubmatch(errOut.String()); m != nil {
+	if m := keptDir.FindStringSubmatch(r.errOut); m != nil {
 		t.Cleanup(func() {
 			if t.Failed() {
 				t.Logf("history and logs kept in %s", m[1])
@@ -40,28 +66,32 @@ func runTool(t *testing.T, args ...string) (int, Summary) {
 		})
 	}
 	var s Summary
-	if code == 0 || code == 1 {
-		if err := json.Unmarshal(out.Bytes(), &s); err != nil {
-			t.Fatalf("summary: %v\n%s\n%s", err, out.String(), errOut.String())
+	if r.code == 0 || r.code == 1 {
+		if err := json.Unmarshal([]byte(r.out), &s); err != nil {
+			t.Fatalf("summary: %v\n%s\n%s", err, r.out, r.errOut)
 		}
 	}
-	if code == 2 {
-		t.Fatalf("chaos %s could not run:\n%s", strings.Join(args, " "), errOut.String())
+	if r.code == 2 {
+		t.Fatalf("chaos %s could not run:\n%s", strings.Join(r.args, " "), r.errOut)
 	}
-	return code, s
+	return r.code, s
 }
 
-// TestSoak is the short fixed-seed soak, once per records store, side by
-// side: every fault kind that applies, every invariant must hold; with
+// TestSoak is the short fixed-seed soak, once per records store, the two
+// runs side by side: every fault kind that applies, every invariant must hold; with
 // the records in Postgres, invariant 7 allows no second charge at all.
 func TestSoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the soak runs real processes for about a minute")
 	}
-	for _, store := range []string{"redis", "postgres"} {
+	stores := []string{"redis", "postgres"}
+	runs := map[string]<-chan toolRun{}
+	for _, store := range stores {
+		runs[store] = startTool("-seed", soakSeed, "-duration", "45s", "-bound", "60s", "-store", store)
+	}
+	for _, store := range stores {
 		t.Run(store, func(t *testing.T) {
-			t.Parallel()
-			code, s := runTool(t, "-seed", soakSeed, "-duration", "45s", "-bound", "60s", "-store", store)
+			code, s := (<-runs[store]).summary(t)
 			for _, r := range s.Invariants {
 				if !r.Holds {
 					t.Errorf("invariant %d (%s) violated %d times, e.g.:\n  %s", r.N, r.Name, r.Violations, strings.Join(r.Examples, "\n  "))
@@ -102,25 +132,28 @@ func TestPlants(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range plants {
+	runs := make([]<-chan toolRun, len(plants))
+	for i, p := range plants {
+		if p.Caught == 0 || !p.hooked(root) {
+			continue // its subtest says why
+		}
+		args := []string{"-plant", p.Name, "-seed", soakSeed, "-duration", "12s", "-bound", "45s", "-faults", p.Faults}
+		if p.Store != "" {
+			args = append(args, "-store", p.Store)
+		}
+		runs[i] = startTool(args...)
+	}
+	for i, p := range plants {
 		t.Run(p.Name, func(t *testing.T) {
-			// The runs wait far more than they compute (a stand-in
-			// generator, fault windows, the clients' last actions): side
-			// by side they take about as long as the longest one. Each
-			// needs only its own invariant broken, which load does not
-			// prevent.
-			t.Parallel()
 			if p.Caught == 0 {
 				t.Fatalf("%s names no invariant that catches it", p.Name)
 			}
-			if !p.hooked(root) {
+			if runs[i] == nil {
 				t.Fatalf("no hook for %s in any of %s: the plant cannot be put back", p.Name, strings.Join(p.Pkgs, ", "))
 			}
-			args := []string{"-plant", p.Name, "-seed", soakSeed, "-duration", "12s", "-bound", "45s", "-faults", p.Faults}
-			if p.Store != "" {
-				args = append(args, "-store", p.Store)
-			}
-			code, s := runTool(t, args...)
+			// Each run needs only its own invariant broken, which load
+			// does not prevent.
+			code, s := (<-runs[i]).summary(t)
 			if code != 1 {
 				t.Errorf("exit code %d with %s planted, want 1", code, p.Name)
 			}

@@ -69,7 +69,9 @@ const (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	removeBuilds()
+	os.Exit(code)
 }
 
 // options are the command line.
@@ -207,7 +209,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	code := report(stdout, h, o.asJSON)
 	if code != 0 || o.keep {
-		os.Remove(filepath.Join(dir, "example")) // the binary is rebuilt at will; the logs are not
 		fmt.Fprintf(stderr, "chaos: history and logs kept in %s\n", dir)
 	} else {
 		os.RemoveAll(dir)

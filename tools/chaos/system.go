@@ -92,23 +92,8 @@ func startSystem(ctx context.Context, cfg systemConfig) (s *system, err error) {
 	_, _ = rand.Read(b[:])
 	s.secret = hex.EncodeToString(b[:])
 
-	s.bin = filepath.Join(dir, "example")
-	args := []string{"build", "-o", s.bin}
-	if cfg.plant != "" {
-		args = append(args, "-tags", plantTag)
-	}
-	args = append(args, "./example")
-	cmd := exec.CommandContext(ctx, "go", args...)
-	cmd.Dir = cfg.root
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
-	forker.run(func() { err = cmd.Start() })
-	if err == nil {
-		err = cmd.Wait()
-	}
-	if err != nil {
-		return s, fmt.Errorf("chaos: go %s: %w\n%s", strings.Join(args, " "), err, out.String())
+	if s.bin, err = buildExample(ctx, cfg.root, cfg.plant != ""); err != nil {
+		return s, err
 	}
 	s.log("built the example%s", map[bool]string{true: " with the plant " + cfg.plant, false: ""}[cfg.plant != ""])
 
@@ -256,6 +241,83 @@ func formatPolicy(m map[string]string) string {
 		parts = append(parts, k+"="+m[k])
 	}
 	return strings.Join(parts, ",")
+}
+
+// builds are the example binaries this process built, one per build tag
+// set: the runs of a test binary go side by side and share them, rather
+// than each compiling the same example on a shared machine.
+var builds struct {
+	mu  sync.Mutex
+	dir string
+	m   map[bool]*build // by "tagged with plantTag"
+}
+
+// build is one example binary, ready when done is closed.
+type build struct {
+	done chan struct{}
+	path string
+	err  error
+}
+
+// buildExample returns the example binary of the workspace at root, built
+// with plantTag when tagged, building it on the first call.
+func buildExample(ctx context.Context, root string, tagged bool) (string, error) {
+	builds.mu.Lock()
+	b, found := builds.m[tagged]
+	if !found {
+		if builds.dir == "" {
+			dir, err := os.MkdirTemp("", "idemgate-chaos-build-")
+			if err != nil {
+				builds.mu.Unlock()
+				return "", fmt.Errorf("chaos: build dir: %w", err)
+			}
+			builds.dir, builds.m = dir, map[bool]*build{}
+		}
+		b = &build{done: make(chan struct{}), path: filepath.Join(builds.dir, fmt.Sprintf("example-tagged-%v", tagged))}
+		builds.m[tagged] = b
+	}
+	builds.mu.Unlock()
+	if found {
+		select {
+		case <-b.done:
+			return b.path, b.err
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	defer close(b.done)
+	args := []string{"build", "-o", b.path}
+	if tagged {
+		args = append(args, "-tags", plantTag)
+	}
+	args = append(args, "./example")
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = root
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	var err error
+	forker.run(func() { err = cmd.Start() })
+	if err == nil {
+		err = cmd.Wait()
+	}
+	if err != nil {
+		b.err = fmt.Errorf("chaos: go %s: %w\n%s", strings.Join(args, " "), err, out.String())
+		builds.mu.Lock()
+		delete(builds.m, tagged) // the next run tries again
+		builds.mu.Unlock()
+	}
+	return b.path, b.err
+}
+
+// removeBuilds removes the binaries this process built.
+func removeBuilds() {
+	builds.mu.Lock()
+	defer builds.mu.Unlock()
+	if builds.dir != "" {
+		os.RemoveAll(builds.dir)
+	}
+	builds.dir, builds.m = "", nil
 }
 
 // api returns the API nodes.
