@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemgate/idemgate/internal/testenv"
+	"github.com/idemgate/idemgate/pgstore"
 )
 
 // stdoutSpan is what the stdout trace exporter writes per span.
@@ -28,7 +29,7 @@ type stdoutSpan struct {
 // TestExampleTelemetry runs a node with traces on stdout and /metrics on
 // the admin listener, submits one task and follows it: one trace holds the
 // request, the claim, the submit, the complete and the worker's attempt;
-// /metrics counts the request and the attempt.
+// /metrics counts the request and the attempt and shows the kinds' limits.
 func TestExampleTelemetry(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a node")
@@ -46,6 +47,11 @@ func TestExampleTelemetry(t *testing.T) {
 			_ = n.shutdown()
 		}
 	})
+	// Music (unused here) paused and limited: the limits reach /metrics.
+	if err := n.b.store.SetKindLimits(context.Background(), kindMusic,
+		pgstore.KindLimits{Paused: true, MaxRunning: 3, StartsPerSecond: 50}); err != nil {
+		t.Fatal(err)
+	}
 	tok, err := mintToken([]byte(devSecret), "acme", "alice", time.Now(), time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -91,6 +97,10 @@ func TestExampleTelemetry(t *testing.T) {
 		`idemgate_task_attempts_total{idemgate_task_kind="images",idemgate_task_outcome="succeeded"} 1`,
 		`idemgate_tasks{idemgate_task_kind="images",idemgate_task_state="pending"} 0`,
 		`idemgate_store_duration_seconds_count{idemgate_operation="complete",idemgate_result="ok"} 1`,
+		`idemgate_task_paused{idemgate_task_kind="images"} 0`,
+		`idemgate_task_paused{idemgate_task_kind="music"} 1`,
+		`idemgate_task_limit_max_running{idemgate_task_kind="music"} 3`,
+		`idemgate_task_limit_starts_per_second{idemgate_task_kind="music"} 50`,
 	} {
 		if !strings.Contains(page, want) {
 			t.Errorf("/metrics lacks %s", want)

@@ -33,14 +33,28 @@
 // Instruments (OpenTelemetry name; Prometheus name through the Prometheus
 // exporter):
 //
-//	idemgate.tasks                      idemgate_tasks                            {task} by idemgate.task.kind and idemgate.task.state
-//	idemgate.task.oldest.age            idemgate_task_oldest_age_seconds          s: oldest runnable / uncertain task, by idemgate.task.queue
-//	idemgate.task.claim.duration        idemgate_task_claim_duration_seconds      s: the claim statement, per task it claimed
-//	idemgate.task.attempts              idemgate_task_attempts_total              {attempt} by idemgate.task.outcome
-//	idemgate.task.attempt.duration      idemgate_task_attempt_duration_seconds    s: an attempt, by idemgate.task.outcome
-//	idemgate.task.rescues               idemgate_task_rescues_total               {task}: expired leases requeued
-//	idemgate.task.stale_completions     idemgate_task_stale_completions_total     {completion}: fenced-off writes of a superseded attempt
-//	idemgate.task.outcome_write.retries idemgate_task_outcome_write_retries_total {retry}: outcome writes retried after a transient error
+//	idemgate.tasks                             idemgate_tasks                             {task} by idemgate.task.kind and idemgate.task.state
+//	idemgate.task.oldest.age                   idemgate_task_oldest_age_seconds           s: oldest runnable / uncertain task, by idemgate.task.queue
+//	idemgate.task.claim.duration               idemgate_task_claim_duration_seconds       s: the claim statement, per task it claimed
+//	idemgate.task.attempts                     idemgate_task_attempts_total               {attempt} by idemgate.task.outcome
+//	idemgate.task.attempt.duration             idemgate_task_attempt_duration_seconds     s: an attempt, by idemgate.task.outcome
+//	idemgate.task.rescues                      idemgate_task_rescues_total                {task}: expired leases requeued
+//	idemgate.task.stale_completions            idemgate_task_stale_completions_total      {completion}: fenced-off writes of a superseded attempt
+//	idemgate.task.outcome_write.retries        idemgate_task_outcome_write_retries_total  {retry}: outcome writes retried after a transient error
+//	idemgate.task.limit.max_running            idemgate_task_limit_max_running            {attempt}: the kind's MaxRunning, while set
+//	idemgate.task.limit.max_running_per_tenant idemgate_task_limit_max_running_per_tenant {attempt}: the kind's MaxRunningPerTenant, while set
+//	idemgate.task.limit.starts                 idemgate_task_limit_starts_per_second      {start}/s: the kind's StartsPerSecond, while set
+//	idemgate.task.paused                       idemgate_task_paused                       1 while the kind is paused, else 0
+//	idemgate.task.held_back                    idemgate_task_held_back_total              {claim}: claims that left a due task of the kind waiting for its limits
+//
+// The limits and paused (pgstore.KindLimits) are read by ObserveTasks with
+// the task counts; a kind reports paused always, and each limit only while
+// it is set, so that idemgate_tasks{idemgate_task_state="running"} /
+// idemgate_task_limit_max_running is a kind's use of its limit and is
+// absent for a kind without one. idemgate.task.held_back counts the
+// WorkerHeldBack events: one per kind per claim that found the kind (or a
+// tenant of it) out of room, so a rising count says the limits, not the
+// workers, are what holds the queue.
 //
 // Spans: idemgate.task.submit (Submit), idemgate.task.attempt (Attempt)
 // and idemgate.task.reconcile (Reconcile).

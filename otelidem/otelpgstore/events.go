@@ -24,8 +24,17 @@ func (r *Recorder) OnWorkerEvent(ev pgstore.WorkerEvent) {
 	case pgstore.WorkerOutcomeRetry:
 		r.outcomeRetries.Add(ctx, 1, metric.WithAttributes(kind))
 		return
+	case pgstore.WorkerHeldBack:
+		r.heldBack.Add(ctx, 1, metric.WithAttributes(kind))
+		return
 	case pgstore.WorkerStale:
 		r.stale.Add(ctx, 1, metric.WithAttributes(kind))
+	case pgstore.WorkerSucceeded, pgstore.WorkerFailed, pgstore.WorkerRetried, pgstore.WorkerUncertain,
+		pgstore.WorkerCancelled, pgstore.WorkerTimedOut, pgstore.WorkerReconciled:
+	default:
+		// An event this package does not know (a newer pgstore's) is not
+		// counted as the end of an attempt.
+		return
 	}
 	// The end of an attempt.
 	set := metric.WithAttributeSet(attribute.NewSet(kind, keyTaskOutcome.String(string(ev.Type))))

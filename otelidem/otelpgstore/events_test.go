@@ -76,3 +76,34 @@ func BenchmarkOnWorkerEvent(b *testing.B) {
 		bu.rec.OnWorkerEvent(ev)
 	}
 }
+
+// TestWorkerEventsThatEndNoAttempt: claims, rescues, outcome retries,
+// held-back claims and event types this package does not know (a newer
+// pgstore's) are not counted as attempts, and leave an attempt's span
+// open until its own outcome arrives.
+func TestWorkerEventsThatEndNoAttempt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, otelpgstore.Config{})
+	h := b.rec.Attempt(func(ctx context.Context, task pgstore.Task) pgstore.Outcome {
+		return pgstore.Succeeded(json.RawMessage(`1`))
+	})
+	h(context.Background(), pgstore.Task{ID: "t", Kind: "image", Attempt: 1})
+	for _, typ := range []pgstore.WorkerEventType{pgstore.WorkerClaimed, pgstore.WorkerRescued, pgstore.WorkerOutcomeRetry,
+		pgstore.WorkerHeldBack, "from_a_newer_pgstore"} {
+		b.rec.OnWorkerEvent(pgstore.WorkerEvent{Type: typ, Kind: "image", TaskID: "t", Attempt: 1})
+	}
+	if spans := b.Spans.Ended(); len(spans) != 0 {
+		t.Fatalf("spans %v ended before the attempt's outcome", oteltest.Names(spans))
+	}
+	rm := b.Collect(t)
+	if oteltest.Has(rm, "idemgate.task.attempts") {
+		t.Errorf("idemgate.task.attempts counted %d attempts, want none", oteltest.Count(t, rm, "idemgate.task.attempts"))
+	}
+	if got := oteltest.Count(t, rm, "idemgate.task.held_back", attribute.String("idemgate.task.kind", "image")); got != 1 {
+		t.Errorf("idemgate.task.held_back{image} = %d, want 1", got)
+	}
+	b.rec.OnWorkerEvent(pgstore.WorkerEvent{Type: pgstore.WorkerSucceeded, Kind: "image", TaskID: "t", Attempt: 1})
+	if spans := b.Spans.Ended(); len(spans) != 1 || oteltest.Attr(spans[0], "idemgate.task.outcome") != "succeeded" {
+		t.Errorf("spans %v, want the attempt's, ended succeeded", oteltest.Names(spans))
+	}
+}

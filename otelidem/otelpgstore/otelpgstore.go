@@ -64,6 +64,12 @@ type Recorder struct {
 	rescues        metric.Int64Counter
 	stale          metric.Int64Counter
 	outcomeRetries metric.Int64Counter
+
+	maxRunning          metric.Int64ObservableGauge
+	maxRunningPerTenant metric.Int64ObservableGauge
+	startsPerSecond     metric.Float64ObservableGauge
+	paused              metric.Int64ObservableGauge
+	heldBack            metric.Int64Counter
 }
 
 // New returns a Recorder whose instruments are registered with cfg's
@@ -107,6 +113,7 @@ func New(cfg Config) (*Recorder, error) {
 	r.outcomeRetries, e = m.Int64Counter("idemgate.task.outcome_write.retries", metric.WithUnit("{retry}"),
 		metric.WithDescription("Outcome writes retried after a transient database error."))
 	err = errors.Join(err, e)
+	err = errors.Join(err, r.newLimitInstruments(m))
 	if err != nil {
 		return nil, fmt.Errorf("otelpgstore: instruments: %w", err)
 	}

@@ -19,12 +19,13 @@ type StatsReader interface {
 // them, zero included, so that a drained queue reads 0 rather than vanishing.
 var unfinished = []pgstore.State{pgstore.StatePending, pgstore.StateRunning, pgstore.StateRetrying, pgstore.StateUncertain}
 
-// ObserveTasks reports s's task counts (idemgate.tasks) and the age of
-// its oldest runnable and uncertain task (idemgate.task.oldest.age),
-// read with one Stats call per collection. Each of kinds, and every kind
-// seen since, reports all its unfinished states, zeros included. Call the
-// returned function to stop. One process is enough: the figures are the
-// database's.
+// ObserveTasks reports s's task counts (idemgate.tasks), the age of its
+// oldest runnable and uncertain task (idemgate.task.oldest.age) and the
+// kinds' limits (idemgate.task.limit.*, idemgate.task.paused), read with
+// one Stats call per collection. Each of kinds, and every kind seen
+// since, reports all its unfinished states and whether it is paused,
+// zeros included; a limit is reported while it is set. Call the returned
+// function to stop. One process is enough: the figures are the database's.
 func (r *Recorder) ObserveTasks(s StatsReader, kinds ...string) (unregister func() error, err error) {
 	var mu sync.Mutex // two readers may collect at once
 	known := map[string]bool{}
@@ -41,6 +42,9 @@ func (r *Recorder) ObserveTasks(s StatsReader, kinds ...string) (unregister func
 		for kind := range st.Counts {
 			known[kind] = true
 		}
+		for kind := range st.Limits {
+			known[kind] = true
+		}
 		for kind := range known {
 			for _, state := range unfinished {
 				o.ObserveInt64(r.tasks, int64(st.Counts[kind][state]), metric.WithAttributes(
@@ -49,8 +53,11 @@ func (r *Recorder) ObserveTasks(s StatsReader, kinds ...string) (unregister func
 		}
 		o.ObserveFloat64(r.oldest, st.OldestRunnable.Seconds(), metric.WithAttributes(keyTaskQueue.String("runnable")))
 		o.ObserveFloat64(r.oldest, st.OldestUncertain.Seconds(), metric.WithAttributes(keyTaskQueue.String("uncertain")))
+		for kind := range known {
+			r.observeLimits(o, kind, st.Limits[kind])
+		}
 		return nil
-	}, r.tasks, r.oldest)
+	}, r.tasks, r.oldest, r.maxRunning, r.maxRunningPerTenant, r.startsPerSecond, r.paused)
 	if err != nil {
 		return nil, fmt.Errorf("otelpgstore: observe tasks: %w", err)
 	}
