@@ -29,9 +29,11 @@
 //
 //	idemgate.requests           idemgate_requests_total            {request} by idemgate.outcome, http.request.method, http.route, idemgate.kind
 //	idemgate.decision.duration  idemgate_decision_duration_seconds s: from the middleware's start to its decision (claim, replay, conflict)
-//	idemgate.store.duration     idemgate_store_duration_seconds    s: each store call, by idemgate.operation and idemgate.result
+//	idemgate.store.duration     idemgate_store_duration_seconds    s: each store call (and an Atomic route's begin, commit, rollback), by idemgate.operation and idemgate.result
 //	idemgate.wait.duration      idemgate_wait_duration_seconds     s: waits for an in-flight duplicate, by idemgate.wait.result
 //
 // Spans: the server span "METHOD /route" (Server), and idemgate.claim,
-// idemgate.extend, idemgate.complete and idemgate.release (Store).
+// idemgate.extend, idemgate.complete and idemgate.release (Store), with
+// idemgate.begin, idemgate.commit and idemgate.rollback when the store is
+// a middleware.TxStore (an Atomic route's transaction).
 package otelidem

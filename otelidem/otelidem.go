@@ -96,7 +96,7 @@ func New(cfg Config) (*Recorder, error) {
 		metric.WithExplicitBucketBoundaries(durationBuckets...))
 	err = errors.Join(err, e)
 	r.storeDur, e = m.Float64Histogram("idemgate.store.duration", metric.WithUnit("s"),
-		metric.WithDescription("Duration of the middleware's store calls (claim, extend, complete, release)."),
+		metric.WithDescription("Duration of the middleware's store calls (claim, extend, complete, release; begin, commit, rollback of an Atomic route)."),
 		metric.WithExplicitBucketBoundaries(durationBuckets...))
 	err = errors.Join(err, e)
 	r.waitDur, e = m.Float64Histogram("idemgate.wait.duration", metric.WithUnit("s"),
