@@ -11,9 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgate/idemgate/internal/wait"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgate/idemgate/internal/wait"
 )
 
 // benchClients is how many goroutines drive the throughput benchmarks.

@@ -89,7 +89,7 @@ func TestCancelStopsTheRunningAttempt(t *testing.T) {
 			return Succeeded(json.RawMessage(`"too late"`))
 		}})
 	runWorker(t, w)
-	wait.For(t, patience, "countActivity(t, s.pool, listening) == 1", func() bool { return countActivity(t, s.pool, listening) == 1 })
+	wait.For(t, patience, "the worker listens", func() bool { return countActivity(t, s.pool, listening) == 1 })
 	task := mustSubmit(t, s, newTask("cancel-running"))
 	<-entered
 	if _, err := s.Cancel(context.Background(), task.Tenant, task.Owner, task.ID); err != nil {
@@ -103,7 +103,7 @@ func TestCancelStopsTheRunningAttempt(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the running attempt was not cancelled")
 	}
-	wait.For(t, patience, "len(got.of(task.ID)) == 2", func() bool { return len(got.of(task.ID)) == 2 })
+	wait.For(t, patience, "the claim and the cancel reported", func() bool { return len(got.of(task.ID)) == 2 })
 	if evs := got.of(task.ID); evs[1] != WorkerCancelled {
 		t.Fatalf("events %v; want claimed, cancelled", evs)
 	}
@@ -186,7 +186,7 @@ func TestCancelWhileListenIsDown(t *testing.T) {
 			return Succeeded(json.RawMessage(`"too late"`))
 		}})
 	runWorker(t, w)
-	wait.For(t, patience, "countActivity(t, s.pool, listening) == 1", func() bool { return countActivity(t, s.pool, listening) == 1 })
+	wait.For(t, patience, "the worker listens", func() bool { return countActivity(t, s.pool, listening) == 1 })
 	task := mustSubmit(t, s, newTask("cancel-unheard"))
 	<-entered
 	// Cut the listener off and cancel before it can listen again (it

@@ -44,7 +44,9 @@ func TestOutcomesPostgresRefusesAreRecorded(t *testing.T) {
 	t.Parallel()
 	s, _ := setup(t)
 	var c calls
-	w := newWorker(t, s, WorkerConfig{Lease: 500 * time.Millisecond, Heartbeat: 100 * time.Millisecond,
+	// A lease long enough that no attempt is lost on a loaded machine:
+	// each task must run exactly once.
+	w := newWorker(t, s, WorkerConfig{Lease: 10 * time.Second, Heartbeat: 2 * time.Second,
 		RescueInterval: 50 * time.Millisecond, MaxAttempts: 2, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond,
 		Handler: func(ctx context.Context, t Task) Outcome {
 			c.add(t.ID)

@@ -39,5 +39,9 @@ const (
 	WorkerHeldBack WorkerEventType = "held_back"
 )
 
-// stateHeld marks the row a claim returns for a kind it held back.
-const stateHeld State = "held"
+// Marks of the rows a claim returns beside its tasks: a kind it held back
+// (claimSQL), or that limits exist (claimFreeSQL).
+const (
+	stateHeld    State = "held"
+	stateLimited State = "limited"
+)

@@ -60,7 +60,7 @@ func TestWorkerEvents(t *testing.T) {
 		{name: "failure", id: fails.ID, want: []WorkerEventType{WorkerClaimed, WorkerFailed}},
 	}
 	for _, tt := range tests {
-		wait.For(t, patience, "len(got.of(tt.id)) == len(tt.want)", func() bool { return len(got.of(tt.id)) == len(tt.want) })
+		wait.For(t, patience, "every event of the task", func() bool { return len(got.of(tt.id)) == len(tt.want) })
 		for i, typ := range got.of(tt.id) {
 			if typ != tt.want[i] {
 				t.Errorf("%s: events %v; want %v", tt.name, got.of(tt.id), tt.want)

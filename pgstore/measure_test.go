@@ -11,8 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgate/idemgate/internal/wait"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemgate/idemgate/internal/wait"
 )
 
 // measuring skips t unless PGSTORE_MEASURE is set: the measurements print
@@ -65,8 +66,9 @@ func TestExplainClaimAtABacklog(t *testing.T) {
 	}
 	for _, shape := range claimShapes[:2] {
 		w := newWorker(t, s, WorkerConfig{Kinds: shape.kinds, Handler: func(context.Context, Task) Outcome { return Outcome{} }})
+		w.limited.Store(false) // as after a claim that found no limits
 		sql, args := w.claimStatement(16)
-		explain(t, s, "claim of 16, "+shape.name, sql, args)
+		explain(t, s, "claim of 16, "+shape.name+", no limits", sql, args)
 	}
 	if err := s.SetKindLimits(ctx, "image", KindLimits{MaxRunning: 8, MaxRunningPerTenant: 2, StartsPerSecond: 100}); err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -11,12 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"encoding/json"
-
-	"github.com/idemgate/idemgate/internal/wait"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgate/idemgate/internal/wait"
 )
 
 // keyIndex is a unique index of the tasks table as the catalog has it.
@@ -267,7 +267,7 @@ func TestMigrateKilledMidBuildWhileSubmitting(t *testing.T) {
 		switch step {
 		case "v2: drop an invalid leftover of the wide index":
 			startOnce.Do(startSubmitters)
-			wait.For(t, patience, "submitted.Load() > 50", func() bool { return submitted.Load() > 50 })
+			wait.For(t, patience, "submits run", func() bool { return submitted.Load() > 50 })
 		case "v2: build the wide index concurrently":
 			// A writer that started before the build makes it wait
 			// between its catalog entry and the table scan.
@@ -323,7 +323,7 @@ func TestMigrateKilledMidBuildWhileSubmitting(t *testing.T) {
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatalf("rerun: %v", err)
 	}
-	wait.For(t, patience, "submitted.Load() > before+200", func() bool { return submitted.Load() > before+200 })
+	wait.For(t, patience, "submits go on after the migration", func() bool { return submitted.Load() > before+200 })
 	close(stop)
 	wg.Wait()
 	assertFinalSchema(t, admin)

@@ -46,7 +46,7 @@ func TestTimeoutEndsTheAttempt(t *testing.T) {
 			if !strings.Contains(g.Error, "timed out") || c.get(task.ID) != 1 {
 				t.Fatalf("task %s %q after %d runs; want it timed out after one", g.State, g.Error, c.get(task.ID))
 			}
-			wait.For(t, patience, "len(got.of(task.ID)) == 2", func() bool { return len(got.of(task.ID)) == 2 })
+			wait.For(t, patience, "the claim and the end of the attempt reported", func() bool { return len(got.of(task.ID)) == 2 })
 			if evs := got.of(task.ID); evs[1] != WorkerTimedOut {
 				t.Fatalf("events %v; want claimed, timed_out", evs)
 			}
@@ -107,7 +107,7 @@ func TestLostAttemptFollowsTheKindPolicy(t *testing.T) {
 				stopA() // dies: no heartbeats, no release
 			} else {
 				go stopA() // shuts down: releases the task after ShutdownTimeout
-				wait.For(t, patience, "state(t, s, task.ID) != StateRunning", func() bool { return state(t, s, task.ID) != StateRunning })
+				wait.For(t, patience, "the task left running", func() bool { return state(t, s, task.ID) != StateRunning })
 			}
 			runWorker(t, newWorker(t, s, cfg))
 			waitState(t, s, task.ID, tt.wantState)

@@ -404,12 +404,19 @@ FROM idemgate_tasks WHERE state = 'uncertain' GROUP BY kind, state`
 // It also turns JIT off for the claim: the claim reads a few rows, but
 // its estimates (CTEs, window functions) can pass jit_above_cost, and
 // compiling it would cost far more than running it.
+// limited says whether any of @kinds (all when empty) has limits or is
+// paused: while none has, workers claim with claimFreeSQL.
 const sqlLockLimitedKinds = `SELECT set_config('jit', 'off', true) AS jit,
 	(SELECT count(pg_advisory_xact_lock(8192, hashtext(kind)))::int FROM (
 		SELECT kind FROM idemgate_kind_limits
 		WHERE (max_running > 0 OR max_running_per_tenant > 0 OR starts_per_second > 0)
 			AND (cardinality(coalesce(@kinds::text[], '{}')) = 0 OR kind = ANY(@kinds::text[]))
-		ORDER BY hashtext(kind), kind) k) AS locked`
+		ORDER BY hashtext(kind), kind) k) AS locked,
+	EXISTS (SELECT FROM idemgate_kind_limits l WHERE ` + hasLimits + `
+		AND (cardinality(coalesce(@kinds::text[], '{}')) = 0 OR l.kind = ANY(@kinds::text[]))) AS limited`
+
+// hasLimits is true of a limits row l that limits or pauses its kind.
+const hasLimits = `(l.max_running > 0 OR l.max_running_per_tenant > 0 OR l.starts_per_second > 0 OR l.paused)`
 
 // holding is true of a task h whose attempt counts against its kind's
 // limits: a running attempt whose lease has not ended (its worker may
@@ -494,38 +501,77 @@ FROM (SELECT kind FROM ranked WHERE NOT ok
 }
 
 // claimRunnableSQL is the claim of runnable tasks of kinds (all when
-// none). Each kind that can be written as a literal is read by a CTE of
-// its own that names it, so that the planner, which knows how common each
-// kind is, never walks the index of all runnable tasks past another
-// kind's backlog (with a parameter, a generic plan may). Kinds that cannot be literals are read together
-// (correct, but the planner may scan other kinds' backlog), as is every
-// kind when kinds is empty: then a kind with no room is read past.
+// none), kind limits applied. Each kind that can be written as a literal
+// is read by a CTE of its own that names it, so that the planner, which
+// knows how common each kind is, never walks the index of all runnable
+// tasks past another kind's backlog (with a parameter, a generic plan
+// may). Kinds that cannot be literals are read together (correct, but
+// the planner may scan other kinds' backlog), as is every kind when kinds
+// is empty: then a kind with no room is read past.
 func claimRunnableSQL(kinds []string) string {
 	sh := claimShape{order: runnableOrder, due: runnableDue, set: claimSet}
+	sh.limitKinds, sh.candidates = runnableCandidates(kinds, `
+		AND NOT EXISTS (SELECT FROM lim WHERE lim.kind = %s AND lim.room = 0)`)
+	return claimSQL(sh)
+}
+
+// claimFreeSQL is the claim of runnable tasks of kinds while none of them
+// has limits: one statement, no lock, no count. Should a kind have limits
+// by the time it runs (its snapshot is taken after SetKindLimits
+// returned), it claims nothing and returns one row in state limited, and
+// the worker claims with claimRunnableSQL from then on.
+func claimFreeSQL(kinds []string) string {
+	limitKinds, candidates := runnableCandidates(kinds, "")
+	return `WITH ` + candidates + `, picked AS (
+	SELECT id FROM cand
+	WHERE NOT EXISTS (SELECT FROM idemgate_kind_limits l WHERE ` + limitKinds + ` AND ` + hasLimits + `)
+	ORDER BY ` + runnableOrder + `
+	LIMIT @limit
+), claimed AS (
+	UPDATE idemgate_tasks t SET ` + claimSet + `
+	FROM picked WHERE t.id = picked.id
+	RETURNING ` + tTaskColumns + `
+)
+SELECT *, false AS duplicate FROM claimed
+UNION ALL
+SELECT '', '', '', '', '', '', '', '', NULL::jsonb, '', '` + string(stateLimited) + `', 0, 0, '[]'::jsonb, '',
+	now(), 0::smallint, now(), now(), false
+FROM (SELECT FROM idemgate_kind_limits l WHERE ` + limitKinds + ` AND ` + hasLimits + ` LIMIT 1) x`
+}
+
+// runnableCandidates returns the condition on l.kind that selects the
+// limits of kinds, and the CTEs that read their runnable candidates in
+// claim order, ending in cand. noRoom, if not empty, is a condition added
+// to each read, with %s for the kind.
+func runnableCandidates(kinds []string, noRoom string) (limitKinds, candidates string) {
 	if len(kinds) == 0 || slices.ContainsFunc(kinds, func(k string) bool { return !literalKind(k) }) {
-		sh.limitKinds = fmt.Sprintf(anyOfKinds, "l.kind")
-		sh.candidates = `cand AS (
+		if noRoom != "" {
+			noRoom = fmt.Sprintf(noRoom, "t.kind")
+		}
+		return fmt.Sprintf(anyOfKinds, "l.kind"), `cand AS (
 	SELECT id, kind, tenant, priority, turn, run_after FROM idemgate_tasks t
 	WHERE state IN ('pending', 'retrying') AND run_after <= now() AND ` + fmt.Sprintf(anyOfKinds, "kind") + `
-		AND ` + notHeld + ` AND NOT ` + noRoom + `
+		AND ` + notHeld + noRoom + `
 	ORDER BY ` + runnableOrder + `
 	LIMIT @limit
 	FOR UPDATE SKIP LOCKED
 )`
-		return claimSQL(sh)
 	}
 	var b strings.Builder
 	quoted := make([]string, len(kinds))
 	for i, kind := range kinds {
 		quoted[i] = "'" + kind + "'"
+		cond := ""
+		if noRoom != "" {
+			cond = fmt.Sprintf(noRoom, quoted[i])
+		}
 		fmt.Fprintf(&b, `k%d AS (
 	SELECT id, kind, tenant, priority, turn, run_after FROM idemgate_tasks
-	WHERE kind = '%s' AND state IN ('pending', 'retrying') AND run_after <= now() AND %s
-		AND NOT EXISTS (SELECT FROM lim WHERE lim.kind = '%s' AND lim.room = 0)
+	WHERE kind = %s AND state IN ('pending', 'retrying') AND run_after <= now() AND %s%s
 	ORDER BY %s
 	LIMIT @limit
 	FOR UPDATE SKIP LOCKED
-), `, i, kind, notHeld, kind, runnableOrder)
+), `, i, quoted[i], notHeld, cond, runnableOrder)
 	}
 	b.WriteString("cand AS (")
 	for i := range kinds {
@@ -535,9 +581,7 @@ func claimRunnableSQL(kinds []string) string {
 		fmt.Fprintf(&b, "SELECT * FROM k%d", i)
 	}
 	b.WriteString(")")
-	sh.limitKinds = "l.kind IN (" + strings.Join(quoted, ", ") + ")"
-	sh.candidates = b.String()
-	return claimSQL(sh)
+	return "l.kind IN (" + strings.Join(quoted, ", ") + ")", b.String()
 }
 
 // sqlClaimUncertain takes uncertain tasks of @kinds (all when empty) due

@@ -10,8 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgate/idemgate/internal/wait"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgate/idemgate/internal/wait"
 )
 
 // the same key twice in one batch with different owners and
@@ -482,7 +483,7 @@ func TestSubmitManyWakesWorkers(t *testing.T) {
 		return Succeeded(json.RawMessage(`1`))
 	}})
 	runWorker(t, w)
-	wait.For(t, patience, "countActivity(t, s.pool, listening) == 1 && w.claims.Load() >= 2", func() bool { return countActivity(t, s.pool, listening) == 1 && w.claims.Load() >= 2 })
+	wait.For(t, patience, "the worker listens and is idle", func() bool { return countActivity(t, s.pool, listening) == 1 && w.claims.Load() >= 2 })
 	res, err := s.SubmitMany(context.Background(), []NewTask{newTask("a"), newTask("b")})
 	if err != nil || res[0].Err != nil || res[1].Err != nil {
 		t.Fatal(err, res)

@@ -24,7 +24,11 @@ type Worker struct {
 	store          *Store
 	cfg            WorkerConfig
 	uncertainKinds []string // kinds whose lost attempts become uncertain
-	claimSQL       string   // the claim statement for cfg.Kinds
+	claimSQL       string   // the claim statement for cfg.Kinds, kind limits applied
+	claimFreeSQL   string   // the claim for cfg.Kinds while none has limits
+	// limited is set while some of cfg.Kinds have limits (or may have):
+	// claims then use claimSQL. Each claim says whether it still holds.
+	limited atomic.Bool
 
 	running atomic.Bool
 	wake    chan struct{} // a notification arrived or a slot freed
@@ -71,7 +75,8 @@ func NewWorker(s *Store, cfg WorkerConfig) (*Worker, error) {
 		return nil, err
 	}
 	w := &Worker{store: s, cfg: cfg, uncertainKinds: cfg.uncertainKinds(), wake: make(chan struct{}, 1),
-		claimSQL: claimRunnableSQL(cfg.Kinds)}
+		claimSQL: claimRunnableSQL(cfg.Kinds), claimFreeSQL: claimFreeSQL(cfg.Kinds)}
+	w.limited.Store(true) // until a claim finds none
 	if cfg.Reconcile == nil && len(w.uncertainKinds) > 0 {
 		cfg.Logger.Warn("pgstore: worker: kinds whose lost attempts become uncertain, but no Reconcile: "+
 			"such tasks wait for another worker's Reconcile (Store.Stats counts them)", "kinds", w.uncertainKinds)
@@ -169,6 +174,7 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 	for ctx.Err() == nil { // a claim after cancellation would only be released again
 		free := w.cfg.Concurrency - w.attempts.count()
 		if free > 0 {
+			wasLimited := w.limited.Load()
 			w.attempts.beginClaim()
 			claimed, sent, took, err := w.claim(base, free)
 			// Even when stopping: shutdown finishes or releases them.
@@ -185,8 +191,8 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 				continue
 			}
 			errWait = 0
-			if len(claimed) == free {
-				continue // there may be more
+			if len(claimed) == free || !wasLimited && w.limited.Load() {
+				continue // there may be more, or limits appeared: claim again with them
 			}
 		}
 		select {
@@ -219,19 +225,34 @@ func (w *Worker) claim(base context.Context, n int) ([]Task, time.Time, time.Dur
 
 // claimStatement is the claim of up to n tasks, for this worker's kinds.
 func (w *Worker) claimStatement(n int) (string, pgx.NamedArgs) {
-	return w.claimSQL, pgx.NamedArgs{"limit": n, "lease_us": w.leaseUS(), "worker": w.cfg.Name,
+	sql := w.claimFreeSQL
+	if w.limited.Load() {
+		sql = w.claimSQL
+	}
+	return sql, pgx.NamedArgs{"limit": n, "lease_us": w.leaseUS(), "worker": w.cfg.Name,
 		"held": w.attempts.ids(), "uncertain_kinds": w.uncertainKinds, "kinds": w.cfg.Kinds}
 }
 
-// runClaim runs a claim statement in a transaction of its own after
-// sqlLockLimitedKinds, all in one round trip, and returns the claimed
-// tasks; a kind the claim reports held back by its limits is emitted as
-// WorkerHeldBack. The claim's snapshot is taken after the locks are
-// granted, so it sees every claim of a limited kind committed before.
+// runClaim runs a claim statement and returns the claimed tasks. The
+// claim of kinds without limits (claimFreeSQL) runs alone; should it
+// find limits, it claims nothing and the worker claims with limits from
+// then on. A claim with limits runs in a transaction of its own after
+// sqlLockLimitedKinds, all in one round trip: its snapshot is taken after
+// the locks are granted, so it sees every claim of a limited kind
+// committed before. A kind it reports held back by its limits is emitted
+// as WorkerHeldBack.
 func (w *Worker) runClaim(ctx context.Context, sql string, args pgx.NamedArgs) ([]Task, error) {
-	if w.test != nil && w.test.plainClaim != "" && sql == w.claimSQL {
+	if w.test != nil && w.test.plainClaim != "" && (sql == w.claimSQL || sql == w.claimFreeSQL) {
 		rows, _ := w.store.pool.Query(ctx, w.test.plainClaim, args)
 		return pgx.CollectRows(rows, pgx.RowToStructByName[Task])
+	}
+	if sql == w.claimFreeSQL {
+		rows, _ := w.store.pool.Query(ctx, sql, args)
+		got, err := pgx.CollectRows(rows, pgx.RowToStructByName[Task])
+		if err != nil {
+			return nil, err
+		}
+		return w.sortClaimed(got), nil
 	}
 	var b pgx.Batch
 	b.Queue("BEGIN")
@@ -241,7 +262,12 @@ func (w *Worker) runClaim(ctx context.Context, sql string, args pgx.NamedArgs) (
 	br := w.store.pool.SendBatch(ctx, &b)
 	_, err := br.Exec()
 	if err == nil {
-		_, err = br.Exec()
+		var jit string
+		var locked int
+		var limited bool
+		if err = br.QueryRow().Scan(&jit, &locked, &limited); err == nil {
+			w.limited.Store(limited)
+		}
 	}
 	var got []Task
 	if err == nil {
@@ -260,15 +286,25 @@ func (w *Worker) runClaim(ctx context.Context, sql string, args pgx.NamedArgs) (
 	if err != nil {
 		return nil, err
 	}
+	return w.sortClaimed(got), nil
+}
+
+// sortClaimed returns the tasks a claim returned without its marks: a
+// kind held back is emitted as WorkerHeldBack; limits found make the
+// worker claim with limits.
+func (w *Worker) sortClaimed(got []Task) []Task {
 	claimed := got[:0]
 	for _, t := range got {
-		if t.State == stateHeld {
+		switch t.State {
+		case stateHeld:
 			w.emit(WorkerEvent{Type: WorkerHeldBack, Kind: t.Kind})
-			continue
+		case stateLimited:
+			w.limited.Store(true)
+		default:
+			claimed = append(claimed, t)
 		}
-		claimed = append(claimed, t)
 	}
-	return claimed, nil
+	return claimed
 }
 
 // leaseUS is the lease a claim or heartbeat writes into the row: the

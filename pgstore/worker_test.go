@@ -5,16 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"runtime"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemgate/idemgate/internal/wait"
-	"github.com/jackc/pgx/v5"
 )
 
 // runWorker starts w and returns a stop function that cancels it and
@@ -128,7 +128,8 @@ func TestWorkersRunEachTaskOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	wait.For(t, patience, "countRows(t, s.pool, 'state = 'succeeded'') == total", func() bool { return countRows(t, s.pool, "state = 'succeeded'") == total })
+	// 5000 tasks: on a loaded machine this takes longer than patience.
+	wait.For(t, 4*patience, "every task succeeded", func() bool { return countRows(t, s.pool, "state = 'succeeded'") == total })
 	if n := overlap.Load(); n != 0 {
 		t.Errorf("%d times a task was running twice at once", n)
 	}
@@ -235,8 +236,8 @@ func TestFailedOutcomeWriteIsRetried(t *testing.T) {
 		return nil
 	}}
 	runWorker(t, w)
-	wait.For(t, patience, "c.get(task.ID) == 1", func() bool { return c.get(task.ID) == 1 }) // w holds the task
-	runWorker(t, newWorker(t, s, cfg))                                                       // would run a rescued task at once
+	wait.For(t, patience, "the worker holds the task", func() bool { return c.get(task.ID) == 1 }) // w holds the task
+	runWorker(t, newWorker(t, s, cfg))                                                             // would run a rescued task at once
 	waitState(t, s, task.ID, StateSucceeded)
 	got := mustGet(t, s, task)
 	if n := c.get(task.ID); n != 1 || got.Attempt != 1 {
@@ -644,15 +645,18 @@ func TestShutdown(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name      string
+		shutdown  time.Duration // ShutdownTimeout
 		handler   func(ctx context.Context, finish <-chan struct{}) Outcome
 		wantState State
 	}{
-		{name: "in-flight work finishes", wantState: StateSucceeded,
+		// The outcome must be written within the deadline: a generous
+		// one, so that a loaded machine makes it.
+		{name: "in-flight work finishes", wantState: StateSucceeded, shutdown: patience,
 			handler: func(ctx context.Context, finish <-chan struct{}) Outcome {
 				<-finish // returns after shutdown began
 				return Succeeded(json.RawMessage(`"finished"`))
 			}},
-		{name: "work past the deadline is released", wantState: StateRetrying,
+		{name: "work past the deadline is released", wantState: StateRetrying, shutdown: 200 * time.Millisecond,
 			handler: func(ctx context.Context, finish <-chan struct{}) Outcome {
 				<-ctx.Done()
 				return Succeeded(json.RawMessage(`"too late"`))
@@ -664,7 +668,7 @@ func TestShutdown(t *testing.T) {
 			s, _ := setup(t)
 			task := mustSubmit(t, s, newTask("shutdown"))
 			entered, finish := make(chan struct{}), make(chan struct{})
-			w := newWorker(t, s, WorkerConfig{ShutdownTimeout: 200 * time.Millisecond,
+			w := newWorker(t, s, WorkerConfig{ShutdownTimeout: tt.shutdown,
 				Handler: func(ctx context.Context, t Task) Outcome {
 					close(entered)
 					return tt.handler(ctx, finish)
@@ -934,7 +938,7 @@ func TestReconcilePanicKeepsTheTaskUncertain(t *testing.T) {
 		}})
 	runWorker(t, w)
 	task := mustSubmit(t, s, newTask("reconcile-panics"))
-	wait.For(t, patience, "panics.Load() >= 3", func() bool { return panics.Load() >= 3 })
+	wait.For(t, patience, "three panics", func() bool { return panics.Load() >= 3 })
 	if n := c.get(task.ID); n != 1 {
 		t.Fatalf("the handler ran %d times; an uncertain task must never run again by itself", n)
 	}
@@ -985,7 +989,7 @@ func TestWorkerDoesNotReclaimATaskItStillRuns(t *testing.T) {
 		t.Fatalf("the stale attempt's context was never cancelled (handler ran %d times)", c.get(task.ID))
 	}
 	claims := w.claims.Load()
-	wait.For(t, patience, "w.claims.Load() >= claims+3", func() bool { return w.claims.Load() >= claims+3 })
+	wait.For(t, patience, "three more claims", func() bool { return w.claims.Load() >= claims+3 })
 	if n := c.get(task.ID); n != 1 || overlap.Load() != 0 {
 		t.Fatalf("the worker ran the task %d times (%d overlapping) while its stale attempt ran", n, overlap.Load())
 	}
