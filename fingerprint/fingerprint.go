@@ -7,7 +7,6 @@ import (
 	"errors"
 	"hash"
 	"net/http"
-	"slices"
 )
 
 // ErrInvalid is wrapped by every error about input: a body that is not
@@ -45,9 +44,8 @@ type Spec struct {
 // it when building the middleware: a bad pointer is a configuration error,
 // not a per-request one.
 func (s Spec) Validate() error {
-	st := getState()
-	defer putState(st)
-	return st.prog.compile(s)
+	var p program
+	return p.compile(s)
 }
 
 // Canonicalize returns the RFC 8785 (JSON Canonicalization Scheme) form of
@@ -77,9 +75,13 @@ func Canonicalize(json []byte) ([]byte, error) {
 func (s Spec) Sum(body []byte) (Fingerprint, error) {
 	st := getState()
 	defer putState(st)
-	if err := st.prog.compile(s); err != nil {
+	if err := st.own.compile(s); err != nil {
 		return "", err
 	}
+	return st.sumBody(body)
+}
+
+func (st *state) sumBody(body []byte) (Fingerprint, error) {
 	if len(body) == 0 {
 		return st.sumEmpty(mediaJSON), nil
 	}
@@ -121,7 +123,10 @@ func (s Spec) Sum(body []byte) (Fingerprint, error) {
 func (s Spec) SumRequest(r *http.Request, body []byte) (Fingerprint, error) {
 	st := getState()
 	defer putState(st)
-	return st.sumRequest(s, r, body)
+	if err := st.own.compile(s); err != nil {
+		return "", err
+	}
+	return st.sumRequest(r, body)
 }
 
 // A FieldSum is a short digest of one selected field as a fingerprint saw
@@ -138,13 +143,19 @@ type FieldSum [4]byte
 func (s Spec) SumRequestFields(r *http.Request, body []byte, dst []FieldSum) (Fingerprint, []FieldSum, error) {
 	st := getState()
 	defer putState(st)
-	fp, err := st.sumRequest(s, r, body)
+	if err := st.own.compile(s); err != nil {
+		return "", dst, err
+	}
+	return st.sumRequestFields(r, body, dst)
+}
+
+func (st *state) sumRequestFields(r *http.Request, body []byte, dst []FieldSum) (Fingerprint, []FieldSum, error) {
+	fp, err := st.sumRequest(r, body)
 	if err != nil || len(st.segs) != len(st.prog.fields) || len(st.segs) == 0 || st.prog.root >= 0 {
 		return fp, dst, err
 	}
 	var buf [256]byte
-	for _, ptr := range s.Fields {
-		slot, _ := slices.BinarySearch(st.prog.fields, ptr)
+	for _, slot := range st.prog.order {
 		end := len(st.segBuf)
 		if slot+1 < len(st.segs) {
 			end = st.segs[slot+1]
@@ -156,6 +167,48 @@ func (s Spec) SumRequestFields(r *http.Request, body []byte, dst []FieldSum) (Fi
 	return fp, dst, nil
 }
 
+// A Compiled is a Spec checked and prepared once, for a Spec that
+// fingerprints many requests (a route's): its methods give the same
+// results as the Spec's, without checking and preparing the pointers on
+// every call. It is safe for concurrent use, and its Spec's later changes
+// do not reach it.
+type Compiled struct {
+	prog program
+}
+
+// Compile checks s as Validate does and prepares it for matching.
+func (s Spec) Compile() (*Compiled, error) {
+	c := &Compiled{}
+	if err := c.prog.compile(s); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Sum is Spec.Sum of the compiled Spec.
+func (c *Compiled) Sum(body []byte) (Fingerprint, error) {
+	st := getState()
+	defer putState(st)
+	st.prog = &c.prog
+	return st.sumBody(body)
+}
+
+// SumRequest is Spec.SumRequest of the compiled Spec.
+func (c *Compiled) SumRequest(r *http.Request, body []byte) (Fingerprint, error) {
+	st := getState()
+	defer putState(st)
+	st.prog = &c.prog
+	return st.sumRequest(r, body)
+}
+
+// SumRequestFields is Spec.SumRequestFields of the compiled Spec.
+func (c *Compiled) SumRequestFields(r *http.Request, body []byte, dst []FieldSum) (Fingerprint, []FieldSum, error) {
+	st := getState()
+	defer putState(st)
+	st.prog = &c.prog
+	return st.sumRequestFields(r, body, dst)
+}
+
 // fieldVersion starts the hash input of a FieldSum, followed by the
 // field's part of the fingerprint input for JSON (str(pointer) and its
 // value, see the kind 'S' below); for a form, which takes part whole, by
@@ -163,10 +216,7 @@ func (s Spec) SumRequestFields(r *http.Request, body []byte, dst []FieldSum) (Fi
 // 0 when absent).
 const fieldVersion = "idemgate field v1\x00"
 
-func (st *state) sumRequest(s Spec, r *http.Request, body []byte) (Fingerprint, error) {
-	if err := st.prog.compile(s); err != nil {
-		return "", err
-	}
+func (st *state) sumRequest(r *http.Request, body []byte) (Fingerprint, error) {
 	mt, err := parseMediaType(r.Header.Get("Content-Type"))
 	if err != nil {
 		return "", err

@@ -30,6 +30,9 @@ func parseMediaType(ct string) (mediaType, error) {
 	if strings.TrimSpace(ct) == "" {
 		return mediaType{}, nil
 	}
+	if isPlainMediaType(ct) {
+		return mediaType{typ: ct}, nil
+	}
 	typ, params, err := mime.ParseMediaType(ct)
 	if err != nil && !errors.Is(err, mime.ErrInvalidMediaParameter) {
 		return mediaType{}, invalidf("malformed media type: %v", err)
@@ -40,6 +43,25 @@ func parseMediaType(ct string) (mediaType, error) {
 		mt.bad, mt.raw, mt.params = true, strings.TrimSpace(raw), nil
 	}
 	return mt, nil
+}
+
+// isPlainMediaType reports whether ct is type/subtype in lower case with
+// nothing around it, such as application/json: what mime.ParseMediaType
+// returns unchanged with no parameters, read here without its map.
+func isPlainMediaType(ct string) bool {
+	slash := -1
+	for i := 0; i < len(ct); i++ {
+		c := ct[i]
+		switch {
+		case c == '/' && slash < 0 && i > 0:
+			slash = i
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return slash > 0 && slash < len(ct)-1
 }
 
 // appendParams appends the parameters of mt, normalized: 'p', the count,

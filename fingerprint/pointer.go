@@ -26,6 +26,7 @@ type program struct {
 	toks   []token
 	ptrs   []pointer
 	fields []string // Spec.Fields sorted and without duplicates
+	order  []int    // order[i] is the slot in fields of Spec.Fields[i]
 	root   int      // field slot of the pointer "" (the whole body), or -1
 }
 
@@ -36,6 +37,7 @@ func (p *program) reset() {
 	p.ptrs = p.ptrs[:0]
 	clear(p.fields)
 	p.fields = p.fields[:0]
+	p.order = p.order[:0]
 	p.root = -1
 }
 
@@ -45,6 +47,10 @@ func (p *program) compile(s Spec) error {
 	p.fields = append(p.fields, s.Fields...)
 	slices.Sort(p.fields)
 	p.fields = slices.Compact(p.fields)
+	for _, f := range s.Fields {
+		slot, _ := slices.BinarySearch(p.fields, f)
+		p.order = append(p.order, slot)
+	}
 	for slot, f := range p.fields {
 		if f == "" {
 			p.root = slot

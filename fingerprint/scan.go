@@ -95,11 +95,12 @@ type state struct {
 	seed    maphash.Seed
 	seeded  bool
 
-	prog   program
-	active []int  // indexes into prog.ptrs still matching, per open level
-	sel    []byte // canonical values of selected fields
-	selVal []span // per field slot; start < 0 when absent
-	kinds  []byte // kinds[d-1]: kind of the open container at depth d, while pointers match
+	prog   *program // the Spec being applied: own, or a Compiled's (read only)
+	own    program  // compiled per call by Spec's methods
+	active []int    // indexes into prog.ptrs still matching, per open level
+	sel    []byte   // canonical values of selected fields
+	selVal []span   // per field slot; start < 0 when absent
+	kinds  []byte   // kinds[d-1]: kind of the open container at depth d, while pointers match
 
 	// segs[slot] is where each selected field's part of the hash input
 	// starts in segBuf, for SumRequestFields; empty unless the last sum
@@ -117,7 +118,8 @@ const maxPooled = 16 << 20
 
 func getState() *state {
 	s := statePool.Get().(*state)
-	s.prog.reset()
+	s.own.reset()
+	s.prog = &s.own
 	s.segs, s.segBuf = s.segs[:0], nil
 	return s
 }
@@ -129,7 +131,7 @@ func putState(s *state) {
 		cap(s.folds) > maxPooled || cap(s.foldIdx) > maxMembers || cap(s.foldTab) > 4*maxMembers {
 		return
 	}
-	s.data = nil
+	s.data, s.prog = nil, nil
 	statePool.Put(s)
 }
 
