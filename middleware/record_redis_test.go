@@ -407,28 +407,39 @@ func TestRedisCompleteKnownClaim(t *testing.T) {
 			// The same claim completed both ways stores the same bytes.
 			tok := newToken()
 			fast, slow := key("fast"), key("slow")
-			for _, k := range []string{fast, slow} {
-				if res, err := s.Claim(ctx, k, claim(k, tok)); err != nil || res.Status != Claimed {
+			for k, st := range map[string]*RedisStore{fast: s, slow: other} {
+				if res, err := st.Claim(ctx, k, claim(k, tok)); err != nil || res.Status != Claimed {
 					t.Fatalf("Claim = %v, %v", res.Status, err)
 				}
 			}
-			before := calls.count(finishScript)
-			if err := s.Complete(ctx, fast, tok, resp, time.Hour); err != nil {
-				t.Fatalf("Complete (known claim) = %v", err)
+			// used says which scripts complete ran (a first EVALSHA
+			// that finds no script is followed by EVAL).
+			used := func(complete func() error) (finish, general bool) {
+				f, g := calls.count(finishScript), calls.count(completeScript)
+				if err := complete(); err != nil {
+					t.Fatalf("Complete = %v", err)
+				}
+				return calls.count(finishScript) > f, calls.count(completeScript) > g
 			}
-			if got := calls.count(finishScript) - before; got != 1 {
-				t.Errorf("a known claim completed with %d finishScript calls, want 1", got)
+			if finish, general := used(func() error { return s.Complete(ctx, fast, tok, resp, time.Hour) }); !finish || general {
+				t.Errorf("a known claim completed by finishScript %t, completeScript %t; want finishScript only", finish, general)
 			}
-			before = calls.count(completeScript)
-			if err := other.Complete(ctx, slow, tok, resp, time.Hour); err != nil {
-				t.Fatalf("Complete (claim of another store) = %v", err)
+			if finish, general := used(func() error { return s.Complete(ctx, slow, tok, resp, time.Hour) }); finish || !general {
+				t.Errorf("another store's claim completed by finishScript %t, completeScript %t; want completeScript only", finish, general)
 			}
-			if got := calls.count(completeScript) - before; got != 1 {
-				t.Errorf("another store's claim completed with %d completeScript calls, want 1", got)
+			// The response's headers are encoded in map order: compare
+			// the rest byte for byte and the responses decoded.
+			a, b := get(fast), get(slow)
+			ra, errA := parseRecord(a)
+			rb, errB := parseRecord(b)
+			if errA != nil || errB != nil || a[:len(a)-len(ra.resp)] != b[:len(b)-len(rb.resp)] || !ra.finished {
+				t.Errorf("finished records differ (%v, %v):\n known claim %q\n general     %q", errA, errB, a, b)
 			}
-			if a, b := get(fast), get(slow); a != b {
-				t.Errorf("finished records differ:\n known claim %q\n general     %q", a, b)
+			da, errA := decodeResponse(ra.resp)
+			if _, errB := decodeResponse(rb.resp); errA != nil || errB != nil {
+				t.Fatalf("decode: %v, %v", errA, errB)
 			}
+			sameResponse(t, da, resp)
 			// Resent, and completed by another token: the answers of
 			// completeScript.
 			if err := s.Complete(ctx, fast, tok, resp, time.Hour); err != nil {
@@ -506,31 +517,34 @@ func TestClaimCacheBound(t *testing.T) {
 	for i := range maxCachedClaims {
 		var tok Token
 		binary.BigEndian.PutUint64(tok[:], uint64(i))
-		c.add(tok, "k", rec, -time.Second) // already past its lease
+		c.add(tok, "key", "k", rec, -time.Second) // already past its lease
 	}
 	fresh := newToken()
-	c.add(fresh, "k", rec, time.Minute)
+	c.add(fresh, "key", "k", rec, time.Minute)
 	if len(c.m) != 1 {
 		t.Fatalf("a full cache of expired claims kept %d after an add, want 1", len(c.m))
 	}
 	for i := range maxCachedClaims - 1 {
 		var tok Token
 		binary.BigEndian.PutUint64(tok[:], uint64(i))
-		c.add(tok, "k", rec, time.Minute)
+		c.add(tok, "key", "k", rec, time.Minute)
 	}
 	late := newToken()
-	c.add(late, "k", rec, time.Minute)
+	c.add(late, "key", "k", rec, time.Minute)
 	if _, ok := c.m[late]; ok || len(c.m) != maxCachedClaims {
 		t.Errorf("a cache full of live claims took another (%d held)", len(c.m))
 	}
 	arg := &scriptArg{}
-	if !c.take(fresh, "k", arg) || string(arg.b) != string(rec) {
-		t.Errorf("take = %q, want the record", arg.b)
+	if k, ok := c.take(fresh, "key", arg); !ok || k != "k" || string(arg.b) != string(rec) {
+		t.Errorf("take = %q, %t, %q; want k and the record", k, ok, arg.b)
 	}
-	if c.take(fresh, "k", &scriptArg{}) {
+	if _, ok := c.take(fresh, "key", &scriptArg{}); ok {
 		t.Error("a claim was taken twice")
 	}
-	c.add(late, "k", make([]byte, maxCachedRecord+1), time.Minute)
+	if _, ok := c.take(late, "other key", &scriptArg{}); ok {
+		t.Error("a claim was taken under another key")
+	}
+	c.add(late, "key", "k", make([]byte, maxCachedRecord+1), time.Minute)
 	if _, ok := c.m[late]; ok {
 		t.Error("a record too long to hold inline was remembered")
 	}

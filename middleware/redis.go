@@ -155,7 +155,7 @@ func (s *RedisStore) Claim(ctx context.Context, key string, req ClaimRequest) (C
 			return ClaimResult{}, fmt.Errorf("idemgate: redis claim: %w", err)
 		}
 		if !held {
-			s.claims.add(req.Token, k, rec.b, req.Lease)
+			s.claims.add(req.Token, key, k, rec.b, req.Lease)
 			return ClaimResult{Status: Claimed}, nil
 		}
 		r, err := parseRecord(v)
@@ -166,7 +166,7 @@ func (s *RedisStore) Claim(ctx context.Context, key string, req ClaimRequest) (C
 		switch {
 		case !r.finished && r.token == string(req.Token[:]):
 			if v == string(rec.b) {
-				s.claims.add(req.Token, k, rec.b, req.Lease)
+				s.claims.add(req.Token, key, k, rec.b, req.Lease)
 			}
 			return ClaimResult{Status: Claimed}, nil // a resent claim
 		case !r.sameOwnerKind(&id, &req, v1):
@@ -264,11 +264,12 @@ func (s *RedisStore) Extend(ctx context.Context, key string, token Token, lease 
 
 // Complete implements Store.
 func (s *RedisStore) Complete(ctx context.Context, key string, token Token, resp Response, retention time.Duration) error {
-	k, _ := storeKey(key, "", "")
 	ms := s.millis(&s.retention, retention)
 	arg := getArg()
 	defer putArg(arg)
-	if !s.claims.take(token, k, arg) {
+	k, ok := s.claims.take(token, key, arg)
+	if !ok {
+		k, _ = storeKey(key, "", "")
 		return s.fenced(ctx, "complete", completeScript, k, token, &resp, ms)
 	}
 	arg.b[1] = 'F'
@@ -281,8 +282,10 @@ func (s *RedisStore) Complete(ctx context.Context, key string, token Token, resp
 
 // Release implements Store.
 func (s *RedisStore) Release(ctx context.Context, key string, token Token) error {
-	k, _ := storeKey(key, "", "")
-	s.claims.drop(token)
+	k, ok := s.claims.drop(token, key)
+	if !ok {
+		k, _ = storeKey(key, "", "")
+	}
 	return s.fenced(ctx, "release", releaseScript, k, token, nil, nil)
 }
 
@@ -335,7 +338,8 @@ type claimCache struct {
 }
 
 type cachedClaim struct {
-	key   string // the stored key
+	key   string // as the caller named it
+	k     string // the stored key
 	until int64  // Unix nanoseconds: the lease's end, at the claim
 	n     uint8  // bytes of rec in use
 	rec   [maxCachedRecord]byte
@@ -345,9 +349,10 @@ type cachedClaim struct {
 // digests, inline, so that remembering it allocates nothing.
 const maxCachedRecord = 2 + 16 + 1 + storedFP + 1 + 16*storedSum
 
-// add remembers the claim of k by tok, recorded as rec, for about lease
-// (an entry outliving its lease is dropped only when the cache is full).
-func (c *claimCache) add(tok Token, k string, rec []byte, lease time.Duration) {
+// add remembers the claim of key (stored as k) by tok, recorded as rec,
+// for about lease (an entry outliving its lease is dropped only when the
+// cache is full).
+func (c *claimCache) add(tok Token, key, k string, rec []byte, lease time.Duration) {
 	if len(rec) > maxCachedRecord {
 		return
 	}
@@ -367,30 +372,38 @@ func (c *claimCache) add(tok Token, k string, rec []byte, lease time.Duration) {
 			return
 		}
 	}
-	e := cachedClaim{key: k, until: now + int64(lease), n: uint8(len(rec))}
+	e := cachedClaim{key: key, k: k, until: now + int64(lease), n: uint8(len(rec))}
 	copy(e.rec[:], rec)
 	c.m[tok] = e
 }
 
-// take forgets the claim of tok and, if it was a claim of k, appends its
-// record to arg and reports true.
-func (c *claimCache) take(tok Token, k string, arg *scriptArg) bool {
+// take forgets the claim of tok and, if it was a claim of key, appends its
+// record to arg and returns its stored key.
+func (c *claimCache) take(tok Token, key string, arg *scriptArg) (k string, ok bool) {
+	e, ok := c.remove(tok, key)
+	if !ok {
+		return "", false
+	}
+	arg.b = append(arg.b, e.rec[:e.n]...)
+	return e.k, true
+}
+
+// drop forgets the claim of tok and, if it was a claim of key, returns its
+// stored key.
+func (c *claimCache) drop(tok Token, key string) (k string, ok bool) {
+	e, ok := c.remove(tok, key)
+	return e.k, ok
+}
+
+func (c *claimCache) remove(tok Token, key string) (cachedClaim, bool) {
 	c.mu.Lock()
 	e, ok := c.m[tok]
 	delete(c.m, tok)
 	c.mu.Unlock()
-	if !ok || e.key != k {
-		return false
+	if !ok || e.key != key {
+		return cachedClaim{}, false
 	}
-	arg.b = append(arg.b, e.rec[:e.n]...)
-	return true
-}
-
-// drop forgets the claim of tok.
-func (c *claimCache) drop(tok Token) {
-	c.mu.Lock()
-	delete(c.m, tok)
-	c.mu.Unlock()
+	return e, true
 }
 
 // millis returns d rounded up to whole milliseconds (at least 1) as a
