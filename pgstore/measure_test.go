@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -215,4 +216,47 @@ func TestMeasureDrainCost(t *testing.T) {
 	median := func(xs []float64) float64 { slices.Sort(xs); return xs[len(xs)/2] }
 	t.Logf("median drain: fair %.0f tasks/s, FIFO %.0f tasks/s: fair/FIFO = %.2f×",
 		median(rates[false]), median(rates[true]), median(rates[false])/median(rates[true]))
+}
+
+// How long a finished task waits to show its state: from the handler's
+// return to the row's update (the database's clock, on the same host), on
+// an idle queue, one task at a time.
+//
+//	PGSTORE_MEASURE=1 go test -count=1 -v -run TestMeasureCompletionDelay ./pgstore/
+func TestMeasureCompletionDelay(t *testing.T) {
+	measuring(t)
+	s, _ := setup(t)
+	ctx := context.Background()
+	attemptLog(t, s.pool)
+	var mu sync.Mutex
+	returned := map[string]time.Time{}
+	runWorker(t, newWorker(t, s, WorkerConfig{Handler: func(_ context.Context, task Task) Outcome {
+		mu.Lock()
+		returned[task.ID] = time.Now()
+		mu.Unlock()
+		return Succeeded(json.RawMessage(`1`))
+	}}))
+	const n = 200
+	for i := range n {
+		task := mustSubmit(t, s, newTask(fmt.Sprintf("delay-%d", i)))
+		waitState(t, s, task.ID, StateSucceeded)
+	}
+	rows, _ := s.pool.Query(ctx, `SELECT id::text, min(at) FROM idemgate_test_attempts WHERE state = 'succeeded' GROUP BY id`)
+	type done struct {
+		ID string
+		At time.Time
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[done])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var delays []time.Duration
+	mu.Lock()
+	for _, d := range got {
+		delays = append(delays, d.At.Sub(returned[d.ID]))
+	}
+	mu.Unlock()
+	slices.Sort(delays)
+	t.Logf("completion delay on an idle queue, %d tasks: p50 %v, p99 %v, max %v", len(delays),
+		delays[len(delays)/2], delays[len(delays)*99/100], delays[len(delays)-1])
 }

@@ -245,7 +245,9 @@ SELECT *, false AS duplicate FROM ins
 WHERE NOT @notify::boolean OR ins.run_after > now() OR idemgate_tasks_notify(ins.kind)`
 
 	// sqlSubmitMany is Submit of a batch, in one statement: the tasks come
-	// as one array per column (@run_afters NULL or past is now()). A key given
+	// as one array per column (@run_afters NULL or past is now()). The
+	// tasks of one (kind, priority, tenant) take consecutive turns from
+	// that line's turnOf, looked up once per line. A key given
 	// twice is inserted once, by its first item. Rows are inserted in key
 	// order, so two batches that share keys wait for each other's keys in
 	// the same order and never deadlock. Each item gets one row: the row
@@ -266,12 +268,14 @@ WHERE NOT @notify::boolean OR ins.run_after > now() OR idemgate_tasks_notify(ins
 	INSERT INTO idemgate_tasks AS t
 		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace,
 		run_after, priority, turn)
-	SELECT tenant, owner, kind, runtime, network, key, fingerprint, params, trace,
-		greatest(run_after, now()), priority,
-		` + turnOf("f.kind", "f.priority", "f.tenant") + ` + f.nth - 1
+	SELECT f.tenant, f.owner, f.kind, f.runtime, f.network, f.key, f.fingerprint, f.params, f.trace,
+		greatest(f.run_after, now()), f.priority, g.turn + f.nth - 1
 	FROM (SELECT *, row_number() OVER (PARTITION BY kind, priority, tenant ORDER BY ord) AS nth
 		FROM x WHERE ord = first_ord) f
-	ORDER BY tenant, key, runtime, network
+	JOIN (SELECT d.kind, d.priority, d.tenant, ` + turnOf("d.kind", "d.priority", "d.tenant") + ` AS turn
+		FROM (SELECT DISTINCT kind, priority, tenant FROM x) d) g
+		ON g.kind = f.kind AND g.priority = f.priority AND g.tenant = f.tenant
+	ORDER BY f.tenant, f.key, f.runtime, f.network
 	ON CONFLICT (tenant, idempotency_key, runtime, network) DO NOTHING
 	RETURNING ` + tTaskColumns + `
 )
