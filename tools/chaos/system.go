@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -293,11 +292,9 @@ func buildExample(ctx context.Context, root string, tagged bool) (string, error)
 	args = append(args, "./example")
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = root
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
-	var err error
-	forker.run(func() { err = cmd.Start() })
+	err := devserver.StartChild(cmd)
 	if err == nil {
 		err = cmd.Wait()
 	}
@@ -388,33 +385,6 @@ func (s *system) stop() {
 
 // ---- processes ----
 
-// starter forks every child from one locked OS thread that never exits:
-// Pdeathsig fires when the forking thread exits, and the Go runtime may
-// otherwise retire threads (as internal/devserver does).
-type starter struct {
-	once sync.Once
-	reqs chan func()
-}
-
-func (st *starter) run(f func()) {
-	st.once.Do(func() {
-		st.reqs = make(chan func())
-		go func() {
-			runtime.LockOSThread()
-			for f := range st.reqs {
-				f()
-			}
-		}()
-	})
-	done := make(chan struct{})
-	st.reqs <- func() { f(); close(done) }
-	<-done
-}
-
-// forker is the starter of this process's children. A package-level value
-// for the same reason as devserver's: the thread belongs to the process.
-var forker starter
-
 // start runs the process (again), appending its output to its log file.
 func (p *proc) start(bin string) error {
 	p.mu.Lock()
@@ -428,9 +398,7 @@ func (p *proc) start(bin string) error {
 	cmd := exec.Command(bin, p.args...)
 	cmd.Env = append(os.Environ(), p.env...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	forker.run(func() { err = cmd.Start() })
-	if err != nil {
+	if err := devserver.StartChild(cmd); err != nil {
 		return fmt.Errorf("chaos: start %s: %w", p.name, err)
 	}
 	done := make(chan struct{})
