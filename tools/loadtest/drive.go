@@ -406,7 +406,8 @@ type tally struct {
 	out     *outcome // measured requests
 	elapsed time.Duration
 	rt      int64
-	cmds    map[string]int64
+	cmds    map[string]int64 // INFO commandstats calls
+	usec    map[string]int64 // and time inside Redis
 	execs   int64
 	created int64
 	dupExec int64
@@ -428,7 +429,7 @@ type tally struct {
 func (b *bench) scenario(ctx context.Context, sc scenario) ([]*result, error) {
 	tallies := make([]*tally, len(b.stacks))
 	for i, st := range b.stacks {
-		tl := &tally{tenant: fmt.Sprintf("lt-%s-%s-%d", sc.name, st.name, b.runID), seen: newOutcome(), out: newOutcome(), cmds: map[string]int64{}}
+		tl := &tally{tenant: fmt.Sprintf("lt-%s-%s-%d", sc.name, st.name, b.runID), seen: newOutcome(), out: newOutcome(), cmds: map[string]int64{}, usec: map[string]int64{}}
 		if sc.seed {
 			tl.seen = b.seed(ctx, st, tl.tenant)
 			if ok := tl.seen.status[202]; ok != int64(b.o.keys) {
@@ -460,6 +461,10 @@ func (b *bench) scenario(ctx context.Context, sc scenario) ([]*result, error) {
 	}
 	return results, nil
 }
+
+// adminCommand names the commands the load tool itself sends (INFO, DBSIZE)
+// and a cluster client's slot map refreshes: not a stack's.
+var adminCommand = map[string]bool{"info": true, "dbsize": true, "cluster|slots": true, "cluster|shards": true, "cluster": true}
 
 // measure runs one round of sc on st and adds it to tl.
 func (b *bench) measure(ctx context.Context, sc scenario, st *stack, tl *tally, round int, d time.Duration) error {
@@ -509,8 +514,9 @@ func (b *bench) measure(ctx context.Context, sc scenario, st *stack, tl *tally, 
 	tl.selfCPU += selfAfter - selfBefore
 	tl.pgRT += pgrtAfter - pgrtBefore
 	for cmd, c := range after {
-		if delta := c - before[cmd]; delta > 0 && cmd != "info" {
+		if delta := c.calls - before[cmd].calls; delta > 0 && !adminCommand[cmd] {
 			tl.cmds[cmd] += delta
+			tl.usec[cmd] += c.usec - before[cmd].usec
 		}
 	}
 	execs, created, dupExecs := st.execs.reset()
@@ -558,6 +564,7 @@ func (b *bench) result(ctx context.Context, sc scenario, st *stack, tl *tally) (
 		DuplicateExecutions: tl.dupExec,
 		RowsCreated:         tl.created,
 		RedisCommands:       map[string]float64{},
+		RedisUsec:           map[string]float64{},
 		Rounds:              tl.rounds,
 	}
 	if st.pgrt != nil {
@@ -576,6 +583,7 @@ func (b *bench) result(ctx context.Context, sc scenario, st *stack, tl *tally) (
 		for cmd, c := range tl.cmds {
 			calls += c
 			res.RedisCommands[cmd] = float64(c) / n
+			res.RedisUsec[cmd] = float64(tl.usec[cmd]) / float64(c)
 		}
 		res.RedisCallsPerReq = float64(calls) / n
 		res.RedisCPUusPerReq = tl.cpu * 1e6 / n

@@ -21,8 +21,12 @@ import (
 
 // env is the Redis and Postgres of one run.
 type env struct {
-	redisOpts    *redis.Options
-	admin        *redis.Client // reads INFO commandstats; its own calls are not counted
+	redisOpts    *redis.Options // a single node; nil on a cluster
+	clusterAddrs []string       // a cluster's primaries; nil on a single node
+	// admin has a client per server (one, or each primary of a
+	// cluster): INFO and DBSIZE add up over them. Their own calls are
+	// not counted.
+	admin        []*redis.Client
 	databaseURL  string
 	db           *pgxpool.Pool // counts rows, prepares the floor table
 	pgServer     *pgcpu.Server // reads Postgres CPU; nil when the server is not on this machine
@@ -46,11 +50,20 @@ func startEnv(ctx context.Context, o options, log io.Writer) (_ *env, err error)
 			e.close()
 		}
 	}()
-	if o.redisURL != "" {
+	switch {
+	case o.cluster > 0:
+		c, err := devserver.StartCluster(ctx, o.cluster)
+		if err != nil {
+			return nil, fmt.Errorf("start a redis cluster: %w", err)
+		}
+		e.closers = append(e.closers, func() { c.Stop() })
+		e.clusterAddrs = c.Addrs()
+		fmt.Fprintf(log, "redis cluster: throwaway, %d primaries on %s\n", o.cluster, strings.Join(e.clusterAddrs, ","))
+	case o.redisURL != "":
 		if e.redisOpts, err = redis.ParseURL(o.redisURL); err != nil {
 			return nil, fmt.Errorf("parse -redis-url: %w", err)
 		}
-	} else {
+	default:
 		srv, err := devserver.StartRedis(ctx, 0)
 		if err != nil {
 			return nil, fmt.Errorf("start redis-server: %w", err)
@@ -59,10 +72,20 @@ func startEnv(ctx context.Context, o options, log io.Writer) (_ *env, err error)
 		e.redisOpts = &redis.Options{Addr: srv.Addr}
 		fmt.Fprintf(log, "redis-server: throwaway on %s\n", srv.Addr)
 	}
-	e.admin = redis.NewClient(e.redisOpts)
-	e.closers = append(e.closers, func() { e.admin.Close() })
-	if e.redisVersion, err = redisVersion(ctx, e.admin); err != nil {
+	if e.clusterAddrs == nil {
+		e.admin = []*redis.Client{redis.NewClient(e.redisOpts)}
+	}
+	for _, addr := range e.clusterAddrs {
+		e.admin = append(e.admin, redis.NewClient(&redis.Options{Addr: addr}))
+	}
+	for _, c := range e.admin {
+		e.closers = append(e.closers, func() { c.Close() })
+	}
+	if e.redisVersion, err = redisVersion(ctx, e.admin[0]); err != nil {
 		return nil, err
+	}
+	if e.clusterAddrs != nil {
+		e.redisVersion += fmt.Sprintf(" (cluster of %d primaries)", len(e.clusterAddrs))
 	}
 
 	e.databaseURL = o.databaseURL
@@ -124,13 +147,22 @@ func (e *env) taskStore(ctx context.Context, o options) (*pgstore.Store, error) 
 	return store, nil
 }
 
-// newRedis opens a client for one stack whose round trips are counted.
-func (e *env) newRedis(n int, rt *roundTrips) *redis.Client {
-	opts := *e.redisOpts
-	opts.PoolSize = n
-	opts.MinIdleConns = n
-	opts.DisableIdentity = true
-	c := redis.NewClient(&opts)
+// newRedis opens a client for one stack whose round trips are counted: a
+// client of n connections, or on a cluster a cluster client with n per
+// primary.
+func (e *env) newRedis(n int, rt *roundTrips) redis.UniversalClient {
+	var c redis.UniversalClient
+	if e.clusterAddrs != nil {
+		c = redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs: e.clusterAddrs, PoolSize: n, MinIdleConns: n, DisableIdentity: true,
+		})
+	} else {
+		opts := *e.redisOpts
+		opts.PoolSize = n
+		opts.MinIdleConns = n
+		opts.DisableIdentity = true
+		c = redis.NewClient(&opts)
+	}
 	c.AddHook(rt)
 	e.closers = append(e.closers, func() { c.Close() })
 	return c
@@ -149,21 +181,37 @@ func redisVersion(ctx context.Context, c *redis.Client) (string, error) {
 	return "unknown", nil
 }
 
-// commandStats returns calls per command from INFO commandstats.
-func commandStats(ctx context.Context, c *redis.Client) (map[string]int64, error) {
+// cmdStat is one command's line of INFO commandstats.
+type cmdStat struct {
+	calls int64
+	usec  int64 // time spent in the command, inside Redis
+}
+
+// commandStats returns calls and time per command from INFO commandstats,
+// added up over the servers.
+func commandStats(ctx context.Context, servers []*redis.Client) (map[string]cmdStat, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	info, err := c.Info(ctx, "commandstats").Result()
-	if err != nil {
-		return nil, fmt.Errorf("redis INFO commandstats: %w", err)
+	out := map[string]cmdStat{}
+	for _, c := range servers {
+		info, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			return nil, fmt.Errorf("redis INFO commandstats: %w", err)
+		}
+		for name, st := range parseCommandStats(info) {
+			sum := out[name]
+			sum.calls += st.calls
+			sum.usec += st.usec
+			out[name] = sum
+		}
 	}
-	return parseCommandStats(info), nil
+	return out, nil
 }
 
 // parseCommandStats parses lines like
 // "cmdstat_evalsha:calls=3,usec=40,usec_per_call=13.33,rejected_calls=0,failed_calls=0".
-func parseCommandStats(info string) map[string]int64 {
-	out := map[string]int64{}
+func parseCommandStats(info string) map[string]cmdStat {
+	out := map[string]cmdStat{}
 	sc := bufio.NewScanner(strings.NewReader(info))
 	for sc.Scan() {
 		name, rest, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
@@ -171,13 +219,17 @@ func parseCommandStats(info string) map[string]int64 {
 		if !ok || !isStat {
 			continue
 		}
+		var st cmdStat
 		for _, kv := range strings.Split(rest, ",") {
-			if v, ok := strings.CutPrefix(kv, "calls="); ok {
-				var n int64
-				fmt.Sscan(v, &n)
-				out[name] = n
+			k, v, _ := strings.Cut(kv, "=")
+			switch k {
+			case "calls":
+				fmt.Sscan(v, &st.calls)
+			case "usec":
+				fmt.Sscan(v, &st.usec)
 			}
 		}
+		out[name] = st
 	}
 	return out
 }
@@ -230,18 +282,25 @@ type server struct {
 	keys   int64   // DBSIZE
 }
 
-// serverFigures reads INFO cpu, INFO memory and DBSIZE.
-func serverFigures(ctx context.Context, c *redis.Client) (server, error) {
+// serverFigures reads INFO cpu, INFO memory and DBSIZE, added up over the
+// servers.
+func serverFigures(ctx context.Context, servers []*redis.Client) (server, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var s server
-	info, err := c.Info(ctx, "cpu", "memory").Result()
-	if err != nil {
-		return s, fmt.Errorf("redis INFO cpu memory: %w", err)
-	}
-	s.cpu, s.memory = parseServerInfo(info)
-	if s.keys, err = c.DBSize(ctx).Result(); err != nil {
-		return s, fmt.Errorf("redis DBSIZE: %w", err)
+	for _, c := range servers {
+		info, err := c.Info(ctx, "cpu", "memory").Result()
+		if err != nil {
+			return s, fmt.Errorf("redis INFO cpu memory: %w", err)
+		}
+		cpu, memory := parseServerInfo(info)
+		keys, err := c.DBSize(ctx).Result()
+		if err != nil {
+			return s, fmt.Errorf("redis DBSIZE: %w", err)
+		}
+		s.cpu += cpu
+		s.memory += memory
+		s.keys += keys
 	}
 	return s, nil
 }

@@ -80,6 +80,7 @@ type options struct {
 	scenarios   []string
 	stacks      []string
 	redisURL    string
+	cluster     int
 	databaseURL string
 	jsonOut     bool
 	htmlOut     string
@@ -124,6 +125,7 @@ usage: go run ./loadtest [flags]
 	fs.IntVar(&o.pgConns, "pg-conns", 16, "size of each Postgres pool: each stack's task pool and each Postgres stack's records pool")
 	fs.StringVar(&scen, "scenarios", "miss,replay,conflict,dup", "comma-separated scenarios to run")
 	fs.StringVar(&stacks, "stacks", strings.Join(stackOrder, ","), "comma-separated stacks to run (shown in this order: "+strings.Join(stackOrder, ", ")+")")
+	fs.IntVar(&o.cluster, "cluster", 0, "run the Redis stacks on a throwaway Redis Cluster of this many primaries (e.g. 3) instead of one redis-server; INFO figures add up over the primaries")
 	fs.StringVar(&o.redisURL, "redis-url", "", "use this Redis (redis://…) instead of a throwaway redis-server; use a dedicated one: INFO commandstats is server-wide")
 	fs.StringVar(&o.databaseURL, "database-url", "", "use this Postgres instead of a throwaway cluster; use a dedicated database: tasks are written (and removed at the end) and workers there would run them")
 	fs.BoolVar(&o.jsonOut, "json", false, "print the results as JSON instead of a table")
@@ -169,6 +171,10 @@ usage: go run ./loadtest [flags]
 		return o, errors.New("-keys must be at least 1")
 	case o.pgConns < 1:
 		return o, errors.New("-pg-conns must be at least 1")
+	case o.cluster < 0 || o.cluster > 0 && o.cluster < 3:
+		return o, errors.New("-cluster must be 0 (one redis-server) or at least 3 primaries")
+	case o.cluster > 0 && o.redisURL != "":
+		return o, errors.New("-cluster starts its own cluster: it does not take -redis-url")
 	}
 	return o, nil
 }
@@ -238,15 +244,35 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// setRatios sets each result's ratio to its floor's, of one scenario.
+// setRatios sets each result's ratio to its floor's, of one scenario: over
+// all its rounds, and the median of each round's ratio to the floor's same
+// round (they ran one after the other).
 func setRatios(results []*result) {
 	byStack := map[string]*result{}
 	for _, res := range results {
 		byStack[res.Stack] = res
 	}
 	for _, res := range results {
-		if floor, ok := byStack[res.Floor]; ok && floor.ReqPerSec > 0 {
+		floor, ok := byStack[res.Floor]
+		if !ok {
+			continue
+		}
+		if floor.ReqPerSec > 0 {
 			res.RatioToFloor = res.ReqPerSec / floor.ReqPerSec
+		}
+		var ratios []float64
+		for i, r := range res.Rounds {
+			if i < len(floor.Rounds) && floor.Rounds[i].ReqPerSec > 0 {
+				ratios = append(ratios, r.ReqPerSec/floor.Rounds[i].ReqPerSec)
+			}
+		}
+		if len(ratios) > 0 {
+			slices.Sort(ratios)
+			res.RatioMedian = ratios[len(ratios)/2]
+			if len(ratios)%2 == 0 {
+				res.RatioMedian = (ratios[len(ratios)/2-1] + ratios[len(ratios)/2]) / 2
+			}
+			res.RatioMin, res.RatioMax = ratios[0], ratios[len(ratios)-1]
 		}
 	}
 }

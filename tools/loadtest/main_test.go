@@ -8,7 +8,9 @@ import (
 	"io"
 	"math"
 	"os"
+	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -122,6 +124,58 @@ func TestRun(t *testing.T) {
 	}
 }
 
+// TestRunCluster runs the Redis stacks on a cluster the tool starts: the
+// same round trips per request as on one server, every request answered,
+// and the commands counted over every primary.
+func TestRunCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	if _, err := exec.LookPath("redis-cli"); err != nil {
+		t.Skip("redis-cli is not installed")
+	}
+	dsn := testenv.PostgresDSN(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, log bytes.Buffer
+	err := run(ctx, []string{
+		"-duration", "300ms", "-rounds", "2", "-warmup", "100ms", "-concurrency", "4",
+		"-dup-group", "2", "-keys", "16", "-pg-conns", "4", "-json", "-cluster", "3",
+		"-stacks", "floor,floor-script,idemgate", "-scenarios", "miss,replay",
+		"-database-url", dsn,
+	}, &out, &log)
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, log.String())
+	}
+	var rep report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("decode -json output: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(rep.Machine.Redis, "cluster of 3 primaries") {
+		t.Errorf("redis %q, want it to say the cluster", rep.Machine.Redis)
+	}
+	wantRT := map[string]float64{"miss": 2, "replay": 1}
+	if len(rep.Results) != 6 {
+		t.Fatalf("%d results, want 2 scenarios × 3 stacks", len(rep.Results))
+	}
+	for _, res := range rep.Results {
+		name := res.Scenario + "/" + res.Stack
+		if res.Requests == 0 || res.TransportErrors != 0 || res.Status["202"] != res.Requests {
+			t.Errorf("%s: %d requests, statuses %v, %d transport errors", name, res.Requests, res.Status, res.TransportErrors)
+		}
+		if got := res.RedisRoundTripsPerReq; math.Abs(got-wantRT[res.Scenario]) > 1e-9 {
+			t.Errorf("%s: %.3f round trips per request, want %v", name, got, wantRT[res.Scenario])
+		}
+		// Every request's commands, counted on whichever primary ran them.
+		if res.RedisCallsPerReq < wantRT[res.Scenario] {
+			t.Errorf("%s: %.2f commands per request in INFO over the primaries, want at least %v", name, res.RedisCallsPerReq, wantRT[res.Scenario])
+		}
+		if res.Stack != floorName && res.RatioToFloor <= 0 {
+			t.Errorf("%s: no ratio to the floor", name)
+		}
+	}
+}
+
 func contains(list []string, s string) bool {
 	for _, x := range list {
 		if x == s {
@@ -135,14 +189,14 @@ func TestParseCommandStats(t *testing.T) {
 	tests := []struct {
 		name  string
 		given string
-		want  map[string]int64
+		want  map[string]cmdStat
 	}{
-		{"empty", "# Commandstats\r\n", map[string]int64{}},
+		{"empty", "# Commandstats\r\n", map[string]cmdStat{}},
 		{"two commands", "# Commandstats\r\ncmdstat_evalsha:calls=3,usec=40,usec_per_call=13.33,rejected_calls=0,failed_calls=0\r\n" +
 			"cmdstat_get:calls=12,usec=5,usec_per_call=0.42,rejected_calls=0,failed_calls=0\r\n",
-			map[string]int64{"evalsha": 3, "get": 12}},
-		{"subcommand", "cmdstat_client|setinfo:calls=2,usec=1\r\n", map[string]int64{"client|setinfo": 2}},
-		{"other lines ignored", "redis_version:7.0.15\r\ncmdstat_set:calls=1\r\n", map[string]int64{"set": 1}},
+			map[string]cmdStat{"evalsha": {3, 40}, "get": {12, 5}}},
+		{"subcommand", "cmdstat_client|setinfo:calls=2,usec=1\r\n", map[string]cmdStat{"client|setinfo": {2, 1}}},
+		{"other lines ignored", "redis_version:7.0.15\r\ncmdstat_set:calls=1\r\n", map[string]cmdStat{"set": {1, 0}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -151,6 +205,28 @@ func TestParseCommandStats(t *testing.T) {
 				t.Errorf("parseCommandStats = %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestMedianRatio: the median of the rounds' ratios pairs each round of a
+// stack with the same round of its floor.
+func TestMedianRatio(t *testing.T) {
+	rounds := func(rps ...float64) []round {
+		out := make([]round, len(rps))
+		for i, r := range rps {
+			out[i] = round{Round: i + 1, ReqPerSec: r}
+		}
+		return out
+	}
+	floor := &result{Stack: floorName, Rounds: rounds(100, 200, 100, 50, 100)}
+	st := &result{Stack: idemgateName, Floor: floorName, Rounds: rounds(90, 100, 95, 50, 120)}
+	setRatios([]*result{floor, st})
+	// 0.9, 0.5, 0.95, 1.0, 1.2: the median is 0.95.
+	if st.RatioMedian != 0.95 || st.RatioMin != 0.5 || st.RatioMax != 1.2 {
+		t.Errorf("median %v (%v–%v), want 0.95 (0.5–1.2)", st.RatioMedian, st.RatioMin, st.RatioMax)
+	}
+	if floor.RatioMedian != 0 {
+		t.Errorf("a floor has a ratio %v", floor.RatioMedian)
 	}
 }
 

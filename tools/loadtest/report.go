@@ -50,9 +50,14 @@ type result struct {
 	Seconds         float64 `json:"seconds"`
 	ReqPerSec       float64 `json:"req_per_sec"`
 	RatioToFloor    float64 `json:"ratio_to_floor,omitempty"`
-	P50ms           float64 `json:"p50_ms"`
-	P99ms           float64 `json:"p99_ms"`
-	P999ms          float64 `json:"p99_9_ms"`
+	// RatioMedian is the median over the rounds of the round's req/s to
+	// the floor's in the same round; RatioMin and RatioMax the spread.
+	RatioMedian float64 `json:"ratio_to_floor_median_of_rounds,omitempty"`
+	RatioMin    float64 `json:"ratio_to_floor_min_round,omitempty"`
+	RatioMax    float64 `json:"ratio_to_floor_max_round,omitempty"`
+	P50ms       float64 `json:"p50_ms"`
+	P99ms       float64 `json:"p99_ms"`
+	P999ms      float64 `json:"p99_9_ms"`
 	// Status counts responses by HTTP status code.
 	Status map[string]int64 `json:"status"`
 	// HandlerExecutions counts handler runs while measured; a duplicate
@@ -66,6 +71,10 @@ type result struct {
 	RedisRoundTripsPerReq float64            `json:"redis_round_trips_per_req"`
 	RedisCallsPerReq      float64            `json:"redis_calls_per_req"`
 	RedisCommands         map[string]float64 `json:"redis_commands_per_req"`
+	// RedisUsec is INFO commandstats' time per call of each command, in
+	// microseconds (a script's includes the commands it runs, which are
+	// also counted on their own).
+	RedisUsec map[string]float64 `json:"redis_usec_per_call"`
 	// RedisCPUusPerReq is INFO cpu (used_cpu_sys + used_cpu_user) over the
 	// measured rounds, per request, in microseconds.
 	RedisCPUusPerReq float64 `json:"redis_cpu_us_per_req"`
@@ -103,15 +112,20 @@ func (r report) writeTable(w io.Writer) {
 	fmt.Fprintf(w, "%s per scenario and stack in %d alternating rounds, %d keep-alive clients; dup: groups of %d on a %s handler\n\n",
 		r.Duration, r.Rounds, r.Concurrency, r.DupGroup, r.Slow)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tstack\treq/s\tvs floor\tp50 ms\tp99 ms\tp99.9 ms\texecs\tdup execs\tredis rt/req\tINFO: scripts/req\tcmds/req\tredis µs/req\tpg rt/req\tpg µs/req\tgo µs/req\tB/record\trows/key\tstatus\t")
+	fmt.Fprintln(tw, "scenario\tstack\treq/s\tvs floor\tp50 ms\tp99 ms\tp99.9 ms\texecs\tdup execs\tredis rt/req\tINFO: scripts/req\tscript µs/call\tcmds/req\tredis µs/req\tpg rt/req\tpg µs/req\tgo µs/req\tB/record\trows/key\tstatus\t")
 	for _, res := range r.Results {
 		ratio := "-"
 		if res.RatioToFloor > 0 {
 			ratio = fmt.Sprintf("%.2f", res.RatioToFloor)
 		}
-		scripts := 0.0
+		scripts, scriptUsec := 0.0, 0.0
 		for _, cmd := range []string{"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"} {
 			scripts += res.RedisCommands[cmd]
+			scriptUsec += res.RedisCommands[cmd] * res.RedisUsec[cmd]
+		}
+		perScript := "-"
+		if scripts > 0 {
+			perScript = fmt.Sprintf("%.1f", scriptUsec/scripts)
 		}
 		perRecord := "-"
 		if res.RedisBytesPerRecord > 0 {
@@ -124,9 +138,9 @@ func (r report) writeTable(w io.Writer) {
 		if r.Machine.PostgresCPU {
 			pgCPU = fmt.Sprintf("%.1f", res.PGCPUusPerReq)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%.2f\t%.2f\t%.2f\t%d\t%d\t%.2f\t%.2f\t%.2f\t%.1f\t%s\t%s\t%.1f\t%s\t%.2f\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%.2f\t%.2f\t%.2f\t%d\t%d\t%.2f\t%.2f\t%s\t%.2f\t%.1f\t%s\t%s\t%.1f\t%s\t%.2f\t%s\t\n",
 			res.Scenario, res.Stack, res.ReqPerSec, ratio, res.P50ms, res.P99ms, res.P999ms,
-			res.HandlerExecutions, res.DuplicateExecutions, res.RedisRoundTripsPerReq, scripts,
+			res.HandlerExecutions, res.DuplicateExecutions, res.RedisRoundTripsPerReq, scripts, perScript,
 			res.RedisCallsPerReq, res.RedisCPUusPerReq, pgRT, pgCPU, res.ProcessCPUusPerReq, perRecord, res.RowsPerAcceptedKey, statusLine(res))
 	}
 	tw.Flush()
@@ -153,7 +167,8 @@ func (r report) ratioLines() []string {
 		if _, ok := parts[name]; !ok {
 			order = append(order, name)
 		}
-		parts[name] = append(parts[name], fmt.Sprintf("%s %.2f×", res.Scenario, res.RatioToFloor))
+		parts[name] = append(parts[name], fmt.Sprintf("%s %.2f× (median of rounds %.2f×, %.2f–%.2f)",
+			res.Scenario, res.RatioToFloor, res.RatioMedian, res.RatioMin, res.RatioMax))
 	}
 	lines := make([]string, len(order))
 	for i, name := range order {

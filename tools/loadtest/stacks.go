@@ -315,7 +315,7 @@ func floorRequest(c echo.Context) (tenant, user, reqID string, body []byte, err 
 
 type floor struct {
 	plain bool
-	rdb   *redis.Client
+	rdb   redis.UniversalClient
 	claim *redis.Script
 	store *pgstore.Store
 	execs *executions
