@@ -39,9 +39,5 @@ const (
 	WorkerHeldBack WorkerEventType = "held_back"
 )
 
-// Marks of the rows a claim returns beside its tasks: a kind it held back
-// (claimSQL), or that limits exist (claimFreeSQL).
-const (
-	stateHeld    State = "held"
-	stateLimited State = "limited"
-)
+// stateHeld marks the row a claim returns for a kind it held back.
+const stateHeld State = "held"

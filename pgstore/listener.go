@@ -20,6 +20,7 @@ type listener struct {
 	kinds   []string
 	wake    func()
 	cancel  func(taskID string)
+	limits  func(kind string) // SetKindLimits set the limits of kind
 	recheck time.Duration
 	logger  *slog.Logger
 }
@@ -49,7 +50,7 @@ func (l *listener) listenOnce(ctx context.Context) error {
 	// A listening session never goes back to the pool.
 	conn := pc.Hijack()
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel+"; LISTEN "+cancelChannel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel+"; LISTEN "+cancelChannel+"; LISTEN "+limitsChannel); err != nil {
 		return err
 	}
 	recheck := time.AfterFunc(time.Hour, l.wake)
@@ -64,6 +65,10 @@ func (l *listener) listenOnce(ctx context.Context) error {
 		switch n.Channel {
 		case cancelChannel:
 			l.cancel(n.Payload)
+		case limitsChannel:
+			if len(l.kinds) == 0 || slices.Contains(l.kinds, n.Payload) {
+				l.limits(n.Payload)
+			}
 		case notifyChannel:
 			if len(l.kinds) > 0 && !slices.Contains(l.kinds, n.Payload) {
 				continue

@@ -71,6 +71,11 @@ func TestExplainClaimAtABacklog(t *testing.T) {
 		sql, args := w.claimStatement(16)
 		explain(t, s, "claim of 16, "+shape.name+", no limits", sql, args)
 	}
+	{
+		w := newWorker(t, s, WorkerConfig{Handler: func(context.Context, Task) Outcome { return Outcome{} }})
+		_, args := w.claimStatement(16)
+		explain(t, s, "FIFO claim of 16 (before), any kind", sqlClaimFIFO, args)
+	}
 	if err := s.SetKindLimits(ctx, "image", KindLimits{MaxRunning: 8, MaxRunningPerTenant: 2, StartsPerSecond: 100}); err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +196,7 @@ func TestMeasureDrainCost(t *testing.T) {
 	}
 	const n = 5000
 	rates := map[bool][]float64{}
-	for round := range 6 {
+	for round := range 10 {
 		fifo := round%2 == 1
 		if _, err := s.pool.Exec(ctx, "TRUNCATE idemgate_tasks"); err != nil {
 			t.Fatal(err)
@@ -211,7 +216,7 @@ func TestMeasureDrainCost(t *testing.T) {
 		took := time.Since(began)
 		stop()
 		rates[fifo] = append(rates[fifo], n/took.Seconds())
-		t.Logf("round %d, %s: %.0f tasks/s", round+1, map[bool]string{false: "fair", true: "FIFO"}[fifo], n/took.Seconds())
+		t.Logf("round %d, %s: %.0f tasks/s, %d claims", round+1, map[bool]string{false: "fair", true: "FIFO"}[fifo], n/took.Seconds(), w.claims.Load())
 	}
 	median := func(xs []float64) float64 { slices.Sort(xs); return xs[len(xs)/2] }
 	t.Logf("median drain: fair %.0f tasks/s, FIFO %.0f tasks/s: fair/FIFO = %.2f×",

@@ -50,6 +50,8 @@ const (
 	notifyChannel = "idemgate_tasks"
 	// cancelChannel carries a task's ID when it is cancelled.
 	cancelChannel = "idemgate_tasks_cancel"
+	// limitsChannel carries a kind whose limits were set.
+	limitsChannel = "idemgate_kind_limits"
 )
 
 // taskColumns is the column list of Task, in the order of its fields.
@@ -520,10 +522,12 @@ func claimRunnableSQL(kinds []string) string {
 }
 
 // claimFreeSQL is the claim of runnable tasks of kinds while none of them
-// has limits: one statement, no lock, no count. Should a kind have limits
-// by the time it runs (its snapshot is taken after SetKindLimits
-// returned), it claims nothing and returns one row in state limited, and
-// the worker claims with claimRunnableSQL from then on.
+// has limits: river's shape, one statement, no lock, no count. A guard
+// keeps it honest: should a kind have limits by the time it runs (its
+// snapshot is taken after SetKindLimits returned), it claims nothing. The
+// worker learns of the limits from SetKindLimits' notification, or at
+// its next poll, whose claim is a limited one (claimRunnableSQL), and
+// claims with limits from then on.
 func claimFreeSQL(kinds []string) string {
 	limitKinds, candidates := runnableCandidates(kinds, "")
 	return `WITH ` + candidates + `, picked AS (
@@ -531,16 +535,10 @@ func claimFreeSQL(kinds []string) string {
 	WHERE NOT EXISTS (SELECT FROM idemgate_kind_limits l WHERE ` + limitKinds + ` AND ` + hasLimits + `)
 	ORDER BY ` + runnableOrder + `
 	LIMIT @limit
-), claimed AS (
-	UPDATE idemgate_tasks t SET ` + claimSet + `
-	FROM picked WHERE t.id = picked.id
-	RETURNING ` + tTaskColumns + `
 )
-SELECT *, false AS duplicate FROM claimed
-UNION ALL
-SELECT '', '', '', '', '', '', '', '', NULL::jsonb, '', '` + string(stateLimited) + `', 0, 0, '[]'::jsonb, '',
-	now(), 0::smallint, now(), now(), false
-FROM (SELECT FROM idemgate_kind_limits l WHERE ` + limitKinds + ` AND ` + hasLimits + ` LIMIT 1) x`
+UPDATE idemgate_tasks t SET ` + claimSet + `
+FROM picked WHERE t.id = picked.id
+RETURNING ` + tTaskColumns + `, false AS duplicate`
 }
 
 // runnableCandidates returns the condition on l.kind that selects the
@@ -635,10 +633,12 @@ FROM idemgate_kind_limits WHERE kind = @kind`
 FROM idemgate_kind_limits
 WHERE max_running > 0 OR max_running_per_tenant > 0 OR starts_per_second > 0 OR paused`
 
-	// sqlSetKindLimits stores the limits of @kind. The token bucket keeps
-	// what it holds (refilled to now, at most the new burst), so that
-	// setting limits again gives no extra burst; a new bucket starts full.
-	sqlSetKindLimits = `INSERT INTO idemgate_kind_limits AS l
+	// sqlSetKindLimits stores the limits of @kind and tells the workers.
+	// The token bucket keeps what it holds (refilled to now, at most the
+	// new burst), so that setting limits again gives no extra burst; a new
+	// bucket starts full.
+	sqlSetKindLimits = `WITH set AS (
+INSERT INTO idemgate_kind_limits AS l
 	(kind, max_running, max_running_per_tenant, starts_per_second, paused, tokens, refilled_at, updated_at)
 VALUES (@kind, @max_running, @max_running_per_tenant, @starts_per_second, @paused,
 	greatest(1, @starts_per_second::float8), statement_timestamp(), now())
@@ -646,7 +646,10 @@ ON CONFLICT (kind) DO UPDATE SET max_running = EXCLUDED.max_running,
 	max_running_per_tenant = EXCLUDED.max_running_per_tenant, starts_per_second = EXCLUDED.starts_per_second,
 	paused = EXCLUDED.paused, refilled_at = statement_timestamp(), updated_at = now(),
 	tokens = CASE WHEN l.starts_per_second > 0 THEN least(greatest(1, EXCLUDED.starts_per_second), ` + tokensNow + `)
-		ELSE greatest(1, EXCLUDED.starts_per_second) END`
+		ELSE greatest(1, EXCLUDED.starts_per_second) END
+RETURNING kind
+)
+SELECT pg_notify('` + limitsChannel + `', kind) FROM set`
 )
 
 // Workers. Every transition of a claimed task is fenced by

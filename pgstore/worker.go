@@ -84,7 +84,7 @@ func NewWorker(s *Store, cfg WorkerConfig) (*Worker, error) {
 	w.completer = newCompleter(s.pool, &w.cfg, w.emit)
 	w.heartbeat = &heartbeat{pool: s.pool, attempts: &w.attempts, lease: cfg.Lease, every: cfg.Heartbeat, logger: cfg.Logger}
 	w.rescuer = &rescuer{pool: s.pool, cfg: &w.cfg, emit: w.emit}
-	w.listener = &listener{pool: s.pool, kinds: cfg.Kinds, wake: w.signal, cancel: w.cancelTask,
+	w.listener = &listener{pool: s.pool, kinds: cfg.Kinds, wake: w.signal, cancel: w.cancelTask, limits: w.limitsSet,
 		recheck: notifyRecheck, logger: cfg.Logger}
 	return w, nil
 }
@@ -174,7 +174,6 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 	for ctx.Err() == nil { // a claim after cancellation would only be released again
 		free := w.cfg.Concurrency - w.attempts.count()
 		if free > 0 {
-			wasLimited := w.limited.Load()
 			w.attempts.beginClaim()
 			claimed, sent, took, err := w.claim(base, free)
 			// Even when stopping: shutdown finishes or releases them.
@@ -191,8 +190,8 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 				continue
 			}
 			errWait = 0
-			if len(claimed) == free || !wasLimited && w.limited.Load() {
-				continue // there may be more, or limits appeared: claim again with them
+			if len(claimed) == free {
+				continue // there may be more
 			}
 		}
 		select {
@@ -200,6 +199,9 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 			return
 		case <-w.wake:
 		case <-poll.C:
+			// A poll also finds limits whose notification was missed: its
+			// claim is a limited one, which says whether limits remain.
+			w.limited.Store(true)
 		}
 	}
 }
@@ -234,9 +236,8 @@ func (w *Worker) claimStatement(n int) (string, pgx.NamedArgs) {
 }
 
 // runClaim runs a claim statement and returns the claimed tasks. The
-// claim of kinds without limits (claimFreeSQL) runs alone; should it
-// find limits, it claims nothing and the worker claims with limits from
-// then on. A claim with limits runs in a transaction of its own after
+// claim of kinds without limits (claimFreeSQL) runs alone. A claim with
+// limits runs in a transaction of its own after
 // sqlLockLimitedKinds, all in one round trip: its snapshot is taken after
 // the locks are granted, so it sees every claim of a limited kind
 // committed before. A kind it reports held back by its limits is emitted
@@ -248,11 +249,7 @@ func (w *Worker) runClaim(ctx context.Context, sql string, args pgx.NamedArgs) (
 	}
 	if sql == w.claimFreeSQL {
 		rows, _ := w.store.pool.Query(ctx, sql, args)
-		got, err := pgx.CollectRows(rows, pgx.RowToStructByName[Task])
-		if err != nil {
-			return nil, err
-		}
-		return w.sortClaimed(got), nil
+		return pgx.CollectRows(rows, pgx.RowToStructByName[Task])
 	}
 	var b pgx.Batch
 	b.Queue("BEGIN")
@@ -290,21 +287,24 @@ func (w *Worker) runClaim(ctx context.Context, sql string, args pgx.NamedArgs) (
 }
 
 // sortClaimed returns the tasks a claim returned without its marks: a
-// kind held back is emitted as WorkerHeldBack; limits found make the
-// worker claim with limits.
+// kind held back is emitted as WorkerHeldBack.
 func (w *Worker) sortClaimed(got []Task) []Task {
 	claimed := got[:0]
 	for _, t := range got {
-		switch t.State {
-		case stateHeld:
+		if t.State == stateHeld {
 			w.emit(WorkerEvent{Type: WorkerHeldBack, Kind: t.Kind})
-		case stateLimited:
-			w.limited.Store(true)
-		default:
-			claimed = append(claimed, t)
+			continue
 		}
+		claimed = append(claimed, t)
 	}
 	return claimed
+}
+
+// limitsSet learns that the limits of kind were set: the worker claims
+// with limits (the next claim finds out whether any remain) at once.
+func (w *Worker) limitsSet(string) {
+	w.limited.Store(true)
+	w.signal()
 }
 
 // leaseUS is the lease a claim or heartbeat writes into the row: the
