@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 	echomw "github.com/labstack/echo/v4/middleware"
@@ -344,5 +345,102 @@ func TestAtomicConcurrentRequests(t *testing.T) {
 		if got := ledgerRows(t, pool, key); got != 1 {
 			t.Errorf("round %d: %d ledger rows, want 1", round, got)
 		}
+	}
+}
+
+// TestAtomicTxMethods: whichever method the handler's first statement
+// uses, it runs in the transaction (BEGIN goes out with it), and every
+// later statement too; a savepoint rolled back undoes only its part; a
+// handler that sends no statement still stores its answer.
+func TestAtomicTxMethods(t *testing.T) {
+	t.Parallel()
+	pool, s := atomicDB(t)
+	insert := `INSERT INTO ledger (key, node) VALUES ($1, $2)`
+	tests := []struct {
+		name  string
+		run   func(ctx context.Context, tx pgx.Tx, key string) error
+		wantN int
+	}{
+		{"exec", func(ctx context.Context, tx pgx.Tx, key string) error {
+			_, err := tx.Exec(ctx, insert, key, "exec")
+			return err
+		}, 1},
+		{"query row", func(ctx context.Context, tx pgx.Tx, key string) error {
+			var n int
+			if err := tx.QueryRow(ctx, insert+` RETURNING 1`, key, "row").Scan(&n); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, insert, key, "second")
+			return err
+		}, 2},
+		{"query", func(ctx context.Context, tx pgx.Tx, key string) error {
+			rows, err := tx.Query(ctx, `SELECT g FROM generate_series(1, 3) AS g`)
+			if err != nil {
+				return err
+			}
+			nums, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+			if err != nil || len(nums) != 3 {
+				return fmt.Errorf("rows %v, %v", nums, err)
+			}
+			_, err = tx.Exec(ctx, insert, key, "after rows")
+			return err
+		}, 1},
+		{"batch", func(ctx context.Context, tx pgx.Tx, key string) error {
+			b := &pgx.Batch{}
+			b.Queue(insert, key, "b1")
+			b.Queue(insert, key, "b2")
+			return tx.SendBatch(ctx, b).Close()
+		}, 2},
+		{"savepoint", func(ctx context.Context, tx pgx.Tx, key string) error {
+			if _, err := tx.Exec(ctx, insert, key, "kept"); err != nil {
+				return err
+			}
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			if _, err := sp.Exec(ctx, insert, key, "undone"); err != nil {
+				return err
+			}
+			return sp.Rollback(ctx)
+		}, 1},
+		{"no statement", func(context.Context, pgx.Tx, string) error { return nil }, 0},
+		{"no query row", func(ctx context.Context, tx pgx.Tx, key string) error {
+			var n int
+			if err := tx.QueryRow(ctx, `SELECT 1 WHERE false`).Scan(&n); !errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("QueryRow of nothing = %v, want pgx.ErrNoRows", err)
+			}
+			_, err := tx.Exec(ctx, insert, key, "after no row")
+			return err
+		}, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			e := echo.New()
+			e.POST("/", func(c echo.Context) error {
+				tx := pgrecords.Tx(c)
+				if err := tx.Commit(c.Request().Context()); err == nil {
+					return errors.New("the handler committed its request's transaction")
+				}
+				if err := tt.run(c.Request().Context(), tx, c.Request().Header.Get("Idempotency-Key")); err != nil {
+					return err
+				}
+				return c.String(http.StatusCreated, tt.name)
+			}, middleware.New(middleware.Config{Store: s, Atomic: true,
+				Scope: func(echo.Context) (string, string, error) { return "acme", "alice", nil }}))
+			for i := range 2 {
+				r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(tt.name))
+				r.Header.Set("Idempotency-Key", "methods-"+strings.ReplaceAll(tt.name, " ", "-"))
+				w := httptest.NewRecorder()
+				e.ServeHTTP(w, r)
+				if w.Code != http.StatusCreated || w.Body.String() != tt.name || (i == 1) != (w.Header().Get("Idempotent-Replayed") == "true") {
+					t.Fatalf("request %d = %d %q replayed=%q", i, w.Code, w.Body, w.Header().Get("Idempotent-Replayed"))
+				}
+			}
+			if got := ledgerRows(t, pool, "methods-"+strings.ReplaceAll(tt.name, " ", "-")); got != tt.wantN {
+				t.Errorf("ledger rows = %d, want %d", got, tt.wantN)
+			}
+		})
 	}
 }

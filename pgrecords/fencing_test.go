@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgate/idemgate/internal/testenv"
@@ -137,8 +138,8 @@ func waitClaims(t *testing.T, pool *pgxpool.Pool, want int) {
 
 // TestAbandonedClaimOnLock: a claim whose context ends (or whose
 // statement_timeout fires) while it waits on a row lock returns an error,
-// and the server abandons the statement too (pgx sends a cancel request
-// when a context ends mid-query): once the lock frees, nothing was
+// and the server abandons the statement too (on a pool that sends a cancel
+// request when a context ends mid-query): once the lock frees, nothing was
 // claimed, so the middleware's release after a failed claim and the
 // client's retry find the key free, not held for a lease by nobody.
 func TestAbandonedClaimOnLock(t *testing.T) {
@@ -146,6 +147,18 @@ func TestAbandonedClaimOnLock(t *testing.T) {
 	dsn := testenv.PostgresDSN(t)
 	pool := newPool(t, dsn)
 	s := newStore(t, pool)
+	// pgx's default on a context that ends mid-query only closes the
+	// connection, and a backend waiting on a lock does not notice until
+	// the lock frees; a pool whose connections send a cancel request when
+	// a context ends (as an application sets it) is abandoned at once.
+	cancels, err := pgrecords.New(testCtx(t), poolWith(t, dsn, func(c *pgxpool.Config) {
+		c.ConnConfig.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+			return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: 10 * time.Second}
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
 	timeouts, err := pgrecords.New(testCtx(t), poolWith(t, dsn, func(c *pgxpool.Config) {
 		c.ConnConfig.RuntimeParams["statement_timeout"] = "200ms"
 	}))
@@ -160,7 +173,7 @@ func TestAbandonedClaimOnLock(t *testing.T) {
 		s   *pgrecords.Store
 		ctx func() (context.Context, context.CancelFunc)
 	}{
-		"context canceled":  {s, func() (context.Context, context.CancelFunc) { return context.WithCancel(testCtx(t)) }},
+		"context canceled":  {cancels, func() (context.Context, context.CancelFunc) { return context.WithCancel(testCtx(t)) }},
 		"statement_timeout": {timeouts, func() (context.Context, context.CancelFunc) { return testCtx(t), func() {} }},
 	} {
 		k := key()

@@ -111,6 +111,7 @@ WHERE key = $1 AND token = $2 AND NOT finished AND expires_at > now()`
 	// transaction; sqlCommit goes in the same round trip.
 	sqlCompleteTx = `SELECT idemgate_records_complete_tx($1, $2, $3, $4)`
 	sqlCommit     = `COMMIT`
+	sqlRollback   = `ROLLBACK`
 
 	sqlRelease = `DELETE FROM idemgate_records
 WHERE key = $1 AND token = $2 AND NOT finished AND expires_at > now()`

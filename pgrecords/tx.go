@@ -24,8 +24,8 @@ func Tx(c echo.Context) pgx.Tx { return TxFromContext(c.Request().Context()) }
 // TxFromContext returns the transaction that ctx, a request's context on
 // an Atomic route, carries, or nil: Tx for code that has only the context.
 func TxFromContext(ctx context.Context) pgx.Tx {
-	tx, _ := ctx.Value(txKey{}).(handlerTx)
-	if tx.Tx == nil {
+	tx, _ := ctx.Value(txKey{}).(*lazyTx)
+	if tx == nil {
 		return nil
 	}
 	return tx
@@ -37,13 +37,6 @@ type txKey struct{}
 // request's transaction.
 var errTxOwned = errors.New("pgrecords: the transaction of an Atomic route is committed or rolled back by the middleware, not the handler")
 
-// handlerTx is the transaction as the handler sees it: everything but
-// Commit and Rollback (savepoints by Begin work as pgx's do).
-type handlerTx struct{ pgx.Tx }
-
-func (handlerTx) Commit(context.Context) error   { return errTxOwned }
-func (handlerTx) Rollback(context.Context) error { return errTxOwned }
-
 // Begin implements middleware.TxStore: a transaction on a connection of
 // the store's pool, in the session's default isolation level, held until
 // the middleware commits or rolls it back. Lease renewals run on other
@@ -54,23 +47,20 @@ func (s *Store) Begin(ctx context.Context) (middleware.Tx, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgrecords: begin: %w", err)
 	}
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		conn.Release()
-		return nil, fmt.Errorf("pgrecords: begin: %w", err)
-	}
-	return &atomicTx{conn: conn, tx: tx}, nil
+	return &atomicTx{conn: conn, tx: &lazyTx{conn: conn.Conn()}}, nil
 }
 
-// atomicTx is one Atomic request's transaction.
+// atomicTx is one Atomic request's transaction. BEGIN goes out with the
+// handler's first statement (see lazyTx); a handler that sent none has
+// no transaction to commit, and its completion is one statement.
 type atomicTx struct {
 	conn *pgxpool.Conn
-	tx   pgx.Tx
+	tx   *lazyTx
 	done bool // the connection went back to the pool
 }
 
 func (t *atomicTx) Context(ctx context.Context) context.Context {
-	return context.WithValue(ctx, txKey{}, handlerTx{t.tx})
+	return context.WithValue(ctx, txKey{}, t.tx)
 }
 
 // Commit implements middleware.Tx. With a completion it sends the
@@ -82,10 +72,18 @@ func (t *atomicTx) Commit(ctx context.Context, c *middleware.Completion) error {
 		return errors.New("pgrecords: commit: transaction already ended")
 	}
 	if c == nil {
-		err := t.tx.Commit(ctx)
-		t.end()
+		if !t.tx.begun {
+			t.end()
+			return nil
+		}
+		tag, err := t.conn.Exec(ctx, sqlCommit)
 		if err != nil {
+			_ = t.Rollback(ctx)
 			return fmt.Errorf("pgrecords: commit: %w", err)
+		}
+		t.end()
+		if tag.String() != "COMMIT" {
+			return fmt.Errorf("pgrecords: commit: the transaction was rolled back (%s)", tag)
 		}
 		return nil
 	}
@@ -93,8 +91,21 @@ func (t *atomicTx) Commit(ctx context.Context, c *middleware.Completion) error {
 		_ = t.Rollback(ctx)
 		return fmt.Errorf("pgrecords: commit: status %d out of range", c.Response.Status)
 	}
+	response := appendResponse(nil, c.Response)
+	if !t.tx.begun {
+		// Nothing of the handler's to commit: the completion alone.
+		_, err := t.conn.Exec(ctx, sqlCompleteTx, c.Key, uuid(c.Token), micros(c.Retention), response)
+		t.end()
+		switch {
+		case leaseLost(err):
+			return middleware.ErrLeaseLost
+		case err != nil:
+			return fmt.Errorf("pgrecords: commit: complete: %w", err)
+		}
+		return nil
+	}
 	b := &pgx.Batch{}
-	b.Queue(sqlCompleteTx, c.Key, uuid(c.Token), micros(c.Retention), appendResponse(nil, c.Response))
+	b.Queue(sqlCompleteTx, c.Key, uuid(c.Token), micros(c.Retention), response)
 	b.Queue(sqlCommit)
 	br := t.conn.SendBatch(ctx, b)
 	_, errComplete := br.Exec()
@@ -125,9 +136,12 @@ func (t *atomicTx) Rollback(ctx context.Context) error {
 	if t.done {
 		return nil
 	}
-	err := t.tx.Rollback(ctx)
+	var err error
+	if t.tx.begun {
+		_, err = t.conn.Exec(ctx, sqlRollback)
+	}
 	t.end()
-	if err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+	if err != nil {
 		return fmt.Errorf("pgrecords: rollback: %w", err)
 	}
 	return nil
