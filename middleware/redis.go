@@ -42,15 +42,6 @@ import (
 // Cluster needs no hash tags and never answers CROSSSLOT. A claimed record
 // expires with its lease, a finished one after the retention.
 //
-// Complete usually does less: the store remembers, per token, the claim
-// this process made (a bounded cache, a few thousand in flight), so it
-// sends the finished record whole, and its script only compares the
-// record's first 18 bytes (version, state and token) and sets the new one:
-// no read of the whole record and no string building inside Redis. A
-// claim made by another process, one pushed out of a full cache, and a
-// version 1 record complete by the general script. Either way the token
-// is compared inside Redis, in the same script as the write.
-//
 // Records written by earlier versions (a version 1 record under a key that
 // is not a keyspace key) still replay, conflict, and can be completed.
 //
@@ -63,9 +54,6 @@ type RedisStore struct {
 	lease, retention atomic.Pointer[msArg]
 	// noSetGet is set once the server refused SET NX GET (Redis < 7.0).
 	noSetGet atomic.Bool
-	// claims remembers the records this process claimed, so that their
-	// completion sends the finished record whole (see finishScript).
-	claims claimCache
 }
 
 type msArg struct {
@@ -124,18 +112,6 @@ redis.call('SET', KEYS[1], string.sub(v, 1, p - 1) .. 'F' .. string.sub(v, p + 1
 return 1
 `)
 
-// finishScript is completeScript for a claim whose record the caller
-// knows: ARGV[1] is the finished record, 0x02 'F' token …, the claim it
-// replaces the same with 'C'. Only the head is read, and nothing is built.
-var finishScript = redis.NewScript(`
-local h = redis.call('GETRANGE', KEYS[1], 0, 17)
-local f = string.sub(ARGV[1], 1, 18)
-if h == f then return 1 end
-if h ~= '\2C' .. string.sub(f, 3) then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-`)
-
 // maxClaimTries bounds the claims of one Claim call when the running
 // holder's key vanishes between the claim and the PTTL (released or
 // expired): then the key is free, and the claim is tried again.
@@ -155,7 +131,6 @@ func (s *RedisStore) Claim(ctx context.Context, key string, req ClaimRequest) (C
 			return ClaimResult{}, fmt.Errorf("idemgate: redis claim: %w", err)
 		}
 		if !held {
-			s.claims.add(req.Token, key, k, rec.b, req.Lease)
 			return ClaimResult{Status: Claimed}, nil
 		}
 		r, err := parseRecord(v)
@@ -165,9 +140,6 @@ func (s *RedisStore) Claim(ctx context.Context, key string, req ClaimRequest) (C
 		v1 := v[0] != recordV2
 		switch {
 		case !r.finished && r.token == string(req.Token[:]):
-			if v == string(rec.b) {
-				s.claims.add(req.Token, key, k, rec.b, req.Lease)
-			}
 			return ClaimResult{Status: Claimed}, nil // a resent claim
 		case !r.sameOwnerKind(&id, &req, v1):
 			return ClaimResult{Status: Mismatch}, nil
@@ -258,41 +230,24 @@ func storeKey(key, owner, kind string) (k string, implied bool) {
 
 // Extend implements Store.
 func (s *RedisStore) Extend(ctx context.Context, key string, token Token, lease time.Duration) error {
-	k, _ := storeKey(key, "", "")
-	return s.fenced(ctx, "extend", extendScript, k, token, nil, s.millis(&s.lease, lease))
+	return s.fenced(ctx, "extend", extendScript, key, token, nil, s.millis(&s.lease, lease))
 }
 
 // Complete implements Store.
 func (s *RedisStore) Complete(ctx context.Context, key string, token Token, resp Response, retention time.Duration) error {
-	ms := s.millis(&s.retention, retention)
-	arg := getArg()
-	defer putArg(arg)
-	k, ok := s.claims.take(token, key, arg)
-	if !ok {
-		k, _ = storeKey(key, "", "")
-		return s.fenced(ctx, "complete", completeScript, k, token, &resp, ms)
-	}
-	arg.b[1] = 'F'
-	var err error
-	if arg.b, err = appendResponse(arg.b, resp); err != nil {
-		return fmt.Errorf("idemgate: redis complete: %w", err)
-	}
-	return fencedResult("complete", finishScript.Run(ctx, s.client, []string{k}, arg, ms))
+	return s.fenced(ctx, "complete", completeScript, key, token, &resp, s.millis(&s.retention, retention))
 }
 
 // Release implements Store.
 func (s *RedisStore) Release(ctx context.Context, key string, token Token) error {
-	k, ok := s.claims.drop(token, key)
-	if !ok {
-		k, _ = storeKey(key, "", "")
-	}
-	return s.fenced(ctx, "release", releaseScript, k, token, nil, nil)
+	return s.fenced(ctx, "release", releaseScript, key, token, nil, nil)
 }
 
-// fenced runs a compare-and-set script on the stored key k with 0x02 'C'
-// token (followed by the encoded resp, if any) and ms, if not nil. The
-// script answers 1 (done) or 0 (the token no longer holds).
-func (s *RedisStore) fenced(ctx context.Context, op string, script *redis.Script, k string, token Token, resp *Response, ms any) error {
+// fenced runs a compare-and-set script on 0x02 'C' token (followed by the
+// encoded resp, if any) and ms, if not nil. The script answers 1 (done) or
+// 0 (the token no longer holds).
+func (s *RedisStore) fenced(ctx context.Context, op string, script *redis.Script, key string, token Token, resp *Response, ms any) error {
+	k, _ := storeKey(key, "", "")
 	arg := getArg()
 	defer putArg(arg)
 	arg.b = append(arg.b, recordV2, 'C')
@@ -309,12 +264,6 @@ func (s *RedisStore) fenced(ctx context.Context, op string, script *redis.Script
 	} else {
 		cmd = script.Run(ctx, s.client, []string{k}, arg)
 	}
-	return fencedResult(op, cmd)
-}
-
-// fencedResult reads a fenced script's answer: 1 done, 0 the token no
-// longer holds.
-func fencedResult(op string, cmd *redis.Cmd) error {
 	n, err := cmd.Int64()
 	if err != nil {
 		return fmt.Errorf("idemgate: redis %s: %w", op, err)
@@ -323,87 +272,6 @@ func fencedResult(op string, cmd *redis.Cmd) error {
 		return ErrLeaseLost
 	}
 	return nil
-}
-
-// maxCachedClaims bounds the claims a RedisStore remembers: about 150
-// bytes each, so at most about 600 KB. Beyond it, claims complete by the general script.
-const maxCachedClaims = 4096
-
-// claimCache remembers the claimed records this process wrote, by token,
-// until their Complete or Release. It only saves work: a claim it does not
-// hold completes by completeScript, with the same result.
-type claimCache struct {
-	mu sync.Mutex
-	m  map[Token]cachedClaim
-}
-
-type cachedClaim struct {
-	key   string // as the caller named it
-	k     string // the stored key
-	until int64  // Unix nanoseconds: the lease's end, at the claim
-	n     uint8  // bytes of rec in use
-	rec   [maxCachedRecord]byte
-}
-
-// maxCachedRecord holds a claim under a keyspace key with up to 16 field
-// digests, inline, so that remembering it allocates nothing.
-const maxCachedRecord = 2 + 16 + 1 + storedFP + 1 + 16*storedSum
-
-// add remembers the claim of key (stored as k) by tok, recorded as rec,
-// for about lease (an entry outliving its lease is dropped only when the
-// cache is full).
-func (c *claimCache) add(tok Token, key, k string, rec []byte, lease time.Duration) {
-	if len(rec) > maxCachedRecord {
-		return
-	}
-	now := time.Now().UnixNano()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil {
-		c.m = make(map[Token]cachedClaim)
-	}
-	if len(c.m) >= maxCachedClaims {
-		for t, e := range c.m {
-			if now > e.until {
-				delete(c.m, t)
-			}
-		}
-		if len(c.m) >= maxCachedClaims {
-			return
-		}
-	}
-	e := cachedClaim{key: key, k: k, until: now + int64(lease), n: uint8(len(rec))}
-	copy(e.rec[:], rec)
-	c.m[tok] = e
-}
-
-// take forgets the claim of tok and, if it was a claim of key, appends its
-// record to arg and returns its stored key.
-func (c *claimCache) take(tok Token, key string, arg *scriptArg) (k string, ok bool) {
-	e, ok := c.remove(tok, key)
-	if !ok {
-		return "", false
-	}
-	arg.b = append(arg.b, e.rec[:e.n]...)
-	return e.k, true
-}
-
-// drop forgets the claim of tok and, if it was a claim of key, returns its
-// stored key.
-func (c *claimCache) drop(tok Token, key string) (k string, ok bool) {
-	e, ok := c.remove(tok, key)
-	return e.k, ok
-}
-
-func (c *claimCache) remove(tok Token, key string) (cachedClaim, bool) {
-	c.mu.Lock()
-	e, ok := c.m[tok]
-	delete(c.m, tok)
-	c.mu.Unlock()
-	if !ok || e.key != key {
-		return cachedClaim{}, false
-	}
-	return e, true
 }
 
 // millis returns d rounded up to whole milliseconds (at least 1) as a
