@@ -53,7 +53,7 @@ func explain(t *testing.T, s *Store, title, sql string, args pgx.NamedArgs) {
 //	PGSTORE_MEASURE=1 go test -count=1 -v -run TestExplainClaimAtABacklog ./pgstore/
 func TestExplainClaimAtABacklog(t *testing.T) {
 	measuring(t)
-	s, _ := setup(t)
+	s := measureDB(t)
 	ctx := context.Background()
 	// acme's 100k tasks take turns 0…99999; the others one turn each, as
 	// Submit would give them.
