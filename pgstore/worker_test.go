@@ -373,7 +373,10 @@ func TestHeartbeatKeepsTheLease(t *testing.T) {
 	s, _ := setup(t)
 	task := mustSubmit(t, s, newTask("long"))
 	entered, unblock := make(chan struct{}), make(chan struct{})
-	cfg := WorkerConfig{Lease: 300 * time.Millisecond, Heartbeat: 50 * time.Millisecond, RescueInterval: time.Hour,
+	// A lease a loaded machine's heartbeats keep (each may take up to
+	// Heartbeat), short enough to outlive it several times.
+	const lease = 3 * time.Second
+	cfg := WorkerConfig{Lease: lease, Heartbeat: lease / 6, RescueInterval: time.Hour,
 		Handler: func(ctx context.Context, t Task) Outcome {
 			close(entered)
 			<-unblock
@@ -389,7 +392,8 @@ func TestHeartbeatKeepsTheLease(t *testing.T) {
 	// Outlive the first lease by a wide margin, watching it move.
 	wait.For(t, patience, "the first lease has long expired", func() bool {
 		var expiredOnce bool
-		err := s.pool.QueryRow(context.Background(), "SELECT now() > $2::timestamptz + interval '300 milliseconds' FROM idemgate_tasks WHERE id = $1::uuid", task.ID, first).Scan(&expiredOnce)
+		err := s.pool.QueryRow(context.Background(), "SELECT now() > $2::timestamptz + $3::bigint * interval '1 microsecond' FROM idemgate_tasks WHERE id = $1::uuid",
+			task.ID, first, lease.Microseconds()).Scan(&expiredOnce)
 		return err == nil && expiredOnce
 	})
 	rescuer := newWorker(t, s, cfg)
