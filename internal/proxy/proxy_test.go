@@ -223,7 +223,7 @@ func TestDelayReplies(t *testing.T) {
 		}
 		return time.Since(start)
 	}
-	const delay = 300 * time.Millisecond
+	const delay = 3 * time.Second // far above a round trip on a loaded machine
 	p.DelayReplies(1, delay)
 	if got := roundTrip(); got < delay {
 		t.Errorf("held-back reply came after %v, want at least %v", got, delay)
