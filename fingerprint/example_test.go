@@ -110,3 +110,25 @@ func ExampleRoute() {
 	// true
 	// false false
 }
+
+// A route compiles its Spec once and fingerprints every request with it;
+// the result is the Spec's own.
+func ExampleSpec_Compile() {
+	spec := fingerprint.Spec{Fields: []string{"/prompt", "/n"}}
+	compiled, err := spec.Compile()
+	if err != nil {
+		panic(err)
+	}
+	r := httptest.NewRequest("POST", "/v1/images", nil)
+	r.Header.Set("Content-Type", "application/json")
+	body := []byte(`{"prompt":"a lighthouse","n":1,"client_note":"retry"}`)
+	fp, _ := compiled.SumRequest(r, body)
+	same, _ := spec.SumRequest(r, body)
+	fmt.Println(fp == same)
+
+	_, err = fingerprint.Spec{Fields: []string{"prompt"}}.Compile()
+	fmt.Println(err)
+	// Output:
+	// true
+	// fingerprint: field "prompt": invalid JSON Pointer: must be empty or start with '/'
+}
