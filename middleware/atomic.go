@@ -97,6 +97,25 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 			return m.reused(c, nil)
 		}
 		return err
+	case !m.cfg.Cacheable(st.cw.status):
+		st.rollback(tx)
+		if claimed {
+			st.release("not_cacheable", st.cw.status)
+		}
+		if !st.cw.overflow {
+			st.cw.send(res)
+			return nil
+		}
+		// The body was too large to hold and is gone; the status the
+		// handler chose (a 429, a 503) and its Retry-After still say
+		// what the client should do.
+		retry := st.cw.sent.Get("Retry-After")
+		st.cw.takeBack(res)
+		if retry != "" {
+			res.Header().Set("Retry-After", retry)
+		}
+		return writeProblem(c, st.cw.status, CodeResponseTooLarge,
+			"The answer was larger than this endpoint can hold, so its transaction was rolled back.", 0)
 	case st.cw.overflow:
 		st.rollback(tx)
 		st.cw.takeBack(res)
@@ -105,13 +124,6 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 		}
 		return writeProblem(c, http.StatusInternalServerError, CodeResponseTooLarge,
 			"The answer was larger than this endpoint can store, so its transaction was rolled back.", 0)
-	case !m.cfg.Cacheable(st.cw.status):
-		st.rollback(tx)
-		if claimed {
-			st.release("not_cacheable", st.cw.status)
-		}
-		st.cw.send(res)
-		return nil
 	}
 
 	var done *Completion
@@ -125,7 +137,7 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 		st.storeFailed("commit", err)
 		st.cw.takeBack(res)
 		return writeProblem(c, http.StatusServiceUnavailable, CodeLeaseLost,
-			"This request's claim on its idempotency key ran out before it could commit, and another request took the key over; nothing of this request took effect. Retry to get that request's answer.", 1)
+			"This request's claim on its idempotency key ran out before it could commit (another request may have taken the key over); nothing of this request took effect. Retry with the same key.", 1)
 	case err != nil:
 		st.rollback(tx)
 		st.emit(Event{Type: EventStoreError, Reason: "commit", Err: err})

@@ -41,6 +41,10 @@ type captureWriter struct {
 	// to the client until send, after the commit. Flush does nothing,
 	// Hijack is refused, and a body over max is dropped (overflow).
 	hold bool
+	// sent is, when holding, every header as it stood at WriteHeader: what
+	// the client would have got then. A header set later never goes out,
+	// as on a route that does not hold its answer.
+	sent http.Header
 }
 
 // errHoldHijack is what Hijack answers on an Atomic route.
@@ -95,12 +99,19 @@ func (w *captureWriter) takeBack(res *echo.Response) {
 	res.Committed, res.Status, res.Size = false, 0, 0
 }
 
-// send writes a held answer to the client: status, then body. A client
-// that went away misses it; the commit stands.
+// send writes a held answer to the client: the headers as they stood at
+// WriteHeader, the status, then the body. A client that went away misses
+// it; the commit stands. echo counted the held body as the handler wrote
+// it; Size becomes what went out.
 func (w *captureWriter) send(res *echo.Response) {
+	h := w.ResponseWriter.Header()
+	clear(h)
+	for name, v := range w.sent {
+		h[name] = v
+	}
 	w.ResponseWriter.WriteHeader(w.status)
 	n, _ := w.ResponseWriter.Write(*w.body)
-	res.Size += int64(n)
+	res.Size = int64(n)
 }
 
 func (w *captureWriter) WriteHeader(code int) {
@@ -109,6 +120,9 @@ func (w *captureWriter) WriteHeader(code int) {
 		w.wroteHeader = true
 		w.status = code
 		w.header = w.filter.snapshot(w.ResponseWriter.Header(), w.before)
+		if w.hold {
+			w.sent = w.ResponseWriter.Header().Clone()
+		}
 	}
 	if w.hold {
 		return // sent after the commit; 1xx (Early Hints) are dropped

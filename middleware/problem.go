@@ -43,14 +43,17 @@ const (
 	// decoded for it.
 	CodeEncodingNotAcceptable Code = "encoding_not_acceptable"
 	// CodeLeaseLost (503, with Retry-After) on a Config.Atomic route: the
-	// request's claim ran out and another request took the key over
-	// before its transaction could commit, so the transaction was rolled
-	// back. Nothing of this run took effect; a retry gets the other
-	// run's answer.
+	// request's claim ran out before its transaction could commit (another
+	// request may have taken the key over), so the transaction was rolled
+	// back. Nothing of this run took effect; a retry with the same key
+	// runs it again or gets the other run's answer.
 	CodeLeaseLost Code = "lease_lost"
-	// CodeResponseTooLarge (500) on a Config.Atomic route: the answer was
-	// over Config.MaxResponseBytes, so it could not be stored and its
-	// transaction was rolled back. Retrying will not help.
+	// CodeResponseTooLarge on a Config.Atomic route: the answer was over
+	// Config.MaxResponseBytes, so it could not be held for the commit and
+	// its transaction was rolled back. The status is 500 when the handler
+	// answered a status that would be stored (retrying will not help), and
+	// the handler's own status (with its Retry-After) when it would not,
+	// such as a 429 or a 503.
 	CodeResponseTooLarge Code = "response_too_large"
 )
 
