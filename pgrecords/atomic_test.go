@@ -444,3 +444,48 @@ func TestAtomicTxMethods(t *testing.T) {
 		})
 	}
 }
+
+// TestAtomicTxClosedAfterRequest: a handler that keeps its transaction
+// past the request (a goroutine) gets pgx.ErrTxClosed from it: the
+// connection went back to the pool and serves other requests, which a
+// stray statement must not run in.
+func TestAtomicTxClosedAfterRequest(t *testing.T) {
+	t.Parallel()
+	pool, s := atomicDB(t)
+	for _, first := range []bool{true, false} {
+		kept := make(chan pgx.Tx, 1)
+		e := echo.New()
+		e.POST("/", func(c echo.Context) error {
+			tx := pgrecords.Tx(c)
+			if first {
+				if _, err := tx.Exec(c.Request().Context(), `INSERT INTO ledger (key, node) VALUES ('kept', 'in time')`); err != nil {
+					return err
+				}
+			}
+			kept <- tx
+			return c.NoContent(http.StatusCreated)
+		}, middleware.New(middleware.Config{Store: s, Atomic: true,
+			Scope: func(echo.Context) (string, string, error) { return "acme", "alice", nil }}))
+		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader("x"))
+		r.Header.Set("Idempotency-Key", fmt.Sprint("kept-", first))
+		w := httptest.NewRecorder()
+		e.ServeHTTP(w, r)
+		if w.Code != http.StatusCreated {
+			t.Fatalf("request = %d %s", w.Code, w.Body)
+		}
+		tx := <-kept
+		if _, err := tx.Exec(testCtx(t), `INSERT INTO ledger (key, node) VALUES ('kept', 'late')`); !errors.Is(err, pgx.ErrTxClosed) {
+			t.Errorf("Exec after the request (statement before: %v) = %v, want pgx.ErrTxClosed", first, err)
+		}
+		if err := tx.QueryRow(testCtx(t), `SELECT 1`).Scan(new(int)); !errors.Is(err, pgx.ErrTxClosed) {
+			t.Errorf("QueryRow after the request = %v, want pgx.ErrTxClosed", err)
+		}
+		if err := tx.SendBatch(testCtx(t), &pgx.Batch{}).Close(); !errors.Is(err, pgx.ErrTxClosed) {
+			t.Errorf("SendBatch after the request = %v, want pgx.ErrTxClosed", err)
+		}
+	}
+	var late int
+	if err := pool.QueryRow(testCtx(t), `SELECT count(*) FROM ledger WHERE node = 'late'`).Scan(&late); err != nil || late != 0 {
+		t.Errorf("late rows = %d, %v; want 0", late, err)
+	}
+}

@@ -2,6 +2,7 @@ package pgrecords
 
 import (
 	"context"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -17,6 +18,11 @@ type lazyTx struct {
 	conn  *pgx.Conn
 	begun bool   // BEGIN went out
 	db    pgx.Tx // pgx's transaction, once a method needs it
+	// ended is set when the request is over and the connection went back
+	// to the pool: from then on every method fails with pgx.ErrTxClosed,
+	// so that a handler that kept the transaction (a goroutine) cannot
+	// run statements on a connection that now serves other requests.
+	ended atomic.Bool
 }
 
 var _ pgx.Tx = (*lazyTx)(nil)
@@ -25,6 +31,9 @@ const sqlBegin = "begin"
 
 // pgxTx returns pgx's transaction on the connection.
 func (t *lazyTx) pgxTx(ctx context.Context) (pgx.Tx, error) {
+	if t.ended.Load() {
+		return nil, pgx.ErrTxClosed
+	}
 	if t.db == nil {
 		db, err := t.conn.Begin(ctx)
 		if err != nil {
@@ -78,6 +87,9 @@ func (t *lazyTx) Conn() *pgx.Conn {
 }
 
 func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t.ended.Load() {
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
 	if t.begun {
 		return t.conn.Exec(ctx, sql, args...)
 	}
@@ -99,6 +111,9 @@ func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 }
 
 func (t *lazyTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if t.ended.Load() {
+		return nil, pgx.ErrTxClosed
+	}
 	if t.begun {
 		return t.conn.Query(ctx, sql, args...)
 	}
@@ -125,6 +140,9 @@ func (t *lazyTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 }
 
 func (t *lazyTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if t.ended.Load() {
+		return &failedBatch{err: pgx.ErrTxClosed}
+	}
 	if t.begun {
 		return t.conn.SendBatch(ctx, b)
 	}
@@ -205,6 +223,8 @@ func (b *failedBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandT
 func (b *failedBatch) Query() (pgx.Rows, error)         { return nil, b.err }
 func (b *failedBatch) QueryRow() pgx.Row                { return &row{err: b.err} }
 func (b *failedBatch) Close() error {
-	_ = b.BatchResults.Close()
+	if b.BatchResults != nil {
+		_ = b.BatchResults.Close()
+	}
 	return b.err
 }

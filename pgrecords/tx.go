@@ -152,6 +152,7 @@ func (t *atomicTx) Rollback(ctx context.Context) error {
 func (t *atomicTx) end() {
 	if !t.done {
 		t.done = true
+		t.tx.ended.Store(true)
 		t.conn.Release()
 	}
 }
