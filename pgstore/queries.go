@@ -525,9 +525,9 @@ func claimRunnableSQL(kinds []string) string {
 // has limits: river's shape, one statement, no lock, no count. A guard
 // keeps it honest: should a kind have limits by the time it runs (its
 // snapshot is taken after SetKindLimits returned), it claims nothing. The
-// worker learns of the limits from SetKindLimits' notification, or at
-// its next poll, whose claim is a limited one (claimRunnableSQL), and
-// claims with limits from then on.
+// worker learns of the limits from SetKindLimits' notification, or at a
+// poll (at most once a second, a poll's claim is a limited one,
+// claimRunnableSQL), and claims with limits from then on.
 func claimFreeSQL(kinds []string) string {
 	limitKinds, candidates := runnableCandidates(kinds, "")
 	return `WITH ` + candidates + `, picked AS (

@@ -170,6 +170,7 @@ func waitClosed(done <-chan struct{}, d time.Duration) bool {
 func (w *Worker) claimLoop(ctx, base context.Context) {
 	poll := time.NewTicker(w.cfg.PollInterval)
 	defer poll.Stop()
+	checked := time.Now() // when a poll last made the claim a limited one
 	errWait := time.Duration(0)
 	for ctx.Err() == nil { // a claim after cancellation would only be released again
 		free := w.cfg.Concurrency - w.attempts.count()
@@ -201,7 +202,10 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 		case <-poll.C:
 			// A poll also finds limits whose notification was missed: its
 			// claim is a limited one, which says whether limits remain.
-			w.limited.Store(true)
+			if time.Since(checked) >= limitsRecheck {
+				w.limited.Store(true)
+				checked = time.Now()
+			}
 		}
 	}
 }
@@ -213,7 +217,7 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 // until their lease ran out.
 func (w *Worker) claim(base context.Context, n int) ([]Task, time.Time, time.Duration, error) {
 	defer w.claims.Add(1)
-	ctx, cancel := context.WithTimeout(base, w.cfg.Lease/2)
+	ctx, cancel := context.WithTimeout(base, w.claimTimeout())
 	defer cancel()
 	sql, args := w.claimStatement(n)
 	sent := time.Now()
@@ -224,6 +228,22 @@ func (w *Worker) claim(base context.Context, n int) ([]Task, time.Time, time.Dur
 	}
 	return claimed, sent, took, nil
 }
+
+// claimTimeout bounds a claim: half a lease, but never less than
+// minClaimTimeout. A claim cancelled midway costs its connection, and the
+// next claim prepares its statements again on a new one: with a short
+// lease on a loaded machine, a bound that tight would cancel every claim.
+// A claim that outlasts the lease is safe: its attempts' local deadlines
+// count from when it was sent, so they end before they start and their
+// tasks are rescued.
+func (w *Worker) claimTimeout() time.Duration { return max(w.cfg.Lease/2, minClaimTimeout) }
+
+// minClaimTimeout is the least time a claim may take.
+const minClaimTimeout = 5 * time.Second
+
+// limitsRecheck is how often, at most, a poll's claim is a limited one
+// to find limits whose notification the worker missed.
+const limitsRecheck = time.Second
 
 // claimStatement is the claim of up to n tasks, for this worker's kinds.
 func (w *Worker) claimStatement(n int) (string, pgx.NamedArgs) {
@@ -502,7 +522,7 @@ func (w *Worker) reconcile(ctx, base context.Context) error {
 	if free <= 0 {
 		return nil
 	}
-	qctx, cancel := context.WithTimeout(ctx, w.cfg.Lease/2)
+	qctx, cancel := context.WithTimeout(ctx, w.claimTimeout())
 	defer cancel()
 	w.attempts.beginClaim()
 	sent := time.Now()
