@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -487,5 +488,60 @@ func TestAtomicTxClosedAfterRequest(t *testing.T) {
 	var late int
 	if err := pool.QueryRow(testCtx(t), `SELECT count(*) FROM ledger WHERE node = 'late'`).Scan(&late); err != nil || late != 0 {
 		t.Errorf("late rows = %d, %v; want 0", late, err)
+	}
+}
+
+// TestAtomicHandlerCommitStatement: a handler that ends its transaction
+// with a COMMIT statement of its own has committed its writes; the record
+// then says so (the retry replays, nothing runs twice), and a rollback
+// after it is reported as a failure, not silently taken for one.
+func TestAtomicHandlerCommitStatement(t *testing.T) {
+	t.Parallel()
+	pool, s := atomicDB(t)
+	var events []middleware.Event
+	var mu sync.Mutex
+	e := echo.New()
+	e.POST("/", func(c echo.Context) error {
+		tx := pgrecords.Tx(c)
+		ctx := c.Request().Context()
+		if _, err := tx.Exec(ctx, `INSERT INTO ledger (key, node) VALUES ('escaped', $1)`, c.Request().Header.Get("X-Status")); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `COMMIT`); err != nil {
+			return err
+		}
+		status, _ := strconv.Atoi(c.Request().Header.Get("X-Status"))
+		return c.NoContent(status)
+	}, middleware.New(middleware.Config{Store: s, Atomic: true,
+		Scope:   func(echo.Context) (string, string, error) { return "acme", "alice", nil },
+		OnEvent: func(ev middleware.Event) { mu.Lock(); events = append(events, ev); mu.Unlock() }}))
+	send := func(key, status string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader("x"))
+		r.Header.Set("Idempotency-Key", key)
+		r.Header.Set("X-Status", status)
+		w := httptest.NewRecorder()
+		e.ServeHTTP(w, r)
+		return w
+	}
+	if w := send("escaped-201", "201"); w.Code != http.StatusCreated {
+		t.Fatalf("first = %d %s", w.Code, w.Body)
+	}
+	if w := send("escaped-201", "201"); w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Errorf("retry = %d, want a replay: the handler's writes committed", w.Code)
+	}
+	send("escaped-500", "500")
+	mu.Lock()
+	defer mu.Unlock()
+	reported := false
+	for _, ev := range events {
+		if ev.Type == middleware.EventStoreError && ev.Reason == "rollback" {
+			reported = true
+		}
+	}
+	if !reported {
+		t.Errorf("the rollback of a transaction the handler had committed was not reported")
+	}
+	if got := ledgerRows(t, pool, "escaped"); got != 2 {
+		t.Errorf("ledger rows = %d, want 2 (one per run; the handler committed them)", got)
 	}
 }

@@ -92,8 +92,10 @@ func (t *atomicTx) Commit(ctx context.Context, c *middleware.Completion) error {
 		return fmt.Errorf("pgrecords: commit: status %d out of range", c.Response.Status)
 	}
 	response := appendResponse(nil, c.Response)
-	if !t.tx.begun {
-		// Nothing of the handler's to commit: the completion alone.
+	if !t.tx.begun || t.escaped() {
+		// Nothing of the handler's to commit: the completion alone. (Or
+		// the handler ended the transaction itself with a COMMIT
+		// statement: its writes are in, and the record must say so.)
 		_, err := t.conn.Exec(ctx, sqlCompleteTx, c.Key, uuid(c.Token), micros(c.Retention), response)
 		t.end()
 		switch {
@@ -137,7 +139,10 @@ func (t *atomicTx) Rollback(ctx context.Context) error {
 		return nil
 	}
 	var err error
-	if t.tx.begun {
+	switch {
+	case t.tx.begun && t.escaped():
+		err = errEscaped
+	case t.tx.begun:
 		_, err = t.conn.Exec(ctx, sqlRollback)
 	}
 	t.end()
@@ -145,6 +150,15 @@ func (t *atomicTx) Rollback(ctx context.Context) error {
 		return fmt.Errorf("pgrecords: rollback: %w", err)
 	}
 	return nil
+}
+
+// errEscaped is a rollback of a transaction the handler ended itself.
+var errEscaped = errors.New("the handler ended its transaction itself (a COMMIT or ROLLBACK statement): what it wrote before may have committed")
+
+// escaped reports whether the transaction that BEGIN opened is no longer
+// open on the connection: the handler sent COMMIT or ROLLBACK itself.
+func (t *atomicTx) escaped() bool {
+	return t.conn.Conn().PgConn().TxStatus() == 'I'
 }
 
 // end gives the connection back to the pool, which closes it if it is
