@@ -7,10 +7,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/idemgate/idemgate/keyspace"
 	"github.com/idemgate/idemgate/pgstore"
 )
 
@@ -37,11 +39,20 @@ func cmdTasks(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		return flag.ErrHelp
 	}
+	// -json may come before the command too: "tasks -json list".
+	var jsonFirst bool
+	for len(args) > 0 && (args[0] == "-json" || args[0] == "--json") {
+		jsonFirst, args = true, args[1:]
+	}
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, tasksUsage)
+		return errUsage
+	}
 	sub, args := args[0], args[1:]
 	fs := newFlagSet("tasks "+sub, tasksUsage, stderr)
 	var s settings
 	s.addStoreFlags(fs, getenv, false)
-	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	asJSON := fs.Bool("json", jsonFirst, "print JSON instead of a table")
 	var (
 		f      pgstore.Filter
 		state  string
@@ -50,7 +61,7 @@ func cmdTasks(ctx context.Context, args []string, getenv func(string) string, st
 	switch sub {
 	case "list":
 		fs.StringVar(&state, "state", "", "only tasks in this state: pending, running, retrying, uncertain, succeeded, failed, cancelled")
-		fs.StringVar(&f.Tenant, "tenant", "", "only this tenant's tasks (the normalized tenant segment)")
+		fs.StringVar(&f.Tenant, "tenant", "", "only this tenant's tasks (as stored, the normalized segment, or as spelled)")
 		fs.StringVar(&f.Kind, "kind", "", "only tasks of this kind")
 		fs.IntVar(&f.Limit, "limit", 20, fmt.Sprintf("at most this many tasks (1 to %d)", pgstore.MaxListLimit))
 	case "limits":
@@ -87,6 +98,16 @@ func cmdTasks(ctx context.Context, args []string, getenv func(string) string, st
 		ts, err := op.List(ctx, f)
 		if err != nil {
 			return err
+		}
+		// Tenants are stored as keyspace's normalized segment ("Acme Corp"
+		// is "Acme%20Corp"); an operator types the name as the customer
+		// spells it.
+		if seg := keyspace.NormalizeSegment(f.Tenant); len(ts) == 0 && seg != f.Tenant {
+			fmt.Fprintf(stderr, "tasks: tenant %q is stored as %q; listing that\n", f.Tenant, seg)
+			f.Tenant = seg
+			if ts, err = op.List(ctx, f); err != nil {
+				return err
+			}
 		}
 		return out.tasks(ts)
 	case "show":
@@ -199,11 +220,15 @@ type intFlag struct {
 	set bool
 }
 
+// Set reads the whole value: "8abc" or "1e3" is an error, never 8 or 1.
 func (f *intFlag) String() string { return fmt.Sprint(f.v) }
 func (f *intFlag) Set(s string) error {
-	_, err := fmt.Sscan(s, &f.v)
-	f.set = err == nil
-	return err
+	v, err := strconv.Atoi(s)
+	if err != nil {
+		return errors.New("not a whole number")
+	}
+	f.v, f.set = v, true
+	return nil
 }
 
 type floatFlag struct {
@@ -211,11 +236,16 @@ type floatFlag struct {
 	set bool
 }
 
+// Set reads the whole value: "0,5" (a decimal comma) is an error, never 0,
+// which would remove the limit.
 func (f *floatFlag) String() string { return fmt.Sprint(f.v) }
 func (f *floatFlag) Set(s string) error {
-	_, err := fmt.Sscan(s, &f.v)
-	f.set = err == nil
-	return err
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return errors.New("not a number")
+	}
+	f.v, f.set = v, true
+	return nil
 }
 
 // taskRow is a task as the tools print it.

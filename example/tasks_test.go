@@ -5,16 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
-	"net/http"
 	"strings"
 	"testing"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/internal/testenv"
+	"github.com/idemgate/idemgate/keyspace"
 	"github.com/idemgate/idemgate/pgstore"
 )
 
@@ -225,27 +222,81 @@ func TestTasksBadInput(t *testing.T) {
 	}
 }
 
-// GET /v1/queue reports each kind's running and waiting tasks and its
-// limits, for the page.
-func TestQueueRoute(t *testing.T) {
+// A limit flag with trailing garbage must be refused, not read up to the
+// garbage: "-starts-per-second 0,5" (a decimal comma) read as 0 removes
+// the rate limit, silently, during the outage the operator is managing.
+func TestTasksLimitFlagsRefuseTrailingGarbage(t *testing.T) {
 	t.Parallel()
+	ctx := context.Background()
 	o := newOpsBench(t)
-	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
-	t.Cleanup(func() { rdb.Close() })
-	secret := []byte("s3cret")
-	a := &api{store: o.store, pool: o.pool, redis: rdb, secret: secret, logger: slog.New(slog.DiscardHandler)}
-	n := &taskNode{b: &backends{pool: o.pool, store: o.store}, e: a.handler(), secret: secret}
-	if err := o.store.SetKindLimits(context.Background(), kindMusic, pgstore.KindLimits{MaxRunning: 2, Paused: true}); err != nil {
+	set := pgstore.KindLimits{MaxRunning: 4, StartsPerSecond: 2}
+	for _, args := range [][]string{
+		{"limits", kindImages, "-starts-per-second", "0,5"},
+		{"limits", kindImages, "-max-running", "8abc"},
+		{"limits", kindImages, "-max-running", "1e3"},
+		{"limits", kindImages, "-max-running-per-tenant", "2 3"},
+	} {
+		if err := o.store.SetKindLimits(ctx, kindImages, set); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errOut := o.run(t, args...)
+		got, _ := o.store.KindLimits(ctx, kindImages)
+		if code == 0 || got != set {
+			t.Errorf("tasks %q: exit %d, limits now %+v (were %+v)\nstdout %s\nstderr %s", args, code, got, set, out, errOut)
+		}
+	}
+}
+
+// The stored tenant is keyspace's normalized segment; an operator types
+// the tenant as the customer spells it. A filter that matches nothing
+// must not look like "this tenant has no tasks".
+func TestTasksListTenantAsSpelled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	o := newOpsBench(t)
+	raw := "Acme Corp"
+	seg := keyspace.NormalizeSegment(raw)
+	if _, err := o.store.Submit(ctx, pgstore.NewTask{Tenant: seg, Owner: "owner", Kind: kindImages,
+		Runtime: taskRuntime, Network: taskNetwork, IdempotencyKey: "raw-seg", Fingerprint: "v1:fp",
+		Params: json.RawMessage(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
-	code, v := n.do(t, "alice", http.MethodGet, "/v1/queue", "", "")
-	if code != http.StatusOK {
-		t.Fatalf("GET /v1/queue: %d %v", code, v)
+	if rows := o.rows(t, "list", "-tenant", seg); len(rows) != 1 {
+		t.Fatalf("list -tenant %q: %d rows; want 1", seg, len(rows))
 	}
-	got, _ := json.Marshal(v["kinds"])
-	want := `[{"kind":"images","max_running":0,"max_running_per_tenant":0,"paused":false,"running":0,"starts_per_second":0,"waiting":2},` +
-		`{"kind":"music","max_running":2,"max_running_per_tenant":0,"paused":true,"running":0,"starts_per_second":0,"waiting":1}]`
-	if string(got) != want {
-		t.Fatalf("queue = %s\nwant    %s", got, want)
+	code, out, errOut := o.run(t, "list", "-tenant", raw)
+	if code != 0 || !strings.Contains(out, seg) || !strings.Contains(errOut, seg) {
+		t.Errorf("list -tenant %q (the raw tenant, stored as %q): exit %d, want its task and a note:\n%s%s", raw, seg, code, out, errOut)
+	}
+}
+
+// -json output is valid JSON for every command, flags before or after the
+// operand.
+func TestTasksJSONOutputIsValid(t *testing.T) {
+	t.Parallel()
+	o := newOpsBench(t)
+	for _, args := range [][]string{
+		{"list", "-json"}, {"show", o.ids[0], "-json"}, {"show", "-json", o.ids[0]},
+		{"limits", kindImages, "-json"}, {"limits", "-json", kindImages, "-max-running", "3"},
+		{"pause", kindImages, "-json"}, {"resume", "-json", kindImages}, {"cancel", o.ids[2], "-json"},
+	} {
+		code, out, errOut := o.run(t, args...)
+		if code != 0 {
+			t.Errorf("tasks %q: exit %d: %s", args, code, errOut)
+			continue
+		}
+		if !json.Valid([]byte(out)) {
+			t.Errorf("tasks %q: not JSON: %s", args, out)
+		}
+	}
+}
+
+// -json may come before the command ("tasks -json list").
+func TestTasksJSONBeforeCommand(t *testing.T) {
+	t.Parallel()
+	o := newOpsBench(t)
+	code, out, errOut := o.run(t, "-json", "list")
+	if code != 0 || !json.Valid([]byte(out)) {
+		t.Errorf("tasks -json list: exit %d: %s", code, strings.SplitN(errOut, "\n", 2)[0])
 	}
 }

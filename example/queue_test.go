@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/idemgate/idemgate/pgstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// GET /v1/queue without a valid token is 401, and says nothing of the
+// queue; with one, it shows every tenant's counts (logged: a side
+// channel on other tenants' activity, by design "counts only").
+func TestQueueRouteNeedsAuth(t *testing.T) {
+	t.Parallel()
+	o := newOpsBench(t)
+	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	secret := []byte("s3cret")
+	a := &api{store: o.store, pool: o.pool, redis: rdb, secret: secret, logger: slog.New(slog.DiscardHandler)}
+	e := a.handler()
+	other, err := mintToken([]byte("not-the-secret"), "acme", "mallory", time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expired, err := mintToken(secret, "acme", "mallory", time.Now().Add(-2*time.Hour), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, auth := range []string{"", "Bearer", "Bearer ", "Bearer garbage", "Basic YTpi", "Bearer " + other,
+		"Bearer " + expired, "bearer " + other} {
+		req := httptest.NewRequest(http.MethodGet, "/v1/queue", nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		rec := httptest.NewRecorder()
+		e.ServeHTTP(rec, req)
+		body := rec.Body.String()
+		if rec.Code != http.StatusUnauthorized || strings.Contains(body, "kinds") || strings.Contains(body, "waiting") {
+			t.Errorf("GET /v1/queue with Authorization %q: %d %s; want 401 and no queue", auth, rec.Code, body)
+		}
+	}
+	n := &taskNode{b: &backends{pool: o.pool, store: o.store}, e: e, secret: secret}
+	code, v := n.do(t, "alice", http.MethodGet, "/v1/queue", "", "")
+	got, _ := json.Marshal(v)
+	t.Logf("tenant acme sees (globex's task included in images.waiting): %d %s", code, got)
+}
+
+// GET /v1/queue reports each kind's running and waiting tasks and its
+// limits, for the page.
+func TestQueueRoute(t *testing.T) {
+	t.Parallel()
+	o := newOpsBench(t)
+	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	secret := []byte("s3cret")
+	a := &api{store: o.store, pool: o.pool, redis: rdb, secret: secret, logger: slog.New(slog.DiscardHandler)}
+	n := &taskNode{b: &backends{pool: o.pool, store: o.store}, e: a.handler(), secret: secret}
+	if err := o.store.SetKindLimits(context.Background(), kindMusic, pgstore.KindLimits{MaxRunning: 2, Paused: true}); err != nil {
+		t.Fatal(err)
+	}
+	code, v := n.do(t, "alice", http.MethodGet, "/v1/queue", "", "")
+	if code != http.StatusOK {
+		t.Fatalf("GET /v1/queue: %d %v", code, v)
+	}
+	got, _ := json.Marshal(v["kinds"])
+	want := `[{"kind":"images","max_running":0,"max_running_per_tenant":0,"paused":false,"running":0,"starts_per_second":0,"waiting":2},` +
+		`{"kind":"music","max_running":2,"max_running_per_tenant":0,"paused":true,"running":0,"starts_per_second":0,"waiting":1}]`
+	if string(got) != want {
+		t.Fatalf("queue = %s\nwant    %s", got, want)
+	}
+}
