@@ -95,15 +95,6 @@ func TestRowsComplete(t *testing.T) {
 	}
 }
 
-// seq is 1..n.
-func seq(n int) []int {
-	out := make([]int, n)
-	for i := range out {
-		out[i] = i + 1
-	}
-	return out
-}
-
 func TestWithDatabase(t *testing.T) {
 	tests := []struct {
 		name, given, want string
