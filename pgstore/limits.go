@@ -28,12 +28,18 @@ type KindLimits struct {
 	MaxRunningPerTenant int
 	// StartsPerSecond bounds attempt starts per second across all
 	// workers: a token bucket with a burst of one second's worth (at
-	// least one start).
+	// least one start). At most MaxStartsPerSecond; a faster rate would
+	// limit nothing a claim can start.
 	StartsPerSecond float64
 	// Paused stops new attempts from starting; running ones finish, and
 	// Submit still accepts tasks.
 	Paused bool
 }
+
+// MaxStartsPerSecond is the fastest KindLimits.StartsPerSecond: a million
+// starts a second, far beyond what one database's claims reach. The limits
+// table holds no faster rate (a CHECK since schema v7).
+const MaxStartsPerSecond = 1_000_000
 
 func (l KindLimits) validate() error {
 	switch {
@@ -41,15 +47,15 @@ func (l KindLimits) validate() error {
 		return fmt.Errorf("pgstore: kind limits: MaxRunning %d outside [0, %d]", l.MaxRunning, math.MaxInt32)
 	case l.MaxRunningPerTenant < 0 || l.MaxRunningPerTenant > math.MaxInt32:
 		return fmt.Errorf("pgstore: kind limits: MaxRunningPerTenant %d outside [0, %d]", l.MaxRunningPerTenant, math.MaxInt32)
-	case math.IsNaN(l.StartsPerSecond) || math.IsInf(l.StartsPerSecond, 0) || l.StartsPerSecond < 0:
-		return fmt.Errorf("pgstore: kind limits: StartsPerSecond %v is not a finite rate ≥ 0", l.StartsPerSecond)
+	case math.IsNaN(l.StartsPerSecond) || l.StartsPerSecond < 0 || l.StartsPerSecond > MaxStartsPerSecond:
+		return fmt.Errorf("pgstore: kind limits: StartsPerSecond %v outside [0, %v]", l.StartsPerSecond, float64(MaxStartsPerSecond))
 	}
 	return nil
 }
 
 // SetKindLimits stores the limits of kind; the zero KindLimits removes
 // them. Workers apply them from their next claim on. Negative limits and
-// a rate that is NaN or infinite are refused.
+// a rate that is NaN or above MaxStartsPerSecond are refused.
 func (s *Store) SetKindLimits(ctx context.Context, kind string, l KindLimits) error {
 	if kind == "" {
 		return errors.New("pgstore: set kind limits: empty kind")

@@ -58,6 +58,9 @@ var migrations = []migrate.Migration{
 		{Name: "drop v5's claim index concurrently", Run: migrate.DropIndex(tasksTable, indexClaimV5)},
 		{Name: "drop v5's runnable index concurrently", Run: migrate.DropIndex(tasksTable, indexRunnableV5)},
 	}},
+	{Version: 7, Name: "bound the kind limits' rate", Steps: []migrate.Step{
+		{Name: "bound starts_per_second by MaxStartsPerSecond", Run: migrate.TxExec(sqlV7BoundRate)},
+	}},
 }
 
 // Migrate brings the schema to the newest version. It is idempotent and

@@ -177,6 +177,15 @@ CREATE TABLE IF NOT EXISTS idemgate_kind_limits (
 	sqlCreateTenantTurnIndex = `CREATE INDEX CONCURRENTLY idemgate_tasks_tenant_turn
 	ON idemgate_tasks (kind, priority, tenant, turn) WHERE state IN ('pending', 'retrying')`
 
+	// v7: bound starts_per_second by MaxStartsPerSecond. A faster rate
+	// stored before (refused by SetKindLimits since) becomes the bound;
+	// the table is small, so the check is validated at once. Safe to run
+	// again: the check is dropped and added in one statement.
+	sqlV7BoundRate = `UPDATE idemgate_kind_limits SET starts_per_second = 1e6, tokens = least(tokens, 1e6)
+	WHERE starts_per_second > 1e6;
+ALTER TABLE idemgate_kind_limits DROP CONSTRAINT IF EXISTS idemgate_kind_limits_rate_check,
+	ADD CONSTRAINT idemgate_kind_limits_rate_check CHECK (starts_per_second <= 1e6)`
+
 	// v2: widen the key. No IF NOT EXISTS: a leftover of a killed build is
 	// invalid and must be dropped, never trusted.
 	sqlCreateWideIndex = `CREATE UNIQUE INDEX CONCURRENTLY idemgate_tasks_key_v2
@@ -447,7 +456,7 @@ const claimLimits = `lim AS (
 		CASE WHEN l.paused THEN 0 ELSE least(
 			CASE WHEN l.max_running > 0 THEN greatest(0, l.max_running
 				- (SELECT count(*) FROM idemgate_tasks h WHERE h.kind = l.kind AND ` + holding + `)) END,
-			CASE WHEN l.starts_per_second > 0 THEN floor(` + tokensNow + `) END)::int END AS room
+			CASE WHEN l.starts_per_second > 0 THEN least(floor(` + tokensNow + `), 2147483647) END)::int END AS room
 	FROM idemgate_kind_limits l
 	WHERE %s
 )`
