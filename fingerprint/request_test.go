@@ -268,7 +268,7 @@ func TestSumRequestInvalid(t *testing.T) {
 // received with its coding, whatever its media type: the fingerprint
 // cannot tell whether the handler reads it decoded, and parsing encoded
 // bytes as a form let two gzip streams that decode to different forms
-// share a fingerprint (middleware TestAttackEncodedFormCollision).
+// share a fingerprint (middleware TestEncodedFormCollision).
 func TestContentEncodingRaw(t *testing.T) {
 	t.Parallel()
 	const form = "application/x-www-form-urlencoded"
