@@ -194,8 +194,12 @@ ALTER TABLE idemgate_kind_limits DROP CONSTRAINT IF EXISTS idemgate_kind_limits_
 
 // turnOf is the turn of a new task of (kind, priority, tenant), SQL
 // expressions all three: the turn after the tenant's last task waiting in
-// that line, but never before the line's next turn (its lowest waiting
-// one), and 0 for an empty line. So a tenant's backlog takes turns 0, 1,
+// that line, but never before the line's next turn (the lowest turn of
+// its due tasks), and 0 for an empty line. A task not yet due (RunAfter
+// ahead, a retry's backoff) keeps the turn it was given, which the line
+// may have passed long ago: counted, it would pin the line's next turn
+// there, and every newcomer's backlog would run before the tenants
+// already waiting. So a tenant's backlog takes turns 0, 1,
 // 2, …, and another tenant's first task the next turn to be served:
 // claims, which take the lowest turns first, serve the tenants in turn.
 // Each lookup is one descent of an index (tenant_turn, claim_v6). Two
@@ -207,7 +211,7 @@ func turnOf(kind, priority, tenant string) string {
 		AND w.tenant = ` + tenant + ` AND w.state IN ('pending', 'retrying') AND w.turn IS NOT NULL
 		ORDER BY w.turn DESC LIMIT 1),
 	(SELECT w.turn FROM idemgate_tasks w WHERE w.kind = ` + kind + ` AND w.priority = ` + priority + `
-		AND w.state IN ('pending', 'retrying') AND w.turn IS NOT NULL
+		AND w.state IN ('pending', 'retrying') AND w.turn IS NOT NULL AND w.run_after <= now()
 		ORDER BY w.turn NULLS FIRST LIMIT 1))`
 }
 
@@ -412,21 +416,25 @@ FROM idemgate_tasks WHERE state = 'uncertain' GROUP BY kind, state`
 // serializes the claims of limited kinds; the claim's own snapshot is
 // taken after it. Kinds without limits take no lock.
 
-// sqlLockLimitedKinds takes the advisory locks of the limited kinds among
-// @kinds (all when empty), in one order, so that two claims never wait
-// for each other crosswise. A lock's keys are (8192, hashtext(kind));
-// migrations use the class 8191.
+// sqlLockLimitedKinds takes the advisory locks of the limited or paused
+// kinds among @kinds (all when empty), in one order, so that two claims
+// never wait for each other crosswise. A lock's keys are (8192,
+// hashtext(kind)); migrations use the class 8191. It records the kinds it
+// locked in the transaction's setting idemgate.locked_kinds (see
+// lockedKinds): limits set between this statement and the claim (a kind
+// paused here may have MaxRunning there) give no room to a kind it did
+// not lock, so that two claims never count one kind's room at once.
 // It also turns JIT off for the claim: the claim reads a few rows, but
 // its estimates (CTEs, window functions) can pass jit_above_cost, and
 // compiling it would cost far more than running it.
 // limited says whether any of @kinds (all when empty) has limits or is
 // paused: while none has, workers claim with claimFreeSQL.
 const sqlLockLimitedKinds = `SELECT set_config('jit', 'off', true) AS jit,
-	(SELECT count(pg_advisory_xact_lock(8192, hashtext(kind)))::int FROM (
-		SELECT kind FROM idemgate_kind_limits
-		WHERE (max_running > 0 OR max_running_per_tenant > 0 OR starts_per_second > 0)
-			AND (cardinality(coalesce(@kinds::text[], '{}')) = 0 OR kind = ANY(@kinds::text[]))
-		ORDER BY hashtext(kind), kind) k) AS locked,
+	(SELECT cardinality(set_config('idemgate.locked_kinds', coalesce(array_agg(k.kind), '{}')::text, true)::text[])
+	FROM (SELECT l.kind, pg_advisory_xact_lock(8192, hashtext(l.kind)) FROM idemgate_kind_limits l
+		WHERE ` + hasLimits + `
+			AND (cardinality(coalesce(@kinds::text[], '{}')) = 0 OR l.kind = ANY(@kinds::text[]))
+		ORDER BY hashtext(l.kind), l.kind) k) AS locked,
 	EXISTS (SELECT FROM idemgate_kind_limits l WHERE ` + hasLimits + `
 		AND (cardinality(coalesce(@kinds::text[], '{}')) = 0 OR l.kind = ANY(@kinds::text[]))) AS limited`
 
@@ -448,12 +456,19 @@ const holding = `(h.state = 'running' AND h.lease_until > now()
 const tokensNow = `least(greatest(1, l.starts_per_second),
 	l.tokens + l.starts_per_second * greatest(0, extract(epoch FROM statement_timestamp() - l.refilled_at)))`
 
+// lockedKinds are the kinds whose locks sqlLockLimitedKinds took in this
+// transaction (none outside one).
+const lockedKinds = `coalesce(nullif(current_setting('idemgate.locked_kinds', true), ''), '{}')::text[]`
+
 // claimLimits is the CTE lim: the limits of the claim's kinds (%s filters
 // l.kind), with room, the attempts the kind may start now (NULL: no
-// limit), and per_tenant, MaxRunningPerTenant (0: none).
+// limit; 0 for a limited kind whose lock the claim does not hold: its
+// limits were set after the lock statement read them, and the next
+// claim, which SetKindLimits' notification wakes, takes the lock), and
+// per_tenant, MaxRunningPerTenant (0: none).
 const claimLimits = `lim AS (
 	SELECT l.kind, l.max_running_per_tenant AS per_tenant, ` + tokensNow + ` AS tokens,
-		CASE WHEN l.paused THEN 0 ELSE least(
+		CASE WHEN l.paused OR ` + hasLimits + ` AND NOT l.kind = ANY(` + lockedKinds + `) THEN 0 ELSE least(
 			CASE WHEN l.max_running > 0 THEN greatest(0, l.max_running
 				- (SELECT count(*) FROM idemgate_tasks h WHERE h.kind = l.kind AND ` + holding + `)) END,
 			CASE WHEN l.starts_per_second > 0 THEN least(floor(` + tokensNow + `), 2147483647) END)::int END AS room
@@ -479,16 +494,40 @@ const (
 	anyOfKinds    = `(cardinality(coalesce(@kinds::text[], '{}')) = 0 OR %s = ANY(@kinds::text[]))`
 	// noRoom is true of a task t whose kind can start nothing now.
 	noRoom = `EXISTS (SELECT FROM lim WHERE lim.kind = t.kind AND lim.room = 0)`
+	// tenantCapped is true of a task t whose tenant is at its kind's
+	// MaxRunningPerTenant.
+	// A scalar subquery, not EXISTS nor = ANY: an anti-join would not keep
+	// the candidates' scan in index order, stopping after @limit rows,
+	// and a comparison of tenants is estimated from the column's
+	// statistics (with one tenant in the table, it would pass every row
+	// by): the planner would sort the whole backlog instead.
+	tenantCapped = `coalesce((SELECT true FROM capped WHERE capped.kind = t.kind AND capped.tenant = t.tenant), false)`
 )
+
+// claimCapped is the CTE capped: the (kind, tenant) pairs at their kind's
+// MaxRunningPerTenant, counted under the claim's locks from the attempts
+// holding a lease (a few rows: at most the attempts running). The
+// candidate scan passes their tasks by, so that one tenant's backlog
+// waiting on its own limit never fills the claim's window of @limit
+// candidates and keeps other tenants from starting.
+const claimCapped = `capped AS (
+	SELECT lim.kind, c.tenant FROM lim CROSS JOIN LATERAL (
+		SELECT h.tenant FROM idemgate_tasks h WHERE h.kind = lim.kind AND ` + holding + `
+		GROUP BY h.tenant HAVING count(*) >= lim.per_tenant) c
+	WHERE lim.per_tenant > 0
+)`
 
 // claimSQL builds the statement of a claim of this shape. Of the
 // candidates, those of a kind past its room or of a tenant past its
-// MaxRunningPerTenant are not taken (a kind with no room is not read); each
+// MaxRunningPerTenant are not taken (a kind with no room is not read, nor
+// the tasks of a tenant already at its MaxRunningPerTenant; a capped
+// tenant's backlog of a higher priority is read past, so it costs a scan
+// while it lasts, never a stall); each
 // kind that held a due task back comes back as a row in state held,
 // with the kind and nothing else, after the claimed tasks. Tokens are
 // spent in the same statement.
 func claimSQL(sh claimShape) string {
-	return `WITH ` + fmt.Sprintf(claimLimits, sh.limitKinds) + `, ` + sh.candidates + `, ranked AS (
+	return `WITH ` + fmt.Sprintf(claimLimits, sh.limitKinds) + `, ` + claimCapped + `, ` + sh.candidates + `, ranked AS (
 	SELECT c.id, c.kind, c.priority, c.turn, c.run_after,
 		(lim.room IS NULL OR row_number() OVER (PARTITION BY c.kind ORDER BY ` + sh.order + `) <= lim.room)
 		AND (coalesce(lim.per_tenant, 0) = 0 OR row_number() OVER (PARTITION BY c.kind, c.tenant ORDER BY ` + sh.order + `)
@@ -526,7 +565,8 @@ FROM (SELECT kind FROM ranked WHERE NOT ok
 func claimRunnableSQL(kinds []string) string {
 	sh := claimShape{order: runnableOrder, due: runnableDue, set: claimSet}
 	sh.limitKinds, sh.candidates = runnableCandidates(kinds, `
-		AND NOT EXISTS (SELECT FROM lim WHERE lim.kind = %s AND lim.room = 0)`)
+		AND NOT EXISTS (SELECT FROM lim WHERE lim.kind = %s AND lim.room = 0)
+		AND NOT `+tenantCapped)
 	return claimSQL(sh)
 }
 
@@ -577,7 +617,7 @@ func runnableCandidates(kinds []string, noRoom string) (limitKinds, candidates s
 			cond = fmt.Sprintf(noRoom, quoted[i])
 		}
 		fmt.Fprintf(&b, `k%d AS (
-	SELECT id, kind, tenant, priority, turn, run_after FROM idemgate_tasks
+	SELECT id, kind, tenant, priority, turn, run_after FROM idemgate_tasks t
 	WHERE kind = %s AND state IN ('pending', 'retrying') AND run_after <= now() AND %s%s
 	ORDER BY %s
 	LIMIT @limit
@@ -604,7 +644,7 @@ var sqlClaimUncertain = claimSQL(claimShape{
 	candidates: `cand AS (
 	SELECT id, kind, tenant, priority, turn, run_after FROM idemgate_tasks t
 	WHERE state = 'uncertain' AND run_after <= now() AND ` + fmt.Sprintf(anyOfKinds, "kind") + `
-		AND ` + notHeld + ` AND NOT ` + noRoom + `
+		AND ` + notHeld + ` AND NOT ` + noRoom + ` AND NOT ` + tenantCapped + `
 	ORDER BY run_after
 	LIMIT @limit
 	FOR UPDATE SKIP LOCKED
