@@ -263,6 +263,10 @@ func TestCancelRacingAClaimStopsTheAttempt(t *testing.T) {
 	}
 	rand.Shuffle(len(tasks), func(i, j int) { tasks[i], tasks[j] = tasks[j], tasks[i] })
 	runWorker(t, w)
+	// Cancel once the worker listens: a cancellation sent before LISTEN
+	// is never delivered (the heartbeat ends such an attempt, see
+	// TestCancelWhileListenIsDown); this test is about the claim.
+	wait.For(t, patience, "the worker listens", func() bool { return countActivity(t, s.pool, listening) == 1 })
 	var wg sync.WaitGroup
 	const cancellers = 4
 	for c := range cancellers {

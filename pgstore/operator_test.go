@@ -79,7 +79,7 @@ func TestOperatorGetCancelRetry(t *testing.T) {
 			}
 			return Succeeded(json.RawMessage(`1`))
 		}})
-	runWorker(t, w)
+	stop := runWorker(t, w)
 	waitState(t, s, task.ID, StateFailed)
 	retried, err := op.Retry(ctx, task.ID)
 	if err != nil || retried.ID != task.ID || retried.State != StateRetrying || retried.Error != "" {
@@ -90,6 +90,7 @@ func TestOperatorGetCancelRetry(t *testing.T) {
 		t.Fatalf("the handler ran %d times; want 3", n)
 	}
 
+	stop() // the next task stays pending for the operator
 	other := mustSubmit(t, s, tenantTask("beta", "operator-cancel"))
 	got, err := op.Cancel(ctx, other.ID)
 	if err != nil || got.State != StateCancelled {
