@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -17,7 +18,7 @@ type Operator struct{ s *Store }
 func (s *Store) Operator() Operator { return Operator{s: s} }
 
 // Filter selects tasks for Operator.List. An empty field matches every
-// task.
+// task; a State that is none of the package's is an error.
 type Filter struct {
 	State  State
 	Tenant string
@@ -26,6 +27,9 @@ type Filter struct {
 	// Default 100; at most MaxListLimit.
 	Limit int
 }
+
+// knownStates are the states a task can be in.
+var knownStates = []State{StatePending, StateRunning, StateRetrying, StateUncertain, StateSucceeded, StateFailed, StateCancelled}
 
 // MaxListLimit bounds Filter.Limit.
 const MaxListLimit = 1000
@@ -36,6 +40,9 @@ func (o Operator) List(ctx context.Context, f Filter) ([]Task, error) {
 	switch {
 	case f.Limit < 0 || f.Limit > MaxListLimit:
 		return nil, fmt.Errorf("pgstore: list: limit %d outside [0, %d]", f.Limit, MaxListLimit)
+	case f.State != "" && !slices.Contains(knownStates, f.State):
+		// A typo must not read as an empty queue.
+		return nil, fmt.Errorf("pgstore: list: unknown state %q", f.State)
 	case f.Limit == 0:
 		f.Limit = 100
 	}
