@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"context"
 	"errors"
 	"net/http"
 
@@ -29,7 +30,7 @@ func (m *idem) passThrough(c echo.Context, next echo.HandlerFunc) error {
 func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 	m := st.m
 	claimed := st.key != ""
-	tx, err := m.tx.Begin(st.storeCtx())
+	tx, err := m.tx.Begin(context.WithValue(st.storeCtx(), txLeaseKey{}, m.cfg.Lease))
 	if err != nil {
 		st.emit(Event{Type: EventStoreError, Reason: "begin", Err: err})
 		st.warn("idemgate: store unavailable", "begin", err)
@@ -86,7 +87,9 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 
 	switch {
 	case err != nil:
-		st.rollback(tx)
+		if aborted := st.rollback(tx); aborted != nil {
+			return st.txAborted(c, claimed, aborted)
+		}
 		st.cw.takeBack(res)
 		if !claimed {
 			return err
@@ -98,7 +101,9 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 		}
 		return err
 	case !m.cfg.Cacheable(st.cw.status):
-		st.rollback(tx)
+		if aborted := st.rollback(tx); aborted != nil {
+			return st.txAborted(c, claimed, aborted)
+		}
 		if claimed {
 			st.release("not_cacheable", st.cw.status)
 		}
@@ -117,7 +122,9 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 		return writeProblem(c, st.cw.status, CodeResponseTooLarge,
 			"The answer was larger than this endpoint can hold, so its transaction was rolled back.", 0)
 	case st.cw.overflow:
-		st.rollback(tx)
+		if aborted := st.rollback(tx); aborted != nil {
+			return st.txAborted(c, claimed, aborted)
+		}
 		st.cw.takeBack(res)
 		if claimed {
 			st.release("response_too_large", st.cw.status)
@@ -133,6 +140,9 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 	}
 	err = tx.Commit(st.storeCtx(), done)
 	switch {
+	case errors.Is(err, ErrTxAborted):
+		st.rollback(tx)
+		return st.txAborted(c, claimed, err)
 	case errors.Is(err, ErrLeaseLost):
 		st.storeFailed("commit", err)
 		st.cw.takeBack(res)
@@ -159,10 +169,30 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 }
 
 // rollback rolls tx back; a failure is reported, and the transaction ends
-// with its connection anyway.
-func (st *call) rollback(tx Tx) {
-	if err := tx.Rollback(st.storeCtx()); err != nil {
+// with its connection anyway. It returns the error when the handler had
+// ended the transaction itself (ErrTxAborted): a fault of the handler's,
+// not the store's.
+func (st *call) rollback(tx Tx) (aborted error) {
+	err := tx.Rollback(st.storeCtx())
+	switch {
+	case errors.Is(err, ErrTxAborted):
+		return err
+	case err != nil:
 		st.emit(Event{Type: EventStoreError, Reason: "rollback", Err: err})
 		st.warn("idemgate: rollback failed", "rollback", err)
 	}
+	return nil
+}
+
+// txAborted answers a request whose handler broke its transaction
+// (ErrTxAborted): nothing is stored, the claim is released so that the
+// retry runs, and the client gets echo's 500, as for a handler error. The
+// held answer is dropped.
+func (st *call) txAborted(c echo.Context, claimed bool, err error) error {
+	st.warn("idemgate: the handler broke its transaction", "commit", err)
+	st.cw.takeBack(c.Response())
+	if claimed {
+		st.release("tx_aborted", st.cw.status)
+	}
+	return echo.NewHTTPError(http.StatusInternalServerError).SetInternal(err)
 }

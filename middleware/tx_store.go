@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -17,7 +18,7 @@ type TxStore interface {
 	// after a successful Claim (or, for a request without an idempotency
 	// key, without one), hands the transaction to the handler through the
 	// request's context (Tx.Context), and ends it with exactly one Commit
-	// or Rollback.
+	// or Rollback. ctx carries the route's Lease (TxLease).
 	Begin(ctx context.Context) (Tx, error)
 }
 
@@ -34,13 +35,34 @@ type Tx interface {
 	// is still claimed with the completion's token at that moment by the
 	// store's clock (not at the transaction's start); otherwise it rolls
 	// back and returns ErrLeaseLost, and nothing of the transaction takes
-	// effect. Any other error may leave the outcome unknown (the
-	// connection broke while the commit was on its way).
+	// effect. It returns ErrTxAborted, committing nothing, when the
+	// handler left the transaction unable to commit. Any other error may
+	// leave the outcome unknown (the connection broke while the commit was
+	// on its way).
 	Commit(ctx context.Context, c *Completion) error
 
 	// Rollback rolls the transaction back. It is the only call after a
-	// handler that failed, and harmless after a Commit that failed.
+	// handler that failed, and harmless after a Commit that failed. It
+	// returns ErrTxAborted when the handler ended the transaction itself.
 	Rollback(ctx context.Context) error
+}
+
+// ErrTxAborted is what Tx.Commit and Tx.Rollback return (wrapped) when the
+// handler, not the store, broke the transaction: a statement of its failed
+// and it answered as if it had not (the transaction is aborted), or it
+// ended the transaction itself with a COMMIT or ROLLBACK statement. The
+// middleware answers 500 and releases the claim; nothing is stored.
+var ErrTxAborted = errors.New("middleware: the handler aborted or ended its transaction")
+
+type txLeaseKey struct{}
+
+// TxLease returns the Lease of the route whose transaction TxStore.Begin
+// opens, which Begin's ctx carries. A store bounds with it how long a
+// transaction may sit idle: a node cut off from its database must not
+// hold the transaction's locks long after its claim ran out.
+func TxLease(ctx context.Context) (time.Duration, bool) {
+	d, ok := ctx.Value(txLeaseKey{}).(time.Duration)
+	return d, ok
 }
 
 // Completion is what Tx.Commit writes to the record in the transaction:

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -443,105 +442,5 @@ func TestAtomicTxMethods(t *testing.T) {
 				t.Errorf("ledger rows = %d, want %d", got, tt.wantN)
 			}
 		})
-	}
-}
-
-// TestAtomicTxClosedAfterRequest: a handler that keeps its transaction
-// past the request (a goroutine) gets pgx.ErrTxClosed from it: the
-// connection went back to the pool and serves other requests, which a
-// stray statement must not run in.
-func TestAtomicTxClosedAfterRequest(t *testing.T) {
-	t.Parallel()
-	pool, s := atomicDB(t)
-	for _, first := range []bool{true, false} {
-		kept := make(chan pgx.Tx, 1)
-		e := echo.New()
-		e.POST("/", func(c echo.Context) error {
-			tx := pgrecords.Tx(c)
-			if first {
-				if _, err := tx.Exec(c.Request().Context(), `INSERT INTO ledger (key, node) VALUES ('kept', 'in time')`); err != nil {
-					return err
-				}
-			}
-			kept <- tx
-			return c.NoContent(http.StatusCreated)
-		}, middleware.New(middleware.Config{Store: s, Atomic: true,
-			Scope: func(echo.Context) (string, string, error) { return "acme", "alice", nil }}))
-		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader("x"))
-		r.Header.Set("Idempotency-Key", fmt.Sprint("kept-", first))
-		w := httptest.NewRecorder()
-		e.ServeHTTP(w, r)
-		if w.Code != http.StatusCreated {
-			t.Fatalf("request = %d %s", w.Code, w.Body)
-		}
-		tx := <-kept
-		if _, err := tx.Exec(testCtx(t), `INSERT INTO ledger (key, node) VALUES ('kept', 'late')`); !errors.Is(err, pgx.ErrTxClosed) {
-			t.Errorf("Exec after the request (statement before: %v) = %v, want pgx.ErrTxClosed", first, err)
-		}
-		if err := tx.QueryRow(testCtx(t), `SELECT 1`).Scan(new(int)); !errors.Is(err, pgx.ErrTxClosed) {
-			t.Errorf("QueryRow after the request = %v, want pgx.ErrTxClosed", err)
-		}
-		if err := tx.SendBatch(testCtx(t), &pgx.Batch{}).Close(); !errors.Is(err, pgx.ErrTxClosed) {
-			t.Errorf("SendBatch after the request = %v, want pgx.ErrTxClosed", err)
-		}
-	}
-	var late int
-	if err := pool.QueryRow(testCtx(t), `SELECT count(*) FROM ledger WHERE node = 'late'`).Scan(&late); err != nil || late != 0 {
-		t.Errorf("late rows = %d, %v; want 0", late, err)
-	}
-}
-
-// TestAtomicHandlerCommitStatement: a handler that ends its transaction
-// with a COMMIT statement of its own has committed its writes; the record
-// then says so (the retry replays, nothing runs twice), and a rollback
-// after it is reported as a failure, not silently taken for one.
-func TestAtomicHandlerCommitStatement(t *testing.T) {
-	t.Parallel()
-	pool, s := atomicDB(t)
-	var events []middleware.Event
-	var mu sync.Mutex
-	e := echo.New()
-	e.POST("/", func(c echo.Context) error {
-		tx := pgrecords.Tx(c)
-		ctx := c.Request().Context()
-		if _, err := tx.Exec(ctx, `INSERT INTO ledger (key, node) VALUES ('escaped', $1)`, c.Request().Header.Get("X-Status")); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `COMMIT`); err != nil {
-			return err
-		}
-		status, _ := strconv.Atoi(c.Request().Header.Get("X-Status"))
-		return c.NoContent(status)
-	}, middleware.New(middleware.Config{Store: s, Atomic: true,
-		Scope:   func(echo.Context) (string, string, error) { return "acme", "alice", nil },
-		OnEvent: func(ev middleware.Event) { mu.Lock(); events = append(events, ev); mu.Unlock() }}))
-	send := func(key, status string) *httptest.ResponseRecorder {
-		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader("x"))
-		r.Header.Set("Idempotency-Key", key)
-		r.Header.Set("X-Status", status)
-		w := httptest.NewRecorder()
-		e.ServeHTTP(w, r)
-		return w
-	}
-	if w := send("escaped-201", "201"); w.Code != http.StatusCreated {
-		t.Fatalf("first = %d %s", w.Code, w.Body)
-	}
-	if w := send("escaped-201", "201"); w.Header().Get("Idempotent-Replayed") != "true" {
-		t.Errorf("retry = %d, want a replay: the handler's writes committed", w.Code)
-	}
-	send("escaped-500", "500")
-	mu.Lock()
-	defer mu.Unlock()
-	reported := false
-	for _, ev := range events {
-		if ev.Type == middleware.EventStoreError && ev.Reason == "rollback" {
-			reported = true
-		}
-	}
-	if !reported {
-		t.Errorf("the rollback of a transaction the handler had committed was not reported")
-	}
-	if got := ledgerRows(t, pool, "escaped"); got != 2 {
-		t.Errorf("ledger rows = %d, want 2 (one per run; the handler committed them)", got)
 	}
 }

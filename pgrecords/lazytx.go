@@ -2,49 +2,105 @@ package pgrecords
 
 import (
 	"context"
-	"sync/atomic"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// lazyTx is the handler's transaction. BEGIN costs a round trip of its
-// own when sent alone, so it is not: it goes out in front of the
-// handler's first statement (Exec, Query, QueryRow, SendBatch), in the
-// same round trip. The methods that need pgx's own transaction (Begin for
-// a savepoint, CopyFrom, LargeObjects, Prepare, Conn) get one from
-// conn.Begin; after a BEGIN already sent, its second BEGIN only warns.
+// lazyTx is the handler's transaction. It takes nothing until the
+// handler's first statement: then it takes one of the store's
+// transaction slots and a pool connection, and BEGIN (with the idle
+// limit, see Store.Begin) goes out in front of that statement (Exec,
+// Query, QueryRow, SendBatch), in the same round trip. So a handler that
+// reads through the pool before writing holds nothing while it does, and
+// BEGIN costs no round trip of its own. The methods that need pgx's own
+// transaction (Begin for a savepoint, CopyFrom, LargeObjects, Prepare,
+// Conn) get one from conn.Begin; after a BEGIN already sent, its second
+// BEGIN only warns.
+//
+// Every method holds mu while it uses the connection, and close takes it
+// too: a statement of a goroutine racing the commit runs before the
+// commit (in the transaction) or fails with pgx.ErrTxClosed, never on a
+// connection that went back to the pool.
 type lazyTx struct {
-	conn  *pgx.Conn
-	begun bool   // BEGIN went out
-	db    pgx.Tx // pgx's transaction, once a method needs it
-	// ended is set when the request is over and the connection went back
-	// to the pool: from then on every method fails with pgx.ErrTxClosed,
-	// so that a handler that kept the transaction (a goroutine) cannot
-	// run statements on a connection that now serves other requests.
-	ended atomic.Bool
+	s     *Store
+	setup string // sent with BEGIN (SET LOCAL …); "" for none
+
+	mu     sync.Mutex
+	closed bool          // the request is over: every method fails
+	conn   *pgxpool.Conn // taken with the first statement
+	slot   bool          // conn holds one of s.slots
+	begun  bool          // BEGIN went out
+	db     pgx.Tx        // pgx's transaction, once a method needs it
 }
 
 var _ pgx.Tx = (*lazyTx)(nil)
 
 const sqlBegin = "begin"
 
-// pgxTx returns pgx's transaction on the connection.
-func (t *lazyTx) pgxTx(ctx context.Context) (pgx.Tx, error) {
-	if t.ended.Load() {
+// use returns the connection, taking a slot and a connection on the first
+// call. mu is held.
+func (t *lazyTx) use(ctx context.Context) (*pgx.Conn, error) {
+	if t.closed {
 		return nil, pgx.ErrTxClosed
 	}
+	if t.conn == nil {
+		conn, err := t.s.acquireTx(ctx)
+		if err != nil {
+			return nil, err
+		}
+		t.conn, t.slot = conn, true
+	}
+	conn := t.conn.Conn()
+	if t.begun && conn.PgConn().TxStatus() == 'I' {
+		// The handler sent COMMIT or ROLLBACK: what follows would run in
+		// autocommit.
+		return nil, errEnded
+	}
+	return conn, nil
+}
+
+// close ends the handler's use of the transaction, waiting for a method
+// in progress, and hands over what it held: the connection (nil if the
+// handler sent nothing) and whether BEGIN went out.
+func (t *lazyTx) close() (conn *pgxpool.Conn, slot, begun bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, false, false
+	}
+	t.closed = true
+	conn, slot, begun = t.conn, t.slot, t.begun
+	t.conn, t.slot = nil, false
+	return conn, slot, begun
+}
+
+// pgxTx returns pgx's transaction on the connection. mu is held.
+func (t *lazyTx) pgxTx(ctx context.Context) (pgx.Tx, error) {
+	conn, err := t.use(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if t.db == nil {
-		db, err := t.conn.Begin(ctx)
+		db, err := conn.Begin(ctx)
 		if err != nil {
 			return nil, err
 		}
 		t.db, t.begun = db, true
+		if t.setup != "" {
+			if _, err := db.Exec(ctx, t.setup); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return t.db, nil
 }
 
 func (t *lazyTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	db, err := t.pgxTx(ctx)
 	if err != nil {
 		return nil, err
@@ -56,6 +112,8 @@ func (t *lazyTx) Commit(context.Context) error   { return errTxOwned }
 func (t *lazyTx) Rollback(context.Context) error { return errTxOwned }
 
 func (t *lazyTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	db, err := t.pgxTx(ctx)
 	if err != nil {
 		return 0, err
@@ -63,7 +121,11 @@ func (t *lazyTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []s
 	return db.CopyFrom(ctx, table, columns, src)
 }
 
+// LargeObjects returns pgx's large objects of the transaction; after the
+// request, ones whose every call fails (they have no transaction).
 func (t *lazyTx) LargeObjects() pgx.LargeObjects {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	db, err := t.pgxTx(context.Background())
 	if err != nil {
 		return pgx.LargeObjects{}
@@ -72,6 +134,8 @@ func (t *lazyTx) LargeObjects() pgx.LargeObjects {
 }
 
 func (t *lazyTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	db, err := t.pgxTx(ctx)
 	if err != nil {
 		return nil, err
@@ -79,26 +143,56 @@ func (t *lazyTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Stateme
 	return db.Prepare(ctx, name, sql)
 }
 
+// Conn returns the transaction's connection, or nil once the request is
+// over. Statements sent on it directly bypass the transaction's guard.
 func (t *lazyTx) Conn() *pgx.Conn {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if _, err := t.pgxTx(context.Background()); err != nil {
 		return nil
 	}
-	return t.conn
+	return t.conn.Conn()
+}
+
+// begin returns a batch of BEGIN, the setup and then queries.
+func (t *lazyTx) begin(queries ...*pgx.QueuedQuery) (*pgx.Batch, int) {
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2+len(queries))}
+	b.Queue(sqlBegin)
+	if t.setup != "" {
+		b.Queue(t.setup)
+	}
+	n := len(b.QueuedQueries)
+	b.QueuedQueries = append(b.QueuedQueries, queries...)
+	return b, n
+}
+
+// sendBegin sends b, whose first n statements are BEGIN and the setup,
+// and reads their results. mu is held.
+func (t *lazyTx) sendBegin(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, n int) (pgx.BatchResults, error) {
+	br := conn.SendBatch(ctx, b)
+	for i := range n {
+		if _, err := br.Exec(); err != nil {
+			return br, err
+		}
+		if i == 0 {
+			t.begun = true
+		}
+	}
+	return br, nil
 }
 
 func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if t.ended.Load() {
-		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	conn, err := t.use(ctx)
+	if err != nil {
+		return pgconn.CommandTag{}, err
 	}
 	if t.begun {
-		return t.conn.Exec(ctx, sql, args...)
+		return conn.Exec(ctx, sql, args...)
 	}
-	b := &pgx.Batch{}
-	b.Queue(sqlBegin)
-	b.Queue(sql, args...)
-	br := t.conn.SendBatch(ctx, b)
-	_, err := br.Exec()
-	t.begun = err == nil
+	b, n := t.begin(&pgx.QueuedQuery{SQL: sql, Arguments: args})
+	br, err := t.sendBegin(ctx, conn, b, n)
 	tag, qerr := br.Exec()
 	cerr := br.Close()
 	switch {
@@ -111,21 +205,21 @@ func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 }
 
 func (t *lazyTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if t.ended.Load() {
-		return nil, pgx.ErrTxClosed
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	conn, err := t.use(ctx)
+	if err != nil {
+		return nil, err
 	}
 	if t.begun {
-		return t.conn.Query(ctx, sql, args...)
+		return conn.Query(ctx, sql, args...)
 	}
-	b := &pgx.Batch{}
-	b.Queue(sqlBegin)
-	b.Queue(sql, args...)
-	br := t.conn.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
+	b, n := t.begin(&pgx.QueuedQuery{SQL: sql, Arguments: args})
+	br, err := t.sendBegin(ctx, conn, b, n)
+	if err != nil {
 		_ = br.Close()
 		return nil, err
 	}
-	t.begun = true
 	rows, err := br.Query()
 	if err != nil {
 		_ = br.Close()
@@ -140,18 +234,20 @@ func (t *lazyTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 }
 
 func (t *lazyTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if t.ended.Load() {
-		return &failedBatch{err: pgx.ErrTxClosed}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	conn, err := t.use(ctx)
+	if err != nil {
+		return &failedBatch{err: err}
 	}
 	if t.begun {
-		return t.conn.SendBatch(ctx, b)
+		return conn.SendBatch(ctx, b)
 	}
-	withBegin := &pgx.Batch{QueuedQueries: append([]*pgx.QueuedQuery{{SQL: sqlBegin}}, b.QueuedQueries...)}
-	br := t.conn.SendBatch(ctx, withBegin)
-	if _, err := br.Exec(); err != nil {
+	withBegin, n := t.begin(b.QueuedQueries...)
+	br, err := t.sendBegin(ctx, conn, withBegin, n)
+	if err != nil {
 		return &failedBatch{BatchResults: br, err: err}
 	}
-	t.begun = true
 	return br
 }
 
@@ -212,11 +308,11 @@ func (r *row) Scan(dest ...any) error {
 	return r.rows.Err()
 }
 
-// failedBatch answers every result of a batch whose BEGIN failed with
-// that failure.
+// failedBatch answers every result of a batch that could not go out, or
+// whose BEGIN failed, with that failure.
 type failedBatch struct {
-	pgx.BatchResults
-	err error
+	pgx.BatchResults // nil when nothing went out
+	err              error
 }
 
 func (b *failedBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }

@@ -51,6 +51,11 @@ type Store struct {
 	// most (default 1000): small batches hold few row locks and a short
 	// transaction.
 	sweepBatch int
+	// slots bounds the Atomic transactions that hold a connection at once
+	// to the pool's MaxConns less one: claims, completions and renewals
+	// always find one, and no handler waits for a connection that only
+	// another handler's transaction could give back.
+	slots chan struct{}
 }
 
 var _ middleware.Store = (*Store)(nil)
@@ -65,7 +70,8 @@ func New(ctx context.Context, pool *pgxpool.Pool) (*Store, error) {
 	if err := pool.Ping(ctx); err != nil {
 		return nil, fmt.Errorf("pgrecords: ping: %w", err)
 	}
-	return &Store{pool: pool, sweepBatch: 1000}, nil
+	return &Store{pool: pool, sweepBatch: 1000,
+		slots: make(chan struct{}, max(1, pool.Config().MaxConns-1))}, nil
 }
 
 // migrations is the schema history of the records table, oldest first.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -38,29 +39,78 @@ type txKey struct{}
 var errTxOwned = errors.New("pgrecords: the transaction of an Atomic route is committed or rolled back by the middleware, not the handler")
 
 // Begin implements middleware.TxStore: a transaction on a connection of
-// the store's pool, in the session's default isolation level, held until
-// the middleware commits or rolls it back. Lease renewals run on other
-// connections of the pool meanwhile, so the pool needs more connections
-// than Atomic requests run at once.
+// the store's pool, in the session's default isolation level. It takes
+// nothing yet: the handler's first statement takes a connection, and one
+// of the store's transaction slots (the pool's MaxConns less one, so that
+// claims and lease renewals always find a connection), and holds both
+// until the middleware commits or rolls back. With BEGIN it sets
+// idle_in_transaction_session_timeout to twice the route's lease
+// (middleware.TxLease): a node cut off from the database mid-request does
+// not keep its row locks from the node that takes its key over for
+// longer than that.
 func (s *Store) Begin(ctx context.Context) (middleware.Tx, error) {
+	tx := &lazyTx{s: s}
+	if lease, ok := middleware.TxLease(ctx); ok && lease > 0 {
+		tx.setup = fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", idleLimit(lease).Milliseconds())
+	}
+	return &atomicTx{tx: tx}, nil
+}
+
+// idleLimit is how long an Atomic transaction on a route with lease may
+// sit idle before the server ends its session.
+func idleLimit(lease time.Duration) time.Duration {
+	return max(2*lease, time.Millisecond)
+}
+
+// acquireTx takes a transaction slot and a connection for it.
+func (s *Store) acquireTx(ctx context.Context) (*pgxpool.Conn, error) {
+	select {
+	case s.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("pgrecords: begin: %w", err)
+		<-s.slots
+		return nil, err
 	}
-	return &atomicTx{conn: conn, tx: &lazyTx{conn: conn.Conn()}}, nil
+	return conn, nil
+}
+
+// releaseTx gives back what acquireTx took. The pool closes the
+// connection if it is still in a transaction (a rollback that could not
+// be sent).
+func (s *Store) releaseTx(conn *pgxpool.Conn, slot bool) {
+	if conn != nil {
+		conn.Release()
+	}
+	if slot {
+		<-s.slots
+	}
 }
 
 // atomicTx is one Atomic request's transaction. BEGIN goes out with the
 // handler's first statement (see lazyTx); a handler that sent none has
 // no transaction to commit, and its completion is one statement.
 type atomicTx struct {
-	conn *pgxpool.Conn
 	tx   *lazyTx
-	done bool // the connection went back to the pool
+	done bool // Commit or Rollback was called
 }
 
 func (t *atomicTx) Context(ctx context.Context) context.Context {
 	return context.WithValue(ctx, txKey{}, t.tx)
+}
+
+// end closes the handler's transaction to it and returns the connection
+// (nil if the handler sent nothing) and whether BEGIN went out. The
+// caller releases the connection.
+func (t *atomicTx) end() (conn *pgxpool.Conn, slot, begun bool, err error) {
+	if t.done {
+		return nil, false, false, errors.New("transaction already ended")
+	}
+	t.done = true
+	conn, slot, begun = t.tx.close()
+	return conn, slot, begun, nil
 }
 
 // Commit implements middleware.Tx. With a completion it sends the
@@ -68,36 +118,44 @@ func (t *atomicTx) Context(ctx context.Context) context.Context {
 // finds the claim gone, the server skips the COMMIT, and the transaction
 // is rolled back.
 func (t *atomicTx) Commit(ctx context.Context, c *middleware.Completion) error {
-	if t.done {
-		return errors.New("pgrecords: commit: transaction already ended")
+	conn, slot, begun, err := t.end()
+	if err != nil {
+		return fmt.Errorf("pgrecords: commit: %w", err)
 	}
-	if c == nil {
-		if !t.tx.begun {
-			t.end()
-			return nil
-		}
-		tag, err := t.conn.Exec(ctx, sqlCommit)
-		if err != nil {
-			_ = t.Rollback(ctx)
+	defer func() { t.tx.s.releaseTx(conn, slot) }()
+	if begun {
+		if err := handlerEnded(conn); err != nil {
+			rollback(ctx, conn)
 			return fmt.Errorf("pgrecords: commit: %w", err)
 		}
-		t.end()
-		if tag.String() != "COMMIT" {
+	}
+	if c == nil {
+		if !begun {
+			return nil
+		}
+		tag, err := conn.Exec(ctx, sqlCommit)
+		switch {
+		case err != nil:
+			rollback(ctx, conn)
+			return fmt.Errorf("pgrecords: commit: %w", err)
+		case tag.String() != "COMMIT":
 			return fmt.Errorf("pgrecords: commit: the transaction was rolled back (%s)", tag)
 		}
 		return nil
 	}
 	if c.Response.Status < 100 || c.Response.Status > 999 {
-		_ = t.Rollback(ctx)
+		if begun {
+			rollback(ctx, conn)
+		}
 		return fmt.Errorf("pgrecords: commit: status %d out of range", c.Response.Status)
 	}
 	response := appendResponse(nil, c.Response)
-	if !t.tx.begun || t.escaped() {
-		// Nothing of the handler's to commit: the completion alone. (Or
-		// the handler ended the transaction itself with a COMMIT
-		// statement: its writes are in, and the record must say so.)
-		_, err := t.conn.Exec(ctx, sqlCompleteTx, c.Key, uuid(c.Token), micros(c.Retention), response)
-		t.end()
+	if !begun {
+		// Nothing of the handler's to commit: the completion alone, on
+		// any connection.
+		t.tx.s.releaseTx(conn, slot)
+		conn, slot = nil, false
+		_, err := t.tx.s.pool.Exec(ctx, sqlCompleteTx, c.Key, uuid(c.Token), micros(c.Retention), response)
 		switch {
 		case leaseLost(err):
 			return middleware.ErrLeaseLost
@@ -109,65 +167,70 @@ func (t *atomicTx) Commit(ctx context.Context, c *middleware.Completion) error {
 	b := &pgx.Batch{}
 	b.Queue(sqlCompleteTx, c.Key, uuid(c.Token), micros(c.Retention), response)
 	b.Queue(sqlCommit)
-	br := t.conn.SendBatch(ctx, b)
+	br := conn.SendBatch(ctx, b)
 	_, errComplete := br.Exec()
 	tag, errCommit := br.Exec()
 	errClose := br.Close()
 	switch {
 	case errComplete != nil:
-		_ = t.Rollback(ctx)
+		rollback(ctx, conn)
 		if leaseLost(errComplete) {
 			return middleware.ErrLeaseLost
 		}
 		return fmt.Errorf("pgrecords: commit: complete: %w", errComplete)
 	case errCommit != nil || errClose != nil:
-		_ = t.Rollback(ctx)
+		rollback(ctx, conn)
 		return fmt.Errorf("pgrecords: commit: %w", errors.Join(errCommit, errClose))
 	case tag.String() != "COMMIT":
-		// The server rolled the transaction back at COMMIT (it had failed
-		// before, e.g. a handler's statement whose error it ignored).
-		t.end()
 		return fmt.Errorf("pgrecords: commit: the transaction was rolled back (%s)", tag)
 	}
-	t.end()
 	return nil
 }
 
 // Rollback implements middleware.Tx.
 func (t *atomicTx) Rollback(ctx context.Context) error {
-	if t.done {
+	conn, slot, begun, err := t.end()
+	if err != nil {
 		return nil
 	}
-	var err error
-	switch {
-	case t.tx.begun && t.escaped():
-		err = errEscaped
-	case t.tx.begun:
-		_, err = t.conn.Exec(ctx, sqlRollback)
+	defer t.tx.s.releaseTx(conn, slot)
+	if !begun {
+		return nil
 	}
-	t.end()
-	if err != nil {
+	if conn.Conn().PgConn().TxStatus() == 'I' {
+		return fmt.Errorf("pgrecords: rollback: %w", errEnded)
+	}
+	if _, err := conn.Exec(ctx, sqlRollback); err != nil {
 		return fmt.Errorf("pgrecords: rollback: %w", err)
 	}
 	return nil
 }
 
-// errEscaped is a rollback of a transaction the handler ended itself.
-var errEscaped = errors.New("the handler ended its transaction itself (a COMMIT or ROLLBACK statement): what it wrote before may have committed")
+var (
+	errEnded   = fmt.Errorf("%w: it sent COMMIT or ROLLBACK itself, so what it wrote before may have committed", middleware.ErrTxAborted)
+	errAborted = fmt.Errorf("%w: a statement of the handler's failed (the transaction is aborted), yet it answered", middleware.ErrTxAborted)
+)
 
-// escaped reports whether the transaction that BEGIN opened is no longer
-// open on the connection: the handler sent COMMIT or ROLLBACK itself.
-func (t *atomicTx) escaped() bool {
-	return t.conn.Conn().PgConn().TxStatus() == 'I'
+// handlerEnded returns why the transaction that BEGIN opened on conn
+// cannot commit through the handler's doing, or nil: the server's
+// transaction status says whether it is still open ('T'), aborted ('E')
+// or ended ('I').
+func handlerEnded(conn *pgxpool.Conn) error {
+	switch conn.Conn().PgConn().TxStatus() {
+	case 'I':
+		return errEnded
+	case 'E':
+		return errAborted
+	}
+	return nil
 }
 
-// end gives the connection back to the pool, which closes it if it is
-// still in a transaction (a rollback that could not be sent).
-func (t *atomicTx) end() {
-	if !t.done {
-		t.done = true
-		t.tx.ended.Store(true)
-		t.conn.Release()
+// rollback rolls back the transaction still open on conn, if it can: one
+// it cannot leaves the pool with the connection.
+func rollback(ctx context.Context, conn *pgxpool.Conn) {
+	pc := conn.Conn().PgConn()
+	if !pc.IsClosed() && !pc.IsBusy() && pc.TxStatus() != 'I' {
+		_, _ = conn.Exec(ctx, sqlRollback)
 	}
 }
 

@@ -1,0 +1,92 @@
+package pgrecords_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/idemgate/idemgate/internal/proxy"
+	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/pgrecords"
+)
+
+// TestAtomicPartitionedTxLocksEnd: node A writes a row with a unique key
+// in its Atomic transaction (as pgstore.SubmitTx does: the task's unique
+// index), then loses its link to Postgres. Its lease runs out and node B
+// reclaims the key; B's handler writes the same unique key and waits on
+// A's uncommitted row until the server ends A's session, idle in its
+// transaction for longer than idle_in_transaction_session_timeout (twice
+// the lease, set with BEGIN). Without it, B would wait for as long as the
+// partition lasts.
+func TestAtomicPartitionedTxLocksEnd(t *testing.T) {
+	t.Parallel()
+	pool, s := atomicDB(t)
+	if _, err := pool.Exec(testCtx(t), `CREATE TABLE uniq_task (key text PRIMARY KEY, node text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	poolA, px := poolVia(t, pool.Config().ConnString())
+	storeA, err := pgrecords.New(testCtx(t), poolA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lease = time.Second
+	wrote, gate := make(chan struct{}, 1), make(chan struct{})
+	handler := func(node string) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			if _, err := pgrecords.Tx(c).Exec(c.Request().Context(), `INSERT INTO uniq_task (key, node) VALUES ('k', $1)`, node); err != nil {
+				return err
+			}
+			if node == "a" {
+				wrote <- struct{}{}
+				<-gate
+			}
+			return c.String(http.StatusCreated, node)
+		}
+	}
+	short := func(c *middleware.Config) { c.Lease = lease }
+	a := atomicRoute(t, storeA, handler("a"), short)
+	b := atomicRoute(t, s, handler("b"), short)
+
+	aDone := make(chan *httptest.ResponseRecorder, 1)
+	go func() { aDone <- atomicSend(a, "partition-lock") }()
+	<-wrote
+	px.Set(proxy.Freeze, 0)
+	close(gate)
+
+	bDone := make(chan *httptest.ResponseRecorder, 1)
+	go func() {
+		for {
+			rec := atomicSend(b, "partition-lock")
+			if rec.Code != http.StatusConflict {
+				bDone <- rec
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	budget := 8 * lease // the idle limit is 2 leases; the rest is margin for a loaded machine
+	select {
+	case rec := <-bDone:
+		if rec.Code != http.StatusCreated {
+			t.Errorf("B = %d %s, want 201", rec.Code, rec.Body)
+		}
+	case <-time.After(budget):
+		var waiting int
+		_ = pool.QueryRow(testCtx(t), `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&waiting)
+		t.Errorf("node B, which took the key over after A's %v lease ran out, had not answered %v later: %d session(s) waiting on a lock",
+			lease, budget, waiting)
+		px.Heal()
+		<-bDone
+	}
+	px.Heal()
+	if recA := <-aDone; recA.Code/100 == 2 {
+		t.Errorf("A, partitioned before its commit, answered %d", recA.Code)
+	}
+	var node string
+	if err := pool.QueryRow(testCtx(t), `SELECT node FROM uniq_task WHERE key = 'k'`).Scan(&node); err != nil || node != "b" {
+		t.Errorf("uniq_task k = %q, %v; want b's row alone", node, err)
+	}
+}

@@ -1,0 +1,369 @@
+package pgrecords_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
+
+	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/pgrecords"
+)
+
+// atomicRoute serves POST / Atomic on s with handler h.
+func atomicRoute(t *testing.T, s middleware.Store, h echo.HandlerFunc, configure func(*middleware.Config)) *echo.Echo {
+	t.Helper()
+	cfg := middleware.Config{Store: s, Atomic: true,
+		Scope: func(echo.Context) (string, string, error) { return "acme", "alice", nil }}
+	if configure != nil {
+		configure(&cfg)
+	}
+	mw, err := cfg.ToMiddleware()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := echo.New()
+	e.POST("/", h, mw)
+	return e
+}
+
+func atomicSend(e *echo.Echo, key string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{}`))
+	r.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
+	w := httptest.NewRecorder()
+	e.ServeHTTP(w, r)
+	return w
+}
+
+// TestTxClosedAfterRequest: a handler that keeps its transaction
+// past the request (a goroutine) gets pgx.ErrTxClosed from it: the
+// connection went back to the pool and serves other requests, which a
+// stray statement must not run in.
+func TestTxClosedAfterRequest(t *testing.T) {
+	t.Parallel()
+	pool, s := atomicDB(t)
+	for _, first := range []bool{true, false} {
+		kept := make(chan pgx.Tx, 1)
+		e := echo.New()
+		e.POST("/", func(c echo.Context) error {
+			tx := pgrecords.Tx(c)
+			if first {
+				if _, err := tx.Exec(c.Request().Context(), `INSERT INTO ledger (key, node) VALUES ('kept', 'in time')`); err != nil {
+					return err
+				}
+			}
+			kept <- tx
+			return c.NoContent(http.StatusCreated)
+		}, middleware.New(middleware.Config{Store: s, Atomic: true,
+			Scope: func(echo.Context) (string, string, error) { return "acme", "alice", nil }}))
+		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader("x"))
+		r.Header.Set("Idempotency-Key", fmt.Sprint("kept-", first))
+		w := httptest.NewRecorder()
+		e.ServeHTTP(w, r)
+		if w.Code != http.StatusCreated {
+			t.Fatalf("request = %d %s", w.Code, w.Body)
+		}
+		tx := <-kept
+		if _, err := tx.Exec(testCtx(t), `INSERT INTO ledger (key, node) VALUES ('kept', 'late')`); !errors.Is(err, pgx.ErrTxClosed) {
+			t.Errorf("Exec after the request (statement before: %v) = %v, want pgx.ErrTxClosed", first, err)
+		}
+		if err := tx.QueryRow(testCtx(t), `SELECT 1`).Scan(new(int)); !errors.Is(err, pgx.ErrTxClosed) {
+			t.Errorf("QueryRow after the request = %v, want pgx.ErrTxClosed", err)
+		}
+		if err := tx.SendBatch(testCtx(t), &pgx.Batch{}).Close(); !errors.Is(err, pgx.ErrTxClosed) {
+			t.Errorf("SendBatch after the request = %v, want pgx.ErrTxClosed", err)
+		}
+	}
+	var late int
+	if err := pool.QueryRow(testCtx(t), `SELECT count(*) FROM ledger WHERE node = 'late'`).Scan(&late); err != nil || late != 0 {
+		t.Errorf("late rows = %d, %v; want 0", late, err)
+	}
+}
+
+// TestTxLateUseLeavesThePoolClean: a transaction used after its request
+// (the handler had sent nothing) fails, and sends nothing, not even a
+// BEGIN: the connection it would have used is back in the pool, and the
+// next claim on it must not run inside a stray transaction that is later
+// rolled back (the key would be claimed twice).
+func TestTxLateUseLeavesThePoolClean(t *testing.T) {
+	t.Parallel()
+	pool, _ := atomicDB(t)
+	one := poolWith(t, pool.Config().ConnString(), func(c *pgxpool.Config) { c.MaxConns = 1 })
+	s1, err := pgrecords.New(testCtx(t), one)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := newStore(t, newPool(t, pool.Config().ConnString()))
+	var saved pgx.Tx
+	e := atomicRoute(t, s1, func(c echo.Context) error {
+		saved = pgrecords.Tx(c)
+		return c.String(http.StatusCreated, "ok")
+	}, nil)
+	if rec := atomicSend(e, "swallow-first"); rec.Code != http.StatusCreated {
+		t.Fatalf("request = %d %s", rec.Code, rec.Body)
+	}
+	if _, err := saved.Exec(context.Background(), `SELECT 1`); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("Exec after the request = %v, want pgx.ErrTxClosed", err)
+	}
+	if saved.Conn() != nil {
+		t.Errorf("Conn after the request is not nil")
+	}
+	k := key()
+	mustClaim(t, s1, k, request(time.Minute), middleware.Claimed)
+	res, err := other.Claim(testCtx(t), k, request(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status == middleware.Claimed {
+		t.Errorf("a second claim of a key claimed a moment before (with a minute's lease) was Claimed too")
+	}
+}
+
+// TestTxRaceWithCommit: a goroutine of the handler's keeps writing through
+// the transaction while the middleware commits. Each of its statements
+// runs before the commit, in the transaction, or fails with
+// pgx.ErrTxClosed; none runs on the connection after it went back to the
+// pool.
+func TestTxRaceWithCommit(t *testing.T) {
+	t.Parallel()
+	pool, s := atomicDB(t)
+	var ok atomic.Int64
+	stopped := make(chan error, 1)
+	e := atomicRoute(t, s, func(c echo.Context) error {
+		tx := pgrecords.Tx(c)
+		if _, err := tx.Exec(c.Request().Context(), `INSERT INTO ledger (key, node) VALUES ('race', 'handler')`); err != nil {
+			return err
+		}
+		ok.Add(1)
+		started := make(chan struct{})
+		go func() {
+			close(started)
+			for {
+				if _, err := tx.Exec(context.Background(), `INSERT INTO ledger (key, node) VALUES ('race', 'goroutine')`); err != nil {
+					stopped <- err
+					return
+				}
+				ok.Add(1)
+			}
+		}()
+		<-started
+		return c.String(http.StatusCreated, "ok")
+	}, nil)
+	if rec := atomicSend(e, "race"); rec.Code != http.StatusCreated {
+		t.Fatalf("request = %d %s", rec.Code, rec.Body)
+	}
+	if err := <-stopped; !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("the goroutine stopped with %v, want pgx.ErrTxClosed", err)
+	}
+	if got := ledgerRows(t, pool, "race"); int64(got) != ok.Load() {
+		t.Errorf("ledger rows = %d, want the %d statements that succeeded (all in the transaction)", got, ok.Load())
+	}
+}
+
+// TestTxHandlerCommitStatement: a handler that ends its transaction with
+// a COMMIT (or ROLLBACK) statement of its own has broken the Atomic
+// contract: its writes committed apart from the record. The middleware
+// notices at the commit or the rollback: it answers 500, stores nothing
+// (the retry runs), releases the claim (event released, reason
+// tx_aborted) and reports no store error; the handler's statements after
+// its COMMIT fail instead of running in autocommit.
+func TestTxHandlerCommitStatement(t *testing.T) {
+	t.Parallel()
+	pool, s := atomicDB(t)
+	var mu sync.Mutex
+	var events []middleware.Event
+	var after error
+	e := atomicRoute(t, s, func(c echo.Context) error {
+		tx := pgrecords.Tx(c)
+		ctx := c.Request().Context()
+		key := c.Request().Header.Get("Idempotency-Key")
+		if _, err := tx.Exec(ctx, `INSERT INTO ledger (key, node) VALUES ($1, 'h')`, key); err != nil {
+			return err
+		}
+		end := `COMMIT`
+		if strings.Contains(key, "rollback") {
+			end = `ROLLBACK`
+		}
+		if _, err := tx.Exec(ctx, end); err != nil {
+			return err
+		}
+		_, after = tx.Exec(ctx, `INSERT INTO ledger (key, node) VALUES ($1, 'after')`, key)
+		if strings.Contains(key, "500") {
+			return c.String(http.StatusInternalServerError, "failed after the write")
+		}
+		return c.String(http.StatusCreated, "ok")
+	}, func(c *middleware.Config) {
+		c.OnEvent = func(ev middleware.Event) { mu.Lock(); events = append(events, ev); mu.Unlock() }
+	})
+	for _, k := range []string{"commit-201", "commit-500", "rollback-201"} {
+		t.Run(k, func(t *testing.T) {
+			mu.Lock()
+			events = nil
+			mu.Unlock()
+			for run := range 2 {
+				rec := atomicSend(e, k)
+				if rec.Code != http.StatusInternalServerError || rec.Header().Get("Idempotent-Replayed") != "" {
+					t.Errorf("run %d = %d replayed=%q %s, want 500 and no replay", run, rec.Code, rec.Header().Get("Idempotent-Replayed"), rec.Body)
+				}
+				if !errors.Is(after, middleware.ErrTxAborted) {
+					t.Errorf("run %d: a statement after the handler's own %s = %v, want middleware.ErrTxAborted", run, k, after)
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			released := 0
+			for _, ev := range events {
+				switch {
+				case ev.Type == middleware.EventStoreError:
+					t.Errorf("store_error event %s: %v", ev.Reason, ev.Err)
+				case ev.Type == middleware.EventReleased && ev.Reason == "tx_aborted":
+					released++
+				}
+			}
+			if released != 2 {
+				t.Errorf("released tx_aborted events = %d, want 2; events %v", released, events)
+			}
+			want := 2 // the handler's own COMMIT committed its first row, each run
+			if strings.HasPrefix(k, "rollback") {
+				want = 0
+			}
+			if got := ledgerRows(t, pool, k); got != want {
+				t.Errorf("ledger rows = %d, want %d", got, want)
+			}
+		})
+	}
+}
+
+// TestTxAbortedIsHandlerFault: a statement of the handler's fails (the
+// transaction is aborted, 25P02 from then on); the handler ignores it and
+// answers 201. That is the handler's fault, not the store's: the client
+// gets 500, the claim is released (reason tx_aborted) and the retry runs;
+// no store_error.
+func TestTxAbortedIsHandlerFault(t *testing.T) {
+	t.Parallel()
+	pool, s := atomicDB(t)
+	var events []middleware.Event
+	fail := true
+	e := atomicRoute(t, s, func(c echo.Context) error {
+		tx := pgrecords.Tx(c)
+		ctx := c.Request().Context()
+		if _, err := tx.Exec(ctx, `INSERT INTO ledger (key, node) VALUES ('aborted', 'h')`); err != nil {
+			return err
+		}
+		if fail {
+			_, _ = tx.Exec(ctx, `SELECT 1/0`) // ignored
+		}
+		return c.String(http.StatusCreated, "ok")
+	}, func(c *middleware.Config) { c.OnEvent = func(ev middleware.Event) { events = append(events, ev) } })
+	if first := atomicSend(e, "aborted"); first.Code != http.StatusInternalServerError {
+		t.Errorf("a handler whose transaction was aborted got %d %s to its client, want 500", first.Code, first.Body)
+	}
+	released := false
+	for _, ev := range events {
+		switch {
+		case ev.Type == middleware.EventStoreError:
+			t.Errorf("store_error event %s: %v", ev.Reason, ev.Err)
+		case ev.Type == middleware.EventReleased:
+			released = ev.Reason == "tx_aborted"
+		}
+	}
+	if !released {
+		t.Errorf("events %v, want released tx_aborted", events)
+	}
+	fail = false
+	if retry := atomicSend(e, "aborted"); retry.Code != http.StatusCreated || retry.Header().Get("Idempotent-Replayed") == "true" {
+		t.Errorf("retry = %d replayed=%q, want a run", retry.Code, retry.Header().Get("Idempotent-Replayed"))
+	}
+	if got := ledgerRows(t, pool, "aborted"); got != 1 {
+		t.Errorf("ledger rows = %d, want 1", got)
+	}
+}
+
+// TestTxNestedSavepoints: pgx.BeginFunc on the request's transaction
+// (savepoints, two deep); the inner one fails and is rolled back, the
+// outer one commits, and the request commits the rest.
+func TestTxNestedSavepoints(t *testing.T) {
+	t.Parallel()
+	pool, s := atomicDB(t)
+	e := atomicRoute(t, s, func(c echo.Context) error {
+		ctx := c.Request().Context()
+		ins := `INSERT INTO ledger (key, node) VALUES ('nested', $1)`
+		err := pgx.BeginFunc(ctx, pgrecords.Tx(c), func(outer pgx.Tx) error {
+			if _, err := outer.Exec(ctx, ins, "outer"); err != nil {
+				return err
+			}
+			inner := pgx.BeginFunc(ctx, outer, func(in pgx.Tx) error {
+				if _, err := in.Exec(ctx, ins, "inner"); err != nil {
+					return err
+				}
+				_, err := in.Exec(ctx, `SELECT 1/0`)
+				return err
+			})
+			if inner == nil {
+				return errors.New("inner savepoint did not fail")
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		return c.String(http.StatusCreated, "ok")
+	}, nil)
+	if rec := atomicSend(e, "nested"); rec.Code != http.StatusCreated {
+		t.Fatalf("request = %d %s", rec.Code, rec.Body)
+	}
+	var nodes []string
+	rows, _ := pool.Query(testCtx(t), `SELECT node FROM ledger WHERE key = 'nested' ORDER BY node`)
+	nodes, _ = pgx.CollectRows(rows, pgx.RowTo[string])
+	if strings.Join(nodes, ",") != "outer" {
+		t.Errorf("committed rows %v, want [outer]", nodes)
+	}
+}
+
+// TestTxTerminatedBeforeCommit: the handler's backend is killed
+// (pg_terminate_backend) after its write, before the commit: the client
+// gets no 2xx, nothing committed, and the retry runs once.
+func TestTxTerminatedBeforeCommit(t *testing.T) {
+	t.Parallel()
+	pool, s := atomicDB(t)
+	kill := true
+	e := atomicRoute(t, s, func(c echo.Context) error {
+		tx := pgrecords.Tx(c)
+		ctx := c.Request().Context()
+		var pid int32
+		if err := tx.QueryRow(ctx, `INSERT INTO ledger (key, node) VALUES ('terminated', 'h') RETURNING pg_backend_pid()`).Scan(&pid); err != nil {
+			return err
+		}
+		if kill {
+			if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+				return err
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		return c.String(http.StatusCreated, "ok")
+	}, nil)
+	first := atomicSend(e, "terminated")
+	if first.Code/100 == 2 {
+		t.Errorf("first = %d, want no 2xx", first.Code)
+	}
+	kill = false
+	if retry := atomicSend(e, "terminated"); retry.Code != http.StatusCreated || retry.Header().Get("Idempotent-Replayed") == "true" {
+		t.Errorf("retry = %d replayed=%q %s", retry.Code, retry.Header().Get("Idempotent-Replayed"), retry.Body)
+	}
+	if got := ledgerRows(t, pool, "terminated"); got != 1 {
+		t.Errorf("ledger rows = %d, want 1", got)
+	}
+}
