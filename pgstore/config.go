@@ -25,7 +25,10 @@ type WorkerConfig struct {
 	// counts them and their age).
 	Reconcile Handler
 	// Kinds limits the worker to tasks of these kinds. Optional. Default:
-	// every kind.
+	// every kind. Name them: a worker of every kind reads past the
+	// backlog of a paused kind, or of a kind at its limits, at every
+	// claim (thousands of buffers a claim at a backlog of 100,000); a
+	// worker that names its kinds does not read a kind without room.
 	Kinds []string
 	// Policies sets how tasks of a kind run: their execution timeout and
 	// what a lost attempt becomes. A kind without an entry gets the zero

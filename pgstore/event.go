@@ -35,7 +35,8 @@ const (
 	// WorkerHeldBack: a claim left a due task of Kind waiting because of
 	// the kind's limits (KindLimits: paused, MaxRunning,
 	// MaxRunningPerTenant or StartsPerSecond). Only Kind is set; one
-	// event per kind and claim.
+	// event per kind and claim. The tasks of a tenant already at its
+	// MaxRunningPerTenant are passed by without one.
 	WorkerHeldBack WorkerEventType = "held_back"
 )
 

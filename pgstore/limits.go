@@ -20,6 +20,12 @@ import (
 // advisory lock, so workers racing for the last slot never exceed a limit;
 // a claim that began before SetKindLimits returned is bound by the limits
 // it read.
+//
+// Limits assume handlers honour their context. An attempt that ran past
+// its kind's Timeout, or lost its lease, is written off in the database
+// (retried, uncertain or rescued) and no longer counts; a handler that
+// ignores its cancelled context still runs meanwhile, beside the
+// attempts that the freed room lets start.
 type KindLimits struct {
 	// MaxRunning bounds the attempts of the kind running at once, across
 	// all workers.
