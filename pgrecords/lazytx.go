@@ -36,7 +36,10 @@ type lazyTx struct {
 	db     pgx.Tx        // pgx's transaction, once a method needs it
 }
 
-var _ pgx.Tx = (*lazyTx)(nil)
+var (
+	_ pgx.Tx = (*lazyTx)(nil)
+	_ pgx.Tx = (*savepoint)(nil)
+)
 
 const sqlBegin = "begin"
 
@@ -105,7 +108,11 @@ func (t *lazyTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return db.Begin(ctx)
+	sp, err := db.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &savepoint{parent: t, tx: sp}, nil
 }
 
 func (t *lazyTx) Commit(context.Context) error   { return errTxOwned }
@@ -323,4 +330,123 @@ func (b *failedBatch) Close() error {
 		_ = b.BatchResults.Close()
 	}
 	return b.err
+}
+
+// savepoint is a savepoint of the handler's transaction (lazyTx.Begin),
+// or one nested in it, under the transaction's guard: pgx's own would go
+// on sending statements on the connection after the request.
+type savepoint struct {
+	parent *lazyTx
+	tx     pgx.Tx
+}
+
+// check returns why the savepoint cannot be used any more, or nil. mu is
+// held.
+func (sp *savepoint) check() error {
+	if sp.parent.closed {
+		return pgx.ErrTxClosed
+	}
+	if sp.parent.conn.Conn().PgConn().TxStatus() == 'I' {
+		return errEnded
+	}
+	return nil
+}
+
+func (sp *savepoint) Begin(ctx context.Context) (pgx.Tx, error) {
+	sp.parent.mu.Lock()
+	defer sp.parent.mu.Unlock()
+	if err := sp.check(); err != nil {
+		return nil, err
+	}
+	tx, err := sp.tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &savepoint{parent: sp.parent, tx: tx}, nil
+}
+
+func (sp *savepoint) Commit(ctx context.Context) error {
+	sp.parent.mu.Lock()
+	defer sp.parent.mu.Unlock()
+	if err := sp.check(); err != nil {
+		return err
+	}
+	return sp.tx.Commit(ctx)
+}
+
+func (sp *savepoint) Rollback(ctx context.Context) error {
+	sp.parent.mu.Lock()
+	defer sp.parent.mu.Unlock()
+	if err := sp.check(); err != nil {
+		return err
+	}
+	return sp.tx.Rollback(ctx)
+}
+
+func (sp *savepoint) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	sp.parent.mu.Lock()
+	defer sp.parent.mu.Unlock()
+	if err := sp.check(); err != nil {
+		return 0, err
+	}
+	return sp.tx.CopyFrom(ctx, table, columns, src)
+}
+
+func (sp *savepoint) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	sp.parent.mu.Lock()
+	defer sp.parent.mu.Unlock()
+	if err := sp.check(); err != nil {
+		return &failedBatch{err: err}
+	}
+	return sp.tx.SendBatch(ctx, b)
+}
+
+func (sp *savepoint) LargeObjects() pgx.LargeObjects {
+	sp.parent.mu.Lock()
+	defer sp.parent.mu.Unlock()
+	if sp.check() != nil {
+		return pgx.LargeObjects{}
+	}
+	return sp.tx.LargeObjects()
+}
+
+func (sp *savepoint) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	sp.parent.mu.Lock()
+	defer sp.parent.mu.Unlock()
+	if err := sp.check(); err != nil {
+		return nil, err
+	}
+	return sp.tx.Prepare(ctx, name, sql)
+}
+
+func (sp *savepoint) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	sp.parent.mu.Lock()
+	defer sp.parent.mu.Unlock()
+	if err := sp.check(); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return sp.tx.Exec(ctx, sql, args...)
+}
+
+func (sp *savepoint) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	sp.parent.mu.Lock()
+	defer sp.parent.mu.Unlock()
+	if err := sp.check(); err != nil {
+		return nil, err
+	}
+	return sp.tx.Query(ctx, sql, args...)
+}
+
+func (sp *savepoint) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	rows, err := sp.Query(ctx, sql, args...)
+	return &row{rows: rows, err: err}
+}
+
+func (sp *savepoint) Conn() *pgx.Conn {
+	sp.parent.mu.Lock()
+	defer sp.parent.mu.Unlock()
+	if sp.check() != nil {
+		return nil
+	}
+	return sp.tx.Conn()
 }

@@ -56,7 +56,7 @@ func TestTxClosedAfterRequest(t *testing.T) {
 	t.Parallel()
 	pool, s := atomicDB(t)
 	for _, first := range []bool{true, false} {
-		kept := make(chan pgx.Tx, 1)
+		kept, keptSavepoint := make(chan pgx.Tx, 1), make(chan pgx.Tx, 1)
 		e := echo.New()
 		e.POST("/", func(c echo.Context) error {
 			tx := pgrecords.Tx(c)
@@ -64,6 +64,14 @@ func TestTxClosedAfterRequest(t *testing.T) {
 				if _, err := tx.Exec(c.Request().Context(), `INSERT INTO ledger (key, node) VALUES ('kept', 'in time')`); err != nil {
 					return err
 				}
+				sp, err := tx.Begin(c.Request().Context())
+				if err != nil {
+					return err
+				}
+				if err := sp.Commit(c.Request().Context()); err != nil {
+					return err
+				}
+				keptSavepoint <- sp
 			}
 			kept <- tx
 			return c.NoContent(http.StatusCreated)
@@ -85,6 +93,27 @@ func TestTxClosedAfterRequest(t *testing.T) {
 		}
 		if err := tx.SendBatch(testCtx(t), &pgx.Batch{}).Close(); !errors.Is(err, pgx.ErrTxClosed) {
 			t.Errorf("SendBatch after the request = %v, want pgx.ErrTxClosed", err)
+		}
+		for _, m := range []func(pgx.Tx) error{
+			func(tx pgx.Tx) error { _, err := tx.Begin(testCtx(t)); return err },
+			func(tx pgx.Tx) error { _, err := tx.Prepare(testCtx(t), "late", `SELECT 1`); return err },
+			func(tx pgx.Tx) error {
+				_, err := tx.CopyFrom(testCtx(t), pgx.Identifier{"ledger"}, []string{"key", "node"}, pgx.CopyFromRows([][]any{{"kept", "late"}}))
+				return err
+			},
+		} {
+			if err := m(tx); !errors.Is(err, pgx.ErrTxClosed) {
+				t.Errorf("a method after the request = %v, want pgx.ErrTxClosed", err)
+			}
+		}
+		if tx.Conn() != nil {
+			t.Errorf("Conn after the request is not nil")
+		}
+		if first {
+			sp := <-keptSavepoint
+			if _, err := sp.Exec(testCtx(t), `INSERT INTO ledger (key, node) VALUES ('kept', 'late')`); !errors.Is(err, pgx.ErrTxClosed) {
+				t.Errorf("Exec on a savepoint after the request = %v, want pgx.ErrTxClosed", err)
+			}
 		}
 	}
 	var late int
