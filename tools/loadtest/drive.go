@@ -76,7 +76,7 @@ func newBench(e *env, o options, log io.Writer) *bench {
 
 // stackOrder is every stack, as the report shows them: each floor before
 // the stacks compared to it.
-var stackOrder = []string{floorName, floorScriptName, idemgateName, pgFloorName, idemgatePGName}
+var stackOrder = []string{floorName, floorScriptName, idemgateName, pgFloorName, idemgatePGName, idemgatePGAtomicName}
 
 // start builds the stacks that -stacks names. Every stack writes tasks to
 // pgstore's table, so that is migrated first; the pg-floor's table copies
@@ -103,8 +103,8 @@ func (b *bench) start(ctx context.Context) error {
 					st, err = newPGFloor(ctx, b.env, b.o)
 				}
 			}
-		case idemgatePGName:
-			st, err = newIdemgatePG(ctx, b.env, b.o)
+		case idemgatePGName, idemgatePGAtomicName:
+			st, err = newIdemgatePG(ctx, b.env, b.o, name == idemgatePGAtomicName)
 		default:
 			err = fmt.Errorf("unknown stack %q", name)
 		}
@@ -138,7 +138,7 @@ func (b *bench) cleanup() {
 		fmt.Sprintf("lt-%%-%d", b.runID)); err != nil {
 		fmt.Fprintf(b.log, "loadtest: remove this run's tasks: %v\n", err)
 	}
-	if slices.Contains(b.o.stacks, idemgatePGName) {
+	if slices.Contains(b.o.stacks, idemgatePGName) || slices.Contains(b.o.stacks, idemgatePGAtomicName) {
 		// keyspace keys start with idem:<tenant>: and the run's tenants
 		// (lt-<scenario>-<stack>-<run>) need no escaping.
 		if _, err := b.env.db.Exec(ctx, `DELETE FROM `+recordsTable+` WHERE key LIKE $1`,

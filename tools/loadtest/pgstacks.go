@@ -29,6 +29,11 @@ const (
 	// replay or a conflict); idemgatePGName is the middleware on pgrecords.
 	pgFloorName    = "pg-floor"
 	idemgatePGName = "idemgate-pg"
+	// idemgatePGAtomicName is idemgate-pg with Config.Atomic: the same
+	// handler write (the task's INSERT, by pgstore.SubmitTx) commits in one
+	// transaction with the stored answer. Its ratio is to idemgate-pg,
+	// where the same write autocommits.
+	idemgatePGAtomicName = "idemgate-pg-atomic"
 	// recordsTable is pgrecords' table; pgFloorTable is the floor's copy
 	// of its shape (columns, primary key, storage parameters).
 	recordsTable = "idemgate_records"
@@ -40,17 +45,27 @@ const (
 
 // newIdemgatePG serves echo + the idempotency middleware on a pgrecords
 // Store (a records pool of its own, its round trips counted) + the same
-// handler as the idemgate stack.
-func newIdemgatePG(ctx context.Context, e *env, o options) (*stack, error) {
+// handler as the idemgate stack; with atomic, on an Atomic route whose
+// task goes in with the stored answer (the records pool is then the tasks'
+// too: one transaction holds both).
+func newIdemgatePG(ctx context.Context, e *env, o options, atomic bool) (*stack, error) {
+	st := &stack{name: idemgatePGName, floor: pgFloorName, table: tasksTable,
+		rt: &roundTrips{}, pgrt: &pgtrace.RoundTrips{}, execs: newExecutions()}
+	if atomic {
+		st.name, st.floor = idemgatePGAtomicName, idemgatePGName
+	}
+	pool, err := e.newPool(ctx, o.pgConns, st.pgrt)
+	if err != nil {
+		return nil, err
+	}
 	tasks, err := e.taskStore(ctx, o)
 	if err != nil {
 		return nil, err
 	}
-	st := &stack{name: idemgatePGName, floor: pgFloorName, table: tasksTable,
-		rt: &roundTrips{}, pgrt: &pgtrace.RoundTrips{}, execs: newExecutions()}
-	pool, err := e.newPool(ctx, o.pgConns, st.pgrt)
-	if err != nil {
-		return nil, err
+	if atomic {
+		if tasks, err = pgstore.New(ctx, pool); err != nil {
+			return nil, fmt.Errorf("pgstore: %w", err)
+		}
 	}
 	records, err := pgrecords.New(ctx, pool)
 	if err != nil {
@@ -59,7 +74,7 @@ func newIdemgatePG(ctx context.Context, e *env, o options) (*stack, error) {
 	if err := records.Migrate(ctx); err != nil {
 		return nil, fmt.Errorf("pgrecords migrate: %w", err)
 	}
-	if err := serveMiddleware(st, records, tasks); err != nil {
+	if err := serveMiddleware(st, records, tasks, atomic); err != nil {
 		return nil, err
 	}
 	return st, nil

@@ -21,6 +21,7 @@ import (
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/pgtrace"
 	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/pgrecords"
 	"github.com/idemgate/idemgate/pgstore"
 )
 
@@ -159,7 +160,7 @@ func newIdemgate(ctx context.Context, e *env, o options) (*stack, error) {
 	}
 	st := &stack{name: idemgateName, floor: floorName, table: tasksTable, rt: &roundTrips{}, execs: newExecutions()}
 	rdb := e.newRedis(2*o.concurrency, st.rt)
-	if err := serveMiddleware(st, middleware.NewRedisStore(rdb), tasks); err != nil {
+	if err := serveMiddleware(st, middleware.NewRedisStore(rdb), tasks, false); err != nil {
 		return nil, err
 	}
 	return st, nil
@@ -168,7 +169,7 @@ func newIdemgate(ctx context.Context, e *env, o options) (*stack, error) {
 // serveMiddleware serves st: echo + the idempotency middleware on records
 // + the handler that submits a task to tasks. Both idemgate stacks use it,
 // so they differ only in the Store.
-func serveMiddleware(st *stack, records middleware.Store, tasks *pgstore.Store) error {
+func serveMiddleware(st *stack, records middleware.Store, tasks *pgstore.Store, atomic bool) error {
 	idem, err := middleware.Config{
 		Store:       records,
 		Scope:       headerScope,
@@ -177,6 +178,7 @@ func serveMiddleware(st *stack, records middleware.Store, tasks *pgstore.Store) 
 		Required:    true,
 		Retention:   retention,
 		Lease:       lease,
+		Atomic:      atomic,
 	}.ToMiddleware()
 	if err != nil {
 		return fmt.Errorf("middleware: %w", err)
@@ -219,7 +221,13 @@ func (h *idemHandler) submit(c echo.Context) error {
 		return echo.NewHTTPError(http.StatusBadRequest, err.Error())
 	}
 	slowdown(c.Request())
-	task, err := h.store.Submit(c.Request().Context(), pgstore.NewTask{
+	submit := h.store.Submit
+	if tx := pgrecords.Tx(c); tx != nil { // an Atomic route: the task commits with the answer
+		submit = func(ctx context.Context, t pgstore.NewTask) (pgstore.Task, error) {
+			return h.store.SubmitTx(ctx, tx, t)
+		}
+	}
+	task, err := submit(c.Request().Context(), pgstore.NewTask{
 		Tenant:         req.Key.Tenant(),
 		Owner:          req.Key.Owner(),
 		Kind:           req.Key.Kind(),
