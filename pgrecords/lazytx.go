@@ -87,16 +87,17 @@ func (t *lazyTx) pgxTx(ctx context.Context) (pgx.Tx, error) {
 		return nil, err
 	}
 	if t.db == nil {
-		db, err := conn.Begin(ctx)
+		// BEGIN and the setup in one round trip: a statement without
+		// arguments goes by the simple protocol, which takes several.
+		begin := sqlBegin
+		if t.setup != "" {
+			begin += "; " + t.setup
+		}
+		db, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: begin})
 		if err != nil {
 			return nil, err
 		}
 		t.db, t.begun = db, true
-		if t.setup != "" {
-			if _, err := db.Exec(ctx, t.setup); err != nil {
-				return nil, err
-			}
-		}
 	}
 	return t.db, nil
 }
