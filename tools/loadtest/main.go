@@ -21,9 +21,11 @@
 //     it whether a key is new, an oracle no real layer has: that is what
 //     makes it a floor);
 //   - idemgate-pg: echo + middleware on pgrecords.
+//   - idemgate-pg-atomic: idemgate-pg on an Atomic route, the task's
+//     INSERT in the transaction that stores the answer.
 //
 // floor-script and idemgate are compared to floor, idemgate-pg to
-// pg-floor. The Postgres stacks keep records on a pool of their own, apart
+// pg-floor, idemgate-pg-atomic to idemgate-pg. The Postgres stacks keep records on a pool of their own, apart
 // from the task work's, so that its round trips are theirs alone; Postgres
 // CPU is the whole server's (internal/pgcpu), task work included: the
 // same for every stack, since they do the same task work.
