@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
 	"github.com/idemgate/idemgate/pgstore"
@@ -21,7 +22,7 @@ import (
 // commit in one transaction, or none of them does. The retry replays the
 // answer; nothing runs twice.
 func ExampleTx() {
-	databaseURL, drop := exampleDatabase() // yours: os.Getenv("DATABASE_URL")
+	databaseURL, drop := testenv.ExampleDatabase() // yours: os.Getenv("DATABASE_URL")
 	defer drop()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, databaseURL)

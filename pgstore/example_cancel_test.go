@@ -8,12 +8,13 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/pgstore"
 )
 
 // Cancel a task its owner no longer wants, and watch the queue with Stats.
 func ExampleStore_Cancel() {
-	databaseURL, drop := exampleDatabase() // yours: os.Getenv("DATABASE_URL")
+	databaseURL, drop := testenv.ExampleDatabase() // yours: os.Getenv("DATABASE_URL")
 	defer drop()
 
 	ctx := context.Background()

@@ -8,13 +8,14 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/pgstore"
 )
 
 // Bound a kind across every worker of the database, pause it during an
 // upstream outage, and steer single tasks as an operator.
 func ExampleStore_SetKindLimits() {
-	databaseURL, drop := exampleDatabase() // yours: os.Getenv("DATABASE_URL")
+	databaseURL, drop := testenv.ExampleDatabase() // yours: os.Getenv("DATABASE_URL")
 	defer drop()
 
 	ctx := context.Background()

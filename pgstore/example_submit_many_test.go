@@ -9,13 +9,14 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/pgstore"
 )
 
 // Submit a batch in one round trip: each task is stored, read back, or
 // refused on its own. One is scheduled for later, one goes first.
 func ExampleStore_SubmitMany() {
-	databaseURL, drop := exampleDatabase() // yours: os.Getenv("DATABASE_URL")
+	databaseURL, drop := testenv.ExampleDatabase() // yours: os.Getenv("DATABASE_URL")
 	defer drop()
 
 	ctx := context.Background()

@@ -10,13 +10,14 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/pgstore"
 )
 
 // Submit a task twice, see the retry replay and a drifted retry refused,
 // and let a worker run it to a result a client can see.
 func Example() {
-	databaseURL, drop := exampleDatabase() // yours: os.Getenv("DATABASE_URL")
+	databaseURL, drop := testenv.ExampleDatabase() // yours: os.Getenv("DATABASE_URL")
 	defer drop()
 
 	ctx := context.Background()

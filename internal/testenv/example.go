@@ -1,18 +1,17 @@
-package pgrecords_test
+package testenv
 
 import (
 	"fmt"
 	"testing"
-
-	"github.com/idemgate/idemgate/internal/testenv"
 )
 
-// exampleDatabase gives an Example a fresh database on the test binary's
-// throwaway server (testenv wants a testing.TB, which Examples lack) and
-// a function that drops it.
-func exampleDatabase() (url string, drop func()) {
+// ExampleDatabase gives a runnable Example a fresh database on the test
+// binary's server, as PostgresDSN gives a test one (Examples have no
+// testing.TB), and a function that drops it. A failure panics, which fails
+// the Example.
+func ExampleDatabase() (url string, drop func()) {
 	tb := &exampleTB{}
-	url = testenv.PostgresDSN(tb)
+	url = PostgresDSN(tb)
 	return url, func() {
 		for i := len(tb.cleanups) - 1; i >= 0; i-- {
 			tb.cleanups[i]()
@@ -20,8 +19,7 @@ func exampleDatabase() (url string, drop func()) {
 	}
 }
 
-// exampleTB is the part of testing.TB that testenv uses; failures panic,
-// which fails the Example.
+// exampleTB is the part of testing.TB that this package uses.
 type exampleTB struct {
 	testing.TB
 	cleanups []func()
