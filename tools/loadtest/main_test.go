@@ -47,7 +47,12 @@ func TestRun(t *testing.T) {
 	wantRT := map[string]float64{"miss": 2, "replay": 1, "conflict": 1}
 	wantStatus := map[string][]string{"miss": {"202"}, "replay": {"202"}, "conflict": {"409"}, "dup": {"202", "409"}}
 	wantFloor := map[string]string{floorName: "", floorScriptName: floorName, idemgateName: floorName,
-		pgFloorName: "", idemgatePGName: pgFloorName}
+		pgFloorName: "", idemgatePGName: pgFloorName, idemgatePGAtomicName: idemgatePGName}
+	// The Atomic stack's records pool carries its task statements too: a
+	// miss is the claim; BEGIN with its SET LOCAL; SAVEPOINT (SubmitTx's);
+	// the task's INSERT; RELEASE; the completion with COMMIT. A replay or
+	// a conflict opens no transaction.
+	wantAtomicRT := map[string]float64{"miss": 6, "replay": 1, "conflict": 1}
 	if len(rep.Results) != 4*len(stackOrder) {
 		t.Fatalf("%d results, want 4 scenarios × %d stacks %v", len(rep.Results), len(stackOrder), stackOrder)
 	}
@@ -63,7 +68,11 @@ func TestRun(t *testing.T) {
 		if res.Records == "postgres" {
 			redisRT, pgRT = pgRT, redisRT
 		}
-		if want, ok := wantRT[res.Scenario]; ok && (math.Abs(redisRT-want) > 1e-9 || pgRT != 0) {
+		want, ok := wantRT[res.Scenario]
+		if res.Stack == idemgatePGAtomicName {
+			want, ok = wantAtomicRT[res.Scenario]
+		}
+		if ok && (math.Abs(redisRT-want) > 1e-9 || pgRT != 0) {
 			t.Errorf("%s: %.3f round trips per request to its %s records store (want %v), %.3f to the other (want 0)",
 				name, redisRT, res.Records, want, pgRT)
 		}
@@ -163,8 +172,10 @@ func TestRunCluster(t *testing.T) {
 		if res.Requests == 0 || res.TransportErrors != 0 || res.Status["202"] != res.Requests {
 			t.Errorf("%s: %d requests, statuses %v, %d transport errors", name, res.Requests, res.Status, res.TransportErrors)
 		}
-		if got := res.RedisRoundTripsPerReq; math.Abs(got-wantRT[res.Scenario]) > 1e-9 {
-			t.Errorf("%s: %.3f round trips per request, want %v", name, got, wantRT[res.Scenario])
+		// A cluster client may send a command again (TRYAGAIN or
+		// CLUSTERDOWN while a new cluster settles): a few in a thousand.
+		if got, want := res.RedisRoundTripsPerReq, wantRT[res.Scenario]; got < want-1e-9 || got > want*1.02 {
+			t.Errorf("%s: %.3f round trips per request, want %v (at most 2%% more)", name, got, want)
 		}
 		// Every request's commands, counted on whichever primary ran them.
 		if res.RedisCallsPerReq < wantRT[res.Scenario] {
