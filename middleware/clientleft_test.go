@@ -2,20 +2,13 @@ package middleware_test
 
 import (
 	"bytes"
-	"context"
 	"errors"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/labstack/echo/v4"
-
-	"github.com/idemgate/idemgate/middleware"
 )
 
 // failedWrites wraps the server's ResponseWriter (outside echo) and counts
@@ -101,77 +94,19 @@ func TestClientLeftBeforeWrite(t *testing.T) {
 			if h == nil {
 				h = blob(tt.size)
 			}
-			v := newEnv(t, nil, nil)
-			entered := make(chan struct{}, 1)
-			var calls atomic.Int64
-			v.e.POST("/v1/large", func(c echo.Context) error {
-				if calls.Add(1) == 1 {
-					entered <- struct{}{}
-					// The client gives up while the handler works.
-					<-c.Request().Context().Done()
-				}
-				return h(c)
-			}, middleware.New(middleware.Config{Store: v.store, Scope: testScope, MaxResponseBytes: tt.maxResp}))
-
-			var failed atomic.Int64
-			var served sync.WaitGroup
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				defer served.Done()
-				v.e.ServeHTTP(failedWrites{w, &failed}, r)
-			}))
-			t.Cleanup(srv.Close)
-			send := func(ctx context.Context) (*http.Response, error) {
-				r := req{path: "/v1/large", key: "k", body: imageBody}.build()
-				r.RequestURI = ""
-				r.URL.Scheme, r.URL.Host = "http", srv.Listener.Addr().String()
-				return srv.Client().Do(r.WithContext(ctx))
-			}
-
-			ctx, cancel := context.WithCancel(context.Background())
-			served.Add(1)
-			errc := make(chan error, 1)
-			go func() {
-				resp, err := send(ctx)
-				if err == nil {
-					resp.Body.Close()
-				}
-				errc <- err
-			}()
-			select {
-			case <-entered:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the handler did not start")
-			}
-			cancel()
-			if err := <-errc; !errors.Is(err, context.Canceled) {
-				t.Fatalf("first request: err = %v, want the client to give up", err)
-			}
-			served.Wait() // the first request is done on the server side
-			if tt.mustFail && failed.Load() == 0 {
+			got := clientLeft(t, tt.maxResp, h)
+			if tt.mustFail && got.failed == 0 {
 				t.Fatalf("no write to the gone client failed: the test proves nothing")
 			}
-			t.Logf("failed writes to the gone client: %d", failed.Load())
-
-			served.Add(1)
-			resp, err := send(context.Background())
-			if err != nil {
-				t.Fatal(err)
+			t.Logf("failed writes to the gone client: %d", got.failed)
+			if got.calls != tt.wantCalls {
+				t.Errorf("handler ran %d times, want %d", got.calls, tt.wantCalls)
 			}
-			body, err := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if err != nil {
-				t.Fatal(err)
+			if got.replayed != (tt.wantCalls == 1) {
+				t.Errorf("retry replayed = %v, want %v (status %d)", got.replayed, tt.wantCalls == 1, got.status)
 			}
-			served.Wait()
-			if got := calls.Load(); got != tt.wantCalls {
-				t.Errorf("handler ran %d times, want %d", got, tt.wantCalls)
-			}
-			replayed := resp.Header.Get("Idempotent-Replayed") == "true"
-			if replayed != (tt.wantCalls == 1) {
-				t.Errorf("retry replayed = %v, want %v (status %d)", replayed, tt.wantCalls == 1, resp.StatusCode)
-			}
-			if resp.StatusCode != http.StatusCreated || len(body) != tt.size || strings.Trim(string(body), "x") != "" {
-				t.Errorf("retry = %d with %d bytes, want 201 with the %d bytes the handler wrote", resp.StatusCode, len(body), tt.size)
+			if got.status != http.StatusCreated || len(got.body) != tt.size || strings.Trim(string(got.body), "x") != "" {
+				t.Errorf("retry = %d with %d bytes, want 201 with the %d bytes the handler wrote", got.status, len(got.body), tt.size)
 			}
 		})
 	}
