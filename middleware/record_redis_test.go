@@ -247,14 +247,8 @@ func TestRedisReplayCPU(t *testing.T) {
 		t.Skip("starts its own redis-server")
 	}
 	ctx := context.Background()
-	srv, err := devserver.StartRedis(ctx, 1)
-	if err != nil {
-		t.Skipf("redis-server: %v", err)
-	}
-	t.Cleanup(func() { srv.Stop() })
 	const workers, perRound, rounds = 8, 4000, 4
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: workers})
-	t.Cleanup(func() { client.Close() })
+	client := dedicatedRedis(t, workers)
 	s := NewRedisStore(client)
 
 	k, _ := keyspace.Derive("images", keyspace.Scope{Tenant: "acme", User: "alice", Request: "r1"})
@@ -274,23 +268,7 @@ func TestRedisReplayCPU(t *testing.T) {
 	replay.Token = newToken()
 	run := func(op func() error) float64 {
 		before := usedCPU(t, client)
-		errs := make(chan error, workers)
-		for range workers {
-			go func() {
-				for range perRound / workers {
-					if err := op(); err != nil {
-						errs <- err
-						return
-					}
-				}
-				errs <- nil
-			}()
-		}
-		for range workers {
-			if err := <-errs; err != nil {
-				t.Fatal(err)
-			}
-		}
+		inParallel(t, workers, perRound, op)
 		return usedCPU(t, client) - before
 	}
 	var replayCPU, getCPU float64
@@ -308,6 +286,43 @@ func TestRedisReplayCPU(t *testing.T) {
 	t.Logf("Redis CPU per replay %.1f µs, per GET of the same record %.1f µs: %.2f×", replayCPU*1e6/n, getCPU*1e6/n, replayCPU/getCPU)
 	if replayCPU > 1.5*getCPU {
 		t.Errorf("a replay costs Redis %.2f× a GET's CPU", replayCPU/getCPU)
+	}
+}
+
+// dedicatedRedis starts a redis-server of the test's own, for figures that
+// read its INFO, and a client with a connection per worker.
+func dedicatedRedis(t *testing.T, workers int) *redis.Client {
+	t.Helper()
+	srv, err := devserver.StartRedis(context.Background(), 1)
+	if err != nil {
+		t.Skipf("redis-server: %v", err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: workers})
+	t.Cleanup(func() { client.Close() })
+	return client
+}
+
+// inParallel calls op n times in all from workers goroutines and fails t
+// on the first error.
+func inParallel(t *testing.T, workers, n int, op func() error) {
+	t.Helper()
+	errs := make(chan error, workers)
+	for range workers {
+		go func() {
+			for range n / workers {
+				if err := op(); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -345,14 +360,8 @@ func TestRedisCompleteCPU(t *testing.T) {
 		t.Skip("starts its own redis-server")
 	}
 	ctx := context.Background()
-	srv, err := devserver.StartRedis(ctx, 1)
-	if err != nil {
-		t.Skipf("redis-server: %v", err)
-	}
-	t.Cleanup(func() { srv.Stop() })
 	const workers, perRound, rounds = 8, 4000, 4
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: workers})
-	t.Cleanup(func() { client.Close() })
+	client := dedicatedRedis(t, workers)
 	s := NewRedisStore(client)
 	headSetScript := redis.NewScript(`
 local h = redis.call('GETRANGE', KEYS[1], 0, 17)
@@ -398,23 +407,7 @@ return 1
 			t.Fatal(err)
 		}
 		before := usedCPU(t, client)
-		errs := make(chan error, workers)
-		for range workers {
-			go func() {
-				for range perRound / workers {
-					if err := op(); err != nil {
-						errs <- err
-						return
-					}
-				}
-				errs <- nil
-			}()
-		}
-		for range workers {
-			if err := <-errs; err != nil {
-				t.Fatal(err)
-			}
-		}
+		inParallel(t, workers, perRound, op)
 		tl.cpu += usedCPU(t, client) - before
 		st := parseCmdStat(t, client, "evalsha")
 		tl.evalUsec += st[0]
