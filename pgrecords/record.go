@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net/http"
+	"slices"
 
 	"github.com/idemgate/idemgate/middleware"
 )
@@ -27,6 +28,7 @@ var errCorrupt = errors.New("corrupt stored response")
 // appendIdent appends the ident of a claim by owner and kind with
 // fingerprint fp.
 func appendIdent(b []byte, owner, kind, fp string) []byte {
+	b = slices.Grow(b, uvarintLen(len(owner))+len(owner)+uvarintLen(len(kind))+len(kind)+len(fp))
 	b = appendStr(b, owner)
 	b = appendStr(b, kind)
 	return append(b, fp...)
@@ -42,13 +44,35 @@ func sameScope(held, mine []byte, fpLen int) bool {
 
 // appendResponse appends r as stored; its status must fit in 16 bits.
 func appendResponse(b []byte, r middleware.Response) []byte {
+	b = slices.Grow(b, responseLen(r))
 	b = binary.BigEndian.AppendUint16(b, uint16(r.Status))
 	b = appendHeader(b, r.Header)
 	return append(b, r.Body...)
 }
 
-// decodeResponse decodes a stored response. The body aliases b; the
-// header's values share one backing array.
+// responseLen is the length of r as stored.
+func responseLen(r middleware.Response) int {
+	n := 2 + uvarintLen(len(r.Header)) + len(r.Body)
+	for name, values := range r.Header {
+		n += uvarintLen(len(name)) + len(name) + uvarintLen(len(values))
+		for _, v := range values {
+			n += uvarintLen(len(v)) + len(v)
+		}
+	}
+	return n
+}
+
+func uvarintLen(n int) int {
+	l := 1
+	for ; n >= 0x80; n >>= 7 {
+		l++
+	}
+	return l
+}
+
+// decodeResponse decodes a stored response, which keeps b: the body
+// aliases it. The header's names and values are substrings of one copy of
+// the stored header, its values slices of one backing array.
 func decodeResponse(b []byte) (middleware.Response, error) {
 	if len(b) < 2 {
 		return middleware.Response{}, errCorrupt
@@ -82,8 +106,9 @@ func appendStr(b []byte, s string) []byte {
 }
 
 // readHeader decodes the stored header at the start of b and returns it
-// (nil for none) with its length. The values of all names share one
-// backing array.
+// (nil for none) with its length. It allocates the map, one string (the
+// stored header, of which every name and value is a substring) and one
+// slice that holds the values of all names.
 func readHeader(b []byte) (http.Header, int, error) {
 	d := reader{b: b}
 	names := d.uvarint()
@@ -109,14 +134,17 @@ func readHeader(b []byte) (http.Header, int, error) {
 	if names == 0 {
 		return nil, end, nil
 	}
+	// The second pass reads what the first checked.
+	stored := string(b[start:end])
+	sub := func(from, to int) string { return stored[from-start : to-start] }
 	d.i = start
 	h := make(http.Header, names)
 	all := make([]string, total)
 	for range names {
-		name := d.str()
+		name := sub(d.str())
 		n := int(d.uvarint())
 		for j := range n {
-			all[j] = d.str()
+			all[j] = sub(d.str())
 		}
 		h[name], all = all[:n:n], all[n:]
 	}
@@ -142,13 +170,15 @@ func (d *reader) uvarint() uint64 {
 	return x
 }
 
-func (d *reader) str() string {
+// str reads a length-prefixed string and returns where its bytes start
+// and end in b.
+func (d *reader) str() (from, to int) {
 	n := d.uvarint()
 	if d.err || n > uint64(len(d.b)-d.i) {
 		d.err = true
-		return ""
+		return d.i, d.i
 	}
-	s := string(d.b[d.i : d.i+int(n)])
+	from = d.i
 	d.i += int(n)
-	return s
+	return from, d.i
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/http"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/idemgate/idemgate/middleware"
@@ -15,8 +16,13 @@ func TestResponseRoundTrip(t *testing.T) {
 		{Status: 202, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":1}`)},
 		{Status: 409, Header: http.Header{"X-Multi": {"one", "", "two, three"}, "Location": {"/v1/tasks/42"}, "X-Bin": {"\x00\xff"}}, Body: []byte{0, 1, 2}},
 		{Status: 999, Header: http.Header{"X-Empty": {}}, Body: []byte("\x00")},
+		{Status: 200, Header: http.Header{"X-Long": {strings.Repeat("v", 300)}}, Body: bytes.Repeat([]byte{1}, 20000)},
 	} {
-		got, err := decodeResponse(appendResponse(nil, r))
+		stored := appendResponse(nil, r)
+		if len(stored) != responseLen(r) {
+			t.Errorf("stored status %d in %d bytes, responseLen %d", r.Status, len(stored), responseLen(r))
+		}
+		got, err := decodeResponse(stored)
 		if err != nil {
 			t.Fatalf("decode(%v): %v", r, err)
 		}

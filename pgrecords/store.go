@@ -28,7 +28,9 @@
 package pgrecords
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
@@ -128,58 +130,162 @@ func (s *Store) Claim(ctx context.Context, key string, req middleware.ClaimReque
 		}
 	}
 	ident := appendIdent(nil, req.Owner, req.Kind, string(req.Fingerprint))
-	var (
-		token     pgtype.UUID
-		finished  pgtype.Bool
-		expires   pgtype.Timestamptz
-		now       time.Time
-		heldIdent []byte
-		heldSums  []byte
-		response  []byte
-		claimed   *int16
-	)
 	// A claim that loses a race for a free key to a concurrent claim runs
 	// again and reads the winner; the key would have to change hands on
 	// every try (claimed, released or expired, claimed again) to exhaust
 	// the tries.
 	for try := 0; ; try++ {
-		err := s.pool.QueryRow(ctx, sqlClaim, key, uuid(req.Token), ident, sums, micros(req.Lease)).
-			Scan(&token, &finished, &expires, &now, &heldIdent, &heldSums, &response, &claimed)
-		// A session that defaults to REPEATABLE READ or SERIALIZABLE
-		// fails a claim that lost a race to a concurrent one (40001)
-		// where READ COMMITTED returns claimed 0: both run again.
-		if err != nil && !serializationFailure(err) {
-			return middleware.ClaimResult{}, fmt.Errorf("pgrecords: claim: %w", err)
-		}
-		if err == nil && (claimed == nil || *claimed != 0) {
-			break
+		res, retry, err := s.claim(ctx, key, req, ident, sums)
+		if !retry {
+			return res, err
 		}
 		if try == maxClaimTries-1 {
 			return middleware.ClaimResult{}, fmt.Errorf("pgrecords: claim: key did not settle in %d tries", maxClaimTries)
 		}
 	}
+}
+
+// claim runs sqlClaim once. retry reports a claim that lost a race and
+// must run again.
+func (s *Store) claim(ctx context.Context, key string, req middleware.ClaimRequest, ident, sums []byte) (_ middleware.ClaimResult, retry bool, _ error) {
+	rows, err := s.pool.Query(ctx, sqlClaim, key, uuid(req.Token), ident, sums, micros(req.Lease))
+	if err != nil {
+		return claimError(err)
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return claimError(err)
+		}
+		return middleware.ClaimResult{}, false, fmt.Errorf("pgrecords: claim: %w", pgx.ErrNoRows)
+	}
+	var row claimRow
+	if err := row.read(rows); err != nil {
+		rows.Close()
+		return middleware.ClaimResult{}, false, fmt.Errorf("pgrecords: claim: %w", err)
+	}
+	if row.claimed.Valid && row.claimed.Int16 == 0 {
+		return middleware.ClaimResult{}, true, nil
+	}
+	// The row's byte slices may alias the connection's read buffer: the
+	// outcome is decided, and what it keeps copied, before the rows close.
+	res, err := row.outcome(req, ident)
+	if err != nil {
+		return res, false, fmt.Errorf("pgrecords: claim: %w", err)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return claimError(err)
+	}
+	return res, false, nil
+}
+
+// claimError is the result of a claim statement that failed with err. A
+// session that defaults to REPEATABLE READ or SERIALIZABLE fails a claim
+// that lost a race to a concurrent one (40001) where READ COMMITTED
+// returns claimed 0: both run again.
+func claimError(err error) (middleware.ClaimResult, bool, error) {
+	if serializationFailure(err) {
+		return middleware.ClaimResult{}, true, nil
+	}
+	return middleware.ClaimResult{}, false, fmt.Errorf("pgrecords: claim: %w", err)
+}
+
+// claimRow is the row sqlClaim returns.
+type claimRow struct {
+	token     pgtype.UUID // invalid when no live record was found
+	finished  bool
+	left      time.Duration // of the record's lease or retention
+	heldIdent []byte
+	heldSums  []byte
+	response  []byte // the record's, when its ident is the claim's
+	claimed   pgtype.Int2
+}
+
+// claimFields are the types of sqlClaim's columns, in order.
+var claimFields = [...]uint32{pgtype.UUIDOID, pgtype.BoolOID, pgtype.TimestamptzOID, pgtype.TimestamptzOID,
+	pgtype.ByteaOID, pgtype.ByteaOID, pgtype.ByteaOID, pgtype.Int2OID}
+
+// read reads the current row of rows. In binary format (the default exec
+// mode's, and the describe modes') it decodes the columns' bytes itself,
+// allocating nothing: the byte slices then alias rows' buffer, valid until
+// rows move on or close. In text format (the simple protocol and exec
+// mode) it scans them.
+func (r *claimRow) read(rows pgx.Rows) error {
+	fields, vals := rows.FieldDescriptions(), rows.RawValues()
+	if len(fields) != len(claimFields) || len(vals) != len(claimFields) {
+		return fmt.Errorf("%d columns, want %d", len(fields), len(claimFields))
+	}
+	for i, f := range fields {
+		if f.Format != pgx.BinaryFormatCode || f.DataTypeOID != claimFields[i] {
+			return r.scan(rows)
+		}
+	}
+	token, finished, expires, now, claimed := vals[0], vals[1], vals[2], vals[3], vals[7]
 	switch {
-	case claimed != nil:
+	case token != nil && len(token) != 16, finished != nil && len(finished) != 1,
+		expires != nil && len(expires) != 8, len(now) != 8, claimed != nil && len(claimed) != 2:
+		return errors.New("malformed row")
+	}
+	if token != nil {
+		r.token = pgtype.UUID{Bytes: [16]byte(token), Valid: true}
+	}
+	r.finished = finished != nil && finished[0] != 0
+	if expires != nil {
+		// Both are microseconds since 2000-01-01; neither is infinite.
+		left := int64(binary.BigEndian.Uint64(expires)) - int64(binary.BigEndian.Uint64(now))
+		r.left = time.Duration(left) * time.Microsecond
+	}
+	r.heldIdent, r.heldSums, r.response = vals[4], vals[5], vals[6]
+	if claimed != nil {
+		r.claimed = pgtype.Int2{Int16: int16(binary.BigEndian.Uint16(claimed)), Valid: true}
+	}
+	return nil
+}
+
+// scan is read for columns in text format.
+func (r *claimRow) scan(rows pgx.Rows) error {
+	var (
+		finished pgtype.Bool
+		expires  pgtype.Timestamptz
+		now      time.Time
+	)
+	if err := rows.Scan(&r.token, &finished, &expires, &now, &r.heldIdent, &r.heldSums, &r.response, &r.claimed); err != nil {
+		return err
+	}
+	r.finished = finished.Bool
+	if expires.Valid {
+		r.left = expires.Time.Sub(now)
+	}
+	return nil
+}
+
+// outcome is the claim's result, as the row tells it to a claim req whose
+// ident is ident. What the result keeps, it copies.
+func (r *claimRow) outcome(req middleware.ClaimRequest, ident []byte) (middleware.ClaimResult, error) {
+	switch {
+	case r.claimed.Valid:
 		return middleware.ClaimResult{Status: middleware.Claimed}, nil
-	case !token.Valid:
-		return middleware.ClaimResult{}, errors.New("pgrecords: claim: neither a record nor a claim")
-	case !finished.Bool && token.Bytes == req.Token:
+	case !r.token.Valid:
+		return middleware.ClaimResult{}, errors.New("neither a record nor a claim")
+	case !r.finished && r.token.Bytes == req.Token:
 		// A resent claim: the record holds this claim's token.
 		return middleware.ClaimResult{Status: middleware.Claimed}, nil
-	case string(heldIdent) != string(ident):
+	case string(r.heldIdent) != string(ident):
 		var changedFields []int
-		if sameScope(heldIdent, ident, len(req.Fingerprint)) {
-			changedFields = changed(heldSums, req.Fields)
+		if sameScope(r.heldIdent, ident, len(req.Fingerprint)) {
+			changedFields = changed(r.heldSums, req.Fields)
 		}
 		return middleware.ClaimResult{Status: middleware.Mismatch, Changed: changedFields}, nil
-	case finished.Bool:
-		resp, err := decodeResponse(response)
+	case r.finished:
+		resp, err := decodeResponse(bytes.Clone(r.response))
 		if err != nil {
-			return middleware.ClaimResult{}, fmt.Errorf("pgrecords: claim: %w", err)
+			return middleware.ClaimResult{}, err
 		}
 		return middleware.ClaimResult{Status: middleware.Finished, Response: resp}, nil
 	}
-	return middleware.ClaimResult{Status: middleware.Running, RetryAfter: max(expires.Time.Sub(now), 0)}, nil
+	return middleware.ClaimResult{Status: middleware.Running, RetryAfter: max(r.left, 0)}, nil
 }
 
 // changed returns the indexes of fields whose digests held (the record's,
