@@ -36,6 +36,9 @@ type attempt struct {
 	// settled is set once the attempt's transition was written (or given
 	// up): the heartbeat no longer extends its lease.
 	settled atomic.Bool
+	// handedOff is set (under attempts.mu) once the handler returned and
+	// the attempt waits only for its transition's write: its slot is free.
+	handedOff bool
 }
 
 func newAttempt(base context.Context, t Task, from State, policy KindPolicy, sent time.Time, lease time.Duration) *attempt {
@@ -74,6 +77,7 @@ type attempts struct {
 
 	claiming  int             // claims in flight
 	cancelled map[string]bool // tasks cancelled while claims were in flight
+	writing   int             // attempts handed off, waiting for their write
 }
 
 // beginClaim records that a claim is in flight; register ends it.
@@ -126,8 +130,23 @@ func (as *attempts) addLocked(a *attempt) {
 	}
 	if old := as.m[a.task.ID]; old != nil {
 		old.cancel(errLeaseLost)
+		if old.handedOff {
+			as.writing--
+		}
 	}
 	as.m[a.task.ID] = a
+}
+
+// handOff frees a's slot: its handler returned, and what is left is the
+// write of its transition. The attempt stays registered (its task is not
+// claimed again, its lease is kept) until remove.
+func (as *attempts) handOff(a *attempt) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	if as.m[a.task.ID] == a && !a.handedOff {
+		a.handedOff = true
+		as.writing++
+	}
 }
 
 // remove unregisters a, unless a newer attempt replaced it.
@@ -136,13 +155,28 @@ func (as *attempts) remove(a *attempt) {
 	defer as.mu.Unlock()
 	if as.m[a.task.ID] == a {
 		delete(as.m, a.task.ID)
+		if a.handedOff {
+			as.writing--
+		}
 	}
 }
 
+// count is how many slots are taken: attempts whose handler has not
+// handed off.
 func (as *attempts) count() int {
 	as.mu.Lock()
 	defer as.mu.Unlock()
-	return len(as.m)
+	return len(as.m) - as.writing
+}
+
+// free is how many attempts a worker of concurrency slots may start now:
+// its free slots, while the attempts it holds (handlers running and
+// outcomes waiting for their write) stay within twice concurrency, so
+// that writes that keep failing cannot let claims run on without bound.
+func (as *attempts) free(concurrency int) int {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	return max(0, min(concurrency-(len(as.m)-as.writing), 2*concurrency-len(as.m)))
 }
 
 // ids returns the IDs of every task with an attempt in this worker.

@@ -17,8 +17,10 @@ const maxCompletionBatch = 500
 
 // completer writes the transitions of ended attempts. The final
 // transitions of running tasks, the hot path, go through one goroutine
-// that batches whatever is waiting into one statement; the others are
-// written alone. A write that fails for a transient reason is tried again
+// that batches them into one statement: whatever is waiting, plus what
+// arrives within WorkerConfig.CompletionWait while other handlers of the
+// worker still run (on an idle worker, nothing is waited for); the
+// others are written alone. A write that fails for a transient reason is tried again
 // while the attempt stands. Once stopped, it writes nothing: a handler
 // that outlives its worker cannot touch the database.
 type completer struct {
@@ -26,6 +28,9 @@ type completer struct {
 	cfg    *WorkerConfig
 	emit   func(WorkerEvent)
 	logger *slog.Logger
+	// running is how many handlers of the worker run: outcomes that may
+	// come soon, worth waiting for.
+	running func() int
 
 	in      chan *completion // to the batching goroutine, unbuffered
 	started atomic.Bool      // the batching goroutine runs (or ran)
@@ -58,8 +63,8 @@ type completed struct {
 	err     error
 }
 
-func newCompleter(pool *pgxpool.Pool, cfg *WorkerConfig, emit func(WorkerEvent)) *completer {
-	c := &completer{pool: pool, cfg: cfg, emit: emit, logger: cfg.Logger,
+func newCompleter(pool *pgxpool.Pool, cfg *WorkerConfig, emit func(WorkerEvent), running func() int) *completer {
+	c := &completer{pool: pool, cfg: cfg, emit: emit, logger: cfg.Logger, running: running,
 		in: make(chan *completion), stopped: make(chan struct{})}
 	c.writes, c.cancelWrites = context.WithCancel(context.Background())
 	return c
@@ -69,6 +74,8 @@ func newCompleter(pool *pgxpool.Pool, cfg *WorkerConfig, emit func(WorkerEvent))
 func (c *completer) run(ctx context.Context, quit <-chan struct{}) {
 	c.started.Store(true)
 	defer close(c.stopped)
+	wait := time.NewTimer(time.Hour)
+	wait.Stop()
 	for {
 		var batch []*completion
 		select {
@@ -77,17 +84,37 @@ func (c *completer) run(ctx context.Context, quit <-chan struct{}) {
 		case <-quit:
 			return
 		}
-	more:
-		for len(batch) < maxCompletionBatch {
-			select {
-			case x := <-c.in:
-				batch = append(batch, x)
-			default:
-				break more
-			}
-		}
-		c.flush(ctx, batch)
+		c.flush(ctx, c.gather(batch, wait))
 	}
+}
+
+// gather adds to batch the completions waiting, then those that arrive
+// within CompletionWait of the first, as long as a handler of the worker
+// still runs (one that may end within the wait) and the batch has room.
+func (c *completer) gather(batch []*completion, wait *time.Timer) []*completion {
+	for len(batch) < maxCompletionBatch {
+		select {
+		case x := <-c.in:
+			batch = append(batch, x)
+			continue
+		default:
+		}
+		break
+	}
+	if c.cfg.CompletionWait <= 0 || len(batch) >= maxCompletionBatch || c.running() == 0 {
+		return batch
+	}
+	wait.Reset(c.cfg.CompletionWait)
+	defer wait.Stop()
+	for len(batch) < maxCompletionBatch && c.running() > 0 {
+		select {
+		case x := <-c.in:
+			batch = append(batch, x)
+		case <-wait.C:
+			return batch
+		}
+	}
+	return batch
 }
 
 // stop makes every later write fail with errWorkerStopped and waits for

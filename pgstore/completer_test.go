@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -81,5 +84,151 @@ func TestOutcomesPostgresRefusesAreRecorded(t *testing.T) {
 	var item struct{ Text, Bad string }
 	if len(got.Results) != 1 || json.Unmarshal(got.Results[0], &item) != nil || !strings.HasPrefix(item.Text, "a") || !strings.HasSuffix(item.Text, "b") {
 		t.Errorf("succeeded task's results %s; want the item, sanitized", got.Results)
+	}
+}
+
+// heldWorker is a worker whose completer holds outcomes for an hour
+// while the handler of key "blocker" runs, until unblock is closed; every
+// other handler returns at once and reports on returned.
+func heldWorker(t *testing.T, s *Store, ev *events) (w *Worker, unblock chan struct{}, returned chan string) {
+	t.Helper()
+	unblock, returned = make(chan struct{}), make(chan string, 16)
+	w = newWorker(t, s, WorkerConfig{CompletionWait: time.Hour, OnEvent: ev.add,
+		Handler: func(ctx context.Context, task Task) Outcome {
+			if task.IdempotencyKey == "blocker" {
+				<-unblock
+			} else {
+				defer func() { returned <- task.ID }()
+			}
+			return Succeeded(json.RawMessage(`1`))
+		}})
+	return w, unblock, returned
+}
+
+// An outcome waits in the completer's batch while another handler runs,
+// and its slot is free meanwhile; the wait ends when no handler runs.
+func TestCompletionWaitsWhileAHandlerRuns(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	var ev events
+	w, unblock, returned := heldWorker(t, s, &ev)
+	runWorker(t, w)
+	blocker := mustSubmit(t, s, newTask("blocker"))
+	waitState(t, s, blocker.ID, StateRunning)
+	quick := mustSubmit(t, s, newTask("quick"))
+	<-returned
+	wait.For(t, patience, "the quick task's slot freed", func() bool { return w.count() == 1 })
+	time.Sleep(100 * time.Millisecond)
+	if st := state(t, s, quick.ID); st != StateRunning {
+		t.Fatalf("quick task is %s while the blocker runs; want its outcome held (running)", st)
+	}
+	close(unblock)
+	waitState(t, s, quick.ID, StateSucceeded)
+	waitState(t, s, blocker.ID, StateSucceeded)
+}
+
+// An outcome held in the batch is still fenced by its attempt: when the
+// task moved on meanwhile (its lease lost, another worker's attempt), the
+// held write does not apply and the attempt ends stale.
+func TestHeldCompletionIsFenced(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	var ev events
+	w, unblock, returned := heldWorker(t, s, &ev)
+	runWorker(t, w)
+	blocker := mustSubmit(t, s, newTask("blocker"))
+	waitState(t, s, blocker.ID, StateRunning)
+	quick := mustSubmit(t, s, newTask("quick"))
+	<-returned
+	// Another attempt takes the task over while the outcome is held.
+	if _, err := s.pool.Exec(context.Background(), "UPDATE idemgate_tasks SET attempt = attempt + 1 WHERE id = $1::uuid", quick.ID); err != nil {
+		t.Fatal(err)
+	}
+	close(unblock)
+	waitState(t, s, blocker.ID, StateSucceeded)
+	wait.For(t, patience, "the quick attempt ended", func() bool { return len(ev.of(quick.ID)) == 2 })
+	if got := ev.of(quick.ID); got[1] != WorkerStale {
+		t.Fatalf("quick task's events %v; want claimed then stale", got)
+	}
+	if st := state(t, s, quick.ID); st != StateRunning {
+		t.Fatalf("quick task is %s; want running (the newer attempt's), untouched by the held outcome", st)
+	}
+}
+
+// Stopping the worker flushes held outcomes: once the running handlers
+// have returned, Run writes what it holds and returns, without waiting
+// out CompletionWait.
+func TestStopFlushesHeldCompletions(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	var ev events
+	w, unblock, returned := heldWorker(t, s, &ev)
+	stop := runWorker(t, w)
+	blocker := mustSubmit(t, s, newTask("blocker"))
+	waitState(t, s, blocker.ID, StateRunning)
+	quick := mustSubmit(t, s, newTask("quick"))
+	<-returned
+	began := time.Now()
+	go func() { time.Sleep(50 * time.Millisecond); close(unblock) }()
+	stop()
+	if took := time.Since(began); took > 10*time.Second {
+		t.Fatalf("Run took %v to stop; want it to flush at once once no handler runs", took)
+	}
+	for _, task := range []Task{quick, blocker} {
+		if st := state(t, s, task.ID); st != StateSucceeded {
+			t.Errorf("task %s is %s after Run returned; want succeeded", task.IdempotencyKey, st)
+		}
+	}
+}
+
+// Many workers with many slots, handlers ending at random moments, and
+// outcomes batched across attempts: every task runs once and succeeds,
+// and no slot or held outcome is left behind. Run it with -race.
+func TestBatchedCompletionsRace(t *testing.T) {
+	t.Parallel()
+	s, db := setup(t)
+	var c calls
+	handler := func(_ context.Context, task Task) Outcome {
+		c.add(task.ID)
+		if n := rand.IntN(4); n > 0 {
+			time.Sleep(time.Duration(n) * 300 * time.Microsecond)
+		}
+		return Succeeded(json.RawMessage(`1`))
+	}
+	const tasks = 1500
+	var workers []*Worker
+	for i := range 3 {
+		w := newWorker(t, newStore(db.pool(t)), WorkerConfig{Name: fmt.Sprint("w", i), Concurrency: 24,
+			CompletionWait: time.Duration(i) * time.Millisecond, Handler: handler})
+		workers = append(workers, w)
+		runWorker(t, w)
+	}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			batch := make([]NewTask, 0, tasks/8)
+			for i := g; i < tasks; i += 8 {
+				batch = append(batch, newTask(fmt.Sprint("race-", i)))
+			}
+			if _, err := s.SubmitMany(context.Background(), batch); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	wait.For(t, 2*patience, "every task succeeded", func() bool { return countRows(t, s.pool, "state = 'succeeded'") == tasks })
+	c.mu.Lock()
+	for id, n := range c.n {
+		if n != 1 {
+			t.Errorf("task %s ran %d times", id, n)
+		}
+	}
+	c.mu.Unlock()
+	for _, w := range workers {
+		wait.For(t, patience, "every attempt removed", func() bool {
+			w.attempts.mu.Lock()
+			defer w.attempts.mu.Unlock()
+			return len(w.attempts.m) == 0 && w.attempts.writing == 0
+		})
 	}
 }

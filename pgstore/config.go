@@ -69,6 +69,14 @@ type WorkerConfig struct {
 	// up to half. Optional. Defaults 1s and 5m.
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
+	// CompletionWait is how long the worker may hold a finished attempt's
+	// outcome, while other handlers of the worker still run, to write it
+	// in one statement with theirs: a finished task shows its state at
+	// most this much later (plus the write), and a busy worker sends
+	// fewer, larger writes. An idle worker (no other handler running)
+	// writes at once. The handler's slot is free meanwhile. Optional.
+	// Default 5ms; negative: write whatever is waiting at once.
+	CompletionWait time.Duration
 	// ShutdownTimeout is how long Run waits, once its context ends, for
 	// running handlers to finish; then it releases their tasks for another
 	// worker, cancels the handlers' contexts and waits up to
@@ -95,6 +103,9 @@ type KindPolicy struct {
 	// Optional. Default LostRetry.
 	Lost LostPolicy
 }
+
+// DefaultCompletionWait is WorkerConfig.CompletionWait when none is set.
+const DefaultCompletionWait = 5 * time.Millisecond
 
 // DefaultTimeout is KindPolicy.Timeout when none is set.
 const DefaultTimeout = 10 * time.Minute
@@ -156,6 +167,12 @@ func (cfg WorkerConfig) withDefaults() (WorkerConfig, error) {
 	setDefault(&cfg.BackoffBase, time.Second)
 	setDefault(&cfg.BackoffMax, 5*time.Minute)
 	setDefault(&cfg.ShutdownTimeout, 10*time.Second)
+	switch {
+	case cfg.CompletionWait == 0:
+		cfg.CompletionWait = DefaultCompletionWait
+	case cfg.CompletionWait < 0:
+		cfg.CompletionWait = 0
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -260,51 +260,48 @@ SELECT *, false AS duplicate FROM ins
 WHERE NOT @notify::boolean OR ins.run_after > now() OR idemgate_tasks_notify(ins.kind)`
 
 	// sqlSubmitMany is Submit of a batch, in one statement: the tasks come
-	// as one array per column (@run_afters NULL or past is now()). The
-	// tasks of one (kind, priority, tenant) take consecutive turns from
-	// that line's turnOf, looked up once per line. A key given
-	// twice is inserted once, by its first item. Rows are inserted in key
+	// as one array per column, each key once, sorted by key in Go
+	// (@run_afters NULL or past is now()). Rows are inserted in that
 	// order, so two batches that share keys wait for each other's keys in
-	// the same order and never deadlock. Each item gets one row: the row
-	// it inserted (duplicate false), the row an earlier item of the batch
-	// inserted, or the row that held its key (duplicate true); an item
-	// whose key is held by a row this snapshot cannot see gets none, and
-	// the caller runs it again. Inserted rows of a kind in @notify_kinds
-	// that may run now are announced (Postgres sends one NOTIFY per kind
-	// and transaction).
-	sqlSubmitMany = `WITH x AS (
-	SELECT *, min(ord) OVER (PARTITION BY tenant, key, runtime, network) AS first_ord
-	FROM unnest(@tenants::text[], @owners::text[], @kinds::text[], @runtimes::text[], @networks::text[],
-		@keys::text[], @fingerprints::text[], @params::jsonb[], @traces::text[],
-		@run_afters::timestamptz[], @priorities::smallint[])
-		WITH ORDINALITY AS u(tenant, owner, kind, runtime, network, key, fingerprint, params, trace,
-			run_after, priority, ord)
-), ins AS (
+	// the same order and never deadlock. The tasks of one (kind,
+	// priority, tenant) take consecutive turns: @lines lists the lines,
+	// whose turnOf is looked up once each, in an InitPlan; a task is
+	// @nths[i] places after its line's (@lines_of). Each item gets one
+	// row: the row it inserted (duplicate false) or, only when some key
+	// was not inserted, the row that held its key (duplicate true), read
+	// on the statement's snapshot; an item whose key is held by a row
+	// this snapshot cannot see gets none, and the caller runs it again.
+	// Rows come back by key: RETURNING cannot carry the input's position.
+	// A kind in @notify_kinds with an inserted row that may run now is
+	// announced, once.
+	sqlSubmitMany = `WITH ins AS (
 	INSERT INTO idemgate_tasks AS t
 		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace,
 		run_after, priority, turn)
-	SELECT f.tenant, f.owner, f.kind, f.runtime, f.network, f.key, f.fingerprint, f.params, f.trace,
-		greatest(f.run_after, now()), f.priority, g.turn + f.nth - 1
-	FROM (SELECT *, row_number() OVER (PARTITION BY kind, priority, tenant ORDER BY ord) AS nth
-		FROM x WHERE ord = first_ord) f
-	JOIN (SELECT d.kind, d.priority, d.tenant, ` + turnOf("d.kind", "d.priority", "d.tenant") + ` AS turn
-		FROM (SELECT DISTINCT kind, priority, tenant FROM x) d) g
-		ON g.kind = f.kind AND g.priority = f.priority AND g.tenant = f.tenant
-	ORDER BY f.tenant, f.key, f.runtime, f.network
+	SELECT u.tenant, u.owner, u.kind, u.runtime, u.network, u.key, u.fingerprint, u.params, u.trace,
+		greatest(u.run_after, now()), u.priority,
+		(SELECT array_agg(` + turnOf("l.kind", "l.priority", "l.tenant") + ` ORDER BY l.n)
+			FROM unnest(@line_kinds::text[], @line_priorities::smallint[], @line_tenants::text[])
+				WITH ORDINALITY AS l(kind, priority, tenant, n))[u.line] + u.nth
+	FROM unnest(@tenants::text[], @owners::text[], @kinds::text[], @runtimes::text[], @networks::text[],
+		@keys::text[], @fingerprints::text[], @params::jsonb[], @traces::text[],
+		@run_afters::timestamptz[], @priorities::smallint[], @lines_of::int[], @nths::bigint[])
+		WITH ORDINALITY AS u(tenant, owner, kind, runtime, network, key, fingerprint, params, trace,
+			run_after, priority, line, nth, ord)
+	ORDER BY u.ord
 	ON CONFLICT (tenant, idempotency_key, runtime, network) DO NOTHING
 	RETURNING ` + tTaskColumns + `
 )
-SELECT x.ord, ins.*, x.ord <> x.first_ord AS duplicate
-FROM x JOIN ins ON ins.tenant = x.tenant AND ins.idempotency_key = x.key
-	AND ins.runtime = x.runtime AND ins.network = x.network
-WHERE NOT (ins.kind = ANY(coalesce(@notify_kinds::text[], '{}')) AND ins.run_after <= now())
-	OR idemgate_tasks_notify(ins.kind)
+SELECT *, false AS duplicate FROM ins
+WHERE (SELECT count(*) FROM (SELECT DISTINCT a.kind FROM ins a
+	WHERE a.kind = ANY(coalesce(@notify_kinds::text[], '{}')) AND a.run_after <= now()) k
+	WHERE idemgate_tasks_notify(k.kind)) >= 0
 UNION ALL
-SELECT x.ord, ` + tTaskColumns + `, true AS duplicate
-FROM x JOIN idemgate_tasks t ON t.tenant = x.tenant AND t.idempotency_key = x.key
+SELECT ` + tTaskColumns + `, true AS duplicate
+FROM unnest(@tenants::text[], @keys::text[], @runtimes::text[], @networks::text[]) AS x(tenant, key, runtime, network)
+JOIN idemgate_tasks t ON t.tenant = x.tenant AND t.idempotency_key = x.key
 	AND t.runtime = x.runtime AND t.network = x.network
-WHERE NOT EXISTS (SELECT FROM ins WHERE ins.tenant = x.tenant AND ins.idempotency_key = x.key
-	AND ins.runtime = x.runtime AND ins.network = x.network)`
+WHERE (SELECT count(*) FROM ins) < cardinality(@keys::text[])`
 
 	// sqlByKey reads a task back by its full key.
 	sqlByKey = `SELECT ` + taskColumns + `, true AS duplicate FROM idemgate_tasks

@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -43,13 +44,24 @@ type SubmitResult struct {
 // per kind per batch.
 func (s *Store) SubmitMany(ctx context.Context, ts []NewTask) ([]SubmitResult, error) {
 	results := make([]SubmitResult, len(ts))
-	todo := make([]int, 0, len(ts)) // indexes into ts still without a result
+	// first[i] is the index of the first valid item with ts[i]'s key, or
+	// -1 for a refused item; todo holds the first items, in input order.
+	first := make([]int, len(ts))
+	firstOf := make(map[fullKey]int, len(ts))
+	todo := make([]int, 0, len(ts))
 	for i, t := range ts {
 		if err := t.validateForBatch(); err != nil {
-			results[i].Err = err
+			results[i].Err, first[i] = err, -1
 			continue
 		}
-		todo = append(todo, i)
+		k := t.fullKey()
+		f, ok := firstOf[k]
+		if !ok {
+			f = i
+			firstOf[k] = i
+			todo = append(todo, i)
+		}
+		first[i] = f
 	}
 	if len(todo) == 0 {
 		return results, nil
@@ -62,33 +74,34 @@ func (s *Store) SubmitMany(ctx context.Context, ts []NewTask) ([]SubmitResult, e
 		}
 	}
 	announced := map[string]bool{}
+	stored := make(map[fullKey]Task, len(todo))
 	for range submitTries {
 		rows, err := s.submitBatch(ctx, ts, todo, notify)
 		if err != nil {
 			return nil, err
 		}
-		done := make([]bool, len(todo))
 		for _, r := range rows {
-			pos := int(r.Ord) - 1
-			if pos < 0 || pos >= len(todo) || done[pos] {
-				return nil, fmt.Errorf("pgstore: submit many: unexpected row for item %d", r.Ord)
+			k := r.fullKey()
+			f, ok := firstOf[k]
+			if !ok {
+				return nil, fmt.Errorf("pgstore: submit many: unexpected row for key %q", r.IdempotencyKey)
 			}
-			done[pos] = true
-			t := ts[todo[pos]]
-			if r.Duplicate && (r.Owner != t.Owner || r.Kind != t.Kind || r.Fingerprint != t.Fingerprint) {
-				results[todo[pos]].Err = ErrConflict
+			if _, ok := stored[k]; ok {
+				// The key's row was inserted and also read back: its old
+				// holder was deleted meanwhile. The inserted row, first,
+				// is the answer.
 				continue
 			}
-			results[todo[pos]].Task = r.Task
-			if !r.Duplicate && t.RunAfter.IsZero() {
-				announced[t.Kind] = true
+			stored[k] = r
+			if !r.Duplicate && ts[f].RunAfter.IsZero() {
+				announced[r.Kind] = true
 			}
 		}
 		// What is left has a holder this snapshot could not see: run
 		// those again, like Submit.
 		left := todo[:0]
-		for pos, i := range todo {
-			if !done[pos] {
+		for _, i := range todo {
+			if _, ok := stored[ts[i].fullKey()]; !ok {
 				left = append(left, i)
 			}
 		}
@@ -102,33 +115,94 @@ func (s *Store) SubmitMany(ctx context.Context, ts []NewTask) ([]SubmitResult, e
 			s.announce.sent(k, now)
 		}
 	}
-	for _, i := range todo {
-		results[i].Err = fmt.Errorf("pgstore: submit many: key is held, but no task with the full key "+
-			"(tenant, key, runtime, network) became visible after %d tries", submitTries)
+	for i, t := range ts {
+		if first[i] < 0 {
+			continue
+		}
+		task, ok := stored[t.fullKey()]
+		switch {
+		case !ok:
+			results[i].Err = fmt.Errorf("pgstore: submit many: key is held, but no task with the full key "+
+				"(tenant, key, runtime, network) became visible after %d tries", submitTries)
+			continue
+		case i != first[i]:
+			task.Duplicate = true // an earlier item of the batch stored it
+		}
+		if task.Duplicate && (task.Owner != t.Owner || task.Kind != t.Kind || task.Fingerprint != t.Fingerprint) {
+			results[i].Err = ErrConflict
+			continue
+		}
+		results[i].Task = task
 	}
 	return results, nil
 }
 
-// batchRow is a row of sqlSubmitMany: a task and the position (from 1)
-// of the item it answers in the statement's arrays.
-type batchRow struct {
-	Ord int64 `db:"ord"`
-	Task
+// fullKey is the key a task is unique by.
+type fullKey struct{ tenant, key, runtime, network string }
+
+func (t NewTask) fullKey() fullKey { return fullKey{t.Tenant, t.IdempotencyKey, t.Runtime, t.Network} }
+func (t Task) fullKey() fullKey    { return fullKey{t.Tenant, t.IdempotencyKey, t.Runtime, t.Network} }
+
+// compare orders keys byte-wise, field by field: the order in which a
+// batch inserts, the same in every batch.
+func (k fullKey) compare(o fullKey) int {
+	return cmp.Or(strings.Compare(k.tenant, o.tenant), strings.Compare(k.key, o.key),
+		strings.Compare(k.runtime, o.runtime), strings.Compare(k.network, o.network))
 }
 
-// submitBatch runs sqlSubmitMany once for the tasks ts[i], i in idx.
-func (s *Store) submitBatch(ctx context.Context, ts []NewTask, idx []int, notify []string) ([]batchRow, error) {
+// submitBatch runs sqlSubmitMany once for the tasks ts[i], i in idx
+// (each key once).
+func (s *Store) submitBatch(ctx context.Context, ts []NewTask, idx []int, notify []string) ([]Task, error) {
+	rows, _ := s.pool.Query(ctx, sqlSubmitMany, batchArgs(ts, idx, notify))
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByName[Task])
+	if err != nil {
+		return nil, interpretError("submit many", err)
+	}
+	return got, nil
+}
+
+// line is a line of turns: a tenant's tasks of a kind and priority.
+type line struct {
+	kind     string
+	priority int
+	tenant   string
+}
+
+// batchArgs are the arguments of sqlSubmitMany for the tasks ts[i], i in
+// idx (each key once, in input order): each task's line and place in it,
+// counted in input order, then every task in key order.
+func batchArgs(ts []NewTask, idx []int, notify []string) pgx.NamedArgs {
 	n := len(idx)
 	var (
+		lines                    []line
+		lineOf                   = make(map[line]int32)
+		linesOf, nths            = make([]int32, n), make([]int64, n)
+		taken                    = make(map[int32]int64)
+		order                    = make([]int, n) // positions in idx, in key order
 		tenants, owners, kinds   = make([]string, n), make([]string, n), make([]string, n)
 		runtimes, networks, keys = make([]string, n), make([]string, n), make([]string, n)
 		fingerprints, traces     = make([]string, n), make([]string, n)
 		params                   = make([][]byte, n) // nil ⇒ SQL NULL
 		runAfters                = make([]pgtype.Timestamptz, n)
 		priorities               = make([]int16, n)
+		sortedLines, sortedNths  = make([]int32, n), make([]int64, n)
 	)
 	for j, i := range idx {
 		t := ts[i]
+		l := line{t.Kind, t.Priority, t.Tenant}
+		li, ok := lineOf[l]
+		if !ok {
+			lines = append(lines, l)
+			li = int32(len(lines)) // SQL arrays count from 1
+			lineOf[l] = li
+		}
+		linesOf[j], nths[j] = li, taken[li]
+		taken[li]++
+		order[j] = j
+	}
+	slices.SortFunc(order, func(a, b int) int { return ts[idx[a]].fullKey().compare(ts[idx[b]].fullKey()) })
+	for j, p := range order {
+		t := ts[idx[p]]
 		tenants[j], owners[j], kinds[j] = t.Tenant, t.Owner, t.Kind
 		runtimes[j], networks[j], keys[j] = t.Runtime, t.Network, t.IdempotencyKey
 		fingerprints[j], traces[j] = t.Fingerprint, storableText(t.Trace)
@@ -137,17 +211,19 @@ func (s *Store) submitBatch(ctx context.Context, ts []NewTask, idx []int, notify
 		}
 		runAfters[j] = runAfterArg(t.RunAfter)
 		priorities[j] = int16(t.Priority) // validated
+		sortedLines[j], sortedNths[j] = linesOf[p], nths[p]
 	}
-	rows, _ := s.pool.Query(ctx, sqlSubmitMany, pgx.NamedArgs{
+	lineKinds, lineTenants, linePriorities := make([]string, len(lines)), make([]string, len(lines)), make([]int16, len(lines))
+	for i, l := range lines {
+		lineKinds[i], lineTenants[i], linePriorities[i] = l.kind, l.tenant, int16(l.priority)
+	}
+	return pgx.NamedArgs{
 		"tenants": tenants, "owners": owners, "kinds": kinds, "runtimes": runtimes, "networks": networks,
 		"keys": keys, "fingerprints": fingerprints, "params": params, "traces": traces,
-		"run_afters": runAfters, "priorities": priorities, "notify_kinds": notify,
-	})
-	got, err := pgx.CollectRows(rows, pgx.RowToStructByName[batchRow])
-	if err != nil {
-		return nil, interpretError("submit many", err)
+		"run_afters": runAfters, "priorities": priorities, "lines_of": sortedLines, "nths": sortedNths,
+		"line_kinds": lineKinds, "line_priorities": linePriorities, "line_tenants": lineTenants,
+		"notify_kinds": notify,
 	}
-	return got, nil
 }
 
 // validateForBatch is validate, plus what would make Postgres refuse the

@@ -81,7 +81,7 @@ func NewWorker(s *Store, cfg WorkerConfig) (*Worker, error) {
 		cfg.Logger.Warn("pgstore: worker: kinds whose lost attempts become uncertain, but no Reconcile: "+
 			"such tasks wait for another worker's Reconcile (Store.Stats counts them)", "kinds", w.uncertainKinds)
 	}
-	w.completer = newCompleter(s.pool, &w.cfg, w.emit)
+	w.completer = newCompleter(s.pool, &w.cfg, w.emit, w.attempts.count)
 	w.heartbeat = &heartbeat{pool: s.pool, attempts: &w.attempts, lease: cfg.Lease, every: cfg.Heartbeat, logger: cfg.Logger}
 	w.rescuer = &rescuer{pool: s.pool, cfg: &w.cfg, emit: w.emit}
 	w.listener = &listener{pool: s.pool, kinds: cfg.Kinds, wake: w.signal, cancel: w.cancelTask, limits: w.limitsSet,
@@ -173,7 +173,7 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 	checked := time.Now() // when a poll last made the claim a limited one
 	errWait := time.Duration(0)
 	for ctx.Err() == nil { // a claim after cancellation would only be released again
-		free := w.cfg.Concurrency - w.attempts.count()
+		free := w.attempts.free(w.cfg.Concurrency)
 		if free > 0 {
 			w.attempts.beginClaim()
 			claimed, sent, took, err := w.claim(base, free)
@@ -400,6 +400,12 @@ func (w *Worker) runAttempt(a *attempt) {
 	v := verdict{from: a.from, returned: returned && !res.panicked, outcome: res.outcome, lost: a.policy.Lost}
 	v.end, v.cause = endOf(res)
 	tr := decide(v)
+	if returned {
+		// The handler let go: its slot may take the next task while the
+		// transition is written (batched with others by the completer).
+		w.attempts.handOff(a)
+		w.signal()
+	}
 	st, applied, err := w.completer.record(a.ctx, a, tr)
 	a.settled.Store(true)
 	w.report(a, v, tr, st, applied, err)
@@ -408,7 +414,7 @@ func (w *Worker) runAttempt(a *attempt) {
 	}
 	a.stop()
 	w.attempts.remove(a)
-	w.signal() // a slot is free
+	w.signal() // a slot is free, or the bound on held attempts has room
 	if w.test != nil && w.test.onFinish != nil {
 		w.test.onFinish(a.task, res.outcome, applied, err)
 	}
@@ -518,7 +524,7 @@ func (w *Worker) maintain(ctx, base context.Context) {
 // on them. They are fenced like running tasks, on state uncertain; their
 // claim holds them for a lease, without heartbeats.
 func (w *Worker) reconcile(ctx, base context.Context) error {
-	free := w.cfg.Concurrency - w.attempts.count()
+	free := w.attempts.free(w.cfg.Concurrency)
 	if free <= 0 {
 		return nil
 	}

@@ -1004,3 +1004,49 @@ func TestWorkerDoesNotReclaimATaskItStillRuns(t *testing.T) {
 		t.Fatalf("task %+v; want the second attempt's success", got)
 	}
 }
+
+// A worker's slots: a handed-off attempt frees its slot but still counts
+// against the bound of twice Concurrency held attempts.
+func TestAttemptsFree(t *testing.T) {
+	t.Parallel()
+	newA := func(id string) *attempt {
+		a := newAttempt(context.Background(), Task{ID: id}, StateRunning, KindPolicy{}, time.Now(), time.Hour)
+		t.Cleanup(a.stop)
+		return a
+	}
+	tests := []struct {
+		name            string
+		given, handedIn int // attempts registered, of which handed off
+		want            int // free at concurrency 4
+	}{
+		{name: "idle", want: 4},
+		{name: "all running", given: 4, want: 0},
+		{name: "some handed off", given: 4, handedIn: 3, want: 3},
+		{name: "held outcomes at the bound", given: 8, handedIn: 6, want: 0},
+		{name: "held outcomes near the bound", given: 7, handedIn: 6, want: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var as attempts
+			var all []*attempt
+			for i := range tt.given {
+				all = append(all, newA(fmt.Sprint(i)))
+			}
+			as.beginClaim()
+			as.register(all)
+			for _, a := range all[:tt.handedIn] {
+				as.handOff(a)
+				as.handOff(a) // twice counts once
+			}
+			if got := as.free(4); got != tt.want {
+				t.Errorf("free = %d; want %d", got, tt.want)
+			}
+			for _, a := range all {
+				as.remove(a)
+			}
+			if as.count() != 0 || as.writing != 0 {
+				t.Errorf("after removing all: count %d, writing %d; want 0, 0", as.count(), as.writing)
+			}
+		})
+	}
+}
