@@ -2,6 +2,8 @@ package pgrecords
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -15,25 +17,42 @@ import (
 // limit, see Store.Begin) goes out in front of that statement (Exec,
 // Query, QueryRow, SendBatch), in the same round trip. So a handler that
 // reads through the pool before writing holds nothing while it does, and
-// BEGIN costs no round trip of its own. The methods that need pgx's own
-// transaction (Begin for a savepoint, CopyFrom, LargeObjects, Prepare,
-// Conn) get one from conn.Begin; after a BEGIN already sent, its second
-// BEGIN only warns.
+// BEGIN costs no round trip of its own.
+//
+// Savepoints (Begin) are as lazy: SAVEPOINT waits for the first statement
+// in the savepoint and goes out in front of it, a savepoint committed
+// queues its RELEASE for the next statement, and one with nothing sent in
+// it is dropped. A RELEASE still queued at the commit is dropped too
+// (COMMIT commits the savepoints that are still open), so a savepoint
+// around the handler's write (pgstore.SubmitTx) costs no round trip.
+// ROLLBACK TO SAVEPOINT goes out at once: it must undo a failed
+// statement before the next one runs.
+//
+// The methods that need pgx's own transaction (CopyFrom, LargeObjects,
+// Prepare, Conn) get one from conn.Begin after sending what is queued;
+// after a BEGIN already sent, its second BEGIN only warns. LargeObjects
+// and Conn hand out ways to send statements that bypass the queue: after
+// either, savepoints are sent as they are begun and committed.
 //
 // Every method holds mu while it uses the connection, and close takes it
 // too: a statement of a goroutine racing the commit runs before the
 // commit (in the transaction) or fails with pgx.ErrTxClosed, never on a
 // connection that went back to the pool.
 type lazyTx struct {
-	s     *Store
-	setup string // sent with BEGIN (SET LOCAL …); "" for none
+	s *Store
 
 	mu     sync.Mutex
 	closed bool          // the request is over: every method fails
 	conn   *pgxpool.Conn // taken with the first statement
 	slot   bool          // conn holds one of s.slots
 	begun  bool          // BEGIN went out
-	db     pgx.Tx        // pgx's transaction, once a method needs it
+	// queued are statements without arguments that go out in front of
+	// the next one: BEGIN and the setup (SET LOCAL …) until the first,
+	// then savepoints' SAVEPOINT and RELEASE.
+	queued     []string
+	savepoints int    // savepoints begun, for their names
+	eager      bool   // LargeObjects or Conn was called: nothing more is queued
+	db         pgx.Tx // pgx's transaction, once a method needs it
 }
 
 var (
@@ -43,11 +62,36 @@ var (
 
 const sqlBegin = "begin"
 
+// newLazyTx returns a transaction of s whose BEGIN goes out with setup
+// ("" for none).
+func newLazyTx(s *Store, setup string) *lazyTx {
+	t := &lazyTx{s: s, queued: make([]string, 1, 4)}
+	t.queued[0] = sqlBegin
+	if setup != "" {
+		t.queued = append(t.queued, setup)
+	}
+	return t
+}
+
+// usable returns why the transaction cannot be used any more, or nil. mu
+// is held.
+func (t *lazyTx) usable() error {
+	if t.closed {
+		return pgx.ErrTxClosed
+	}
+	if t.begun && t.conn.Conn().PgConn().TxStatus() == 'I' {
+		// The handler sent COMMIT or ROLLBACK: what follows would run in
+		// autocommit.
+		return errEnded
+	}
+	return nil
+}
+
 // use returns the connection, taking a slot and a connection on the first
 // call. mu is held.
 func (t *lazyTx) use(ctx context.Context) (*pgx.Conn, error) {
-	if t.closed {
-		return nil, pgx.ErrTxClosed
+	if err := t.usable(); err != nil {
+		return nil, err
 	}
 	if t.conn == nil {
 		conn, err := t.s.acquireTx(ctx)
@@ -56,18 +100,14 @@ func (t *lazyTx) use(ctx context.Context) (*pgx.Conn, error) {
 		}
 		t.conn, t.slot = conn, true
 	}
-	conn := t.conn.Conn()
-	if t.begun && conn.PgConn().TxStatus() == 'I' {
-		// The handler sent COMMIT or ROLLBACK: what follows would run in
-		// autocommit.
-		return nil, errEnded
-	}
-	return conn, nil
+	return t.conn.Conn(), nil
 }
 
 // close ends the handler's use of the transaction, waiting for a method
 // in progress, and hands over what it held: the connection (nil if the
-// handler sent nothing) and whether BEGIN went out.
+// handler sent nothing) and whether BEGIN went out. What is still queued
+// is dropped: savepoints with nothing sent in them and RELEASEs, which
+// COMMIT and ROLLBACK make needless.
 func (t *lazyTx) close() (conn *pgxpool.Conn, slot, begun bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -76,22 +116,37 @@ func (t *lazyTx) close() (conn *pgxpool.Conn, slot, begun bool) {
 	}
 	t.closed = true
 	conn, slot, begun = t.conn, t.slot, t.begun
-	t.conn, t.slot = nil, false
+	t.conn, t.slot, t.queued = nil, false, nil
 	return conn, slot, begun
 }
 
-// pgxTx returns pgx's transaction on the connection. mu is held.
+// flush sends what is queued, in one round trip. mu is held.
+func (t *lazyTx) flush(ctx context.Context, conn *pgx.Conn) error {
+	if len(t.queued) == 0 {
+		return nil
+	}
+	// Statements without arguments go by the simple protocol, which
+	// takes several at once.
+	sql := strings.Join(t.queued, "; ")
+	t.queued = t.queued[:0]
+	_, err := conn.Exec(ctx, sql)
+	t.begun = true // BEGIN, if queued, was first
+	return err
+}
+
+// pgxTx returns pgx's transaction on the connection, with nothing queued.
+// mu is held.
 func (t *lazyTx) pgxTx(ctx context.Context) (pgx.Tx, error) {
 	conn, err := t.use(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if t.db == nil {
-		// BEGIN and the setup in one round trip: a statement without
-		// arguments goes by the simple protocol, which takes several.
 		begin := sqlBegin
-		if t.setup != "" {
-			begin += "; " + t.setup
+		if !t.begun {
+			// BEGIN and the setup in one round trip.
+			begin = strings.Join(t.queued, "; ")
+			t.queued = t.queued[:0]
 		}
 		db, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: begin})
 		if err != nil {
@@ -99,21 +154,32 @@ func (t *lazyTx) pgxTx(ctx context.Context) (pgx.Tx, error) {
 		}
 		t.db, t.begun = db, true
 	}
+	if err := t.flush(ctx, conn); err != nil {
+		return nil, err
+	}
 	return t.db, nil
+}
+
+// savepoint begins a savepoint. mu is held.
+func (t *lazyTx) savepoint(ctx context.Context) (pgx.Tx, error) {
+	if err := t.usable(); err != nil {
+		return nil, err
+	}
+	t.savepoints++
+	sp := &savepoint{parent: t, name: "sp_" + strconv.Itoa(t.savepoints)}
+	t.queued = append(t.queued, "savepoint "+sp.name)
+	if t.eager {
+		if _, err := t.pgxTx(ctx); err != nil { // sends what is queued
+			return nil, err
+		}
+	}
+	return sp, nil
 }
 
 func (t *lazyTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	db, err := t.pgxTx(ctx)
-	if err != nil {
-		return nil, err
-	}
-	sp, err := db.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &savepoint{parent: t, tx: sp}, nil
+	return t.savepoint(ctx)
 }
 
 func (t *lazyTx) Commit(context.Context) error   { return errTxOwned }
@@ -122,6 +188,10 @@ func (t *lazyTx) Rollback(context.Context) error { return errTxOwned }
 func (t *lazyTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.copyFrom(ctx, table, columns, src)
+}
+
+func (t *lazyTx) copyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
 	db, err := t.pgxTx(ctx)
 	if err != nil {
 		return 0, err
@@ -134,16 +204,25 @@ func (t *lazyTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []s
 func (t *lazyTx) LargeObjects() pgx.LargeObjects {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.largeObjects()
+}
+
+func (t *lazyTx) largeObjects() pgx.LargeObjects {
 	db, err := t.pgxTx(context.Background())
 	if err != nil {
 		return pgx.LargeObjects{}
 	}
+	t.eager = true
 	return db.LargeObjects()
 }
 
 func (t *lazyTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.prepare(ctx, name, sql)
+}
+
+func (t *lazyTx) prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	db, err := t.pgxTx(ctx)
 	if err != nil {
 		return nil, err
@@ -156,35 +235,39 @@ func (t *lazyTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Stateme
 func (t *lazyTx) Conn() *pgx.Conn {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.rawConn()
+}
+
+func (t *lazyTx) rawConn() *pgx.Conn {
 	if _, err := t.pgxTx(context.Background()); err != nil {
 		return nil
 	}
+	t.eager = true
 	return t.conn.Conn()
 }
 
-// begin returns a batch of BEGIN, the setup and then queries.
-func (t *lazyTx) begin(queries ...*pgx.QueuedQuery) (*pgx.Batch, int) {
-	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2+len(queries))}
-	b.Queue(sqlBegin)
-	if t.setup != "" {
-		b.Queue(t.setup)
+// withQueued returns a batch of what is queued and then queries, and how
+// many statements were queued.
+func (t *lazyTx) withQueued(queries ...*pgx.QueuedQuery) (*pgx.Batch, int) {
+	n := len(t.queued)
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, n+len(queries))}
+	for _, sql := range t.queued {
+		b.Queue(sql)
 	}
-	n := len(b.QueuedQueries)
+	t.queued = t.queued[:0]
 	b.QueuedQueries = append(b.QueuedQueries, queries...)
 	return b, n
 }
 
-// sendBegin sends b, whose first n statements are BEGIN and the setup,
-// and reads their results. mu is held.
-func (t *lazyTx) sendBegin(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, n int) (pgx.BatchResults, error) {
+// sendQueued sends b, whose first n statements are what was queued, and
+// reads their results. mu is held.
+func (t *lazyTx) sendQueued(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, n int) (pgx.BatchResults, error) {
 	br := conn.SendBatch(ctx, b)
-	for i := range n {
+	for range n {
 		if _, err := br.Exec(); err != nil {
 			return br, err
 		}
-		if i == 0 {
-			t.begun = true
-		}
+		t.begun = true // BEGIN, if queued, was first
 	}
 	return br, nil
 }
@@ -192,15 +275,19 @@ func (t *lazyTx) sendBegin(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, n 
 func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.exec(ctx, sql, args...)
+}
+
+func (t *lazyTx) exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	conn, err := t.use(ctx)
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	if t.begun {
+	if len(t.queued) == 0 {
 		return conn.Exec(ctx, sql, args...)
 	}
-	b, n := t.begin(&pgx.QueuedQuery{SQL: sql, Arguments: args})
-	br, err := t.sendBegin(ctx, conn, b, n)
+	b, n := t.withQueued(&pgx.QueuedQuery{SQL: sql, Arguments: args})
+	br, err := t.sendQueued(ctx, conn, b, n)
 	tag, qerr := br.Exec()
 	cerr := br.Close()
 	switch {
@@ -215,15 +302,19 @@ func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 func (t *lazyTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.query(ctx, sql, args...)
+}
+
+func (t *lazyTx) query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	conn, err := t.use(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if t.begun {
+	if len(t.queued) == 0 {
 		return conn.Query(ctx, sql, args...)
 	}
-	b, n := t.begin(&pgx.QueuedQuery{SQL: sql, Arguments: args})
-	br, err := t.sendBegin(ctx, conn, b, n)
+	b, n := t.withQueued(&pgx.QueuedQuery{SQL: sql, Arguments: args})
+	br, err := t.sendQueued(ctx, conn, b, n)
 	if err != nil {
 		_ = br.Close()
 		return nil, err
@@ -244,15 +335,19 @@ func (t *lazyTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 func (t *lazyTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.sendBatch(ctx, b)
+}
+
+func (t *lazyTx) sendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	conn, err := t.use(ctx)
 	if err != nil {
 		return &failedBatch{err: err}
 	}
-	if t.begun {
+	if len(t.queued) == 0 {
 		return conn.SendBatch(ctx, b)
 	}
-	withBegin, n := t.begin(b.QueuedQueries...)
-	br, err := t.sendBegin(ctx, conn, withBegin, n)
+	withQueued, n := t.withQueued(b.QueuedQueries...)
+	br, err := t.sendQueued(ctx, conn, withQueued, n)
 	if err != nil {
 		return &failedBatch{BatchResults: br, err: err}
 	}
@@ -334,23 +429,46 @@ func (b *failedBatch) Close() error {
 }
 
 // savepoint is a savepoint of the handler's transaction (lazyTx.Begin),
-// or one nested in it, under the transaction's guard: pgx's own would go
-// on sending statements on the connection after the request.
+// or one nested in it, under the transaction's guard; its statements go
+// through the transaction's queue.
 type savepoint struct {
 	parent *lazyTx
-	tx     pgx.Tx
+	name   string
+	done   bool // committed or rolled back
 }
 
 // check returns why the savepoint cannot be used any more, or nil. mu is
 // held.
 func (sp *savepoint) check() error {
-	if sp.parent.closed {
+	if sp.done {
 		return pgx.ErrTxClosed
 	}
-	if sp.parent.conn.Conn().PgConn().TxStatus() == 'I' {
-		return errEnded
+	return sp.parent.usable()
+}
+
+// end ends the savepoint with sql (RELEASE or ROLLBACK TO): nothing at
+// all when nothing was sent in it (its SAVEPOINT is still the last
+// statement queued), else sql queued, or sent with what is queued when
+// now. mu is held.
+func (sp *savepoint) end(ctx context.Context, sql string, now bool) error {
+	if err := sp.check(); err != nil {
+		return err
 	}
-	return nil
+	sp.done = true
+	t := sp.parent
+	if n := len(t.queued); n > 0 && t.queued[n-1] == "savepoint "+sp.name {
+		t.queued = t.queued[:n-1]
+		return nil
+	}
+	t.queued = append(t.queued, sql+" "+sp.name)
+	if !now && !t.eager {
+		return nil
+	}
+	conn, err := t.use(ctx)
+	if err != nil {
+		return err
+	}
+	return t.flush(ctx, conn)
 }
 
 func (sp *savepoint) Begin(ctx context.Context) (pgx.Tx, error) {
@@ -359,29 +477,28 @@ func (sp *savepoint) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err := sp.check(); err != nil {
 		return nil, err
 	}
-	tx, err := sp.tx.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &savepoint{parent: sp.parent, tx: tx}, nil
+	return sp.parent.savepoint(ctx)
 }
 
+// Commit releases the savepoint: at once when the transaction is aborted
+// (a statement in it failed), to fail as pgx's would; else with the next
+// statement.
 func (sp *savepoint) Commit(ctx context.Context) error {
 	sp.parent.mu.Lock()
 	defer sp.parent.mu.Unlock()
 	if err := sp.check(); err != nil {
 		return err
 	}
-	return sp.tx.Commit(ctx)
+	t := sp.parent
+	aborted := t.begun && t.conn.Conn().PgConn().TxStatus() == 'E'
+	return sp.end(ctx, "release savepoint", aborted)
 }
 
+// Rollback rolls back to the savepoint at once.
 func (sp *savepoint) Rollback(ctx context.Context) error {
 	sp.parent.mu.Lock()
 	defer sp.parent.mu.Unlock()
-	if err := sp.check(); err != nil {
-		return err
-	}
-	return sp.tx.Rollback(ctx)
+	return sp.end(ctx, "rollback to savepoint", true)
 }
 
 func (sp *savepoint) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
@@ -390,7 +507,7 @@ func (sp *savepoint) CopyFrom(ctx context.Context, table pgx.Identifier, columns
 	if err := sp.check(); err != nil {
 		return 0, err
 	}
-	return sp.tx.CopyFrom(ctx, table, columns, src)
+	return sp.parent.copyFrom(ctx, table, columns, src)
 }
 
 func (sp *savepoint) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
@@ -399,7 +516,7 @@ func (sp *savepoint) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResul
 	if err := sp.check(); err != nil {
 		return &failedBatch{err: err}
 	}
-	return sp.tx.SendBatch(ctx, b)
+	return sp.parent.sendBatch(ctx, b)
 }
 
 func (sp *savepoint) LargeObjects() pgx.LargeObjects {
@@ -408,7 +525,7 @@ func (sp *savepoint) LargeObjects() pgx.LargeObjects {
 	if sp.check() != nil {
 		return pgx.LargeObjects{}
 	}
-	return sp.tx.LargeObjects()
+	return sp.parent.largeObjects()
 }
 
 func (sp *savepoint) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
@@ -417,7 +534,7 @@ func (sp *savepoint) Prepare(ctx context.Context, name, sql string) (*pgconn.Sta
 	if err := sp.check(); err != nil {
 		return nil, err
 	}
-	return sp.tx.Prepare(ctx, name, sql)
+	return sp.parent.prepare(ctx, name, sql)
 }
 
 func (sp *savepoint) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
@@ -426,7 +543,7 @@ func (sp *savepoint) Exec(ctx context.Context, sql string, args ...any) (pgconn.
 	if err := sp.check(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	return sp.tx.Exec(ctx, sql, args...)
+	return sp.parent.exec(ctx, sql, args...)
 }
 
 func (sp *savepoint) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
@@ -435,7 +552,7 @@ func (sp *savepoint) Query(ctx context.Context, sql string, args ...any) (pgx.Ro
 	if err := sp.check(); err != nil {
 		return nil, err
 	}
-	return sp.tx.Query(ctx, sql, args...)
+	return sp.parent.query(ctx, sql, args...)
 }
 
 func (sp *savepoint) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
@@ -449,5 +566,5 @@ func (sp *savepoint) Conn() *pgx.Conn {
 	if sp.check() != nil {
 		return nil
 	}
-	return sp.tx.Conn()
+	return sp.parent.rawConn()
 }

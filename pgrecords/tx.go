@@ -49,11 +49,11 @@ var errTxOwned = errors.New("pgrecords: the transaction of an Atomic route is co
 // not keep its row locks from the node that takes its key over for
 // longer than that.
 func (s *Store) Begin(ctx context.Context) (middleware.Tx, error) {
-	tx := &lazyTx{s: s}
+	var setup string
 	if lease, ok := middleware.TxLease(ctx); ok && lease > 0 {
-		tx.setup = fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", idleLimit(lease).Milliseconds())
+		setup = fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", idleLimit(lease).Milliseconds())
 	}
-	return &atomicTx{tx: tx}, nil
+	return &atomicTx{tx: newLazyTx(s, setup)}, nil
 }
 
 // idleLimit is how long an Atomic transaction on a route with lease may

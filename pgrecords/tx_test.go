@@ -16,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemgate/idemgate/internal/pgtrace"
+	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
 )
@@ -394,5 +396,155 @@ func TestTxTerminatedBeforeCommit(t *testing.T) {
 	}
 	if got := ledgerRows(t, pool, "terminated"); got != 1 {
 		t.Errorf("ledger rows = %d, want 1", got)
+	}
+}
+
+// TestTxSavepoints: savepoints of the request's transaction keep pgx's
+// meaning though their SAVEPOINT waits for their first statement and
+// their RELEASE for the next one, and a savepoint around the handler's
+// one write (what pgstore.SubmitTx does) costs no round trip: a miss is
+// the claim, the write with BEGIN, the setup and SAVEPOINT in front of
+// it, and the completion with COMMIT (6 round trips when pgx's own
+// savepoint sent SAVEPOINT and RELEASE and BEGIN went alone).
+func TestTxSavepoints(t *testing.T) {
+	t.Parallel()
+	var trips pgtrace.RoundTrips
+	pool := poolWith(t, testenv.PostgresDSN(t), func(c *pgxpool.Config) { c.ConnConfig.Tracer = &trips })
+	s := newStore(t, pool)
+	if _, err := pool.Exec(testCtx(t), ledgerDDL); err != nil {
+		t.Fatal(err)
+	}
+	insert := func(ctx context.Context, tx pgx.Tx, key, node string) error {
+		_, err := tx.Exec(ctx, `INSERT INTO ledger (key, node) VALUES ($1, $2)`, key, node)
+		return err
+	}
+	for _, tt := range []struct {
+		name  string
+		given func(ctx context.Context, tx pgx.Tx, key string) error
+		want  string // the nodes committed, in order
+		trips int64  // round trips of the request
+	}{
+		{
+			name: "write in a savepoint", want: "in", trips: 3,
+			given: func(ctx context.Context, tx pgx.Tx, key string) error {
+				return pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error { return insert(ctx, sp, key, "in") })
+			},
+		},
+		{
+			name: "empty savepoint, then a write", want: "after", trips: 3,
+			given: func(ctx context.Context, tx pgx.Tx, key string) error {
+				if err := pgx.BeginFunc(ctx, tx, func(pgx.Tx) error { return nil }); err != nil {
+					return err
+				}
+				return insert(ctx, tx, key, "after")
+			},
+		},
+		{
+			name: "rolled back after its write", want: "after", trips: 5,
+			given: func(ctx context.Context, tx pgx.Tx, key string) error {
+				sp, err := tx.Begin(ctx)
+				if err != nil {
+					return err
+				}
+				if err := insert(ctx, sp, key, "rolled-back"); err != nil {
+					return err
+				}
+				if err := sp.Rollback(ctx); err != nil {
+					return err
+				}
+				return insert(ctx, tx, key, "after")
+			},
+		},
+		{
+			name: "released inner, outer rolled back", want: "after", trips: 6,
+			given: func(ctx context.Context, tx pgx.Tx, key string) error {
+				outer, err := tx.Begin(ctx)
+				if err != nil {
+					return err
+				}
+				if err := insert(ctx, outer, key, "outer"); err != nil {
+					return err
+				}
+				if err := pgx.BeginFunc(ctx, outer, func(in pgx.Tx) error { return insert(ctx, in, key, "inner") }); err != nil {
+					return err
+				}
+				if err := outer.Rollback(ctx); err != nil {
+					return err
+				}
+				return insert(ctx, tx, key, "after")
+			},
+		},
+		{
+			name: "failed statement rolled back, outer released", want: "outer,after", trips: 6,
+			given: func(ctx context.Context, tx pgx.Tx, key string) error {
+				err := pgx.BeginFunc(ctx, tx, func(outer pgx.Tx) error {
+					if err := insert(ctx, outer, key, "outer"); err != nil {
+						return err
+					}
+					if pgx.BeginFunc(ctx, outer, func(in pgx.Tx) error {
+						_, err := in.Exec(ctx, `SELECT 1/0`)
+						return err
+					}) == nil {
+						return errors.New("1/0 did not fail")
+					}
+					return nil
+				})
+				if err != nil {
+					return err
+				}
+				return insert(ctx, tx, key, "after")
+			},
+		},
+		{
+			// Large objects' statements bypass the queue: the savepoint
+			// must be on the server before them.
+			name: "large object in a savepoint rolled back", want: "after", trips: 7,
+			given: func(ctx context.Context, tx pgx.Tx, key string) error {
+				lo := tx.LargeObjects()
+				sp, err := tx.Begin(ctx)
+				if err != nil {
+					return err
+				}
+				oid, err := lo.Create(ctx, 0)
+				if err != nil {
+					return err
+				}
+				if err := sp.Rollback(ctx); err != nil {
+					return err
+				}
+				_ = oid // gone with the savepoint (checked below)
+				return insert(ctx, tx, key, "after")
+			},
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			key := "savepoints-" + strings.ReplaceAll(tt.name, " ", "-")
+			e := atomicRoute(t, s, func(c echo.Context) error {
+				if err := tt.given(c.Request().Context(), pgrecords.Tx(c), c.Request().Header.Get("Idempotency-Key")); err != nil {
+					return err
+				}
+				return c.String(http.StatusCreated, "ok")
+			}, nil)
+			atomicSend(e, "warm-"+key) // prepares the statements on a connection
+			before := trips.Load()
+			if rec := atomicSend(e, key); rec.Code != http.StatusCreated {
+				t.Fatalf("request = %d %s", rec.Code, rec.Body)
+			}
+			if got := trips.Load() - before; got != tt.trips {
+				t.Errorf("round trips = %d, want %d", got, tt.trips)
+			}
+			rows, _ := pool.Query(testCtx(t), `SELECT node FROM ledger WHERE key = $1 ORDER BY at`, key)
+			nodes, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Join(nodes, ","); got != tt.want {
+				t.Errorf("committed %q, want %q", got, tt.want)
+			}
+		})
+	}
+	var los int
+	if err := pool.QueryRow(testCtx(t), `SELECT count(*) FROM pg_largeobject_metadata`).Scan(&los); err != nil || los != 0 {
+		t.Errorf("large objects = %d, %v; want 0 (rolled back with their savepoint)", los, err)
 	}
 }
