@@ -170,13 +170,24 @@ func (as *attempts) count() int {
 }
 
 // free is how many attempts a worker of concurrency slots may start now:
-// its free slots, while the attempts it holds (handlers running and
-// outcomes waiting for their write) stay within twice concurrency, so
-// that writes that keep failing cannot let claims run on without bound.
+// its free slots, while the outcomes waiting for their write stay within
+// maxWritingPerSlot × concurrency, so that writes that keep failing
+// cannot let claims run on without bound.
 func (as *attempts) free(concurrency int) int {
 	as.mu.Lock()
 	defer as.mu.Unlock()
-	return max(0, min(concurrency-(len(as.m)-as.writing), 2*concurrency-len(as.m)))
+	return max(0, min(concurrency-(len(as.m)-as.writing), (1+maxWritingPerSlot)*concurrency-len(as.m)))
+}
+
+// maxWritingPerSlot bounds the outcomes waiting for their write, per slot.
+const maxWritingPerSlot = 4
+
+// busy is how many outcomes may come soon: handlers running, and claims
+// in flight (whose tasks will run).
+func (as *attempts) busy() int {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	return len(as.m) - as.writing + as.claiming
 }
 
 // ids returns the IDs of every task with an attempt in this worker.

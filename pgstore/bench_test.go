@@ -329,3 +329,71 @@ func BenchmarkClaimMixedBacklog(b *testing.B) {
 	b.ReportMetric(float64(claimBuffers(b, sides[0].s, []string{"image"})), "alone-buffers")
 	b.ReportMetric(float64(claimBuffers(b, sides[1].s, []string{"image"})), "behind-100k-buffers")
 }
+
+// BenchmarkSubmitMany100 compares SubmitMany of batches of 100 new keys
+// with its floor: river's shape, one INSERT … SELECT FROM unnest(…) ON
+// CONFLICT DO NOTHING RETURNING * of the same rows into a copy of the
+// table with the same indexes (no turns, no read-back of held keys, no
+// NOTIFY, rows decoded by the same pgx call). Both run with benchClients
+// clients, alternating in rounds.
+//
+//	go test -run XXX -bench SubmitMany100 -benchtime 400x ./pgstore/
+func BenchmarkSubmitMany100(b *testing.B) {
+	s, _ := benchStore(b, benchClients)
+	ctx := context.Background()
+	if _, err := s.pool.Exec(ctx, "CREATE TABLE bench_floor (LIKE idemgate_tasks INCLUDING ALL)"); err != nil {
+		b.Fatal(err)
+	}
+	const floorSQL = `INSERT INTO bench_floor AS t
+	(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::jsonb[])
+ON CONFLICT (tenant, idempotency_key, runtime, network) DO NOTHING
+RETURNING ` + tTaskColumns + `, false AS duplicate`
+	const size = 100
+	params := []byte(`{"prompt":"a cat in a hat","n":1}`)
+	batch := func(prefix string) []NewTask {
+		ts := make([]NewTask, size)
+		for j := range ts {
+			ts[j] = newTask(fmt.Sprintf("%s-%d", prefix, j))
+			ts[j].Params = params
+		}
+		return ts
+	}
+	insert := func(r int) func(i int) error {
+		return func(i int) error {
+			cols := make([][]string, 7)
+			ps := make([][]byte, size)
+			for j, t := range batch(fmt.Sprintf("floor-%d-%d", r, i)) {
+				for c, v := range []string{t.Tenant, t.Owner, t.Kind, t.Runtime, t.Network, t.IdempotencyKey, t.Fingerprint} {
+					cols[c] = append(cols[c], v)
+				}
+				ps[j] = t.Params
+			}
+			rows, _ := s.pool.Query(ctx, floorSQL, cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], cols[6], ps)
+			_, err := pgx.CollectRows(rows, pgx.RowToStructByName[Task])
+			return err
+		}
+	}
+	submitMany := func(r int) func(i int) error {
+		return func(i int) error {
+			_, err := s.SubmitMany(ctx, batch(fmt.Sprintf("new-%d-%d", r, i)))
+			return err
+		}
+	}
+	parallel(b, 2*benchClients, insert(-1))
+	parallel(b, 2*benchClients, submitMany(-1))
+
+	var floor, many time.Duration
+	const rounds = 4
+	per := max(b.N/rounds, benchClients)
+	b.ResetTimer()
+	for r := range rounds {
+		floor += parallel(b, per, insert(r))
+		many += parallel(b, per, submitMany(r))
+	}
+	b.StopTimer()
+	tasks := float64(per * rounds * size)
+	b.ReportMetric(tasks/floor.Seconds(), "floor-tasks/s")
+	b.ReportMetric(tasks/many.Seconds(), "tasks/s")
+	b.ReportMetric(floor.Seconds()/many.Seconds(), "many/floor")
+}

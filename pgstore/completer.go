@@ -18,8 +18,8 @@ const maxCompletionBatch = 500
 // completer writes the transitions of ended attempts. The final
 // transitions of running tasks, the hot path, go through one goroutine
 // that batches them into one statement: whatever is waiting, plus what
-// arrives within WorkerConfig.CompletionWait while other handlers of the
-// worker still run (on an idle worker, nothing is waited for); the
+// arrives within WorkerConfig.CompletionWait while the worker is busy
+// (on an idle worker, nothing is waited for); the
 // others are written alone. A write that fails for a transient reason is tried again
 // while the attempt stands. Once stopped, it writes nothing: a handler
 // that outlives its worker cannot touch the database.
@@ -28,9 +28,11 @@ type completer struct {
 	cfg    *WorkerConfig
 	emit   func(WorkerEvent)
 	logger *slog.Logger
-	// running is how many handlers of the worker run: outcomes that may
-	// come soon, worth waiting for.
-	running func() int
+	// busy is how many outcomes of the worker may come soon, worth
+	// waiting for: handlers running and claims in flight.
+	busy func() int
+	// nudged wakes a batch's wait to look at busy again.
+	nudged chan struct{}
 
 	in      chan *completion // to the batching goroutine, unbuffered
 	started atomic.Bool      // the batching goroutine runs (or ran)
@@ -63,8 +65,8 @@ type completed struct {
 	err     error
 }
 
-func newCompleter(pool *pgxpool.Pool, cfg *WorkerConfig, emit func(WorkerEvent), running func() int) *completer {
-	c := &completer{pool: pool, cfg: cfg, emit: emit, logger: cfg.Logger, running: running,
+func newCompleter(pool *pgxpool.Pool, cfg *WorkerConfig, emit func(WorkerEvent), busy func() int) *completer {
+	c := &completer{pool: pool, cfg: cfg, emit: emit, logger: cfg.Logger, busy: busy, nudged: make(chan struct{}, 1),
 		in: make(chan *completion), stopped: make(chan struct{})}
 	c.writes, c.cancelWrites = context.WithCancel(context.Background())
 	return c
@@ -89,8 +91,9 @@ func (c *completer) run(ctx context.Context, quit <-chan struct{}) {
 }
 
 // gather adds to batch the completions waiting, then those that arrive
-// within CompletionWait of the first, as long as a handler of the worker
-// still runs (one that may end within the wait) and the batch has room.
+// within CompletionWait of the first, as long as the worker is busy (a
+// handler runs or a claim is in flight: more outcomes may come within
+// the wait) and the batch has room.
 func (c *completer) gather(batch []*completion, wait *time.Timer) []*completion {
 	for len(batch) < maxCompletionBatch {
 		select {
@@ -101,20 +104,29 @@ func (c *completer) gather(batch []*completion, wait *time.Timer) []*completion 
 		}
 		break
 	}
-	if c.cfg.CompletionWait <= 0 || len(batch) >= maxCompletionBatch || c.running() == 0 {
+	if c.cfg.CompletionWait <= 0 || len(batch) >= maxCompletionBatch || c.busy() == 0 {
 		return batch
 	}
 	wait.Reset(c.cfg.CompletionWait)
 	defer wait.Stop()
-	for len(batch) < maxCompletionBatch && c.running() > 0 {
+	for len(batch) < maxCompletionBatch && c.busy() > 0 {
 		select {
 		case x := <-c.in:
 			batch = append(batch, x)
+		case <-c.nudged:
 		case <-wait.C:
 			return batch
 		}
 	}
 	return batch
+}
+
+// nudge tells a batch's wait that the worker may have become idle.
+func (c *completer) nudge() {
+	select {
+	case c.nudged <- struct{}{}:
+	default:
+	}
 }
 
 // stop makes every later write fail with errWorkerStopped and waits for

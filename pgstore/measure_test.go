@@ -306,3 +306,40 @@ func TestExplainSubmitMany(t *testing.T) {
 	}
 	explain(t, s, "SubmitMany of 100 held keys", sqlSubmitMany, batchArgs(batch, idx, []string{"image"}))
 }
+
+// The claim of 16 in the middle of a drain: 8000 tasks of one tenant, of
+// which 3200 were claimed and finished 16 at a time (their entries in
+// the claim index are dead, not yet vacuumed), as in `make river`'s drain
+// row.
+//
+//	PGSTORE_MEASURE=1 go test -count=1 -v -run TestExplainClaimMidDrain ./pgstore/
+func TestExplainClaimMidDrain(t *testing.T) {
+	measuring(t)
+	s, _ := setup(t)
+	ctx := context.Background()
+	submitBacklog(t, s, "drain", 8000, "bench")
+	w := newWorker(t, s, WorkerConfig{Kinds: []string{"image"}, Handler: func(context.Context, Task) Outcome { return Outcome{} }})
+	w.limited.Store(false)
+	for range 200 {
+		sql, args := w.claimStatement(16)
+		claimed, err := w.runClaim(ctx, sql, args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		var attempts []int
+		for _, c := range claimed {
+			ids, attempts = append(ids, c.ID), append(attempts, c.Attempt)
+		}
+		n := len(ids)
+		if _, err := s.pool.Exec(ctx, sqlFinishBatch, pgx.NamedArgs{"ids": ids, "attempts": attempts,
+			"states": slices.Repeat([]string{"succeeded"}, n), "results": slices.Repeat([]string{"[]"}, n),
+			"errors": slices.Repeat([]string{""}, n)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sql, args := w.claimStatement(16)
+	explain(t, s, "claim of 16 mid-drain", sql, args)
+	explain(t, s, "finish of 16 mid-drain", `WITH c AS (`+strings.Replace(sql, "RETURNING", "RETURNING t.attempt, ", 1)+`)
+		SELECT 1`, args)
+}

@@ -81,7 +81,7 @@ func NewWorker(s *Store, cfg WorkerConfig) (*Worker, error) {
 		cfg.Logger.Warn("pgstore: worker: kinds whose lost attempts become uncertain, but no Reconcile: "+
 			"such tasks wait for another worker's Reconcile (Store.Stats counts them)", "kinds", w.uncertainKinds)
 	}
-	w.completer = newCompleter(s.pool, &w.cfg, w.emit, w.attempts.count)
+	w.completer = newCompleter(s.pool, &w.cfg, w.emit, w.attempts.busy)
 	w.heartbeat = &heartbeat{pool: s.pool, attempts: &w.attempts, lease: cfg.Lease, every: cfg.Heartbeat, logger: cfg.Logger}
 	w.rescuer = &rescuer{pool: s.pool, cfg: &w.cfg, emit: w.emit}
 	w.listener = &listener{pool: s.pool, kinds: cfg.Kinds, wake: w.signal, cancel: w.cancelTask, limits: w.limitsSet,
@@ -172,13 +172,35 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 	defer poll.Stop()
 	checked := time.Now() // when a poll last made the claim a limited one
 	errWait := time.Duration(0)
+	gather := time.NewTimer(time.Hour)
+	gather.Stop()
+	gathering := false // the last claim was full: a backlog waits
 	for ctx.Err() == nil { // a claim after cancellation would only be released again
 		free := w.attempts.free(w.cfg.Concurrency)
+		if gathering && free > 0 && free < w.cfg.Concurrency {
+			// With a backlog, a claim for a few slots would soon be
+			// followed by another for the few freed meanwhile: wait a
+			// moment (claimGather at most) for every slot, and claim
+			// them in one statement.
+			select {
+			case <-ctx.Done():
+				return
+			case <-w.wake:
+				continue
+			case <-gather.C:
+			}
+			free = w.attempts.free(w.cfg.Concurrency)
+		}
 		if free > 0 {
+			if gathering {
+				gather.Stop()
+				gathering = false
+			}
 			w.attempts.beginClaim()
 			claimed, sent, took, err := w.claim(base, free)
 			// Even when stopping: shutdown finishes or releases them.
 			w.start(base, claimed, StateRunning, sent, took)
+			w.completer.nudge() // the claim is over
 			switch {
 			case ctx.Err() != nil:
 				return
@@ -192,7 +214,9 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 			}
 			errWait = 0
 			if len(claimed) == free {
-				continue // there may be more
+				gathering = true // there may be more
+				gather.Reset(claimGather)
+				continue
 			}
 		}
 		select {
@@ -240,6 +264,10 @@ func (w *Worker) claimTimeout() time.Duration { return max(w.cfg.Lease/2, minCla
 
 // minClaimTimeout is the least time a claim may take.
 const minClaimTimeout = 5 * time.Second
+
+// claimGather is how long, at most, a worker facing a backlog waits for
+// all its slots to be free before it claims.
+const claimGather = time.Millisecond
 
 // limitsRecheck is how often, at most, a poll's claim is a limited one
 // to find limits whose notification the worker missed.
@@ -405,6 +433,7 @@ func (w *Worker) runAttempt(a *attempt) {
 		// transition is written (batched with others by the completer).
 		w.attempts.handOff(a)
 		w.signal()
+		w.completer.nudge()
 	}
 	st, applied, err := w.completer.record(a.ctx, a, tr)
 	a.settled.Store(true)
@@ -535,6 +564,7 @@ func (w *Worker) reconcile(ctx, base context.Context) error {
 	claimed, err := w.runClaim(qctx, sqlClaimUncertain, pgx.NamedArgs{"limit": free, "lease_us": w.leaseUS(),
 		"kinds": w.cfg.Kinds, "worker": w.cfg.Name, "held": w.attempts.ids()})
 	w.start(base, claimed, StateUncertain, sent, time.Since(sent))
+	w.completer.nudge()
 	if err != nil {
 		return interpretError("claim uncertain", err)
 	}

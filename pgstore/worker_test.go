@@ -1006,7 +1006,7 @@ func TestWorkerDoesNotReclaimATaskItStillRuns(t *testing.T) {
 }
 
 // A worker's slots: a handed-off attempt frees its slot but still counts
-// against the bound of twice Concurrency held attempts.
+// against the bound of outcomes waiting for their write (four a slot).
 func TestAttemptsFree(t *testing.T) {
 	t.Parallel()
 	newA := func(id string) *attempt {
@@ -1022,8 +1022,8 @@ func TestAttemptsFree(t *testing.T) {
 		{name: "idle", want: 4},
 		{name: "all running", given: 4, want: 0},
 		{name: "some handed off", given: 4, handedIn: 3, want: 3},
-		{name: "held outcomes at the bound", given: 8, handedIn: 6, want: 0},
-		{name: "held outcomes near the bound", given: 7, handedIn: 6, want: 1},
+		{name: "held outcomes at the bound", given: 20, handedIn: 18, want: 0},
+		{name: "held outcomes near the bound", given: 19, handedIn: 18, want: 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

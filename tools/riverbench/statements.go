@@ -42,18 +42,19 @@ func (s *statements) print(ctx context.Context, w io.Writer, row string, dsns ma
 		if err != nil {
 			return err
 		}
-		rows, err := s.conn.Query(ctx, `SELECT calls, total_exec_time, mean_exec_time, rows, query
+		rows, err := s.conn.Query(ctx, `SELECT calls, total_exec_time, mean_exec_time, rows,
+	(shared_blks_hit + shared_blks_read)::float8 / greatest(calls, 1), wal_bytes::float8 / greatest(calls, 1), query
 FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
 WHERE d.datname = $1 ORDER BY total_exec_time DESC LIMIT $2`, cfg.Database, top)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(w, "statements %s %s (calls, total ms, mean ms, rows):\n", row, sys)
+		fmt.Fprintf(w, "statements %s %s (calls, total ms, mean ms, rows, buffers a call, WAL bytes a call):\n", row, sys)
 		for rows.Next() {
 			var calls, n int64
-			var total, mean float64
+			var total, mean, bufs, wal float64
 			var query string
-			if err := rows.Scan(&calls, &total, &mean, &n, &query); err != nil {
+			if err := rows.Scan(&calls, &total, &mean, &n, &bufs, &wal, &query); err != nil {
 				rows.Close()
 				return err
 			}
@@ -61,7 +62,7 @@ WHERE d.datname = $1 ORDER BY total_exec_time DESC LIMIT $2`, cfg.Database, top)
 			if len(query) > 140 {
 				query = query[:140] + "…"
 			}
-			fmt.Fprintf(w, "  %8d %9.1f %7.3f %8d  %s\n", calls, total, mean, n, query)
+			fmt.Fprintf(w, "  %8d %9.1f %7.3f %8d %8.0f %8.0f  %s\n", calls, total, mean, n, bufs, wal, query)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
