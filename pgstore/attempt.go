@@ -182,12 +182,16 @@ func (as *attempts) free(concurrency int) int {
 // maxWritingPerSlot bounds the outcomes waiting for their write, per slot.
 const maxWritingPerSlot = 4
 
-// busy is how many outcomes may come soon: handlers running, and claims
-// in flight (whose tasks will run).
-func (as *attempts) busy() int {
+// busy is how many outcomes may come soon: handlers running, and, with
+// claims, claims in flight (whose tasks will run).
+func (as *attempts) busy(claims bool) int {
 	as.mu.Lock()
 	defer as.mu.Unlock()
-	return len(as.m) - as.writing + as.claiming
+	n := len(as.m) - as.writing
+	if claims {
+		n += as.claiming
+	}
+	return n
 }
 
 // ids returns the IDs of every task with an attempt in this worker.

@@ -32,6 +32,9 @@ type Worker struct {
 
 	running atomic.Bool
 	wake    chan struct{} // a notification arrived or a slot freed
+	// backlog is set while the last claim took all it asked for: more
+	// tasks wait.
+	backlog atomic.Bool
 
 	attempts attempts
 	tasks    sync.WaitGroup // attempt goroutines
@@ -81,7 +84,7 @@ func NewWorker(s *Store, cfg WorkerConfig) (*Worker, error) {
 		cfg.Logger.Warn("pgstore: worker: kinds whose lost attempts become uncertain, but no Reconcile: "+
 			"such tasks wait for another worker's Reconcile (Store.Stats counts them)", "kinds", w.uncertainKinds)
 	}
-	w.completer = newCompleter(s.pool, &w.cfg, w.emit, w.attempts.busy)
+	w.completer = newCompleter(s.pool, &w.cfg, w.emit, w.busy)
 	w.heartbeat = &heartbeat{pool: s.pool, attempts: &w.attempts, lease: cfg.Lease, every: cfg.Heartbeat, logger: cfg.Logger}
 	w.rescuer = &rescuer{pool: s.pool, cfg: &w.cfg, emit: w.emit}
 	w.listener = &listener{pool: s.pool, kinds: cfg.Kinds, wake: w.signal, cancel: w.cancelTask, limits: w.limitsSet,
@@ -213,6 +216,7 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 				continue
 			}
 			errWait = 0
+			w.backlog.Store(len(claimed) == free)
 			if len(claimed) == free {
 				gathering = true // there may be more
 				gather.Reset(claimGather)
@@ -431,8 +435,13 @@ func (w *Worker) runAttempt(a *attempt) {
 	if returned {
 		// The handler let go: its slot may take the next task while the
 		// transition is written (batched with others by the completer).
+		// Without a backlog, the claim loop hears of it after the write,
+		// as before: an idle worker's claim, racing the write for the
+		// database, would only delay it.
 		w.attempts.handOff(a)
-		w.signal()
+		if w.backlog.Load() {
+			w.signal()
+		}
 		w.completer.nudge()
 	}
 	st, applied, err := w.completer.record(a.ctx, a, tr)
@@ -524,6 +533,11 @@ func (w *Worker) emit(ev WorkerEvent) {
 // cancelTask cancels this worker's attempt of a task that Store.Cancel
 // ended.
 func (w *Worker) cancelTask(id string) { w.attempts.cancel(id) }
+
+// busy is how many outcomes may come soon, for the completer's wait:
+// handlers running, and while a backlog waits, claims in flight (an
+// idle worker's claim, which a freed slot starts, rarely brings any).
+func (w *Worker) busy() int { return w.attempts.busy(w.backlog.Load()) }
 
 // count is how many slots are taken.
 func (w *Worker) count() int { return w.attempts.count() }
