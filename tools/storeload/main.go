@@ -5,7 +5,7 @@
 // same shape: INSERT … ON CONFLICT DO NOTHING + UPDATE by primary key for a
 // miss, one SELECT by primary key for a replay) and the Redis store.
 //
-//	go run ./pgrecords/internal/storeload -d 5s -rounds 3
+//	go run ./tools/storeload -d 5s -rounds 3
 //
 // A miss is a claim and a complete on a new key; a replay a claim of a
 // finished key. It starts a throwaway PostgreSQL and redis-server (removed
