@@ -177,7 +177,7 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 	errWait := time.Duration(0)
 	gather := time.NewTimer(time.Hour)
 	gather.Stop()
-	gathering := false // the last claim was full: a backlog waits
+	gathering := false     // the last claim was full: a backlog waits
 	for ctx.Err() == nil { // a claim after cancellation would only be released again
 		free := w.attempts.free(w.cfg.Concurrency)
 		if gathering && free > 0 && free < w.cfg.Concurrency {
