@@ -70,12 +70,14 @@ type WorkerConfig struct {
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
 	// CompletionWait is how long the worker may hold a finished attempt's
-	// outcome, while other handlers of the worker still run, to write it
-	// in one statement with theirs: a finished task shows its state at
-	// most this much later (plus the write), and a busy worker sends
-	// fewer, larger writes. An idle worker (no other handler running)
-	// writes at once. The handler's slot is free meanwhile. Optional.
-	// Default 5ms; negative: write whatever is waiting at once.
+	// outcome, while other handlers of the worker still run (or, with a
+	// backlog, a claim is in flight), to write it in one statement with
+	// theirs: a finished task shows its state at most this much later
+	// (plus the write), and a busy worker sends fewer, larger writes. An
+	// idle worker writes at once, and so does a worker some of whose
+	// kinds have limits (a held outcome would keep its attempt counted
+	// against MaxRunning). The handler's slot is free meanwhile.
+	// Optional. Default 5ms; negative: write whatever is waiting at once.
 	CompletionWait time.Duration
 	// ShutdownTimeout is how long Run waits, once its context ends, for
 	// running handlers to finish; then it releases their tasks for another

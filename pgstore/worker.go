@@ -537,7 +537,15 @@ func (w *Worker) cancelTask(id string) { w.attempts.cancel(id) }
 // busy is how many outcomes may come soon, for the completer's wait:
 // handlers running, and while a backlog waits, claims in flight (an
 // idle worker's claim, which a freed slot starts, rarely brings any).
-func (w *Worker) busy() int { return w.attempts.busy(w.backlog.Load()) }
+// While some of the worker's kinds have limits it is 0: a held outcome
+// would keep its attempt counted against MaxRunning, so outcomes are
+// written at once, as before CompletionWait.
+func (w *Worker) busy() int {
+	if w.limited.Load() {
+		return 0
+	}
+	return w.attempts.busy(w.backlog.Load())
+}
 
 // count is how many slots are taken.
 func (w *Worker) count() int { return w.attempts.count() }
