@@ -2,6 +2,7 @@ package pgrecords
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -127,11 +128,27 @@ func (t *lazyTx) flush(ctx context.Context, conn *pgx.Conn) error {
 	}
 	// Statements without arguments go by the simple protocol, which
 	// takes several at once.
-	sql := strings.Join(t.queued, "; ")
+	queued := slices.Clone(t.queued)
 	t.queued = t.queued[:0]
-	_, err := conn.Exec(ctx, sql)
-	t.begun = true // BEGIN, if queued, was first
+	_, err := conn.Exec(ctx, strings.Join(queued, "; "))
+	t.requeue(conn, queued)
 	return err
+}
+
+// requeue queues again what was sent with queued in front when it left
+// no transaction open: a statement that failed before it ran (pgx
+// prepares and encodes a batch's statements before running the first)
+// ran none of them, and without BEGIN the next statement would run in
+// autocommit. mu is held.
+func (t *lazyTx) requeue(conn *pgx.Conn, queued []string) {
+	if t.begun {
+		return
+	}
+	if conn.PgConn().TxStatus() == 'I' {
+		t.queued = append(queued, t.queued...)
+		return
+	}
+	t.begun = true
 }
 
 // pgxTx returns pgx's transaction on the connection, with nothing queued.
@@ -142,14 +159,16 @@ func (t *lazyTx) pgxTx(ctx context.Context) (pgx.Tx, error) {
 		return nil, err
 	}
 	if t.db == nil {
-		begin := sqlBegin
+		begin, queued := sqlBegin, []string(nil)
 		if !t.begun {
 			// BEGIN and the setup in one round trip.
-			begin = strings.Join(t.queued, "; ")
+			queued = slices.Clone(t.queued)
+			begin = strings.Join(queued, "; ")
 			t.queued = t.queued[:0]
 		}
 		db, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: begin})
 		if err != nil {
+			t.requeue(conn, queued)
 			return nil, err
 		}
 		t.db, t.begun = db, true
@@ -246,25 +265,26 @@ func (t *lazyTx) rawConn() *pgx.Conn {
 	return t.conn.Conn()
 }
 
-// withQueued returns a batch of what is queued and then queries, and how
-// many statements were queued.
-func (t *lazyTx) withQueued(queries ...*pgx.QueuedQuery) (*pgx.Batch, int) {
-	n := len(t.queued)
-	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, n+len(queries))}
-	for _, sql := range t.queued {
+// withQueued returns a batch of what is queued and then queries, and
+// what was queued.
+func (t *lazyTx) withQueued(queries ...*pgx.QueuedQuery) (*pgx.Batch, []string) {
+	queued := slices.Clone(t.queued)
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(queued)+len(queries))}
+	for _, sql := range queued {
 		b.Queue(sql)
 	}
 	t.queued = t.queued[:0]
 	b.QueuedQueries = append(b.QueuedQueries, queries...)
-	return b, n
+	return b, queued
 }
 
-// sendQueued sends b, whose first n statements are what was queued, and
-// reads their results. mu is held.
-func (t *lazyTx) sendQueued(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, n int) (pgx.BatchResults, error) {
+// sendQueued sends b, whose first statements are queued, and reads their
+// results. mu is held.
+func (t *lazyTx) sendQueued(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, queued []string) (pgx.BatchResults, error) {
 	br := conn.SendBatch(ctx, b)
-	for range n {
+	for range queued {
 		if _, err := br.Exec(); err != nil {
+			t.requeue(conn, queued)
 			return br, err
 		}
 		t.begun = true // BEGIN, if queued, was first
@@ -286,8 +306,8 @@ func (t *lazyTx) exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 	if len(t.queued) == 0 {
 		return conn.Exec(ctx, sql, args...)
 	}
-	b, n := t.withQueued(&pgx.QueuedQuery{SQL: sql, Arguments: args})
-	br, err := t.sendQueued(ctx, conn, b, n)
+	b, queued := t.withQueued(&pgx.QueuedQuery{SQL: sql, Arguments: args})
+	br, err := t.sendQueued(ctx, conn, b, queued)
 	tag, qerr := br.Exec()
 	cerr := br.Close()
 	switch {
@@ -313,8 +333,8 @@ func (t *lazyTx) query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 	if len(t.queued) == 0 {
 		return conn.Query(ctx, sql, args...)
 	}
-	b, n := t.withQueued(&pgx.QueuedQuery{SQL: sql, Arguments: args})
-	br, err := t.sendQueued(ctx, conn, b, n)
+	b, queued := t.withQueued(&pgx.QueuedQuery{SQL: sql, Arguments: args})
+	br, err := t.sendQueued(ctx, conn, b, queued)
 	if err != nil {
 		_ = br.Close()
 		return nil, err
@@ -346,8 +366,8 @@ func (t *lazyTx) sendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if len(t.queued) == 0 {
 		return conn.SendBatch(ctx, b)
 	}
-	withQueued, n := t.withQueued(b.QueuedQueries...)
-	br, err := t.sendQueued(ctx, conn, withQueued, n)
+	withQueued, queued := t.withQueued(b.QueuedQueries...)
+	br, err := t.sendQueued(ctx, conn, withQueued, queued)
 	if err != nil {
 		return &failedBatch{BatchResults: br, err: err}
 	}

@@ -548,3 +548,31 @@ func TestTxSavepoints(t *testing.T) {
 		t.Errorf("large objects = %d, %v; want 0 (rolled back with their savepoint)", los, err)
 	}
 }
+
+// TestTxFirstStatementFailsBeforeRunning: the handler's first statement
+// fails before anything of its batch runs (pgx prepares a batch's new
+// statements before running the first, and this one names no table), so
+// BEGIN, queued in front of it, did not run either; the
+// handler's next write must still be in the transaction, rolled back
+// with it when the handler fails. (With 06091cf's queue, BEGIN was not
+// sent again and the write autocommitted: 1 row.)
+func TestTxFirstStatementFailsBeforeRunning(t *testing.T) {
+	t.Parallel()
+	pool, s := atomicDB(t)
+	e := atomicRoute(t, s, func(c echo.Context) error {
+		ctx, tx := c.Request().Context(), pgrecords.Tx(c)
+		if _, err := tx.Exec(ctx, `INSERT INTO no_such_table (key) VALUES ($1)`, "unencodable"); err == nil {
+			return errors.New("an INSERT into no table succeeded")
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO ledger (key, node) VALUES ('unencodable', 'h')`); err != nil {
+			return err
+		}
+		return errors.New("handler fails after its write")
+	}, nil)
+	if rec := atomicSend(e, "unencodable"); rec.Code/100 == 2 {
+		t.Fatalf("request = %d, want a failure", rec.Code)
+	}
+	if got := ledgerRows(t, pool, "unencodable"); got != 0 {
+		t.Errorf("ledger rows = %d, want 0: the write ran outside the rolled-back transaction", got)
+	}
+}
