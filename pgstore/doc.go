@@ -80,6 +80,10 @@
 // The worker is a few small parts: the pure decision of what an ended
 // attempt does to its task (decide, table-tested), the completer that
 // batches final transitions, the heartbeat, the rescuer and the listener.
+// A handler's slot is free once it returns; the completer may hold its
+// outcome up to WorkerConfig.CompletionWait while other handlers run, to
+// write many in one statement (still fenced by attempt, its lease still
+// kept).
 //
 // Workers wake on LISTEN/NOTIFY and poll as a fallback, so they also work
 // behind a transaction pooler. There is no trigger: the statement that
