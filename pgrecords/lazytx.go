@@ -2,9 +2,6 @@ package pgrecords
 
 import (
 	"context"
-	"slices"
-	"strconv"
-	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -18,42 +15,25 @@ import (
 // limit, see Store.Begin) goes out in front of that statement (Exec,
 // Query, QueryRow, SendBatch), in the same round trip. So a handler that
 // reads through the pool before writing holds nothing while it does, and
-// BEGIN costs no round trip of its own.
-//
-// Savepoints (Begin) are as lazy: SAVEPOINT waits for the first statement
-// in the savepoint and goes out in front of it, a savepoint committed
-// queues its RELEASE for the next statement, and one with nothing sent in
-// it is dropped. A RELEASE still queued at the commit is dropped too
-// (COMMIT commits the savepoints that are still open), so a savepoint
-// around the handler's write (pgstore.SubmitTx) costs no round trip.
-// ROLLBACK TO SAVEPOINT goes out at once: it must undo a failed
-// statement before the next one runs.
-//
-// The methods that need pgx's own transaction (CopyFrom, LargeObjects,
-// Prepare, Conn) get one from conn.Begin after sending what is queued;
-// after a BEGIN already sent, its second BEGIN only warns. LargeObjects
-// and Conn hand out ways to send statements that bypass the queue: after
-// either, savepoints are sent as they are begun and committed.
+// BEGIN costs no round trip of its own. The methods that need pgx's own
+// transaction (Begin for a savepoint, CopyFrom, LargeObjects, Prepare,
+// Conn) get one from conn.Begin; after a BEGIN already sent, its second
+// BEGIN only warns.
 //
 // Every method holds mu while it uses the connection, and close takes it
 // too: a statement of a goroutine racing the commit runs before the
 // commit (in the transaction) or fails with pgx.ErrTxClosed, never on a
 // connection that went back to the pool.
 type lazyTx struct {
-	s *Store
+	s     *Store
+	setup string // sent with BEGIN (SET LOCAL …); "" for none
 
 	mu     sync.Mutex
 	closed bool          // the request is over: every method fails
 	conn   *pgxpool.Conn // taken with the first statement
 	slot   bool          // conn holds one of s.slots
 	begun  bool          // BEGIN went out
-	// queued are statements without arguments that go out in front of
-	// the next one: BEGIN and the setup (SET LOCAL …) until the first,
-	// then savepoints' SAVEPOINT and RELEASE.
-	queued     []string
-	savepoints int    // savepoints begun, for their names
-	eager      bool   // LargeObjects or Conn was called: nothing more is queued
-	db         pgx.Tx // pgx's transaction, once a method needs it
+	db     pgx.Tx        // pgx's transaction, once a method needs it
 }
 
 var (
@@ -63,36 +43,11 @@ var (
 
 const sqlBegin = "begin"
 
-// newLazyTx returns a transaction of s whose BEGIN goes out with setup
-// ("" for none).
-func newLazyTx(s *Store, setup string) *lazyTx {
-	t := &lazyTx{s: s, queued: make([]string, 1, 4)}
-	t.queued[0] = sqlBegin
-	if setup != "" {
-		t.queued = append(t.queued, setup)
-	}
-	return t
-}
-
-// usable returns why the transaction cannot be used any more, or nil. mu
-// is held.
-func (t *lazyTx) usable() error {
-	if t.closed {
-		return pgx.ErrTxClosed
-	}
-	if t.begun && t.conn.Conn().PgConn().TxStatus() == 'I' {
-		// The handler sent COMMIT or ROLLBACK: what follows would run in
-		// autocommit.
-		return errEnded
-	}
-	return nil
-}
-
 // use returns the connection, taking a slot and a connection on the first
 // call. mu is held.
 func (t *lazyTx) use(ctx context.Context) (*pgx.Conn, error) {
-	if err := t.usable(); err != nil {
-		return nil, err
+	if t.closed {
+		return nil, pgx.ErrTxClosed
 	}
 	if t.conn == nil {
 		conn, err := t.s.acquireTx(ctx)
@@ -101,14 +56,18 @@ func (t *lazyTx) use(ctx context.Context) (*pgx.Conn, error) {
 		}
 		t.conn, t.slot = conn, true
 	}
-	return t.conn.Conn(), nil
+	conn := t.conn.Conn()
+	if t.begun && conn.PgConn().TxStatus() == 'I' {
+		// The handler sent COMMIT or ROLLBACK: what follows would run in
+		// autocommit.
+		return nil, errEnded
+	}
+	return conn, nil
 }
 
 // close ends the handler's use of the transaction, waiting for a method
 // in progress, and hands over what it held: the connection (nil if the
-// handler sent nothing) and whether BEGIN went out. What is still queued
-// is dropped: savepoints with nothing sent in them and RELEASEs, which
-// COMMIT and ROLLBACK make needless.
+// handler sent nothing) and whether BEGIN went out.
 func (t *lazyTx) close() (conn *pgxpool.Conn, slot, begun bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -117,88 +76,44 @@ func (t *lazyTx) close() (conn *pgxpool.Conn, slot, begun bool) {
 	}
 	t.closed = true
 	conn, slot, begun = t.conn, t.slot, t.begun
-	t.conn, t.slot, t.queued = nil, false, nil
+	t.conn, t.slot = nil, false
 	return conn, slot, begun
 }
 
-// flush sends what is queued, in one round trip. mu is held.
-func (t *lazyTx) flush(ctx context.Context, conn *pgx.Conn) error {
-	if len(t.queued) == 0 {
-		return nil
-	}
-	// Statements without arguments go by the simple protocol, which
-	// takes several at once.
-	queued := slices.Clone(t.queued)
-	t.queued = t.queued[:0]
-	_, err := conn.Exec(ctx, strings.Join(queued, "; "))
-	t.requeue(conn, queued)
-	return err
-}
-
-// requeue queues again what was sent with queued in front when it left
-// no transaction open: a statement that failed before it ran (pgx
-// prepares and encodes a batch's statements before running the first)
-// ran none of them, and without BEGIN the next statement would run in
-// autocommit. mu is held.
-func (t *lazyTx) requeue(conn *pgx.Conn, queued []string) {
-	if t.begun {
-		return
-	}
-	if conn.PgConn().TxStatus() == 'I' {
-		t.queued = append(queued, t.queued...)
-		return
-	}
-	t.begun = true
-}
-
-// pgxTx returns pgx's transaction on the connection, with nothing queued.
-// mu is held.
+// pgxTx returns pgx's transaction on the connection. mu is held.
 func (t *lazyTx) pgxTx(ctx context.Context) (pgx.Tx, error) {
 	conn, err := t.use(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if t.db == nil {
-		begin, queued := sqlBegin, []string(nil)
-		if !t.begun {
-			// BEGIN and the setup in one round trip.
-			queued = slices.Clone(t.queued)
-			begin = strings.Join(queued, "; ")
-			t.queued = t.queued[:0]
+		// BEGIN and the setup in one round trip: a statement without
+		// arguments goes by the simple protocol, which takes several.
+		begin := sqlBegin
+		if t.setup != "" {
+			begin += "; " + t.setup
 		}
 		db, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: begin})
 		if err != nil {
-			t.requeue(conn, queued)
 			return nil, err
 		}
 		t.db, t.begun = db, true
 	}
-	if err := t.flush(ctx, conn); err != nil {
-		return nil, err
-	}
 	return t.db, nil
-}
-
-// savepoint begins a savepoint. mu is held.
-func (t *lazyTx) savepoint(ctx context.Context) (pgx.Tx, error) {
-	if err := t.usable(); err != nil {
-		return nil, err
-	}
-	t.savepoints++
-	sp := &savepoint{parent: t, name: "sp_" + strconv.Itoa(t.savepoints)}
-	t.queued = append(t.queued, "savepoint "+sp.name)
-	if t.eager {
-		if _, err := t.pgxTx(ctx); err != nil { // sends what is queued
-			return nil, err
-		}
-	}
-	return sp, nil
 }
 
 func (t *lazyTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.savepoint(ctx)
+	db, err := t.pgxTx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sp, err := db.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &savepoint{parent: t, tx: sp}, nil
 }
 
 func (t *lazyTx) Commit(context.Context) error   { return errTxOwned }
@@ -207,10 +122,6 @@ func (t *lazyTx) Rollback(context.Context) error { return errTxOwned }
 func (t *lazyTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.copyFrom(ctx, table, columns, src)
-}
-
-func (t *lazyTx) copyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
 	db, err := t.pgxTx(ctx)
 	if err != nil {
 		return 0, err
@@ -223,25 +134,16 @@ func (t *lazyTx) copyFrom(ctx context.Context, table pgx.Identifier, columns []s
 func (t *lazyTx) LargeObjects() pgx.LargeObjects {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.largeObjects()
-}
-
-func (t *lazyTx) largeObjects() pgx.LargeObjects {
 	db, err := t.pgxTx(context.Background())
 	if err != nil {
 		return pgx.LargeObjects{}
 	}
-	t.eager = true
 	return db.LargeObjects()
 }
 
 func (t *lazyTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.prepare(ctx, name, sql)
-}
-
-func (t *lazyTx) prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	db, err := t.pgxTx(ctx)
 	if err != nil {
 		return nil, err
@@ -254,40 +156,35 @@ func (t *lazyTx) prepare(ctx context.Context, name, sql string) (*pgconn.Stateme
 func (t *lazyTx) Conn() *pgx.Conn {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.rawConn()
-}
-
-func (t *lazyTx) rawConn() *pgx.Conn {
 	if _, err := t.pgxTx(context.Background()); err != nil {
 		return nil
 	}
-	t.eager = true
 	return t.conn.Conn()
 }
 
-// withQueued returns a batch of what is queued and then queries, and
-// what was queued.
-func (t *lazyTx) withQueued(queries ...*pgx.QueuedQuery) (*pgx.Batch, []string) {
-	queued := slices.Clone(t.queued)
-	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(queued)+len(queries))}
-	for _, sql := range queued {
-		b.Queue(sql)
+// begin returns a batch of BEGIN, the setup and then queries.
+func (t *lazyTx) begin(queries ...*pgx.QueuedQuery) (*pgx.Batch, int) {
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2+len(queries))}
+	b.Queue(sqlBegin)
+	if t.setup != "" {
+		b.Queue(t.setup)
 	}
-	t.queued = t.queued[:0]
+	n := len(b.QueuedQueries)
 	b.QueuedQueries = append(b.QueuedQueries, queries...)
-	return b, queued
+	return b, n
 }
 
-// sendQueued sends b, whose first statements are queued, and reads their
-// results. mu is held.
-func (t *lazyTx) sendQueued(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, queued []string) (pgx.BatchResults, error) {
+// sendBegin sends b, whose first n statements are BEGIN and the setup,
+// and reads their results. mu is held.
+func (t *lazyTx) sendBegin(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, n int) (pgx.BatchResults, error) {
 	br := conn.SendBatch(ctx, b)
-	for range queued {
+	for i := range n {
 		if _, err := br.Exec(); err != nil {
-			t.requeue(conn, queued)
 			return br, err
 		}
-		t.begun = true // BEGIN, if queued, was first
+		if i == 0 {
+			t.begun = true
+		}
 	}
 	return br, nil
 }
@@ -295,19 +192,15 @@ func (t *lazyTx) sendQueued(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, q
 func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.exec(ctx, sql, args...)
-}
-
-func (t *lazyTx) exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	conn, err := t.use(ctx)
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	if len(t.queued) == 0 {
+	if t.begun {
 		return conn.Exec(ctx, sql, args...)
 	}
-	b, queued := t.withQueued(&pgx.QueuedQuery{SQL: sql, Arguments: args})
-	br, err := t.sendQueued(ctx, conn, b, queued)
+	b, n := t.begin(&pgx.QueuedQuery{SQL: sql, Arguments: args})
+	br, err := t.sendBegin(ctx, conn, b, n)
 	tag, qerr := br.Exec()
 	cerr := br.Close()
 	switch {
@@ -322,19 +215,15 @@ func (t *lazyTx) exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 func (t *lazyTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.query(ctx, sql, args...)
-}
-
-func (t *lazyTx) query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	conn, err := t.use(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if len(t.queued) == 0 {
+	if t.begun {
 		return conn.Query(ctx, sql, args...)
 	}
-	b, queued := t.withQueued(&pgx.QueuedQuery{SQL: sql, Arguments: args})
-	br, err := t.sendQueued(ctx, conn, b, queued)
+	b, n := t.begin(&pgx.QueuedQuery{SQL: sql, Arguments: args})
+	br, err := t.sendBegin(ctx, conn, b, n)
 	if err != nil {
 		_ = br.Close()
 		return nil, err
@@ -355,19 +244,15 @@ func (t *lazyTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 func (t *lazyTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.sendBatch(ctx, b)
-}
-
-func (t *lazyTx) sendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	conn, err := t.use(ctx)
 	if err != nil {
 		return &failedBatch{err: err}
 	}
-	if len(t.queued) == 0 {
+	if t.begun {
 		return conn.SendBatch(ctx, b)
 	}
-	withQueued, queued := t.withQueued(b.QueuedQueries...)
-	br, err := t.sendQueued(ctx, conn, withQueued, queued)
+	withBegin, n := t.begin(b.QueuedQueries...)
+	br, err := t.sendBegin(ctx, conn, withBegin, n)
 	if err != nil {
 		return &failedBatch{BatchResults: br, err: err}
 	}
@@ -449,46 +334,23 @@ func (b *failedBatch) Close() error {
 }
 
 // savepoint is a savepoint of the handler's transaction (lazyTx.Begin),
-// or one nested in it, under the transaction's guard; its statements go
-// through the transaction's queue.
+// or one nested in it, under the transaction's guard: pgx's own would go
+// on sending statements on the connection after the request.
 type savepoint struct {
 	parent *lazyTx
-	name   string
-	done   bool // committed or rolled back
+	tx     pgx.Tx
 }
 
 // check returns why the savepoint cannot be used any more, or nil. mu is
 // held.
 func (sp *savepoint) check() error {
-	if sp.done {
+	if sp.parent.closed {
 		return pgx.ErrTxClosed
 	}
-	return sp.parent.usable()
-}
-
-// end ends the savepoint with sql (RELEASE or ROLLBACK TO): nothing at
-// all when nothing was sent in it (its SAVEPOINT is still the last
-// statement queued), else sql queued, or sent with what is queued when
-// now. mu is held.
-func (sp *savepoint) end(ctx context.Context, sql string, now bool) error {
-	if err := sp.check(); err != nil {
-		return err
+	if sp.parent.conn.Conn().PgConn().TxStatus() == 'I' {
+		return errEnded
 	}
-	sp.done = true
-	t := sp.parent
-	if n := len(t.queued); n > 0 && t.queued[n-1] == "savepoint "+sp.name {
-		t.queued = t.queued[:n-1]
-		return nil
-	}
-	t.queued = append(t.queued, sql+" "+sp.name)
-	if !now && !t.eager {
-		return nil
-	}
-	conn, err := t.use(ctx)
-	if err != nil {
-		return err
-	}
-	return t.flush(ctx, conn)
+	return nil
 }
 
 func (sp *savepoint) Begin(ctx context.Context) (pgx.Tx, error) {
@@ -497,28 +359,29 @@ func (sp *savepoint) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err := sp.check(); err != nil {
 		return nil, err
 	}
-	return sp.parent.savepoint(ctx)
+	tx, err := sp.tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &savepoint{parent: sp.parent, tx: tx}, nil
 }
 
-// Commit releases the savepoint: at once when the transaction is aborted
-// (a statement in it failed), to fail as pgx's would; else with the next
-// statement.
 func (sp *savepoint) Commit(ctx context.Context) error {
 	sp.parent.mu.Lock()
 	defer sp.parent.mu.Unlock()
 	if err := sp.check(); err != nil {
 		return err
 	}
-	t := sp.parent
-	aborted := t.begun && t.conn.Conn().PgConn().TxStatus() == 'E'
-	return sp.end(ctx, "release savepoint", aborted)
+	return sp.tx.Commit(ctx)
 }
 
-// Rollback rolls back to the savepoint at once.
 func (sp *savepoint) Rollback(ctx context.Context) error {
 	sp.parent.mu.Lock()
 	defer sp.parent.mu.Unlock()
-	return sp.end(ctx, "rollback to savepoint", true)
+	if err := sp.check(); err != nil {
+		return err
+	}
+	return sp.tx.Rollback(ctx)
 }
 
 func (sp *savepoint) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
@@ -527,7 +390,7 @@ func (sp *savepoint) CopyFrom(ctx context.Context, table pgx.Identifier, columns
 	if err := sp.check(); err != nil {
 		return 0, err
 	}
-	return sp.parent.copyFrom(ctx, table, columns, src)
+	return sp.tx.CopyFrom(ctx, table, columns, src)
 }
 
 func (sp *savepoint) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
@@ -536,7 +399,7 @@ func (sp *savepoint) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResul
 	if err := sp.check(); err != nil {
 		return &failedBatch{err: err}
 	}
-	return sp.parent.sendBatch(ctx, b)
+	return sp.tx.SendBatch(ctx, b)
 }
 
 func (sp *savepoint) LargeObjects() pgx.LargeObjects {
@@ -545,7 +408,7 @@ func (sp *savepoint) LargeObjects() pgx.LargeObjects {
 	if sp.check() != nil {
 		return pgx.LargeObjects{}
 	}
-	return sp.parent.largeObjects()
+	return sp.tx.LargeObjects()
 }
 
 func (sp *savepoint) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
@@ -554,7 +417,7 @@ func (sp *savepoint) Prepare(ctx context.Context, name, sql string) (*pgconn.Sta
 	if err := sp.check(); err != nil {
 		return nil, err
 	}
-	return sp.parent.prepare(ctx, name, sql)
+	return sp.tx.Prepare(ctx, name, sql)
 }
 
 func (sp *savepoint) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
@@ -563,7 +426,7 @@ func (sp *savepoint) Exec(ctx context.Context, sql string, args ...any) (pgconn.
 	if err := sp.check(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	return sp.parent.exec(ctx, sql, args...)
+	return sp.tx.Exec(ctx, sql, args...)
 }
 
 func (sp *savepoint) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
@@ -572,7 +435,7 @@ func (sp *savepoint) Query(ctx context.Context, sql string, args ...any) (pgx.Ro
 	if err := sp.check(); err != nil {
 		return nil, err
 	}
-	return sp.parent.query(ctx, sql, args...)
+	return sp.tx.Query(ctx, sql, args...)
 }
 
 func (sp *savepoint) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
@@ -586,5 +449,5 @@ func (sp *savepoint) Conn() *pgx.Conn {
 	if sp.check() != nil {
 		return nil
 	}
-	return sp.parent.rawConn()
+	return sp.tx.Conn()
 }

@@ -17,9 +17,8 @@
 // the claim's token at the commit, with the COMMIT in the same round trip:
 // the handler's writes, the tasks it submits with pgstore.SubmitTx and the
 // stored answer commit together or not at all. BEGIN goes out with the
-// handler's first statement, a savepoint's SAVEPOINT with the first
-// statement in it, and the completion with COMMIT, so a miss costs the
-// round trips of a route that is not Atomic; a replay opens no
+// handler's first statement and the completion with COMMIT, so a miss
+// costs the round trips of a route that is not Atomic; a replay opens no
 // transaction.
 //
 // Expired records stay until the next claim of their key reclaims them or

@@ -49,11 +49,11 @@ var errTxOwned = errors.New("pgrecords: the transaction of an Atomic route is co
 // not keep its row locks from the node that takes its key over for
 // longer than that.
 func (s *Store) Begin(ctx context.Context) (middleware.Tx, error) {
-	var setup string
+	tx := &lazyTx{s: s}
 	if lease, ok := middleware.TxLease(ctx); ok && lease > 0 {
-		setup = fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", idleLimit(lease).Milliseconds())
+		tx.setup = fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", idleLimit(lease).Milliseconds())
 	}
-	return &atomicTx{tx: newLazyTx(s, setup)}, nil
+	return &atomicTx{tx: tx}, nil
 }
 
 // idleLimit is how long an Atomic transaction on a route with lease may

@@ -399,13 +399,12 @@ func TestTxTerminatedBeforeCommit(t *testing.T) {
 	}
 }
 
-// TestTxSavepoints: savepoints of the request's transaction keep pgx's
-// meaning though their SAVEPOINT waits for their first statement and
-// their RELEASE for the next one, and a savepoint around the handler's
-// one write (what pgstore.SubmitTx does) costs no round trip: a miss is
-// the claim, the write with BEGIN, the setup and SAVEPOINT in front of
-// it, and the completion with COMMIT (6 round trips when pgx's own
-// savepoint sent SAVEPOINT and RELEASE and BEGIN went alone).
+// TestTxSavepoints: savepoints of the request's transaction, nested,
+// rolled back, failed and around large objects, commit what pgx's would,
+// and cost the round trips they cost in pgx: a savepoint around the
+// handler's one write (what pgstore.SubmitTx does) makes a miss 6 (claim;
+// BEGIN and the setup; SAVEPOINT; the write; RELEASE; the completion with
+// COMMIT), where the write alone makes it 3.
 func TestTxSavepoints(t *testing.T) {
 	t.Parallel()
 	var trips pgtrace.RoundTrips
@@ -425,13 +424,13 @@ func TestTxSavepoints(t *testing.T) {
 		trips int64  // round trips of the request
 	}{
 		{
-			name: "write in a savepoint", want: "in", trips: 3,
+			name: "write in a savepoint", want: "in", trips: 6,
 			given: func(ctx context.Context, tx pgx.Tx, key string) error {
 				return pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error { return insert(ctx, sp, key, "in") })
 			},
 		},
 		{
-			name: "empty savepoint, then a write", want: "after", trips: 3,
+			name: "empty savepoint, then a write", want: "after", trips: 6,
 			given: func(ctx context.Context, tx pgx.Tx, key string) error {
 				if err := pgx.BeginFunc(ctx, tx, func(pgx.Tx) error { return nil }); err != nil {
 					return err
@@ -440,7 +439,7 @@ func TestTxSavepoints(t *testing.T) {
 			},
 		},
 		{
-			name: "rolled back after its write", want: "after", trips: 5,
+			name: "rolled back after its write", want: "after", trips: 7,
 			given: func(ctx context.Context, tx pgx.Tx, key string) error {
 				sp, err := tx.Begin(ctx)
 				if err != nil {
@@ -456,7 +455,7 @@ func TestTxSavepoints(t *testing.T) {
 			},
 		},
 		{
-			name: "released inner, outer rolled back", want: "after", trips: 6,
+			name: "released inner, outer rolled back", want: "after", trips: 10,
 			given: func(ctx context.Context, tx pgx.Tx, key string) error {
 				outer, err := tx.Begin(ctx)
 				if err != nil {
@@ -475,7 +474,7 @@ func TestTxSavepoints(t *testing.T) {
 			},
 		},
 		{
-			name: "failed statement rolled back, outer released", want: "outer,after", trips: 6,
+			name: "failed statement rolled back, outer released", want: "outer,after", trips: 10,
 			given: func(ctx context.Context, tx pgx.Tx, key string) error {
 				err := pgx.BeginFunc(ctx, tx, func(outer pgx.Tx) error {
 					if err := insert(ctx, outer, key, "outer"); err != nil {
@@ -554,8 +553,9 @@ func TestTxSavepoints(t *testing.T) {
 // statements before running the first, and this one names no table), so
 // BEGIN, queued in front of it, did not run either; the
 // handler's next write must still be in the transaction, rolled back
-// with it when the handler fails. (With 06091cf's queue, BEGIN was not
-// sent again and the write autocommitted: 1 row.)
+// with it when the handler fails. (A queue of BEGIN and savepoints,
+// tried in 06091cf and reverted, did not send BEGIN again, and the write
+// autocommitted: 1 row.)
 func TestTxFirstStatementFailsBeforeRunning(t *testing.T) {
 	t.Parallel()
 	pool, s := atomicDB(t)

@@ -49,11 +49,10 @@ func TestRun(t *testing.T) {
 	wantFloor := map[string]string{floorName: "", floorScriptName: floorName, idemgateName: floorName,
 		pgFloorName: "", idemgatePGName: pgFloorName, idemgatePGAtomicName: idemgatePGName}
 	// The Atomic stack's records pool carries its task statements too: a
-	// miss is the claim; the task's INSERT with BEGIN, its SET LOCAL and
-	// SubmitTx's SAVEPOINT in front of it; the completion with COMMIT
-	// (the savepoint's RELEASE, queued, is dropped: COMMIT makes it
-	// needless). A replay or a conflict opens no transaction.
-	wantAtomicRT := map[string]float64{"miss": 3, "replay": 1, "conflict": 1}
+	// miss is the claim; BEGIN with its SET LOCAL; SAVEPOINT (SubmitTx's);
+	// the task's INSERT; RELEASE; the completion with COMMIT. A replay or
+	// a conflict opens no transaction.
+	wantAtomicRT := map[string]float64{"miss": 6, "replay": 1, "conflict": 1}
 	if len(rep.Results) != 4*len(stackOrder) {
 		t.Fatalf("%d results, want 4 scenarios × %d stacks %v", len(rep.Results), len(stackOrder), stackOrder)
 	}
