@@ -264,14 +264,20 @@ WHERE NOT @notify::boolean OR ins.run_after > now() OR idemgate_tasks_notify(ins
 	// (@run_afters NULL or past is now()). Rows are inserted in that
 	// order, so two batches that share keys wait for each other's keys in
 	// the same order and never deadlock. The tasks of one (kind,
-	// priority, tenant) take consecutive turns: @lines lists the lines,
-	// whose turnOf is looked up once each, in an InitPlan; a task is
-	// @nths[i] places after its line's (@lines_of). Each item gets one
+	// priority, tenant) take consecutive turns: @lines_of numbers each
+	// task's line (from 1, in Go), whose turnOf is looked up once, in an
+	// InitPlan; a task is @nths[i] places after its line's. Each item gets one
 	// row: the row it inserted (duplicate false) or, only when some key
 	// was not inserted, the row that held its key (duplicate true), read
 	// on the statement's snapshot; an item whose key is held by a row
 	// this snapshot cannot see gets none, and the caller runs it again.
 	// Rows come back by key: RETURNING cannot carry the input's position.
+	// The statement is written so that its generic plan is chosen (planned
+	// once per connection, not at every call: 0.5 ms a batch): the lines
+	// are taken from the tasks' arrays by DISTINCT ON, which a custom plan
+	// estimates at one a task; and a held key is read by a LATERAL lookup
+	// of its one row (LIMIT 1 keeps it an index probe, never a hash join
+	// over the table, in any plan).
 	// A kind in @notify_kinds with an inserted row that may run now is
 	// announced, once.
 	sqlSubmitMany = `WITH ins AS (
@@ -280,9 +286,11 @@ WHERE NOT @notify::boolean OR ins.run_after > now() OR idemgate_tasks_notify(ins
 		run_after, priority, turn)
 	SELECT u.tenant, u.owner, u.kind, u.runtime, u.network, u.key, u.fingerprint, u.params, u.trace,
 		greatest(u.run_after, now()), u.priority,
-		(SELECT array_agg(` + turnOf("l.kind", "l.priority", "l.tenant") + ` ORDER BY l.n)
-			FROM unnest(@line_kinds::text[], @line_priorities::smallint[], @line_tenants::text[])
-				WITH ORDINALITY AS l(kind, priority, tenant, n))[u.line] + u.nth
+		(SELECT array_agg(` + turnOf("l.kind", "l.priority", "l.tenant") + ` ORDER BY l.line)
+			FROM (SELECT DISTINCT ON (line) line, kind, priority, tenant
+				FROM unnest(@lines_of::int[], @kinds::text[], @priorities::smallint[], @tenants::text[])
+					AS v(line, kind, priority, tenant)
+				ORDER BY line) l)[u.line] + u.nth
 	FROM unnest(@tenants::text[], @owners::text[], @kinds::text[], @runtimes::text[], @networks::text[],
 		@keys::text[], @fingerprints::text[], @params::jsonb[], @traces::text[],
 		@run_afters::timestamptz[], @priorities::smallint[], @lines_of::int[], @nths::bigint[])
@@ -297,10 +305,11 @@ WHERE (SELECT count(*) FROM (SELECT DISTINCT a.kind FROM ins a
 	WHERE a.kind = ANY(coalesce(@notify_kinds::text[], '{}')) AND a.run_after <= now()) k
 	WHERE idemgate_tasks_notify(k.kind)) >= 0
 UNION ALL
-SELECT ` + tTaskColumns + `, true AS duplicate
+SELECT t.*, true AS duplicate
 FROM unnest(@tenants::text[], @keys::text[], @runtimes::text[], @networks::text[]) AS x(tenant, key, runtime, network)
-JOIN idemgate_tasks t ON t.tenant = x.tenant AND t.idempotency_key = x.key
-	AND t.runtime = x.runtime AND t.network = x.network
+CROSS JOIN LATERAL (SELECT ` + taskColumns + ` FROM idemgate_tasks h
+	WHERE h.tenant = x.tenant AND h.idempotency_key = x.key AND h.runtime = x.runtime AND h.network = x.network
+	LIMIT 1) t
 WHERE (SELECT count(*) FROM ins) < cardinality(@keys::text[])`
 
 	// sqlByKey reads a task back by its full key.

@@ -174,7 +174,6 @@ type line struct {
 func batchArgs(ts []NewTask, idx []int, notify []string) pgx.NamedArgs {
 	n := len(idx)
 	var (
-		lines                    []line
 		lineOf                   = make(map[line]int32)
 		linesOf, nths            = make([]int32, n), make([]int64, n)
 		taken                    = make(map[int32]int64)
@@ -192,8 +191,7 @@ func batchArgs(ts []NewTask, idx []int, notify []string) pgx.NamedArgs {
 		l := line{t.Kind, t.Priority, t.Tenant}
 		li, ok := lineOf[l]
 		if !ok {
-			lines = append(lines, l)
-			li = int32(len(lines)) // SQL arrays count from 1
+			li = int32(len(lineOf) + 1) // SQL arrays count from 1
 			lineOf[l] = li
 		}
 		linesOf[j], nths[j] = li, taken[li]
@@ -213,15 +211,10 @@ func batchArgs(ts []NewTask, idx []int, notify []string) pgx.NamedArgs {
 		priorities[j] = int16(t.Priority) // validated
 		sortedLines[j], sortedNths[j] = linesOf[p], nths[p]
 	}
-	lineKinds, lineTenants, linePriorities := make([]string, len(lines)), make([]string, len(lines)), make([]int16, len(lines))
-	for i, l := range lines {
-		lineKinds[i], lineTenants[i], linePriorities[i] = l.kind, l.tenant, int16(l.priority)
-	}
 	return pgx.NamedArgs{
 		"tenants": tenants, "owners": owners, "kinds": kinds, "runtimes": runtimes, "networks": networks,
 		"keys": keys, "fingerprints": fingerprints, "params": params, "traces": traces,
 		"run_afters": runAfters, "priorities": priorities, "lines_of": sortedLines, "nths": sortedNths,
-		"line_kinds": lineKinds, "line_priorities": linePriorities, "line_tenants": lineTenants,
 		"notify_kinds": notify,
 	}
 }
