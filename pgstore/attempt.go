@@ -149,6 +149,13 @@ func (as *attempts) handOff(a *attempt) {
 	}
 }
 
+// handedOffNow reports whether a's handler returned (handOff).
+func (as *attempts) handedOffNow(a *attempt) bool {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	return a.handedOff
+}
+
 // remove unregisters a, unless a newer attempt replaced it.
 func (as *attempts) remove(a *attempt) {
 	as.mu.Lock()

@@ -181,6 +181,91 @@ func TestStopFlushesHeldCompletions(t *testing.T) {
 	}
 }
 
+// Shutting down while a handler ignores cancellation: an outcome held
+// for it (its handler returned before the shutdown deadline) is written
+// as soon as Run's context ends, not released as the stuck handler's
+// task is, and Run returns within its shutdown bounds, not after
+// CompletionWait.
+func TestShutdownWritesHeldOutcomesPastAStuckHandler(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	var ev events
+	unblock, returned := make(chan struct{}), make(chan string, 16)
+	defer close(unblock)
+	const shutdown = 300 * time.Millisecond
+	w := newWorker(t, s, WorkerConfig{CompletionWait: time.Hour, ShutdownTimeout: shutdown, OnEvent: ev.add,
+		Handler: func(ctx context.Context, task Task) Outcome {
+			if task.IdempotencyKey == "blocker" {
+				<-unblock // ignores cancellation
+			} else {
+				defer func() { returned <- task.ID }()
+			}
+			return Succeeded(json.RawMessage(`1`))
+		}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	blocker := mustSubmit(t, s, newTask("blocker"))
+	waitState(t, s, blocker.ID, StateRunning)
+	quick := mustSubmit(t, s, newTask("quick"))
+	<-returned
+	wait.For(t, patience, "the quick task's slot freed", func() bool { return w.count() == 1 })
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(patience):
+		t.Fatalf("Run has not returned %v after its context ended (ShutdownTimeout %v); want it bounded by the shutdown, not CompletionWait", patience, shutdown)
+	}
+	if st := state(t, s, quick.ID); st != StateSucceeded {
+		t.Errorf("quick task is %s (events %v); want succeeded: its handler returned before the shutdown deadline", st, ev.of(quick.ID))
+	}
+	if st := state(t, s, blocker.ID); st != StateRetrying {
+		t.Errorf("blocker task is %s; want released (retrying)", st)
+	}
+}
+
+// The shutdown's release hands back the tasks of handlers still running,
+// not those whose handler returned and whose outcome waits for its
+// write: that outcome is the task's, and the task does not run again.
+func TestReleaseSkipsAttemptsWhoseHandlerReturned(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	var ev events
+	var c calls
+	unblock, returned := make(chan struct{}), make(chan string, 16)
+	w := newWorker(t, s, WorkerConfig{CompletionWait: time.Hour, OnEvent: ev.add,
+		Handler: func(ctx context.Context, task Task) Outcome {
+			c.add(task.ID)
+			if task.IdempotencyKey == "blocker" {
+				<-unblock // ignores cancellation
+			} else {
+				defer func() { returned <- task.ID }()
+			}
+			return Succeeded(json.RawMessage(`1`))
+		}})
+	runWorker(t, w)
+	blocker := mustSubmit(t, s, newTask("blocker"))
+	waitState(t, s, blocker.ID, StateRunning)
+	quick := mustSubmit(t, s, newTask("quick"))
+	<-returned
+	wait.For(t, patience, "the quick task's slot freed", func() bool { return w.count() == 1 })
+	w.releaseAll(context.Background())
+	if st := state(t, s, quick.ID); st != StateRunning {
+		t.Errorf("quick task is %s after the release; want running, its held outcome still to be written", st)
+	}
+	if st := state(t, s, blocker.ID); st != StateRetrying {
+		t.Errorf("blocker task is %s after the release; want retrying", st)
+	}
+	close(unblock)
+	waitState(t, s, quick.ID, StateSucceeded)
+	if got := mustGet(t, s, quick); got.Attempt != 1 || c.get(quick.ID) != 1 {
+		t.Errorf("quick task succeeded at attempt %d after %d runs (events %v); want its first run's outcome", got.Attempt, c.get(quick.ID), ev.of(quick.ID))
+	}
+}
+
 // Many workers with many slots, handlers ending at random moments, and
 // outcomes batched across attempts: every task runs once and succeeds,
 // and no slot or held outcome is left behind. Run it with -race.

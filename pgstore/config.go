@@ -76,7 +76,7 @@ type WorkerConfig struct {
 	// (plus the write), and a busy worker sends fewer, larger writes. An
 	// idle worker writes at once, and so does a worker some of whose
 	// kinds have limits (a held outcome would keep its attempt counted
-	// against MaxRunning). The handler's slot is free meanwhile.
+	// against MaxRunning) or whose Run context has ended. The handler's slot is free meanwhile.
 	// Optional. Default 5ms; negative: write whatever is waiting at once.
 	CompletionWait time.Duration
 	// ShutdownTimeout is how long Run waits, once its context ends, for

@@ -35,6 +35,9 @@ type Worker struct {
 	// backlog is set while the last claim took all it asked for: more
 	// tasks wait.
 	backlog atomic.Bool
+	// stopping is set once Run's context ended: the completer holds no
+	// outcome from then on.
+	stopping atomic.Bool
 
 	attempts attempts
 	tasks    sync.WaitGroup // attempt goroutines
@@ -133,6 +136,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	}()
 
 	w.claimLoop(ctx, base)
+	// Outcomes are not held for batching any more: a handler that ignores
+	// cancellation would keep them waiting past the release (which would
+	// hand their tasks back) and keep Run from returning.
+	w.stopping.Store(true)
+	w.completer.nudge()
 
 	stopBG()
 	bg.Wait()
@@ -539,9 +547,10 @@ func (w *Worker) cancelTask(id string) { w.attempts.cancel(id) }
 // idle worker's claim, which a freed slot starts, rarely brings any).
 // While some of the worker's kinds have limits it is 0: a held outcome
 // would keep its attempt counted against MaxRunning, so outcomes are
-// written at once, as before CompletionWait.
+// written at once, as before CompletionWait. So it is once Run's context
+// ended.
 func (w *Worker) busy() int {
-	if w.limited.Load() {
+	if w.limited.Load() || w.stopping.Load() {
 		return 0
 	}
 	return w.attempts.busy(w.backlog.Load())
@@ -594,7 +603,8 @@ func (w *Worker) reconcile(ctx, base context.Context) error {
 }
 
 // releaseAll hands the tasks of running handlers back, by their kind's
-// Lost policy, and cancels the handlers; it cancels running Reconciles,
+// Lost policy, and cancels the handlers (an attempt whose handler
+// returned is left to the write of its outcome); it cancels running Reconciles,
 // whose tasks stay uncertain for another worker to reconcile once their
 // claim has lapsed.
 func (w *Worker) releaseAll(ctx context.Context) {
@@ -602,6 +612,11 @@ func (w *Worker) releaseAll(ctx context.Context) {
 		a.cancel(errShutdown)
 	}
 	for _, a := range w.attempts.leased() {
+		if w.attempts.handedOffNow(a) {
+			// Its handler returned: its outcome is being written, and
+			// is the task's.
+			continue
+		}
 		// Release before cancelling: a handler that returns the moment it
 		// is cancelled must find its task gone, not overwrite the release.
 		qctx, cancel := context.WithTimeout(ctx, w.cfg.Lease/2)
