@@ -156,6 +156,21 @@ func (as *attempts) handedOffNow(a *attempt) bool {
 	return a.handedOff
 }
 
+// unwritten returns the attempts of running tasks whose handler
+// returned and which are still registered: their transition was not
+// written (or not yet).
+func (as *attempts) unwritten() []*attempt {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	var out []*attempt
+	for _, a := range as.m {
+		if a.from == StateRunning && a.handedOff {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
 // remove unregisters a, unless a newer attempt replaced it.
 func (as *attempts) remove(a *attempt) {
 	as.mu.Lock()

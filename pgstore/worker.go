@@ -99,7 +99,9 @@ func NewWorker(s *Store, cfg WorkerConfig) (*Worker, error) {
 // lets running handlers finish for up to ShutdownTimeout, releases the
 // tasks of the rest (by their kind's Lost policy) and cancels their
 // handlers, waits up to ShutdownTimeout/2 for those to return, and
-// returns nil. It returns an error only if called twice.
+// returns nil. Outcomes of handlers that returned are written at once
+// (not held for a batch); a task whose outcome could not be written by
+// then is released too. It returns an error only if called twice.
 //
 // When Run returns, the worker writes nothing more to the database: a
 // handler that ignored its cancelled context past that grace runs on in
@@ -162,6 +164,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	stopHeartbeat()
 	<-hbDone
 	w.completer.stop()
+	// Outcomes whose write did not land in time (none is in flight now):
+	// their tasks go back like those of handlers that did not finish.
+	w.releaseUnwritten(base)
 	return nil
 }
 
@@ -614,31 +619,46 @@ func (w *Worker) releaseAll(ctx context.Context) {
 	for _, a := range w.attempts.leased() {
 		if w.attempts.handedOffNow(a) {
 			// Its handler returned: its outcome is being written, and
-			// is the task's.
+			// is the task's (releaseUnwritten takes it back if that
+			// write does not land).
 			continue
 		}
 		// Release before cancelling: a handler that returns the moment it
 		// is cancelled must find its task gone, not overwrite the release.
-		qctx, cancel := context.WithTimeout(ctx, w.cfg.Lease/2)
-		rows, _ := w.store.pool.Query(qctx, sqlRelease, pgx.NamedArgs{"id": a.task.ID, "attempt": a.task.Attempt,
-			"max_attempts": w.cfg.MaxAttempts, "reconcile_us": w.cfg.ReconcileInterval.Microseconds()})
-		states, err := pgx.CollectRows(rows, pgx.RowTo[State])
-		cancel()
-		if err != nil {
-			w.cfg.Logger.Error("pgstore: worker: release", "task", a.task.ID, "err", err)
-		}
-		if len(states) == 1 {
-			ev := WorkerEvent{Type: WorkerRetried, Kind: a.task.Kind, TaskID: a.task.ID, Attempt: a.task.Attempt,
-				Latency: time.Since(a.began), Err: errShutdown}
-			switch states[0] {
-			case StateUncertain:
-				ev.Type = WorkerUncertain
-			case StateFailed:
-				ev.Type = WorkerFailed
-			}
-			w.emit(ev)
-		}
+		w.release(ctx, a)
 		a.cancel(errShutdown)
+	}
+}
+
+// releaseUnwritten hands back, once the completer has stopped, the tasks
+// of attempts whose handler returned but whose outcome was not written.
+func (w *Worker) releaseUnwritten(ctx context.Context) {
+	for _, a := range w.attempts.unwritten() {
+		w.release(ctx, a)
+	}
+}
+
+// release hands a's task back by its kind's Lost policy, fenced by its
+// attempt, and reports it.
+func (w *Worker) release(ctx context.Context, a *attempt) {
+	qctx, cancel := context.WithTimeout(ctx, w.cfg.Lease/2)
+	rows, _ := w.store.pool.Query(qctx, sqlRelease, pgx.NamedArgs{"id": a.task.ID, "attempt": a.task.Attempt,
+		"max_attempts": w.cfg.MaxAttempts, "reconcile_us": w.cfg.ReconcileInterval.Microseconds()})
+	states, err := pgx.CollectRows(rows, pgx.RowTo[State])
+	cancel()
+	if err != nil {
+		w.cfg.Logger.Error("pgstore: worker: release", "task", a.task.ID, "err", err)
+	}
+	if len(states) == 1 {
+		ev := WorkerEvent{Type: WorkerRetried, Kind: a.task.Kind, TaskID: a.task.ID, Attempt: a.task.Attempt,
+			Latency: time.Since(a.began), Err: errShutdown}
+		switch states[0] {
+		case StateUncertain:
+			ev.Type = WorkerUncertain
+		case StateFailed:
+			ev.Type = WorkerFailed
+		}
+		w.emit(ev)
 	}
 }
 

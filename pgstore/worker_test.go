@@ -285,6 +285,44 @@ func TestOutcomeWriteRetriesStopWhenTheLeaseIsLost(t *testing.T) {
 	}
 }
 
+// Outcome writes that keep failing: the outcomes waiting for their write
+// stay within maxWritingPerSlot per slot (no claim past them), and at
+// shutdown the tasks whose outcome never landed are released for another
+// worker, not left running until their lease runs out.
+func TestShutdownReleasesOutcomesThatCouldNotBeWritten(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	const concurrency, tasks = 2, 40
+	batch := make([]NewTask, tasks)
+	for i := range batch {
+		batch[i] = newTask(fmt.Sprint("unwritten-", i))
+	}
+	if _, err := s.SubmitMany(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int64
+	w := newWorker(t, s, WorkerConfig{Concurrency: concurrency, ShutdownTimeout: 100 * time.Millisecond,
+		Handler: func(context.Context, Task) Outcome {
+			ran.Add(1)
+			return Succeeded(json.RawMessage(`1`))
+		}})
+	w.test = &workerTestHooks{failWrite: func(Task, int) error { return errors.New("conn closed") }}
+	stop := runWorker(t, w)
+	const most = (1 + maxWritingPerSlot) * concurrency
+	wait.For(t, patience, "the held outcomes reached their bound", func() bool { return ran.Load() == most })
+	stop()
+	if n := ran.Load(); n != most {
+		t.Errorf("%d handlers ran while no outcome could be written; want %d", n, most)
+	}
+	if n := countRows(t, s.pool, "state = 'running'"); n != 0 {
+		t.Errorf("%d tasks left running after Run returned; want those whose outcome never landed released", n)
+	}
+	if n := countRows(t, s.pool, "state = 'retrying' AND attempt = 1"); n != most {
+		t.Errorf("%d tasks released; want %d", n, most)
+	}
+}
+
 // TestNoClaimAfterCancel: once Run's context has ended, the worker claims
 // nothing more, not even a task it could run at once.
 func TestNoClaimAfterCancel(t *testing.T) {
