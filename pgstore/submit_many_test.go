@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgate/idemgate/internal/wait"
@@ -496,6 +498,119 @@ func TestSubmitManyWakesWorkers(t *testing.T) {
 			got[k] = true
 		case <-timeout:
 			t.Fatalf("ran %v within 10s with an hour's poll interval: no wake-up", got)
+		}
+	}
+}
+
+// Keys that differ only in case, Unicode normalization, invisible or
+// white-space characters are distinct keys (Go dedupes by bytes, like the
+// unique index), each item gets its own key's task back, and a repeat of
+// the batch, shuffled, gets the same tasks as duplicates.
+func TestSubmitManyNearlyEqualKeysAreDistinct(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	keys := []string{"k", "K", "é", "e\u0301", "ǅ", "ǆ", "Ǆ", "a b", "a  b", "a\tb", "ß", "ss", "\u00a0", " ",
+		"İ", "i\u0307", "x\u200bx", "xx", "\U0001F600", "\uFFFD", strings.Repeat("long", 500), strings.Repeat("long", 500) + "!"}
+	batch := make([]NewTask, len(keys))
+	for i, k := range keys {
+		batch[i] = newTask(k)
+	}
+	ids := map[string]string{}
+	for round := range 2 {
+		rand.Shuffle(len(batch), func(i, j int) { batch[i], batch[j] = batch[j], batch[i] })
+		res, err := s.SubmitMany(ctx, batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range res {
+			k := batch[i].IdempotencyKey
+			switch {
+			case r.Err != nil:
+				t.Fatalf("round %d, key %q: %v", round, k, r.Err)
+			case r.Task.IdempotencyKey != k:
+				t.Errorf("round %d, key %q: got the task of key %q", round, k, r.Task.IdempotencyKey)
+			case r.Task.Duplicate != (round == 1):
+				t.Errorf("round %d, key %q: duplicate %v", round, k, r.Task.Duplicate)
+			case round == 1 && ids[k] != r.Task.ID:
+				t.Errorf("key %q: task %s on the repeat, %s first", k, r.Task.ID, ids[k])
+			}
+			ids[k] = r.Task.ID
+		}
+	}
+	if n := countRows(t, s.pool, "true"); n != len(keys) {
+		t.Errorf("%d rows for %d keys", n, len(keys))
+	}
+}
+
+// Batches of many lines (kinds, tenants, priorities) on one connection,
+// past the calls after which Postgres may switch the statement to its
+// generic plan: every line's tasks take consecutive turns, in input order.
+func TestSubmitManyTurnsOnOneConnection(t *testing.T) {
+	t.Parallel()
+	_, db := setup(t)
+	cfg, err := pgxpool.ParseConfig(db.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s := newStore(pool)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(1, 2))
+	type line struct {
+		kind, tenant string
+		priority     int
+	}
+	for call, size := range []int{1, 2, 3, 1, 50, 1, 7, 1, 1, 300, 2, 1} {
+		batch := make([]NewTask, size)
+		for i := range batch {
+			if i > 0 && rng.IntN(10) == 0 {
+				batch[i] = batch[rng.IntN(i)] // the same key again
+				continue
+			}
+			nt := newTask(fmt.Sprintf("c%d-%d", call, i))
+			nt.Kind = []string{"image", "audio"}[rng.IntN(2)]
+			nt.Tenant = []string{"acme", "beta", "gamma"}[rng.IntN(3)]
+			nt.Priority = rng.IntN(3)
+			if rng.IntN(5) == 0 {
+				nt.Params = nil
+			}
+			batch[i] = nt
+		}
+		res, err := s.SubmitMany(ctx, batch)
+		if err != nil {
+			t.Fatalf("call %d: %v", call, err)
+		}
+		ids := make([]string, 0, size)
+		for i, r := range res {
+			if r.Err != nil {
+				t.Fatalf("call %d, item %d: %v", call, i, r.Err)
+			}
+			ids = append(ids, r.Task.ID)
+		}
+		turns := map[string]int64{}
+		rows, _ := pool.Query(ctx, "SELECT id::text, turn FROM idemgate_tasks WHERE id = ANY($1::uuid[])", ids)
+		var id string
+		var turn int64
+		if _, err := pgx.ForEachRow(rows, []any{&id, &turn}, func() error { turns[id] = turn; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		last, seen := map[line]int64{}, map[string]bool{}
+		for i, r := range res {
+			if seen[r.Task.ID] {
+				continue
+			}
+			seen[r.Task.ID] = true
+			l := line{batch[i].Kind, batch[i].Tenant, batch[i].Priority}
+			if prev, ok := last[l]; ok && turns[r.Task.ID] != prev+1 {
+				t.Errorf("call %d, item %d of line %v: turn %d after %d", call, i, l, turns[r.Task.ID], prev)
+			}
+			last[l] = turns[r.Task.ID]
 		}
 	}
 }
