@@ -54,7 +54,7 @@ func errorHandler(logger *slog.Logger) echo.HTTPErrorHandler {
 		case errors.As(err, &p):
 		case errors.Is(err, middleware.ErrKeyReused):
 			// The middleware answers this itself; kept as a backstop.
-			p = &problem{Status: http.StatusConflict, Code: "key_reused",
+			p = &problem{Status: http.StatusConflict, Code: string(middleware.CodeKeyReused),
 				Detail: "this Idempotency-Key was used with other parameters"}
 		case errors.As(err, &he):
 			p = &problem{Status: he.Code, Code: codeForStatus(he.Code)}
@@ -84,7 +84,7 @@ func codeForStatus(status int) string {
 	case http.StatusMethodNotAllowed:
 		return "method_not_allowed"
 	case http.StatusRequestEntityTooLarge:
-		return "body_too_large"
+		return string(middleware.CodeBodyTooLarge)
 	case http.StatusUnsupportedMediaType:
 		return "unsupported_media_type"
 	}

@@ -34,6 +34,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemgate/idemgate/middleware"
 )
 
 // ErrKeyReused matches (errors.Is) a *Problem with code key_reused: the
@@ -74,7 +76,7 @@ func (p *Problem) Error() string {
 
 // Is makes errors.Is(err, ErrKeyReused) hold for a key_reused problem.
 func (p *Problem) Is(target error) bool {
-	return target == ErrKeyReused && p.Code == "key_reused"
+	return target == ErrKeyReused && p.Code == string(middleware.CodeKeyReused)
 }
 
 // ImageRequest is the body of POST /v1/images. Prompt, AspectRatio, N and
@@ -386,9 +388,9 @@ func shouldRetry(err error) (time.Duration, bool) {
 	var p *Problem
 	if errors.As(err, &p) {
 		switch {
-		case p.Code == "key_reused":
+		case p.Code == string(middleware.CodeKeyReused):
 			return 0, false // rule 3: a decision for the caller
-		case p.Status == http.StatusConflict && p.Code == "request_in_progress",
+		case p.Status == http.StatusConflict && p.Code == string(middleware.CodeRequestInProgress),
 			p.Status >= 500, p.Status == http.StatusRequestTimeout,
 			p.Status == http.StatusTooEarly, p.Status == http.StatusTooManyRequests:
 			return p.RetryAfter, true

@@ -18,6 +18,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/idemgate/idemgate/example/client"
+	"github.com/idemgate/idemgate/middleware"
 )
 
 // Tenants and users of the clients. Request ids are shared across them on
@@ -258,7 +259,7 @@ func (p *player) export(ctx context.Context, taskID string) {
 		case status == http.StatusOK:
 			p.end(a, "exported", "")
 			return
-		case status/100 == 4 && code != "request_in_progress" && status != http.StatusRequestTimeout &&
+		case status/100 == 4 && code != string(middleware.CodeRequestInProgress) && status != http.StatusRequestTimeout &&
 			status != http.StatusTooEarly && status != http.StatusTooManyRequests:
 			p.end(a, "rejected", fmt.Sprintf("export: %d %s", status, code))
 			return
@@ -324,10 +325,10 @@ func (p *player) submit(ctx context.Context, key string, req client.ImageRequest
 		}
 		last = err
 		if errors.Is(err, client.ErrKeyReused) {
-			return sub, "key_reused", ""
+			return sub, string(middleware.CodeKeyReused), ""
 		}
 		var pr *client.Problem
-		if errors.As(err, &pr) && pr.Status/100 == 4 && pr.Code != "request_in_progress" &&
+		if errors.As(err, &pr) && pr.Status/100 == 4 && pr.Code != string(middleware.CodeRequestInProgress) &&
 			pr.Status != http.StatusRequestTimeout && pr.Status != http.StatusTooEarly && pr.Status != http.StatusTooManyRequests {
 			return sub, "rejected", pr.Error()
 		}

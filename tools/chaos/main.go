@@ -47,6 +47,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate/middleware"
 )
 
 // Route templates as the history names them.
@@ -557,7 +559,7 @@ func notes(h History) map[string]int {
 	out := map[string]int{}
 	for _, q := range h.Requests {
 		fp, seen := accepted[clientKey{q.Tenant, q.User, q.Key}]
-		if q.Route == routeSubmit && q.Code == "key_reused" && seen && fp == q.FP {
+		if q.Route == routeSubmit && q.Code == string(middleware.CodeKeyReused) && seen && fp == q.FP {
 			out["identical retry refused with key_reused"]++
 		}
 	}

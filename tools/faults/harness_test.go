@@ -269,7 +269,7 @@ func (l *load) client(c int) {
 		for attempt := 0; ; attempt++ {
 			r := send(context.Background(), l.http, l.targets(attempt), key, imageBody)
 			l.record(r)
-			if r.status/100 == 2 || r.code == "key_reused" || l.aborted.Load() {
+			if r.status/100 == 2 || r.code == string(middleware.CodeKeyReused) || l.aborted.Load() {
 				break
 			}
 			if l.stopping.Load() {
@@ -402,9 +402,9 @@ type allowed func(r reply) bool
 // and in-progress 409, both with Retry-After, as problem documents.
 func clearError(r reply) bool {
 	switch {
-	case r.status == http.StatusServiceUnavailable && r.code == "store_unavailable":
+	case r.status == http.StatusServiceUnavailable && r.code == string(middleware.CodeStoreUnavailable):
 		return r.problem && r.retryAfter != ""
-	case r.status == http.StatusConflict && r.code == "request_in_progress":
+	case r.status == http.StatusConflict && r.code == string(middleware.CodeRequestInProgress):
 		return r.problem && r.retryAfter != ""
 	}
 	return false
@@ -434,7 +434,7 @@ func checkReplies(t *testing.T, rs []reply, ok allowed) {
 			}
 			continue
 		}
-		if r.code == "key_reused" {
+		if r.code == string(middleware.CodeKeyReused) {
 			t.Errorf("key %s: 409 key_reused for a byte-identical retry", r.key)
 			continue
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/internal/wait"
+	"github.com/idemgate/idemgate/middleware"
 )
 
 // cluster is the shared stores of a multi-process case and the example
@@ -92,7 +93,7 @@ func TestAPINodeKilled(t *testing.T) {
 	retriedOnB := 0
 	inProgress := 0
 	for _, r := range l.since(killed) {
-		if r.status == http.StatusConflict && r.code == "request_in_progress" {
+		if r.status == http.StatusConflict && r.code == string(middleware.CodeRequestInProgress) {
 			inProgress++
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/idemgate/idemgate/internal/devserver"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/internal/wait"
+	"github.com/idemgate/idemgate/middleware"
 )
 
 // startRedis starts a redis-server of the test's own, to kill or flush.
@@ -33,7 +34,7 @@ func startRedis(t *testing.T) *devserver.Redis {
 }
 
 func storeUnavailable(r reply) bool {
-	return r.status == http.StatusServiceUnavailable && r.code == "store_unavailable"
+	return r.status == http.StatusServiceUnavailable && r.code == string(middleware.CodeStoreUnavailable)
 }
 
 // TestRedisKilled kills redis-server under load: every request is refused
@@ -117,7 +118,7 @@ func TestRedisFlushed(t *testing.T) {
 			}
 		}
 		if i%4 == 0 {
-			if r := send(ctx, hc, tg, key, drift); r.status != http.StatusConflict || r.code != "key_reused" {
+			if r := send(ctx, hc, tg, key, drift); r.status != http.StatusConflict || r.code != string(middleware.CodeKeyReused) {
 				t.Errorf("key %s with drifted parameters after FLUSHALL: %v, want 409 key_reused", key, r)
 			}
 		}
