@@ -145,15 +145,19 @@ func (bc *benchCase) serveN(b *testing.B, i int) {
 	bc.serve(b, bc.keys[i%len(bc.keys)], bc.body, bc.want)
 }
 
-// run times b.N requests and reports Redis commands per request.
+// run times b.N requests and reports Redis commands and this process's
+// CPU time (user and system, the client's included, redis-server's not)
+// per request.
 func (bc *benchCase) run(b *testing.B) {
 	bc.prepare(b)
 	b.ReportAllocs()
+	cpu0 := processCPU()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		bc.serveN(b, i)
 	}
 	b.StopTimer()
+	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
 	b.ReportMetric(float64(bc.counter.n.Load())/float64(b.N), "redis-cmds/op")
 }
 
