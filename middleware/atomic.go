@@ -18,7 +18,6 @@ func (m *idem) passThrough(c echo.Context, next echo.HandlerFunc) error {
 	}
 	st := &call{m: m, rt: m.route(c), start: m.cfg.now()}
 	st.ctx.parent = c.Request().Context()
-	defer st.cancelStore()
 	return st.runAtomic(c, next)
 }
 

@@ -11,24 +11,75 @@ import (
 // store call short — a claim or completion the store already executed
 // would be stranded, and the claim would block the client's retry for a
 // lease — but a dead store must not hold the request forever. Calls share
-// one context while at least half of its time is left: a timer per call
-// costs allocations on every request.
+// one context while at least half of its time is left; its deadline and
+// cancellation are a storeEpoch's, shared with the other requests, so that
+// a request costs no timer of its own.
 func (st *call) storeCtx() context.Context {
 	if st.sctx != nil {
 		if d, _ := st.sctx.Deadline(); time.Until(d) >= st.m.cfg.Lease/2 {
 			return st.sctx
 		}
-		st.scancel()
+		// A handler ran for more than half a lease: a context of its
+		// own, since a store may still hold the first one.
+		st.sctx = &storeContext{values: &st.ctx, epoch: st.m.storeEpoch()}
+		return st.sctx
 	}
-	st.sctx, st.scancel = context.WithTimeout(&st.ctx, st.m.cfg.Lease)
+	st.sc = storeContext{values: &st.ctx, epoch: st.m.storeEpoch()}
+	st.sctx = &st.sc
 	return st.sctx
 }
 
-// cancelStore frees the store context's timer.
-func (st *call) cancelStore() {
-	if st.scancel != nil {
-		st.scancel()
+// epochSlack is the part of a Lease by which a storeEpoch may have run
+// down when a store call starts: every store call gets between 7/8 of a
+// Lease and a Lease, the first call of a request included.
+const epochSlack = 8
+
+// storeEpoch returns a context that ends a Lease after it was made, at
+// least Lease - Lease/epochSlack from now. One is made every
+// Lease/epochSlack at most, and its timer is freed when it fires.
+func (m *idem) storeEpoch() context.Context {
+	now := time.Now()
+	if e := m.epoch.Load(); e != nil && e.deadline.Sub(now) >= m.cfg.Lease-m.cfg.Lease/epochSlack {
+		return e.ctx
 	}
+	e := &epoch{deadline: now.Add(m.cfg.Lease)}
+	e.ctx, e.cancel = context.WithDeadline(context.Background(), e.deadline)
+	m.epoch.Store(e) // a concurrent request's epoch is as good
+	return e.ctx
+}
+
+// epoch is a deadline shared by the store calls of the requests that start
+// while most of it is left.
+type epoch struct {
+	deadline time.Time
+	ctx      context.Context
+	cancel   context.CancelFunc // never called: the deadline frees the timer
+}
+
+// storeContext is a store call's context: the request's values, an
+// epoch's deadline and cancellation. It lives inside call, so a request
+// allocates no context and starts no timer.
+type storeContext struct {
+	values *detached
+	epoch  context.Context
+}
+
+func (c *storeContext) Deadline() (time.Time, bool) { return c.epoch.Deadline() }
+
+func (c *storeContext) Done() <-chan struct{} { return c.epoch.Done() }
+
+func (c *storeContext) Err() error { return c.epoch.Err() }
+
+// Value answers the epoch's own key first: the epoch (a context.WithDeadline
+// of Background) holds no value but the context package's own, which names
+// its cancellation. Contexts derived from this one (a store's
+// context.WithTimeout, context.AfterFunc) so join the epoch's cancellation
+// directly, without a goroutine each, and context.Cause is the epoch's.
+func (c *storeContext) Value(key any) any {
+	if v := c.epoch.Value(key); v != nil {
+		return v
+	}
+	return c.values.Value(key)
 }
 
 // detached is what context.WithoutCancel returns, kept inside call to save

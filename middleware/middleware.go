@@ -59,6 +59,7 @@ type idem struct {
 	fp     *fingerprint.Compiled // cfg.Fingerprint, compiled once
 
 	last   atomic.Pointer[route] // per-route use: always the same route
+	epoch  atomic.Pointer[epoch] // storeEpoch
 	mu     sync.Mutex
 	routes map[routeKey]*route
 }
@@ -94,18 +95,18 @@ func (m *idem) route(c echo.Context) *route {
 
 // call is the state of one protected request, allocated once.
 type call struct {
-	m       *idem
-	rt      *route
-	req     Request
-	key     string // req.Key.String()
-	token   Token
-	start   time.Time
-	ctx     detached        // the request's context without its cancellation
-	sctx    context.Context // storeCtx
-	scancel context.CancelFunc
-	body    bodyReader
-	cw      captureWriter
-	sums    [8]fingerprint.FieldSum // backs the claim's Fields for up to 8 pointers
+	m     *idem
+	rt    *route
+	req   Request
+	key   string // req.Key.String()
+	token Token
+	start time.Time
+	ctx   detached        // the request's context without its cancellation
+	sc    storeContext    // the first storeCtx
+	sctx  context.Context // storeCtx
+	body  bodyReader
+	cw    captureWriter
+	sums  [8]fingerprint.FieldSum // backs the claim's Fields for up to 8 pointers
 
 	renewMu   sync.Mutex
 	renewer   *time.Timer
@@ -144,7 +145,6 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	}
 	st := &call{m: m, rt: m.route(c), start: m.cfg.now()}
 	st.ctx.parent = r.Context()
-	defer st.cancelStore()
 	st.req.Key, err = keyspace.Derive(st.rt.kind, keyspace.Scope{Tenant: tenant, User: user, Request: id})
 	if err != nil {
 		if detail := scopeRefusal(tenant, user); detail != "" {
