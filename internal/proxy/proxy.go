@@ -1,8 +1,9 @@
 // Package proxy is a loopback TCP proxy whose link can be made to misbehave
-// on command: delayed, dropped (blackholed), frozen or cut, or with only
-// the server's next replies held back (DelayReplies). Fault tests put
-// one between a process and the server it talks to (Redis, Postgres) and
-// turn the link bad and good again while the process runs.
+// on command: delayed (both ways, or only the server's replies), dropped
+// (blackholed), frozen or cut, or with only the server's next replies held
+// back (DelayReplies). Fault tests put one between a process and the server
+// it talks to (Redis, Postgres) and turn the link bad and good again while
+// the process runs.
 package proxy
 
 import (
@@ -30,6 +31,12 @@ const (
 	Freeze
 	// Cut closes every connection and refuses new ones until the link heals.
 	Cut
+	// SlowReplies holds every chunk the upstream sends back by the proxy's
+	// delay before forwarding it; what the clients send passes at once. A
+	// request reaches the server and runs while its answer comes late, and
+	// one that comes after the client gave up is a lost reply, not a lost
+	// request. Like Delay, a change of mode releases the held chunk.
+	SlowReplies
 )
 
 func (m Mode) String() string {
@@ -44,6 +51,8 @@ func (m Mode) String() string {
 		return "freeze"
 	case Cut:
 		return "cut"
+	case SlowReplies:
+		return "slow-replies"
 	}
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
@@ -95,7 +104,7 @@ func Start(upstream string) (*Proxy, error) {
 	return p, nil
 }
 
-// Set puts the link in mode m; delay applies to Delay. Leaving Drop
+// Set puts the link in mode m; delay applies to Delay and SlowReplies. Leaving Drop
 // closes the connections that lost bytes; entering Cut closes them all.
 func (p *Proxy) Set(m Mode, delay time.Duration) {
 	p.mu.Lock()
@@ -216,7 +225,7 @@ func (p *Proxy) pipe(k *link, dst, src net.Conn, reply bool) {
 		if n > 0 && reply && p.lateReplies.Load() > 0 && p.lateReplies.Add(-1) >= 0 {
 			time.Sleep(time.Duration(p.lateDelay.Load()))
 		}
-		if n > 0 && !p.forward(dst, buf[:n]) {
+		if n > 0 && !p.forward(dst, buf[:n], reply) {
 			return
 		}
 		if err != nil {
@@ -226,18 +235,21 @@ func (p *Proxy) pipe(k *link, dst, src net.Conn, reply bool) {
 }
 
 // forward writes one chunk under the current mode; false means the link is
-// finished.
-func (p *Proxy) forward(dst net.Conn, b []byte) bool {
+// finished. reply says the chunk comes from the upstream.
+func (p *Proxy) forward(dst net.Conn, b []byte, reply bool) bool {
 	for {
 		m, delay, change, closed := p.state()
 		if closed {
 			return false
 		}
+		if m == SlowReplies && !reply {
+			m = Pass // only the upstream's replies are slowed
+		}
 		switch m {
 		case Pass:
 			_, err := dst.Write(b)
 			return err == nil
-		case Delay:
+		case Delay, SlowReplies:
 			t := time.NewTimer(delay)
 			select {
 			case <-t.C:

@@ -183,7 +183,7 @@ func TestConcurrent(t *testing.T) {
 			}
 		}()
 	}
-	modes := []Mode{Delay, Drop, Freeze, Cut, Pass}
+	modes := []Mode{Delay, Drop, Freeze, Cut, SlowReplies, Pass}
 	for i := range 200 {
 		p.Set(modes[i%len(modes)], time.Millisecond)
 		time.Sleep(time.Millisecond)
@@ -233,5 +233,66 @@ func TestDelayReplies(t *testing.T) {
 	}
 	if got := roundTrip(); got >= delay {
 		t.Errorf("next reply came after %v, want at once", got)
+	}
+}
+
+// TestSlowReplies: the request reaches the server at once while its reply
+// is held back by the delay; healing releases the held reply at once.
+func TestSlowReplies(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	seen := make(chan string, 1) // each line as the server receives it
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		r := bufio.NewReader(c)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			seen <- line
+			if _, err := c.Write([]byte(line)); err != nil {
+				return
+			}
+		}
+	}()
+	p, err := Start(l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	c := dial(t, p)
+	if got, err := c.roundTrip("warm", 5*time.Second); err != nil || got != "warm" {
+		t.Fatalf("before slowing: %q, %v", got, err)
+	}
+	<-seen
+
+	p.Set(SlowReplies, time.Hour)
+	if got, err := c.roundTrip("slow", 200*time.Millisecond); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("an hour's reply delay answered within the wait: %q, %v", got, err)
+	}
+	select {
+	case line := <-seen:
+		if line != "slow\n" {
+			t.Fatalf("server received %q, want the request", line)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request did not reach the server: SlowReplies held the client's bytes too")
+	}
+	p.Heal()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if line, err := c.r.ReadString('\n'); err != nil || line != "slow\n" {
+		t.Fatalf("after healing: %q, %v; want the held reply", line, err)
+	}
+	if got := SlowReplies.String(); got != "slow-replies" {
+		t.Errorf("SlowReplies.String() = %q", got)
 	}
 }

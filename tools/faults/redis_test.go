@@ -4,17 +4,14 @@ package faults
 
 import (
 	"context"
-	"io"
-	"net"
 	"net/http"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/internal/devserver"
+	"github.com/idemgate/idemgate/internal/proxy"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/internal/wait"
 	"github.com/idemgate/idemgate/middleware"
@@ -132,92 +129,32 @@ func TestRedisFlushed(t *testing.T) {
 	t.Logf("%d keys accepted before FLUSHALL all kept their task", len(before))
 }
 
-// delayProxy forwards TCP to upstream, holding every reply chunk back by
-// the current delay.
-type delayProxy struct {
-	addr  string
-	delay atomic.Int64 // nanoseconds
-	l     net.Listener
-	wg    sync.WaitGroup
-}
-
-func startDelayProxy(t *testing.T, upstream string) *delayProxy {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &delayProxy{addr: l.Addr().String(), l: l}
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			p.wg.Add(1)
-			go func() {
-				defer p.wg.Done()
-				p.pipe(c, upstream)
-			}()
-		}
-	}()
-	t.Cleanup(func() { l.Close(); p.wg.Wait() })
-	return p
-}
-
-func (p *delayProxy) pipe(c net.Conn, upstream string) {
-	defer c.Close()
-	u, err := net.Dial("tcp", upstream)
-	if err != nil {
-		return
-	}
-	defer u.Close()
-	done := make(chan struct{}, 2)
-	go func() { io.Copy(u, c); u.Close(); done <- struct{}{} }()
-	go func() {
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := u.Read(buf)
-			if n > 0 {
-				time.Sleep(time.Duration(p.delay.Load()))
-				if _, werr := c.Write(buf[:n]); werr != nil {
-					break
-				}
-			}
-			if err != nil {
-				break
-			}
-		}
-		c.Close()
-		done <- struct{}{}
-	}()
-	<-done
-	<-done
-}
-
-// TestRedisSlow puts a loopback proxy that delays Redis's replies beyond
-// the client's read timeout: answers stay bounded in time (503
+// TestRedisSlow puts a loopback proxy that delays Redis's replies
+// (proxy.SlowReplies: the commands reach Redis at once) beyond the
+// client's read timeout: answers stay bounded in time (503
 // store_unavailable or 409 in progress, never a hang), and a claim that
 // Redis executed but whose reply was lost never lets a key run twice.
 func TestRedisSlow(t *testing.T) {
 	rs := startRedis(t)
-	proxy := startDelayProxy(t, rs.Addr)
+	px, err := proxy.Start(rs.Addr)
+	if err != nil {
+		t.Fatalf("start proxy: %v", err)
+	}
+	t.Cleanup(func() { px.Close() })
 	pool := migratedPool(t, testenv.PostgresDSN(t))
 	const readTimeout = 300 * time.Millisecond
 	n := startNode(t, nodeConfig{
-		redis: &redis.Options{Addr: proxy.addr, ReadTimeout: readTimeout, WriteTimeout: readTimeout, DialTimeout: readTimeout},
+		redis: &redis.Options{Addr: px.Addr, ReadTimeout: readTimeout, WriteTimeout: readTimeout, DialTimeout: readTimeout},
 		pool:  pool, lease: 2 * time.Second,
 	})
 	const tenant = "faults-redis-slow"
 	l := startLoad(t, 8, "slow", func(int) target { return headerTarget(n.url, tenant) })
 	l.waitAccepted(t, 30, 20*time.Second)
 
-	proxy.delay.Store(int64(time.Second))
+	px.Set(proxy.SlowReplies, time.Second)
 	slow := time.Now()
 	time.Sleep(3 * time.Second)
-	proxy.delay.Store(0)
+	px.Heal()
 	healed := time.Now()
 	l.waitAccepted(t, 30, 30*time.Second)
 	l.stop()
