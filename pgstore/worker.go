@@ -66,6 +66,10 @@ type workerTestHooks struct {
 	// plainClaim, when set, is run instead of the claim statement, alone
 	// (no transaction, no limits): an older claim, to measure against.
 	plainClaim string
+	// gathered runs in the claim loop when its wait for every slot ended
+	// on the timer, before it reads the free slots again: a test claims
+	// there to take them.
+	gathered func()
 }
 
 // NewWorker returns a worker for s; start it with Run. It copies cfg's
@@ -204,6 +208,14 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 			case <-w.wake:
 				continue
 			case <-gather.C:
+				// The wait is over whatever comes next: should another
+				// claim (a Reconcile's) take the free slots before they
+				// are read, the timer is spent, and waiting on it again
+				// would claim only once every slot is free.
+				gathering = false
+			}
+			if w.test != nil && w.test.gathered != nil {
+				w.test.gathered()
 			}
 			free = w.attempts.free(w.cfg.Concurrency)
 		}

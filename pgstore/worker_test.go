@@ -1088,3 +1088,71 @@ func TestAttemptsFree(t *testing.T) {
 		})
 	}
 }
+
+// While a backlog waits, the claim loop waits up to claimGather for every
+// slot to be free. A claim of uncertain tasks (Reconcile) that takes the
+// slots left between the end of that wait and the loop's next look at
+// them must not leave the loop waiting for every slot: its timer is
+// spent, so it would claim again only once all slots were free.
+func TestClaimLoopClaimsAfterAReconcileTookTheGatheredSlots(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	release := map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{}), "u": make(chan struct{})}
+	started := make(chan string, 10)
+	h := func(ctx context.Context, t Task) Outcome {
+		started <- t.IdempotencyKey
+		if ch := release[t.IdempotencyKey]; ch != nil {
+			select {
+			case <-ch:
+			case <-ctx.Done():
+			}
+		}
+		return Succeeded(json.RawMessage(`1`))
+	}
+	waitStarted := func(want string) {
+		t.Helper()
+		select {
+		case got := <-started:
+			if got != want {
+				t.Fatalf("%q started; want %q", got, want)
+			}
+		case <-time.After(patience):
+			t.Fatalf("%q did not start", want)
+		}
+	}
+	var armed atomic.Bool
+	w := newWorker(t, s, WorkerConfig{Concurrency: 2, Handler: h, Reconcile: h, RescueInterval: time.Hour})
+	w.test = &workerTestHooks{gathered: func() {
+		if armed.CompareAndSwap(true, false) {
+			if err := w.reconcile(ctx, ctx); err != nil {
+				t.Errorf("reconcile: %v", err)
+			}
+		}
+	}}
+	runWorker(t, w)
+	mustSubmit(t, s, newTask("a"))
+	waitStarted("a")
+	mustSubmit(t, s, newTask("b"))
+	waitStarted("b")
+	// Both slots are taken (the last claim was full: a backlog may wait).
+	u := mustSubmit(t, s, newTask("u"))
+	if _, err := s.pool.Exec(ctx, `UPDATE idemgate_tasks SET state = 'uncertain', attempt = 1, tries = 1,
+		run_after = now() - interval '1 second' WHERE id = $1::uuid`, u.ID); err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	close(release["a"]) // a slot frees: the loop waits for the other, then the Reconcile takes it
+	waitStarted("u")
+	mustSubmit(t, s, newTask("c"))
+	close(release["b"]) // one of two slots frees while u's Reconcile runs on
+	select {
+	case got := <-started:
+		if got != "c" {
+			t.Fatalf("%q started; want c", got)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("c did not start in 3s with a slot free: the claim loop waits for every slot")
+	}
+	close(release["u"])
+}
