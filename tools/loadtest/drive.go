@@ -90,6 +90,11 @@ func (b *bench) start(ctx context.Context) error {
 		return fmt.Errorf("pgstore migrate: %w", err)
 	}
 	b.env.closers = append(b.env.closers, b.cleanup)
+	if b.o.pgWrite == pgWriteLedger {
+		if err := createLedgerTable(ctx, b.env.db); err != nil {
+			return err
+		}
+	}
 	for _, name := range b.o.stacks {
 		var st *stack
 		switch name {
@@ -129,7 +134,7 @@ func (b *bench) migrateRecords(ctx context.Context) error {
 }
 
 // cleanup removes this run's rows (every stack's tasks, idemgate-pg's
-// records) and the pg-floor's table, for runs against a database given by
+// records) and the pg-floor's and the ledger's tables, for runs against a database given by
 // -database-url (a throwaway one is removed anyway).
 func (b *bench) cleanup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -149,6 +154,11 @@ func (b *bench) cleanup() {
 	if slices.Contains(b.o.stacks, pgFloorName) {
 		if _, err := b.env.db.Exec(ctx, `DROP TABLE IF EXISTS `+pgFloorTable); err != nil {
 			fmt.Fprintf(b.log, "loadtest: drop %s: %v\n", pgFloorTable, err)
+		}
+	}
+	if b.o.pgWrite == pgWriteLedger {
+		if _, err := b.env.db.Exec(ctx, `DROP TABLE IF EXISTS `+ledgerTable); err != nil {
+			fmt.Fprintf(b.log, "loadtest: drop %s: %v\n", ledgerTable, err)
 		}
 	}
 }
@@ -603,7 +613,7 @@ func (b *bench) result(ctx context.Context, sc scenario, st *stack, tl *tally) (
 	res.TaskIDMismatches = tl.seen.mismatch
 	res.AcceptedKeys = int64(len(tl.seen.accepted))
 	if err := b.env.db.QueryRow(ctx,
-		`SELECT count(*), count(*) - count(DISTINCT idempotency_key) FROM `+st.table+` WHERE tenant = $1`,
+		`SELECT count(*), count(*) - count(DISTINCT `+st.keyCol+`) FROM `+st.table+` WHERE tenant = $1`,
 		tl.tenant).Scan(&res.Rows, &res.DuplicateRows); err != nil {
 		return nil, fmt.Errorf("count rows: %w", err)
 	}

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/multitracer"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -32,6 +34,9 @@ type env struct {
 	pgServer     *pgcpu.Server // reads Postgres CPU; nil when the server is not on this machine
 	redisVersion string
 	pgVersion    string
+	// tracer, when set before the stacks start (a test), also traces the
+	// statements of every pool whose round trips are counted.
+	tracer pgx.QueryTracer
 
 	closers []func()
 }
@@ -122,7 +127,10 @@ func (e *env) newPool(ctx context.Context, n int, rt *pgtrace.RoundTrips) (*pgxp
 	}
 	cfg.MaxConns = int32(n)
 	cfg.MinConns = int32(n)
-	if rt != nil {
+	switch {
+	case rt != nil && e.tracer != nil:
+		cfg.ConnConfig.Tracer = multitracer.New(rt, e.tracer)
+	case rt != nil:
 		cfg.ConnConfig.Tracer = rt
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

@@ -85,6 +85,22 @@ func TestHTMLReport(t *testing.T) {
 	}
 }
 
+// TestHTMLReportSaysTheLedgerWrite: a -pg-write ledger run says that
+// its handler wrote a ledger row, not the task; a task run does not.
+func TestHTMLReportSaysTheLedgerWrite(t *testing.T) {
+	for _, write := range []string{pgWriteTask, pgWriteLedger} {
+		r := sampleReport()
+		r.PGWrite = write
+		var buf bytes.Buffer
+		if err := r.writeHTML(&buf); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(buf.String(), "-pg-write ledger"); got != (write == pgWriteLedger) {
+			t.Errorf("-pg-write %s: the report mentions the ledger write: %v", write, got)
+		}
+	}
+}
+
 var pointsRE = regexp.MustCompile(`points="([^"]*)"`)
 
 // TestPlotScale checks the geometry: every point inside the plot area,

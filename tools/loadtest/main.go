@@ -24,6 +24,13 @@
 //   - idemgate-pg-atomic: idemgate-pg on an Atomic route, the task's
 //     INSERT in the transaction that stores the answer.
 //
+// -pg-write ledger compares idemgate-pg-atomic with idemgate-pg alone (it
+// refuses the other stacks): their handler then writes one ledger row
+// (one INSERT into loadtest_ledger, a table the tool creates and drops)
+// instead of the task, on the Atomic route in its transaction, on the
+// plain route in autocommit on the same records pool, so that the round
+// trips compare.
+//
 // floor-script and idemgate are compared to floor, idemgate-pg to
 // pg-floor, idemgate-pg-atomic to idemgate-pg. The Postgres stacks keep records on a pool of their own, apart
 // from the task work's, so that its round trips are theirs alone; Postgres
@@ -43,7 +50,7 @@
 //
 // Usage:
 //
-//	go run ./tools/loadtest [-duration 5s] [-rounds 5] [-concurrency 32] [-slow 50ms] [-stacks …] [-scenarios …] [-cluster 3] [-json] [-html out.html]
+//	go run ./tools/loadtest [-duration 5s] [-rounds 5] [-concurrency 32] [-slow 50ms] [-stacks …] [-scenarios …] [-cluster 3] [-pg-write task|ledger] [-json] [-html out.html]
 //
 // Each scenario runs -rounds short rounds per stack, alternating the
 // stacks, so that all meet the same background load; the ratio to the
@@ -95,7 +102,17 @@ type options struct {
 	cpuprofile  string
 	warmup      time.Duration
 	rounds      int
+	// pgWrite is the handler's write on idemgate-pg and idemgate-pg-atomic:
+	// pgWriteTask (pgstore.Submit, SubmitTx on the Atomic route) or
+	// pgWriteLedger (one INSERT of a ledger row).
+	pgWrite string
 }
+
+// The values of -pg-write.
+const (
+	pgWriteTask   = "task"
+	pgWriteLedger = "ledger"
+)
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -140,6 +157,11 @@ usage: go run ./loadtest [flags]
 	fs.StringVar(&o.htmlOut, "html", "", "also write a self-contained HTML report with plots to this file")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured warm-up per stack before the scenarios")
+	fs.StringVar(&o.pgWrite, "pg-write", pgWriteTask, "the handler's write on "+idemgatePGName+" and "+idemgatePGAtomicName+": "+
+		pgWriteTask+" (the task, pgstore.Submit on the task pool; on the Atomic route pgstore.SubmitTx in the transaction, under a savepoint) or "+
+		pgWriteLedger+" (one INSERT of a row into "+ledgerTable+", which the tool creates and drops: on the Atomic route in its transaction, "+
+		"on the plain route in autocommit on the same records pool, so pg rt/req compare). "+
+		pgWriteLedger+" compares those two stacks only: -stacks then defaults to them, and naming another stack is an error")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -153,11 +175,26 @@ usage: go run ./loadtest [flags]
 		}
 		o.scenarios = append(o.scenarios, s)
 	}
+	switch o.pgWrite {
+	case pgWriteTask:
+	case pgWriteLedger:
+		stacksSet := false
+		fs.Visit(func(f *flag.Flag) { stacksSet = stacksSet || f.Name == "stacks" })
+		if !stacksSet {
+			stacks = idemgatePGName + "," + idemgatePGAtomicName
+		}
+	default:
+		return o, fmt.Errorf("unknown -pg-write %q (want %s or %s)", o.pgWrite, pgWriteTask, pgWriteLedger)
+	}
 	want := map[string]bool{}
 	for _, s := range strings.Split(stacks, ",") {
 		s = strings.TrimSpace(s)
 		if !slices.Contains(stackOrder, s) {
 			return o, fmt.Errorf("unknown stack %q (want %s)", s, strings.Join(stackOrder, ", "))
+		}
+		if o.pgWrite == pgWriteLedger && s != idemgatePGName && s != idemgatePGAtomicName {
+			return o, fmt.Errorf("-pg-write %s compares %s with %s (the same ledger INSERT, in autocommit and on an Atomic route): it does not apply to stack %q",
+				pgWriteLedger, idemgatePGAtomicName, idemgatePGName, s)
 		}
 		want[s] = true
 	}
@@ -223,6 +260,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Concurrency: o.concurrency,
 		Slow:        o.slow.String(),
 		DupGroup:    o.dupGroup,
+		PGWrite:     o.pgWrite,
 	}
 	for _, st := range b.stacks {
 		if err := b.warm(ctx, st); err != nil {

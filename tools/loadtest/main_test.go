@@ -133,6 +133,111 @@ func TestRun(t *testing.T) {
 	}
 }
 
+// TestRunLedger runs every scenario briefly with -pg-write ledger: the
+// two stacks it compares, one ledger INSERT per new key on each (the
+// Atomic miss costs the plain miss's 3 round trips on the records pool: the
+// claim, BEGIN and SET LOCAL sent with the INSERT, the completion sent
+// with COMMIT), one ledger row per accepted key, none added by a replay or
+// a conflict, and the table the tool made dropped at the end.
+func TestRunLedger(t *testing.T) {
+	ro := testenv.Redis(t)
+	dsn := testenv.PostgresDSN(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, log bytes.Buffer
+	err := run(ctx, []string{
+		"-duration", "300ms", "-warmup", "200ms", "-concurrency", "4", "-dup-group", "2",
+		"-keys", "16", "-slow", "20ms", "-pg-conns", "4", "-json", "-pg-write", "ledger",
+		"-redis-url", fmt.Sprintf("redis://%s/%d", ro.Addr, ro.DB), "-database-url", dsn,
+	}, &out, &log)
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, log.String())
+	}
+	var rep report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("decode -json output: %v\n%s", err, out.String())
+	}
+	if rep.PGWrite != pgWriteLedger {
+		t.Errorf("report says pg_write %q, want %q", rep.PGWrite, pgWriteLedger)
+	}
+	stacks := []string{idemgatePGName, idemgatePGAtomicName}
+	if len(rep.Results) != 4*len(stacks) {
+		t.Fatalf("%d results, want 4 scenarios × %v", len(rep.Results), stacks)
+	}
+	wantRT := map[string]float64{"miss": 3, "replay": 1, "conflict": 1}
+	wantStatus := map[string][]string{"miss": {"202"}, "replay": {"202"}, "conflict": {"409"}, "dup": {"202", "409"}}
+	for i, res := range rep.Results {
+		name := res.Scenario + "/" + res.Stack
+		if want := stacks[i%len(stacks)]; res.Stack != want {
+			t.Errorf("result %d is %s, want stack %s", i, name, want)
+		}
+		switch {
+		case res.Stack == idemgatePGAtomicName && (res.Floor != idemgatePGName || res.RatioToFloor <= 0):
+			t.Errorf("%s: ratio %.2f to %q, want a ratio to %s", name, res.RatioToFloor, res.Floor, idemgatePGName)
+		case res.Stack == idemgatePGName && res.RatioToFloor != 0:
+			t.Errorf("%s: ratio %.2f to %q, whose floor did not run", name, res.RatioToFloor, res.Floor)
+		}
+		if want, ok := wantRT[res.Scenario]; ok && (math.Abs(res.PGRoundTripsPerReq-want) > 1e-9 || res.RedisRoundTripsPerReq != 0) {
+			t.Errorf("%s: %.3f Postgres round trips per request on the records pool (want %v), %.3f to Redis (want 0)",
+				name, res.PGRoundTripsPerReq, want, res.RedisRoundTripsPerReq)
+		}
+		if res.Requests == 0 || res.TransportErrors != 0 {
+			t.Errorf("%s: %d requests, %d transport errors", name, res.Requests, res.TransportErrors)
+		}
+		if res.DuplicateExecutions != 0 || res.DuplicateRows != 0 || res.TaskIDMismatches != 0 {
+			t.Errorf("%s: %d duplicate executions, %d duplicate rows, %d entry id mismatches",
+				name, res.DuplicateExecutions, res.DuplicateRows, res.TaskIDMismatches)
+		}
+		if res.RowsPerAcceptedKey != 1 {
+			t.Errorf("%s: %.3f ledger rows per accepted key (%d rows, %d keys), want 1", name, res.RowsPerAcceptedKey, res.Rows, res.AcceptedKeys)
+		}
+		for code := range res.Status {
+			if !contains(wantStatus[res.Scenario], code) {
+				t.Errorf("%s: status %s (%d times), want only %v", name, code, res.Status[code], wantStatus[res.Scenario])
+			}
+		}
+		switch res.Scenario {
+		case "miss":
+			if res.HandlerExecutions != res.Requests || res.RowsCreated != res.Requests || res.Rows != res.Requests {
+				t.Errorf("%s: %d executions, %d rows written, %d in the ledger for %d requests of new keys",
+					name, res.HandlerExecutions, res.RowsCreated, res.Rows, res.Requests)
+			}
+			if testenv.PostgresServer(t) != nil && res.PGCPUusPerReq <= 0 {
+				t.Errorf("%s: Postgres CPU per request %v, want > 0", name, res.PGCPUusPerReq)
+			}
+		case "replay", "conflict":
+			// The seeding wrote the keys' rows; the measured requests none.
+			if res.HandlerExecutions != 0 || res.RowsCreated != 0 || res.Rows != 16 {
+				t.Errorf("%s: %d executions, %d rows written, %d in the ledger for the 16 seeded keys",
+					name, res.HandlerExecutions, res.RowsCreated, res.Rows)
+			}
+		}
+	}
+	db, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(ctx)
+	var records int
+	var ledger *string
+	if err := db.QueryRow(ctx, `SELECT (SELECT count(*) FROM idemgate_records), to_regclass($1)::text`, ledgerTable).Scan(&records, &ledger); err != nil {
+		t.Fatal(err)
+	}
+	if records != 0 || ledger != nil {
+		t.Errorf("after the run: %d records left and the ledger table %v, want neither", records, ledger)
+	}
+
+	// The table says which write was measured, and gives both stacks' pg
+	// round trips and CPU and the Atomic stack's ratio to the plain one.
+	var table bytes.Buffer
+	rep.writeTable(&table)
+	for _, want := range []string{"-pg-write ledger", "pg rt/req", "pg µs/req", idemgatePGAtomicName + " ÷ " + idemgatePGName + ": miss "} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("the table does not say %q:\n%s", want, table.String())
+		}
+	}
+}
+
 // TestRunCluster runs the Redis stacks on a cluster the tool starts: the
 // same round trips per request as on one server, every request answered,
 // and the commands counted over every primary.
@@ -271,6 +376,13 @@ func TestParseFlagsStacks(t *testing.T) {
 			want: []string{pgFloorName, idemgatePGName}},
 		{name: "unknown", given: []string{"-stacks", "floor,pg"}, wantErr: true},
 		{name: "empty", given: []string{"-stacks", ""}, wantErr: true},
+		{name: "ledger: the two stacks it compares by default", given: []string{"-pg-write", "ledger"},
+			want: []string{idemgatePGName, idemgatePGAtomicName}},
+		{name: "ledger: one of them", given: []string{"-pg-write", "ledger", "-stacks", "idemgate-pg-atomic"},
+			want: []string{idemgatePGAtomicName}},
+		{name: "ledger refuses another stack", given: []string{"-pg-write", "ledger", "-stacks", "pg-floor,idemgate-pg,idemgate-pg-atomic"}, wantErr: true},
+		{name: "task: every stack", given: []string{"-pg-write", "task"}, want: stackOrder},
+		{name: "unknown write", given: []string{"-pg-write", "row"}, wantErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -47,9 +47,12 @@ const (
 // Store (a records pool of its own, its round trips counted) + the same
 // handler as the idemgate stack; with atomic, on an Atomic route whose
 // task goes in with the stored answer (the records pool is then the tasks'
-// too: one transaction holds both).
+// too: one transaction holds both). With -pg-write ledger the handler
+// writes a ledger row on the records pool instead (in the Atomic route's
+// transaction, or in autocommit), so both stacks' pools carry the same
+// statements but for BEGIN and COMMIT.
 func newIdemgatePG(ctx context.Context, e *env, o options, atomic bool) (*stack, error) {
-	st := &stack{name: idemgatePGName, floor: pgFloorName, table: tasksTable,
+	st := &stack{name: idemgatePGName, floor: pgFloorName, table: tasksTable, keyCol: tasksKeyCol,
 		rt: &roundTrips{}, pgrt: &pgtrace.RoundTrips{}, execs: newExecutions()}
 	if atomic {
 		st.name, st.floor = idemgatePGAtomicName, idemgatePGName
@@ -58,13 +61,17 @@ func newIdemgatePG(ctx context.Context, e *env, o options, atomic bool) (*stack,
 	if err != nil {
 		return nil, err
 	}
-	tasks, err := e.taskStore(ctx, o)
-	if err != nil {
-		return nil, err
-	}
-	if atomic {
-		if tasks, err = pgstore.New(ctx, pool); err != nil {
+	h := &idemHandler{execs: st.execs}
+	switch {
+	case o.pgWrite == pgWriteLedger:
+		h.ledger, st.table, st.keyCol = pool, ledgerTable, ledgerKeyCol
+	case atomic:
+		if h.tasks, err = pgstore.New(ctx, pool); err != nil {
 			return nil, fmt.Errorf("pgstore: %w", err)
+		}
+	default:
+		if h.tasks, err = e.taskStore(ctx, o); err != nil {
+			return nil, err
 		}
 	}
 	records, err := pgrecords.New(ctx, pool)
@@ -74,10 +81,38 @@ func newIdemgatePG(ctx context.Context, e *env, o options, atomic bool) (*stack,
 	if err := records.Migrate(ctx); err != nil {
 		return nil, fmt.Errorf("pgrecords migrate: %w", err)
 	}
-	if err := serveMiddleware(st, records, tasks, atomic); err != nil {
+	if err := serveMiddleware(st, records, h, atomic); err != nil {
 		return nil, err
 	}
 	return st, nil
+}
+
+// The ledger of -pg-write ledger: one row per request that ran, keyed by
+// its idempotency key (as the records are), with the tenant to count a
+// scenario's rows by. createLedgerTable makes it before the stacks start,
+// bench.cleanup drops it.
+const (
+	ledgerTable     = "loadtest_ledger"
+	ledgerKeyCol    = "key"
+	sqlCreateLedger = `CREATE TABLE ` + ledgerTable + ` (
+	key        text        NOT NULL PRIMARY KEY,
+	tenant     text        NOT NULL,
+	id         uuid        NOT NULL,
+	amount     bigint      NOT NULL,
+	created_at timestamptz NOT NULL DEFAULT now()
+)`
+	sqlLedgerInsert = `INSERT INTO ` + ledgerTable + ` (key, tenant, id, amount) VALUES ($1, $2, $3, $4)`
+)
+
+// createLedgerTable (re)creates the ledger table.
+func createLedgerTable(ctx context.Context, db *pgxpool.Pool) error {
+	if _, err := db.Exec(ctx, `DROP TABLE IF EXISTS `+ledgerTable); err != nil {
+		return fmt.Errorf("drop %s: %w", ledgerTable, err)
+	}
+	if _, err := db.Exec(ctx, sqlCreateLedger); err != nil {
+		return fmt.Errorf("create %s: %w", ledgerTable, err)
+	}
+	return nil
 }
 
 // The pg-floor's statements, on pgrecords' columns: ident is the owner,
@@ -167,7 +202,7 @@ func newPGFloor(ctx context.Context, e *env, o options) (*stack, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &stack{name: pgFloorName, table: tasksTable, rt: &roundTrips{}, pgrt: &pgtrace.RoundTrips{}, execs: newExecutions()}
+	st := &stack{name: pgFloorName, table: tasksTable, keyCol: tasksKeyCol, rt: &roundTrips{}, pgrt: &pgtrace.RoundTrips{}, execs: newExecutions()}
 	pool, err := e.newPool(ctx, o.pgConns, st.pgrt)
 	if err != nil {
 		return nil, err

@@ -9,8 +9,11 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemgate/idemgate/internal/testenv"
 )
@@ -18,15 +21,23 @@ import (
 // startStacks builds the named stacks on real servers, as a run does.
 func startStacks(t *testing.T, ctx context.Context, names ...string) *bench {
 	t.Helper()
+	return startBench(t, ctx, options{stacks: names, pgWrite: pgWriteTask}, nil)
+}
+
+// startBench builds o's stacks on real servers, as a run does, each
+// counted pool also traced by tracer when it is not nil.
+func startBench(t *testing.T, ctx context.Context, o options, tracer pgx.QueryTracer) *bench {
+	t.Helper()
 	ro := testenv.Redis(t)
-	o := options{concurrency: 2, pgConns: 2, stacks: names,
-		redisURL:    fmt.Sprintf("redis://%s/%d", ro.Addr, ro.DB),
-		databaseURL: testenv.PostgresDSN(t)}
+	o.concurrency, o.pgConns = 2, 2
+	o.redisURL = fmt.Sprintf("redis://%s/%d", ro.Addr, ro.DB)
+	o.databaseURL = testenv.PostgresDSN(t)
 	e, err := startEnv(ctx, o, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.close)
+	e.tracer = tracer
 	b := newBench(e, o, io.Discard)
 	if err := b.start(ctx); err != nil {
 		t.Fatal(err)
@@ -154,6 +165,154 @@ func TestPGStacks(t *testing.T) {
 			}
 		}
 	})
+}
+
+// statementLog is a pgx tracer that keeps each round trip's statements:
+// a query on its own, a batch's in order.
+type statementLog struct {
+	mu    sync.Mutex
+	trips [][]string
+}
+
+func (l *statementLog) add(sqls ...string) {
+	l.mu.Lock()
+	l.trips = append(l.trips, sqls)
+	l.mu.Unlock()
+}
+
+// take returns the round trips so far, each statement named by
+// statementName, and forgets them.
+func (l *statementLog) take() [][]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([][]string, len(l.trips))
+	for i, trip := range l.trips {
+		for _, sql := range trip {
+			out[i] = append(out[i], statementName(sql))
+		}
+	}
+	l.trips = nil
+	return out
+}
+
+func (l *statementLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	l.add(d.SQL)
+	return ctx
+}
+
+func (l *statementLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (l *statementLog) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	var sqls []string
+	for _, q := range d.Batch.QueuedQueries {
+		sqls = append(sqls, q.SQL)
+	}
+	l.add(sqls...)
+	return ctx
+}
+
+func (l *statementLog) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (l *statementLog) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// statementName names what a statement does, for comparing round trips:
+// begin, set local, commit, ledger insert, records (a statement on
+// pgrecords' table: claim or completion), or else the statement itself.
+func statementName(sql string) string {
+	s := strings.ToLower(strings.TrimSpace(sql))
+	switch {
+	case s == "begin" || s == "commit":
+		return s
+	case strings.HasPrefix(s, "set local "):
+		return "set local"
+	case sql == sqlLedgerInsert:
+		return "ledger insert"
+	case strings.Contains(s, recordsTable):
+		return "records"
+	}
+	return sql
+}
+
+// TestPGStacksLedger: with -pg-write ledger, idemgate-pg and
+// idemgate-pg-atomic write one ledger row per new key and nothing for a
+// replay or a conflict, and their records pools send the statements the
+// comparison rests on. A miss is 3 round trips on either: the claim; the
+// INSERT (on the Atomic route with BEGIN and its SET LOCAL in front, in
+// the same round trip: pgrecords' lazy transaction); the completion (on
+// the Atomic route with COMMIT behind it, in the same round trip). A
+// replay or a conflict is the claim alone: no transaction is opened.
+func TestPGStacksLedger(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	log := &statementLog{}
+	b := startBench(t, ctx, options{stacks: []string{idemgatePGName, idemgatePGAtomicName}, pgWrite: pgWriteLedger}, log)
+	plainMiss := [][]string{{"records"}, {"ledger insert"}, {"records"}}
+	atomicMiss := [][]string{{"records"}, {"begin", "set local", "ledger insert"}, {"records", "commit"}}
+	claimOnly := [][]string{{"records"}}
+	type step struct {
+		name       string
+		key        string
+		body       []byte
+		wantStatus int
+		wantReplay bool
+		wantRows   int // the tenant's ledger rows after the step
+		wantTrips  map[string][][]string
+	}
+	steps := []step{
+		{name: "miss", key: "k1", body: baseBody, wantStatus: 202, wantRows: 1,
+			wantTrips: map[string][][]string{idemgatePGName: plainMiss, idemgatePGAtomicName: atomicMiss}},
+		{name: "replay", key: "k1", body: baseBody, wantStatus: 202, wantReplay: true, wantRows: 1,
+			wantTrips: map[string][][]string{idemgatePGName: claimOnly, idemgatePGAtomicName: claimOnly}},
+		{name: "conflict", key: "k1", body: driftBody, wantStatus: 409, wantRows: 1,
+			wantTrips: map[string][][]string{idemgatePGName: claimOnly, idemgatePGAtomicName: claimOnly}},
+		{name: "second miss", key: "k2", body: baseBody, wantStatus: 202, wantRows: 2,
+			wantTrips: map[string][][]string{idemgatePGName: plainMiss, idemgatePGAtomicName: atomicMiss}},
+		{name: "second replay", key: "k2", body: baseBody, wantStatus: 202, wantReplay: true, wantRows: 2,
+			wantTrips: map[string][][]string{idemgatePGName: claimOnly, idemgatePGAtomicName: claimOnly}},
+	}
+	for _, st := range b.stacks {
+		t.Run(st.name, func(t *testing.T) {
+			if st.table != ledgerTable {
+				t.Fatalf("rows counted in %q, want %q", st.table, ledgerTable)
+			}
+			first := map[string]reply{}
+			for _, s := range steps {
+				log.take()
+				before := st.pgrt.Load()
+				got := post(t, ctx, st, s.key, s.body, false)
+				rt := st.pgrt.Load() - before
+				trips := log.take()
+				if got.status != s.wantStatus {
+					t.Fatalf("%s: status %d, want %d: %s", s.name, got.status, s.wantStatus, got.body)
+				}
+				if want := s.wantTrips[st.name]; fmt.Sprint(trips) != fmt.Sprint(want) || rt != int64(len(want)) {
+					t.Errorf("%s: %d round trips counted on the records pool, statements %q; want %d: %q",
+						s.name, rt, trips, len(want), want)
+				}
+				if replayed := got.header.Get("Idempotent-Replayed") == "true"; replayed != s.wantReplay {
+					t.Errorf("%s: Idempotent-Replayed %q", s.name, got.header.Get("Idempotent-Replayed"))
+				}
+				if f, ok := first[s.key]; !ok {
+					first[s.key] = got
+					if taskID(got.body) == "" {
+						t.Errorf("%s: no entry id in %s", s.name, got.body)
+					}
+				} else if s.wantReplay && !bytes.Equal(got.body, f.body) {
+					t.Errorf("%s: replayed %s, first answer %s", s.name, got.body, f.body)
+				}
+				var rows, keys int
+				if err := b.env.db.QueryRow(ctx, `SELECT count(*), count(DISTINCT key) FROM `+ledgerTable+` WHERE tenant = $1`,
+					"lt-pg-"+st.name).Scan(&rows, &keys); err != nil {
+					t.Fatal(err)
+				}
+				if rows != s.wantRows || keys != rows {
+					t.Errorf("%s: %d ledger rows for %d keys, want %d, one per key", s.name, rows, keys, s.wantRows)
+				}
+			}
+			if n, created := st.execs.total.Load(), st.execs.created.Load(); n != 2 || created != 2 {
+				t.Errorf("the handler ran %d times and wrote %d rows for 2 keys", n, created)
+			}
+		})
+	}
 }
 
 // TestPGFloorTableHasTheRecordsShape: the pg-floor's rows are as wide and

@@ -10,13 +10,16 @@ import (
 
 // report is the whole run, as printed by -json.
 type report struct {
-	Machine     machine   `json:"machine"`
-	Duration    string    `json:"duration_per_run"`
-	Rounds      int       `json:"rounds"`
-	Concurrency int       `json:"concurrency"`
-	Slow        string    `json:"dup_handler_latency"`
-	DupGroup    int       `json:"dup_group"`
-	Results     []*result `json:"results"`
+	Machine     machine `json:"machine"`
+	Duration    string  `json:"duration_per_run"`
+	Rounds      int     `json:"rounds"`
+	Concurrency int     `json:"concurrency"`
+	Slow        string  `json:"dup_handler_latency"`
+	DupGroup    int     `json:"dup_group"`
+	// PGWrite is -pg-write: the handler's write on idemgate-pg and
+	// idemgate-pg-atomic (task or ledger).
+	PGWrite string    `json:"pg_write"`
+	Results []*result `json:"results"`
 }
 
 type machine struct {
@@ -109,8 +112,14 @@ func (r report) writeTable(w io.Writer) {
 	m := r.Machine
 	fmt.Fprintf(w, "\n%d CPUs (GOMAXPROCS %d), %s/%s, %s, redis %s, postgres %s, load average %s → %s\n",
 		m.CPUs, m.GOMAXPROCS, m.GOOS, m.GOARCH, m.Go, m.Redis, m.Postgres, m.LoadAvgStart, m.LoadAvgEnd)
-	fmt.Fprintf(w, "%s per scenario and stack in %d alternating rounds, %d keep-alive clients; dup: groups of %d on a %s handler\n\n",
+	fmt.Fprintf(w, "%s per scenario and stack in %d alternating rounds, %d keep-alive clients; dup: groups of %d on a %s handler\n",
 		r.Duration, r.Rounds, r.Concurrency, r.DupGroup, r.Slow)
+	if r.PGWrite == pgWriteLedger {
+		fmt.Fprintf(w, "handler write (-pg-write %s): one INSERT into %s, in %s's transaction and in autocommit on %s's records pool\n\n",
+			pgWriteLedger, ledgerTable, idemgatePGAtomicName, idemgatePGName)
+	} else {
+		fmt.Fprint(w, "\n")
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "scenario\tstack\treq/s\tvs floor\tp50 ms\tp99 ms\tp99.9 ms\texecs\tdup execs\tredis rt/req\tINFO: scripts/req\tscript µs/call\tcmds/req\tredis µs/req\tpg rt/req\tpg µs/req\tgo µs/req\tB/record\trows/key\tstatus\t")
 	for _, res := range r.Results {
@@ -145,7 +154,11 @@ func (r report) writeTable(w io.Writer) {
 	}
 	tw.Flush()
 	if lines := r.ratioLines(); len(lines) > 0 {
-		fmt.Fprintln(w, "\nreq/s relative to the floor, same rounds (pg µs/req is the whole server's, task work included; go µs/req this process's, clients included):")
+		work := "task work"
+		if r.PGWrite == pgWriteLedger {
+			work = "the ledger INSERT"
+		}
+		fmt.Fprintf(w, "\nreq/s relative to the floor, same rounds (pg µs/req is the whole server's, %s included; go µs/req this process's, clients included):\n", work)
 		for _, l := range lines {
 			fmt.Fprintln(w, "  "+l)
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -15,6 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
@@ -35,6 +38,7 @@ const (
 	// tasksTable holds every stack's tasks (pgstore's table); each
 	// scenario and stack has a tenant of its own.
 	tasksTable   = "idemgate_tasks"
+	tasksKeyCol  = "idempotency_key"
 	idemgateName = "idemgate"
 	// slowHeader asks each stack's handler to take this long (dup scenario).
 	slowHeader = "X-Loadtest-Slow"
@@ -77,14 +81,15 @@ type accepted struct {
 
 // stack is one server under test.
 type stack struct {
-	name  string
-	floor string // the floor its ratio is to; "" for a floor
-	url   string
-	table string              // where its rows go
-	rt    *roundTrips         // Redis round trips
-	pgrt  *pgtrace.RoundTrips // Postgres round trips of its records pool; nil without one
-	execs *executions
-	close func()
+	name   string
+	floor  string // the floor its ratio is to; "" for a floor
+	url    string
+	table  string              // where its rows go
+	keyCol string              // table's column of the key a row was written for
+	rt     *roundTrips         // Redis round trips
+	pgrt   *pgtrace.RoundTrips // Postgres round trips of its records pool; nil without one
+	execs  *executions
+	close  func()
 }
 
 // executions counts handler runs per key and rows created.
@@ -92,7 +97,7 @@ type executions struct {
 	mu      sync.Mutex
 	perKey  map[string]int
 	total   atomic.Int64
-	created atomic.Int64 // rows newly inserted (pgstore: Duplicate == false)
+	created atomic.Int64 // rows newly inserted (pgstore: Duplicate == false; each ledger row)
 }
 
 func newExecutions() *executions { return &executions{perKey: map[string]int{}} }
@@ -158,18 +163,18 @@ func newIdemgate(ctx context.Context, e *env, o options) (*stack, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &stack{name: idemgateName, floor: floorName, table: tasksTable, rt: &roundTrips{}, execs: newExecutions()}
+	st := &stack{name: idemgateName, floor: floorName, table: tasksTable, keyCol: tasksKeyCol, rt: &roundTrips{}, execs: newExecutions()}
 	rdb := e.newRedis(2*o.concurrency, st.rt)
-	if err := serveMiddleware(st, middleware.NewRedisStore(rdb), tasks, false); err != nil {
+	if err := serveMiddleware(st, middleware.NewRedisStore(rdb), &idemHandler{tasks: tasks, execs: st.execs}, false); err != nil {
 		return nil, err
 	}
 	return st, nil
 }
 
 // serveMiddleware serves st: echo + the idempotency middleware on records
-// + the handler that submits a task to tasks. Both idemgate stacks use it,
-// so they differ only in the Store.
-func serveMiddleware(st *stack, records middleware.Store, tasks *pgstore.Store, atomic bool) error {
+// + h. Every idemgate stack uses it, so they differ only in the Store (and
+// whether the route is Atomic).
+func serveMiddleware(st *stack, records middleware.Store, h *idemHandler, atomic bool) error {
 	idem, err := middleware.Config{
 		Store:       records,
 		Scope:       headerScope,
@@ -183,7 +188,6 @@ func serveMiddleware(st *stack, records middleware.Store, tasks *pgstore.Store, 
 	if err != nil {
 		return fmt.Errorf("middleware: %w", err)
 	}
-	h := &idemHandler{store: tasks, execs: st.execs}
 	ec := newEcho()
 	ec.POST("/v1/images", h.submit, idem)
 	st.url, st.close, err = serve(ec)
@@ -198,9 +202,14 @@ func headerScope(c echo.Context) (tenant, user string, err error) {
 	return tenant, user, nil
 }
 
+// idemHandler is the idemgate stacks' handler: it decodes and validates
+// the body, then submits a task to tasks, or with ledger set (-pg-write
+// ledger) writes one ledger row through the ledger pool (or the Atomic
+// route's transaction) instead.
 type idemHandler struct {
-	store *pgstore.Store
-	execs *executions
+	tasks  *pgstore.Store
+	ledger *pgxpool.Pool
+	execs  *executions
 }
 
 func (h *idemHandler) submit(c echo.Context) error {
@@ -221,10 +230,13 @@ func (h *idemHandler) submit(c echo.Context) error {
 		return echo.NewHTTPError(http.StatusBadRequest, err.Error())
 	}
 	slowdown(c.Request())
-	submit := h.store.Submit
+	if h.ledger != nil {
+		return h.record(c, req, in)
+	}
+	submit := h.tasks.Submit
 	if tx := pgrecords.Tx(c); tx != nil { // an Atomic route: the task commits with the answer
 		submit = func(ctx context.Context, t pgstore.NewTask) (pgstore.Task, error) {
-			return h.store.SubmitTx(ctx, tx, t)
+			return h.tasks.SubmitTx(ctx, tx, t)
 		}
 	}
 	task, err := submit(c.Request().Context(), pgstore.NewTask{
@@ -247,6 +259,33 @@ func (h *idemHandler) submit(c echo.Context) error {
 		h.execs.created.Add(1)
 	}
 	return acceptedResponse(c, task.ID, string(task.State))
+}
+
+// record writes the request's ledger row with one INSERT: in the route's
+// transaction on an Atomic route (it commits with the stored answer),
+// else in autocommit on the ledger pool. It answers like submit: 202, the
+// entry's id as task_id (a replay must give the same), Location and
+// Retry-After.
+func (h *idemHandler) record(c echo.Context, req middleware.Request, in imageRequest) error {
+	var db interface {
+		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	} = h.ledger
+	if tx := pgrecords.Tx(c); tx != nil {
+		db = tx
+	}
+	var id [16]byte
+	rand.Read(id[:])
+	id[6], id[8] = id[6]&0x0f|0x40, id[8]&0x3f|0x80 // a version 4 UUID
+	if _, err := db.Exec(c.Request().Context(), sqlLedgerInsert,
+		req.Key.String(), req.Key.Tenant(), id, int64(in.N)*100); err != nil {
+		return err
+	}
+	h.execs.created.Add(1)
+	h32 := hex.EncodeToString(id[:])
+	entry := h32[:8] + "-" + h32[8:12] + "-" + h32[12:16] + "-" + h32[16:20] + "-" + h32[20:]
+	c.Response().Header().Set("Location", "/v1/ledger/"+entry)
+	c.Response().Header().Set("Retry-After", "1")
+	return c.JSON(http.StatusAccepted, accepted{TaskID: entry, Status: "recorded", PollAfterMS: 1000})
 }
 
 func acceptedResponse(c echo.Context, id, state string) error {
@@ -281,7 +320,7 @@ func newFloor(ctx context.Context, e *env, o options, plain bool) (*stack, error
 	if plain {
 		name = floorName
 	}
-	st := &stack{name: name, table: tasksTable, rt: &roundTrips{}, execs: newExecutions()}
+	st := &stack{name: name, table: tasksTable, keyCol: tasksKeyCol, rt: &roundTrips{}, execs: newExecutions()}
 	if !plain {
 		st.floor = floorName
 	}
