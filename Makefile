@@ -2,13 +2,14 @@
 # start throwaway PostgreSQL and Redis servers on free loopback ports
 # (internal/testenv) and stop them at the end.
 #
-# Four modules share this checkout (go.work joins them): the library at the
+# Five modules share this checkout (go.work joins them): the library at the
 # root, and example/, otelidem/ and tools/ with their own dependencies, so an
-# importer of the library gets none of theirs. "./..." names one module only;
-# PKGS names all four.
+# importer of the library gets none of theirs; otelidem/internal/sdktest holds
+# otelidem's tests that need the OpenTelemetry SDK, so an importer of otelidem
+# gets the API only. "./..." names one module only; PKGS names all five.
 GO ?= go
 export GOTOOLCHAIN ?= local
-PKGS = ./... ./example/... ./otelidem/... ./tools/...
+PKGS = ./... ./example/... ./otelidem/... ./otelidem/internal/sdktest/... ./tools/...
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 .PHONY: test vet lint unit faults run bench load chaos river river-quick

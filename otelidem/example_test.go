@@ -1,47 +1,38 @@
 package otelidem_test
 
 import (
-	"context"
-	"fmt"
-	"time"
+	"net/http"
 
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"github.com/labstack/echo/v4"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
 
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/otelidem"
 )
 
-// The middleware's events become idemgate.requests by outcome. A service
-// sets rec.OnEvent as middleware.Config.OnEvent; here two events are
-// recorded by hand and read back with the SDK's ManualReader.
+// A service's wiring. The providers are the application's: here the global
+// ones, which record nothing until the application installs an SDK (the
+// example service wires Prometheus, OTLP and stdout). The Example that reads
+// the instruments back through the SDK is in otelidem/internal/sdktest, a
+// module of its own, so that this module requires the OpenTelemetry API only.
 func Example() {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer mp.Shutdown(context.Background())
-
-	rec, err := otelidem.New(otelidem.Config{MeterProvider: mp})
+	rec, err := otelidem.New(otelidem.Config{MeterProvider: otel.GetMeterProvider(), TracerProvider: otel.GetTracerProvider()})
 	if err != nil {
 		panic(err)
 	}
-	rec.OnEvent(middleware.Event{Type: middleware.EventClaimed, Route: "POST /v1/images", Kind: "images", Latency: time.Millisecond})
-	rec.OnEvent(middleware.Event{Type: middleware.EventReplayed, Route: "POST /v1/images", Kind: "images", Latency: time.Millisecond})
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		panic(err)
-	}
-	for _, m := range rm.ScopeMetrics[0].Metrics {
-		if m.Name != "idemgate.requests" {
-			continue
-		}
-		for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
-			outcome, _ := p.Attributes.Value("idemgate.outcome")
-			route, _ := p.Attributes.Value("http.route")
-			fmt.Println(outcome.AsString(), route.AsString(), p.Value)
-		}
-	}
-	// Unordered output:
-	// claimed /v1/images 1
-	// replayed /v1/images 1
+	e := echo.New()
+	e.Use(rec.Server()) // a span per request
+	e.POST("/v1/orders", func(c echo.Context) error {
+		return c.JSON(http.StatusCreated, map[string]string{"order_id": "o_1"})
+	}, middleware.New(middleware.Config{
+		Store: rec.Store(middleware.NewRedisStore(rdb)), // spans and durations of store calls
+		Scope: func(c echo.Context) (tenant, user string, err error) {
+			return c.Request().Header.Get("X-Tenant"), c.Request().Header.Get("X-User"), nil // stand-in for your auth
+		},
+		OnEvent: rec.OnEvent, // idemgate.requests by outcome
+	}))
+	_ = e.Start(":8080")
 }

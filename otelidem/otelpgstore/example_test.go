@@ -2,47 +2,51 @@ package otelpgstore_test
 
 import (
 	"context"
-	"fmt"
-	"time"
+	"encoding/json"
 
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
 
 	"github.com/idemgate/idemgate/otelidem/otelpgstore"
 	"github.com/idemgate/idemgate/pgstore"
 )
 
-// A worker's events become idemgate.task.attempts by outcome. A service
-// sets rec.OnWorkerEvent as pgstore.WorkerConfig.OnEvent; here three
-// events are recorded by hand and read back with the SDK's ManualReader.
+// A service's wiring. The providers are the application's: here the global
+// ones, which record nothing until the application installs an SDK. The
+// Example that reads the instruments back through the SDK is in
+// otelidem/internal/sdktest, a module of its own, so that this module
+// requires the OpenTelemetry API only.
 func Example() {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer mp.Shutdown(context.Background())
-
-	rec, err := otelpgstore.New(otelpgstore.Config{MeterProvider: mp})
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://localhost:5432/app")
 	if err != nil {
 		panic(err)
 	}
-	rec.OnWorkerEvent(pgstore.WorkerEvent{Type: pgstore.WorkerSucceeded, Kind: "images", TaskID: "1", Attempt: 1, Latency: time.Second})
-	rec.OnWorkerEvent(pgstore.WorkerEvent{Type: pgstore.WorkerRetried, Kind: "images", TaskID: "2", Attempt: 1, Latency: time.Second})
-	rec.OnWorkerEvent(pgstore.WorkerEvent{Type: pgstore.WorkerSucceeded, Kind: "images", TaskID: "2", Attempt: 2, Latency: time.Second})
-
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
+	tasks, err := pgstore.New(ctx, pool)
+	if err != nil {
 		panic(err)
 	}
-	for _, m := range rm.ScopeMetrics[0].Metrics {
-		if m.Name != "idemgate.task.attempts" {
-			continue
-		}
-		for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
-			kind, _ := p.Attributes.Value("idemgate.task.kind")
-			outcome, _ := p.Attributes.Value("idemgate.task.outcome")
-			fmt.Println(kind.AsString(), outcome.AsString(), p.Value)
-		}
+	tr, err := otelpgstore.New(otelpgstore.Config{MeterProvider: otel.GetMeterProvider(), TracerProvider: otel.GetTracerProvider()})
+	if err != nil {
+		panic(err)
 	}
-	// Unordered output:
-	// images succeeded 2
-	// images retried 1
+	if _, err := tr.ObserveTasks(tasks); err != nil { // task counts and ages, per collection
+		panic(err)
+	}
+	w, err := pgstore.NewWorker(tasks, pgstore.WorkerConfig{
+		Handler: tr.Attempt(func(ctx context.Context, t pgstore.Task) pgstore.Outcome { // a span per attempt, in the request's trace
+			return pgstore.Succeeded(json.RawMessage(`{"done":true}`))
+		}),
+		OnEvent: tr.OnWorkerEvent, // idemgate.task.attempts by outcome
+	})
+	if err != nil {
+		panic(err)
+	}
+	go func() { _ = w.Run(ctx) }()
+
+	// In a request's handler: the task's attempts join the request's trace.
+	_, err = tr.Submit(ctx, pgstore.NewTask{Tenant: "acme", Owner: "alice", Kind: "image", IdempotencyKey: "k"}, tasks.Submit)
+	if err != nil {
+		panic(err)
+	}
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/otelidem"
-	"github.com/idemgate/idemgate/otelidem/internal/oteltest"
+	"github.com/idemgate/idemgate/otelidem/internal/sdktest/oteltest"
 )
 
 // bundle is a Recorder on an SDK that the test reads.

@@ -10,7 +10,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 
-	"github.com/idemgate/idemgate/otelidem/internal/oteltest"
+	"github.com/idemgate/idemgate/otelidem/internal/sdktest/oteltest"
 	"github.com/idemgate/idemgate/otelidem/otelpgstore"
 	"github.com/idemgate/idemgate/pgstore"
 )

@@ -10,7 +10,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemgate/idemgate/otelidem"
-	"github.com/idemgate/idemgate/otelidem/internal/oteltest"
+	"github.com/idemgate/idemgate/otelidem/internal/sdktest/oteltest"
 )
 
 // TestServerSpanContinuesCaller: the server span continues the caller's

@@ -21,7 +21,7 @@ import (
 	"github.com/idemgate/idemgate/internal/wait"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/otelidem"
-	"github.com/idemgate/idemgate/otelidem/internal/oteltest"
+	"github.com/idemgate/idemgate/otelidem/internal/sdktest/oteltest"
 	"github.com/idemgate/idemgate/otelidem/otelpgstore"
 	"github.com/idemgate/idemgate/pgstore"
 )

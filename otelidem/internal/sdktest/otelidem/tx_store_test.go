@@ -14,7 +14,7 @@ import (
 
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/otelidem"
-	"github.com/idemgate/idemgate/otelidem/internal/oteltest"
+	"github.com/idemgate/idemgate/otelidem/internal/sdktest/oteltest"
 )
 
 // txRedis is a TxStore for the test: Redis records, and a "transaction"
