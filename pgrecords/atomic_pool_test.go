@@ -63,9 +63,7 @@ func TestAtomicRenewalsFindAConnection(t *testing.T) {
 func TestAtomicExecModes(t *testing.T) {
 	t.Parallel()
 	pool, _ := atomicDB(t)
-	modes := []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
-		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol}
-	for _, mode := range modes {
+	for _, mode := range allExecModes {
 		t.Run(mode.String(), func(t *testing.T) {
 			p := poolWith(t, pool.Config().ConnString(), func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
 			s, err := pgrecords.New(testCtx(t), p)

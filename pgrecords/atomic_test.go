@@ -132,6 +132,24 @@ func ledgerRows(t *testing.T, pool *pgxpool.Pool, key string) int {
 	return n
 }
 
+// ledgerNodes returns the nodes of key's committed ledger rows, in the
+// order they were written, joined by commas.
+func ledgerNodes(t *testing.T, pool *pgxpool.Pool, key string) string {
+	t.Helper()
+	rows, _ := pool.Query(testCtx(t), `SELECT node FROM ledger WHERE key = $1 ORDER BY at`, key)
+	nodes, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(nodes, ",")
+}
+
+// ledgerInsert writes a ledger row through tx.
+func ledgerInsert(ctx context.Context, tx pgx.Tx, key, node string) error {
+	_, err := tx.Exec(ctx, `INSERT INTO ledger (key, node) VALUES ($1, $2)`, key, node)
+	return err
+}
+
 // TestAtomicCommitsTogether: the handler's write and the stored answer
 // commit together; the retry replays it without a second write.
 func TestAtomicCommitsTogether(t *testing.T) {

@@ -2,8 +2,17 @@ package pgrecords_test
 
 import (
 	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/testenv"
@@ -119,5 +128,146 @@ func TestTableIsBuiltForHOT(t *testing.T) {
 	}
 	if upd < 400 || hot < upd*9/10 {
 		t.Errorf("%d updates, %d of them HOT; want at least 400, nine in ten HOT", upd, hot)
+	}
+}
+
+// TestClaimCopiesOutOfTheReadBuffer: the claim decodes a binary row in
+// place, its byte slices aliasing the connection's read buffer, and must
+// copy what the result keeps before the rows close. Many goroutines
+// replay different keys on a pool of two connections (every claim reads
+// into a buffer another claim just used), some claiming new keys in
+// between; every replayed response is its key's, checked at once and
+// again after all of them ran.
+func TestClaimCopiesOutOfTheReadBuffer(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresDSN(t)
+	newStore(t, newPool(t, dsn)) // migrate once
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			pool := poolWith(t, dsn, func(c *pgxpool.Config) { c.MaxConns = 2; c.ConnConfig.DefaultQueryExecMode = mode })
+			s, err := pgrecords.New(testCtx(t), pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			type record struct {
+				key  string
+				req  middleware.ClaimRequest
+				resp middleware.Response
+			}
+			records := make([]record, 64)
+			for i := range records {
+				body := make([]byte, rng.IntN(40000))
+				for j := range body {
+					body[j] = byte(rng.Uint32())
+				}
+				r := record{key: key(), req: request(time.Minute), resp: middleware.Response{Status: 200 + i, Body: body,
+					Header: http.Header{"X-Key": {fmt.Sprint(i), strings.Repeat(fmt.Sprint(i%10), i)}, "X-Other": {fmt.Sprint(-i)}}}}
+				mustClaim(t, s, r.key, r.req, middleware.Claimed)
+				if err := s.Complete(testCtx(t), r.key, r.req.Token, r.resp, time.Hour); err != nil {
+					t.Fatal(err)
+				}
+				records[i] = r
+			}
+			const goroutines, claims = 12, 80
+			kept := make([][]middleware.Response, goroutines) // kept[g][n] is records[(g*31+n*7)%64]'s
+			var wg sync.WaitGroup
+			for g := range goroutines {
+				kept[g] = make([]middleware.Response, claims)
+				wg.Go(func() {
+					for n := range claims {
+						if g%4 == 0 && n%3 == 0 { // a new key: other bytes through the buffer
+							if _, err := s.Claim(testCtx(t), key(), request(time.Minute)); err != nil {
+								t.Error(err)
+								return
+							}
+							continue
+						}
+						i := (g*31 + n*7) % len(records)
+						again := records[i].req
+						again.Token = token()
+						res, err := s.Claim(testCtx(t), records[i].key, again)
+						if err != nil || res.Status != middleware.Finished {
+							t.Errorf("claim of record %d: %v, %v", i, res.Status, err)
+							return
+						}
+						if d := sameResponse(res.Response, records[i].resp); d != "" {
+							t.Errorf("record %d at once: %s", i, d)
+						}
+						kept[g][n] = res.Response
+					}
+				})
+			}
+			wg.Wait()
+			for g := range kept {
+				for n, resp := range kept[g] {
+					if resp.Status == 0 {
+						continue // a new key's claim
+					}
+					i := (g*31 + n*7) % len(records)
+					if d := sameResponse(resp, records[i].resp); d != "" {
+						t.Fatalf("record %d after all claims: %s", i, d)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestClaimExecModesAgree: the claim's answer is the same whether its row
+// comes in binary format (decoded by the claim itself) or in text format
+// (scanned), on pools in every exec mode: a running record's RetryAfter,
+// also for a record an operator pinned with expires_at = 'infinity'; a
+// mismatch's changed fields; and an error, not a panic, for a finished
+// record whose response is NULL.
+func TestClaimExecModesAgree(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresDSN(t)
+	admin := newPool(t, dsn)
+	w := newStore(t, admin)
+	const lease = time.Hour
+	req := request(lease)
+	req.Fields = []fingerprint.FieldSum{{1, 2, 3, 4}, {5, 6, 7, 8}, {10, 11, 12, 13}}
+	running, pinned, nullResponse := key(), key(), key()
+	for _, k := range []string{running, pinned, nullResponse} {
+		mustClaim(t, w, k, req, middleware.Claimed)
+	}
+	if _, err := admin.Exec(testCtx(t), `UPDATE idemgate_records SET expires_at = 'infinity' WHERE key = $1`, pinned); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Complete(testCtx(t), nullResponse, req.Token, sample(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(testCtx(t), `UPDATE idemgate_records SET response = NULL WHERE key = $1`, nullResponse); err != nil {
+		t.Fatal(err)
+	}
+	other := req
+	other.Token = token()
+	changed := other
+	changed.Fingerprint += "x"
+	changed.Fields = []fingerprint.FieldSum{{9, 9, 9, 9}, {5, 6, 7, 8}, {10, 11, 12, 13}}
+	var pinnedRetry []time.Duration
+	for _, mode := range allExecModes {
+		s, err := pgrecords.New(testCtx(t), poolWith(t, dsn, func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res := mustClaim(t, s, running, other, middleware.Running); res.RetryAfter < lease/2 || res.RetryAfter > lease {
+			t.Errorf("%s: RetryAfter %v for a record with a lease of %v", mode, res.RetryAfter, lease)
+		}
+		res := mustClaim(t, s, pinned, other, middleware.Running)
+		if res.RetryAfter < 0 {
+			t.Errorf("%s: RetryAfter %v for a record pinned to infinity", mode, res.RetryAfter)
+		}
+		pinnedRetry = append(pinnedRetry, res.RetryAfter)
+		if res := mustClaim(t, s, running, changed, middleware.Mismatch); !slices.Equal(res.Changed, []int{0}) {
+			t.Errorf("%s: changed fields %v, want [0]", mode, res.Changed)
+		}
+		if res, err := s.Claim(testCtx(t), nullResponse, other); err == nil {
+			t.Errorf("%s: claim of a finished record with a NULL response = %+v, want an error", mode, res)
+		}
+	}
+	if slices.Min(pinnedRetry) != slices.Max(pinnedRetry) {
+		t.Errorf("RetryAfter for a record pinned to infinity differs between exec modes %v: %v", allExecModes, pinnedRetry)
 	}
 }

@@ -32,6 +32,12 @@ func poolWith(t *testing.T, dsn string, edit func(*pgxpool.Config)) *pgxpool.Poo
 	return pool
 }
 
+// allExecModes are pgx's exec modes: the default (cache statement),
+// the describe modes, and exec and the simple protocol, which prepare
+// nothing and get the claim's columns in text format.
+var allExecModes = []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
+	pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol}
+
 // TestQueryExecModes: users configure pgx pools in other exec modes
 // than the default (describe modes for transaction pooling). The whole
 // conformance suite holds in each; TestQueryExecModesWithoutPrepare runs

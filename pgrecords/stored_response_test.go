@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"fmt"
 	"net/http"
-	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/middleware"
@@ -77,8 +79,100 @@ func TestLargeResponse(t *testing.T) {
 	r := req
 	r.Token = token()
 	got := mustClaim(t, s, k, r, middleware.Finished).Response
-	if got.Status != want.Status || !bytes.Equal(got.Body, want.Body) || !reflect.DeepEqual(got.Header, want.Header) {
-		t.Errorf("replay differs: status %d, %d body bytes (equal %v), %d headers (equal %v)",
-			got.Status, len(got.Body), bytes.Equal(got.Body, want.Body), len(got.Header), reflect.DeepEqual(got.Header, want.Header))
+	if d := sameResponse(got, want); d != "" {
+		t.Errorf("replay differs: %s", d)
+	}
+}
+
+// sameResponse returns how got differs from want, or "" when it does
+// not: the status, the body byte for byte, and each header name's values
+// (a name with no values kept as one; a nil header the same as an empty
+// one).
+func sameResponse(got, want middleware.Response) string {
+	if got.Status != want.Status {
+		return fmt.Sprintf("status %d, want %d", got.Status, want.Status)
+	}
+	if !bytes.Equal(got.Body, want.Body) {
+		return fmt.Sprintf("body of %d bytes differs from the %d bytes wanted", len(got.Body), len(want.Body))
+	}
+	if len(got.Header) != len(want.Header) {
+		return fmt.Sprintf("header has %d names, want %d", len(got.Header), len(want.Header))
+	}
+	for name, values := range want.Header {
+		g, ok := got.Header[name]
+		switch {
+		case !ok:
+			return fmt.Sprintf("header %q missing", name)
+		case !slices.Equal(g, values):
+			return fmt.Sprintf("header %q = %q, want %q", name, g, values)
+		}
+	}
+	return ""
+}
+
+// oddResponses are responses a handler may answer that stretch the
+// stored response's encoding: no body or header, NUL bytes, names with no
+// or empty values, an empty name, many values and names, bytes that are
+// not UTF-8, a large binary body, a status above 599, and lengths that
+// take more than one varint byte.
+func oddResponses() map[string]middleware.Response {
+	many := make([]string, 2000)
+	for i := range many {
+		many[i] = fmt.Sprintf("v%d", i)
+	}
+	names := http.Header{}
+	for i := range 500 {
+		names[fmt.Sprintf("X-N%d", i)] = []string{strings.Repeat("y", i)}
+	}
+	big := make([]byte, 1<<20)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	return map[string]middleware.Response{
+		"nil body, nil header":               {Status: 204},
+		"empty body, empty header":           {Status: 200, Header: http.Header{}, Body: []byte{}},
+		"NUL body":                           {Status: 201, Body: []byte("\x00\x00\x00")},
+		"one NUL":                            {Status: 201, Body: []byte{0}},
+		"name with no values":                {Status: 200, Header: http.Header{"X-Empty": {}}, Body: []byte("x")},
+		"empty values":                       {Status: 200, Header: http.Header{"X-E": {"", "", ""}}},
+		"empty name":                         {Status: 200, Header: http.Header{"": {"v"}}},
+		"many values":                        {Status: 200, Header: http.Header{"X-Many": many}},
+		"many names":                         {Status: 200, Header: names},
+		"non-ASCII and invalid UTF-8":        {Status: 200, Header: http.Header{"X-Ünï": {"日本語", "\xff\xfe\x00", "é"}}, Body: []byte("\xff\xfe")},
+		"1 MiB binary body":                  {Status: 200, Header: http.Header{"Content-Type": {"application/octet-stream"}}, Body: big},
+		"status 999":                         {Status: 999, Body: []byte("odd")},
+		"value of 300 bytes (2-byte length)": {Status: 200, Header: http.Header{"X-L": {strings.Repeat("z", 300)}}},
+	}
+}
+
+// TestOddResponsesReplayInEveryExecMode: each of oddResponses, stored by
+// Complete, comes back from a claim byte for byte on pools in every exec
+// mode: the claim's own decoding of the binary row, and the scan of the
+// text one.
+func TestOddResponsesReplayInEveryExecMode(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresDSN(t)
+	newStore(t, newPool(t, dsn)) // migrate once
+	for _, mode := range allExecModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			pool := poolWith(t, dsn, func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
+			s, err := pgrecords.New(testCtx(t), pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for name, resp := range oddResponses() {
+				k := key()
+				req := request(time.Minute)
+				mustClaim(t, s, k, req, middleware.Claimed)
+				if err := s.Complete(testCtx(t), k, req.Token, resp, time.Hour); err != nil {
+					t.Fatalf("%s: Complete: %v", name, err)
+				}
+				again := req
+				again.Token = token()
+				if d := sameResponse(mustClaim(t, s, k, again, middleware.Finished).Response, resp); d != "" {
+					t.Errorf("%s: replay: %s", name, d)
+				}
+			}
+		})
 	}
 }

@@ -356,11 +356,8 @@ func TestTxNestedSavepoints(t *testing.T) {
 	if rec := atomicSend(e, "nested"); rec.Code != http.StatusCreated {
 		t.Fatalf("request = %d %s", rec.Code, rec.Body)
 	}
-	var nodes []string
-	rows, _ := pool.Query(testCtx(t), `SELECT node FROM ledger WHERE key = 'nested' ORDER BY node`)
-	nodes, _ = pgx.CollectRows(rows, pgx.RowTo[string])
-	if strings.Join(nodes, ",") != "outer" {
-		t.Errorf("committed rows %v, want [outer]", nodes)
+	if got := ledgerNodes(t, pool, "nested"); got != "outer" {
+		t.Errorf("committed %q, want %q", got, "outer")
 	}
 }
 
@@ -413,10 +410,6 @@ func TestTxSavepoints(t *testing.T) {
 	if _, err := pool.Exec(testCtx(t), ledgerDDL); err != nil {
 		t.Fatal(err)
 	}
-	insert := func(ctx context.Context, tx pgx.Tx, key, node string) error {
-		_, err := tx.Exec(ctx, `INSERT INTO ledger (key, node) VALUES ($1, $2)`, key, node)
-		return err
-	}
 	for _, tt := range []struct {
 		name  string
 		given func(ctx context.Context, tx pgx.Tx, key string) error
@@ -426,7 +419,7 @@ func TestTxSavepoints(t *testing.T) {
 		{
 			name: "write in a savepoint", want: "in", trips: 6,
 			given: func(ctx context.Context, tx pgx.Tx, key string) error {
-				return pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error { return insert(ctx, sp, key, "in") })
+				return pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error { return ledgerInsert(ctx, sp, key, "in") })
 			},
 		},
 		{
@@ -435,7 +428,7 @@ func TestTxSavepoints(t *testing.T) {
 				if err := pgx.BeginFunc(ctx, tx, func(pgx.Tx) error { return nil }); err != nil {
 					return err
 				}
-				return insert(ctx, tx, key, "after")
+				return ledgerInsert(ctx, tx, key, "after")
 			},
 		},
 		{
@@ -445,13 +438,13 @@ func TestTxSavepoints(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				if err := insert(ctx, sp, key, "rolled-back"); err != nil {
+				if err := ledgerInsert(ctx, sp, key, "rolled-back"); err != nil {
 					return err
 				}
 				if err := sp.Rollback(ctx); err != nil {
 					return err
 				}
-				return insert(ctx, tx, key, "after")
+				return ledgerInsert(ctx, tx, key, "after")
 			},
 		},
 		{
@@ -461,23 +454,23 @@ func TestTxSavepoints(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				if err := insert(ctx, outer, key, "outer"); err != nil {
+				if err := ledgerInsert(ctx, outer, key, "outer"); err != nil {
 					return err
 				}
-				if err := pgx.BeginFunc(ctx, outer, func(in pgx.Tx) error { return insert(ctx, in, key, "inner") }); err != nil {
+				if err := pgx.BeginFunc(ctx, outer, func(in pgx.Tx) error { return ledgerInsert(ctx, in, key, "inner") }); err != nil {
 					return err
 				}
 				if err := outer.Rollback(ctx); err != nil {
 					return err
 				}
-				return insert(ctx, tx, key, "after")
+				return ledgerInsert(ctx, tx, key, "after")
 			},
 		},
 		{
 			name: "failed statement rolled back, outer released", want: "outer,after", trips: 10,
 			given: func(ctx context.Context, tx pgx.Tx, key string) error {
 				err := pgx.BeginFunc(ctx, tx, func(outer pgx.Tx) error {
-					if err := insert(ctx, outer, key, "outer"); err != nil {
+					if err := ledgerInsert(ctx, outer, key, "outer"); err != nil {
 						return err
 					}
 					if pgx.BeginFunc(ctx, outer, func(in pgx.Tx) error {
@@ -491,7 +484,7 @@ func TestTxSavepoints(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				return insert(ctx, tx, key, "after")
+				return ledgerInsert(ctx, tx, key, "after")
 			},
 		},
 		{
@@ -512,7 +505,7 @@ func TestTxSavepoints(t *testing.T) {
 					return err
 				}
 				_ = oid // gone with the savepoint (checked below)
-				return insert(ctx, tx, key, "after")
+				return ledgerInsert(ctx, tx, key, "after")
 			},
 		},
 	} {
@@ -532,12 +525,7 @@ func TestTxSavepoints(t *testing.T) {
 			if got := trips.Load() - before; got != tt.trips {
 				t.Errorf("round trips = %d, want %d", got, tt.trips)
 			}
-			rows, _ := pool.Query(testCtx(t), `SELECT node FROM ledger WHERE key = $1 ORDER BY at`, key)
-			nodes, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := strings.Join(nodes, ","); got != tt.want {
+			if got := ledgerNodes(t, pool, key); got != tt.want {
 				t.Errorf("committed %q, want %q", got, tt.want)
 			}
 		})
@@ -548,31 +536,131 @@ func TestTxSavepoints(t *testing.T) {
 	}
 }
 
+// firstStatementFailures are handler statements that fail before
+// anything of their batch runs: pgx prepares (Parse, Describe) a batch's
+// new statements and encodes all their arguments before it runs the
+// first, so BEGIN and the setup, sent in front of the handler's first
+// statement, do not run either. encode marks a failure to encode the
+// batch: pgx then closes the connection (BEGIN was queued, unsynced), and
+// the handler's next statements fail too.
+var firstStatementFailures = []struct {
+	name   string
+	encode bool
+	run    func(ctx context.Context, tx pgx.Tx, key string) error
+}{
+	{"undefined table", false, func(ctx context.Context, tx pgx.Tx, key string) error {
+		_, err := tx.Exec(ctx, `INSERT INTO no_such_table (key) VALUES ($1)`, key)
+		return err
+	}},
+	{"syntax error", false, func(ctx context.Context, tx pgx.Tx, key string) error {
+		_, err := tx.Exec(ctx, `INSRT INTO ledger (key) VALUES ($1)`, key)
+		return err
+	}},
+	{"wrong argument count", true, func(ctx context.Context, tx pgx.Tx, key string) error {
+		_, err := tx.Exec(ctx, `INSERT INTO ledger (key, node) VALUES ($1, $2)`, key)
+		return err
+	}},
+	{"int4 overflow", true, func(ctx context.Context, tx pgx.Tx, key string) error {
+		_, err := tx.Exec(ctx, `SELECT $1::int4`, int64(1)<<40)
+		return err
+	}},
+	{"cancelled context", false, func(ctx context.Context, tx pgx.Tx, key string) error {
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		_, err := tx.Exec(cctx, `INSERT INTO ledger (key, node) VALUES ($1, 'cancelled')`, key)
+		return err
+	}},
+}
+
 // TestTxFirstStatementFailsBeforeRunning: the handler's first statement
-// fails before anything of its batch runs (pgx prepares a batch's new
-// statements before running the first, and this one names no table), so
-// BEGIN, queued in front of it, did not run either; the
-// handler's next write must still be in the transaction, rolled back
-// with it when the handler fails. (A queue of BEGIN and savepoints,
-// tried in 06091cf and reverted, did not send BEGIN again, and the write
-// autocommitted: 1 row.)
+// fails before it runs (firstStatementFailures), on pools in every exec
+// mode; the handler ignores it, writes, and fails. Its write must have
+// been in the transaction, rolled back with it: no ledger row. (A queue of
+// BEGIN and savepoints, tried in 06091cf and reverted, did not send BEGIN
+// again, and the write autocommitted: 1 row.) The retry, without the
+// failing statement, writes once.
 func TestTxFirstStatementFailsBeforeRunning(t *testing.T) {
 	t.Parallel()
-	pool, s := atomicDB(t)
-	e := atomicRoute(t, s, func(c echo.Context) error {
-		ctx, tx := c.Request().Context(), pgrecords.Tx(c)
-		if _, err := tx.Exec(ctx, `INSERT INTO no_such_table (key) VALUES ($1)`, "unencodable"); err == nil {
-			return errors.New("an INSERT into no table succeeded")
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO ledger (key, node) VALUES ('unencodable', 'h')`); err != nil {
-			return err
-		}
-		return errors.New("handler fails after its write")
-	}, nil)
-	if rec := atomicSend(e, "unencodable"); rec.Code/100 == 2 {
-		t.Fatalf("request = %d, want a failure", rec.Code)
+	pool, _ := atomicDB(t)
+	for _, mode := range allExecModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			p := poolWith(t, pool.Config().ConnString(), func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
+			s, err := pgrecords.New(testCtx(t), p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, first := range firstStatementFailures {
+				k := strings.ReplaceAll("first-fails-"+mode.String()+"-"+first.name, " ", "-")
+				retry := false
+				e := atomicRoute(t, s, func(c echo.Context) error {
+					ctx, tx := c.Request().Context(), pgrecords.Tx(c)
+					if !retry {
+						if err := first.run(ctx, tx, k); err == nil {
+							return fmt.Errorf("%s: the statement succeeded", first.name)
+						}
+					}
+					if err := ledgerInsert(ctx, tx, k, "h"); err != nil {
+						return err
+					}
+					if !retry {
+						return errors.New("handler fails after its write")
+					}
+					return c.String(http.StatusCreated, "ok")
+				}, nil)
+				if rec := atomicSend(e, k); rec.Code/100 == 2 {
+					t.Fatalf("%s: request = %d, want a failure", first.name, rec.Code)
+				}
+				if got := ledgerRows(t, pool, k); got != 0 {
+					t.Errorf("%s: ledger rows = %d, want 0: the write ran outside the rolled-back transaction", first.name, got)
+				}
+				retry = true
+				if rec := atomicSend(e, k); rec.Code != http.StatusCreated {
+					t.Errorf("%s: retry = %d %s, want 201", first.name, rec.Code, rec.Body)
+				}
+				if got := ledgerRows(t, pool, k); got != 1 {
+					t.Errorf("%s: ledger rows after the retry = %d, want 1", first.name, got)
+				}
+			}
+		})
 	}
-	if got := ledgerRows(t, pool, "unencodable"); got != 0 {
-		t.Errorf("ledger rows = %d, want 0: the write ran outside the rolled-back transaction", got)
+}
+
+// TestTxFirstStatementFailsThenAnswers: the handler's first statement
+// fails before it runs, and BEGIN with it (firstStatementFailures but
+// the encoding ones, after which the connection is closed); the handler
+// ignores it, writes, and answers 201. (In a plain pgx transaction, whose
+// BEGIN ran before, the write would fail with 25P02 after a statement the
+// server refused.) The write must commit in the transaction that
+// finished the record.
+func TestTxFirstStatementFailsThenAnswers(t *testing.T) {
+	t.Parallel()
+	pool, s := atomicDB(t)
+	for _, first := range firstStatementFailures {
+		if first.encode {
+			continue
+		}
+		k := strings.ReplaceAll("first-fails-answered-"+first.name, " ", "-")
+		e := atomicRoute(t, s, func(c echo.Context) error {
+			ctx, tx := c.Request().Context(), pgrecords.Tx(c)
+			if err := first.run(ctx, tx, k); err == nil {
+				return fmt.Errorf("%s: the statement succeeded", first.name)
+			}
+			if err := ledgerInsert(ctx, tx, k, "h"); err != nil {
+				return err
+			}
+			return c.String(http.StatusCreated, "ok")
+		}, nil)
+		if rec := atomicSend(e, k); rec.Code != http.StatusCreated {
+			t.Errorf("%s: request = %d %s, want 201", first.name, rec.Code, rec.Body)
+			continue
+		}
+		var together bool
+		if err := pool.QueryRow(testCtx(t), `SELECT EXISTS (SELECT 1 FROM ledger l JOIN idemgate_records r ON r.xmin = l.xmin
+			WHERE l.key = $1 AND r.finished)`, k).Scan(&together); err != nil {
+			t.Fatal(err)
+		}
+		if !together {
+			t.Errorf("%s: the handler's write did not commit in the transaction that finished its record", first.name)
+		}
 	}
 }
