@@ -130,25 +130,34 @@ func cmdTasks(ctx context.Context, args []string, getenv func(string) string, st
 		return out.task(t)
 	}
 
-	// limits, pause, resume: read, change what was asked, write.
-	l, err := b.store.KindLimits(ctx, operand)
+	l, err := changeLimits(ctx, b.store, sub, operand, limits)
 	if err != nil {
 		return err
 	}
-	switch sub {
-	case "pause":
-		l.Paused = true
-	case "resume":
-		l.Paused = false
-	case "limits":
-		limits.apply(&l)
-	}
-	if sub != "limits" || limits.any() {
-		if err := b.store.SetKindLimits(ctx, operand, l); err != nil {
-			return err
-		}
-	}
 	return out.limits(ctx, b.store, operand, l)
+}
+
+// changeLimits runs limits, pause or resume on kind and returns the
+// kind's limits after it. Each changes only what it names, in one
+// transaction on the kind's locked row (Store.UpdateKindLimits): two
+// operators changing one kind at once keep both changes (a read of all
+// limits then a write of all would let one undo the other's). "limits"
+// without a limit flag only reads.
+func changeLimits(ctx context.Context, store *pgstore.Store, sub, kind string, limits limitFlags) (pgstore.KindLimits, error) {
+	if sub == "limits" && !limits.any() {
+		return store.KindLimits(ctx, kind)
+	}
+	return store.UpdateKindLimits(ctx, kind, func(l pgstore.KindLimits) pgstore.KindLimits {
+		switch sub {
+		case "pause":
+			l.Paused = true
+		case "resume":
+			l.Paused = false
+		case "limits":
+			limits.apply(&l)
+		}
+		return l
+	})
 }
 
 // parseWithOperand parses args, which may hold one operand (an ID or a

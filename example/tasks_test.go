@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -185,6 +186,57 @@ func TestTasksLimitsPauseResume(t *testing.T) {
 	code, out, _ := o.run(t, "limits", kindImages)
 	if code != 0 || !strings.Contains(out, "MAX RUNNING") || !strings.Contains(out, "2.5") {
 		t.Fatalf("table (exit %d):\n%s", code, out)
+	}
+}
+
+// Operators changing one kind at once lose none of each other's changes:
+// one pauses and resumes it again and again while others set its
+// max-running, per-tenant and rate limits, through the commands' own
+// code; each field ends at the last value its own operator set (a read of
+// all limits then a write of all let one undo another's change).
+func TestTasksConcurrentLimitChangesAreKept(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	o := newOpsBench(t)
+	const rounds = 30
+	flagged := func(name string, i int) limitFlags {
+		var f limitFlags
+		switch name {
+		case "max-running":
+			f.maxRunning = intFlag{v: i + 1, set: true}
+		case "max-running-per-tenant":
+			f.perTenant = intFlag{v: 100 + i, set: true}
+		case "starts-per-second":
+			f.rate = floatFlag{v: float64(i) + 0.5, set: true}
+		}
+		return f
+	}
+	operators := []func(i int) (string, limitFlags){
+		func(i int) (string, limitFlags) { return []string{"pause", "resume"}[i%2], limitFlags{} },
+		func(i int) (string, limitFlags) { return "limits", flagged("max-running", i) },
+		func(i int) (string, limitFlags) { return "limits", flagged("max-running-per-tenant", i) },
+		func(i int) (string, limitFlags) { return "limits", flagged("starts-per-second", i) },
+	}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for _, op := range operators {
+		wg.Go(func() {
+			<-start
+			for i := range rounds {
+				sub, f := op(i)
+				if _, err := changeLimits(ctx, o.store, sub, kindImages, f); err != nil {
+					t.Errorf("tasks %s: %v", sub, err)
+					return
+				}
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	want := pgstore.KindLimits{Paused: (rounds-1)%2 == 0, MaxRunning: rounds, MaxRunningPerTenant: 100 + rounds - 1,
+		StartsPerSecond: float64(rounds-1) + 0.5}
+	if got, err := o.store.KindLimits(ctx, kindImages); err != nil || got != want {
+		t.Fatalf("limits after concurrent operators = %+v, %v; want %+v", got, err, want)
 	}
 }
 

@@ -69,12 +69,59 @@ func (s *Store) SetKindLimits(ctx context.Context, kind string, l KindLimits) er
 	if err := l.validate(); err != nil {
 		return err
 	}
-	_, err := s.pool.Exec(ctx, sqlSetKindLimits, pgx.NamedArgs{"kind": kind, "max_running": l.MaxRunning,
-		"max_running_per_tenant": l.MaxRunningPerTenant, "starts_per_second": l.StartsPerSecond, "paused": l.Paused})
+	_, err := s.pool.Exec(ctx, sqlSetKindLimits, limitsArgs(kind, l))
 	if err != nil {
 		return interpretError("set kind limits", err)
 	}
 	return nil
+}
+
+// UpdateKindLimits changes the limits of kind atomically: in one
+// transaction it locks the kind's row (adding one without limits if there
+// is none), passes the stored limits to f, and stores what f returns,
+// refused as SetKindLimits refuses; it returns the limits stored. So
+// concurrent updates of one kind each start from the other's result and
+// none is lost, where a KindLimits then SetKindLimits by one operator can
+// undo what another set in between: let f change only the fields it
+// means to (pause: l.Paused = true; return l).
+//
+// f runs once, while the row is locked (claims of the kind wait for it):
+// it should only compute, and is not called when the row cannot be read.
+// Workers apply the limits from their next claim on, as after
+// SetKindLimits.
+func (s *Store) UpdateKindLimits(ctx context.Context, kind string, f func(KindLimits) KindLimits) (KindLimits, error) {
+	if kind == "" {
+		return KindLimits{}, errors.New("pgstore: update kind limits: empty kind")
+	}
+	if f == nil {
+		return KindLimits{}, errors.New("pgstore: update kind limits: nil func")
+	}
+	var l KindLimits
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, _ := tx.Query(ctx, sqlLockKindLimits, pgx.NamedArgs{"kind": kind})
+		old, err := pgx.CollectOneRow(rows, pgx.RowToStructByPos[KindLimits])
+		if err != nil {
+			return interpretError("update kind limits", err)
+		}
+		l = f(old)
+		if err := l.validate(); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, sqlSetKindLimits, limitsArgs(kind, l)); err != nil {
+			return interpretError("update kind limits", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return KindLimits{}, err
+	}
+	return l, nil
+}
+
+// limitsArgs are the arguments of sqlSetKindLimits.
+func limitsArgs(kind string, l KindLimits) pgx.NamedArgs {
+	return pgx.NamedArgs{"kind": kind, "max_running": l.MaxRunning, "max_running_per_tenant": l.MaxRunningPerTenant,
+		"starts_per_second": l.StartsPerSecond, "paused": l.Paused}
 }
 
 // KindLimits returns the limits of kind: the zero value, and no error, for

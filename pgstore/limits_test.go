@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -644,5 +645,62 @@ func TestMaxRunningHoldsPastTimeoutWhenHandlersHonourTheirContext(t *testing.T) 
 	wait.For(t, patience, "attempts past their timeout, retried", func() bool { return starts.Load() >= 5 })
 	if m := most.Load(); m > 1 {
 		t.Fatalf("%d handlers of the kind ran at once; MaxRunning is 1", m)
+	}
+}
+
+// Operators changing one kind at once each change only what they name:
+// concurrent UpdateKindLimits calls, each owning one field of a kind and
+// setting it again and again, leave every field at its owner's last
+// value, on a kind whose row each may be the first to add. An invalid
+// result changes nothing.
+func TestUpdateKindLimitsLosesNoConcurrentChange(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	const rounds = 40
+	setters := []func(l *KindLimits, i int){
+		func(l *KindLimits, i int) { l.Paused = i%2 == 0 },
+		func(l *KindLimits, i int) { l.MaxRunning = i + 1 },
+		func(l *KindLimits, i int) { l.MaxRunningPerTenant = 100 + i },
+		func(l *KindLimits, i int) { l.StartsPerSecond = float64(i) + 0.5 },
+	}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for _, set := range setters {
+		wg.Go(func() {
+			<-start
+			for i := range rounds {
+				if _, err := s.UpdateKindLimits(ctx, "image", func(l KindLimits) KindLimits { set(&l, i); return l }); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	var want KindLimits
+	for _, set := range setters {
+		set(&want, rounds-1)
+	}
+	if got, err := s.KindLimits(ctx, "image"); err != nil || got != want {
+		t.Fatalf("limits after concurrent updates = %+v, %v; want %+v (each field its owner's last value)", got, err, want)
+	}
+	if _, err := s.UpdateKindLimits(ctx, "image", func(l KindLimits) KindLimits { l.MaxRunning = -1; return l }); err == nil {
+		t.Error("UpdateKindLimits to MaxRunning -1: no error")
+	}
+	if _, err := s.UpdateKindLimits(ctx, "new-kind", func(KindLimits) KindLimits { return KindLimits{StartsPerSecond: math.NaN()} }); err == nil {
+		t.Error("UpdateKindLimits to a NaN rate: no error")
+	}
+	if got, _ := s.KindLimits(ctx, "image"); got != want {
+		t.Errorf("a refused update changed the limits to %+v", got)
+	}
+	var n int
+	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM idemgate_kind_limits WHERE kind = 'new-kind'").Scan(&n); err != nil || n != 0 {
+		t.Errorf("a refused update of a new kind left %d rows (%v)", n, err)
+	}
+	got, err := s.UpdateKindLimits(ctx, "image", func(l KindLimits) KindLimits { l.Paused = true; return l })
+	if want.Paused = true; err != nil || got != want {
+		t.Errorf("UpdateKindLimits returned %+v, %v; want %+v", got, err, want)
 	}
 }

@@ -688,6 +688,14 @@ FROM idemgate_kind_limits WHERE kind = @kind`
 FROM idemgate_kind_limits
 WHERE max_running > 0 OR max_running_per_tenant > 0 OR starts_per_second > 0 OR paused`
 
+	// sqlLockKindLimits locks the limits row of @kind, adding one without
+	// limits if there is none (a new row's bucket is filled when limits
+	// are set), and reads it. A concurrent insert or update of the row is
+	// waited for, and its result read.
+	sqlLockKindLimits = `INSERT INTO idemgate_kind_limits AS l (kind) VALUES (@kind)
+ON CONFLICT (kind) DO UPDATE SET updated_at = l.updated_at
+RETURNING max_running, max_running_per_tenant, starts_per_second, paused`
+
 	// sqlSetKindLimits stores the limits of @kind and tells the workers.
 	// The token bucket keeps what it holds (refilled to now, at most the
 	// new burst), so that setting limits again gives no extra burst; a new
