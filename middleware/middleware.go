@@ -196,7 +196,15 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	// The claim runs detached from the client (storeCtx): a claim the
 	// store executed must not be abandoned half-way, or it would block the
 	// client's own retry for a whole lease.
-	res, err := m.cfg.Store.Claim(st.storeCtx(), st.key, claim)
+	var (
+		res    ClaimResult
+		stored storedResponse // a finished response the Redis store did not decode
+	)
+	if rs, ok := m.cfg.Store.(*RedisStore); ok {
+		res, stored, err = rs.claimStored(st.storeCtx(), st.key, claim)
+	} else {
+		res, err = m.cfg.Store.Claim(st.storeCtx(), st.key, claim)
+	}
 	if err == nil && res.Status == Running && m.cfg.WaitInFlight > 0 {
 		res, err = st.wait(r.Context(), claim, res)
 	}
@@ -222,6 +230,9 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 		}
 		return st.run(c, next)
 	case Finished:
+		if stored.s != "" {
+			return st.replayStored(c, &stored)
+		}
 		return st.replay(c, res.Response)
 	case Running:
 		st.emit(Event{Type: EventInProgress, Status: http.StatusConflict})

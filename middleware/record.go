@@ -335,51 +335,90 @@ func appendString(b []byte, s string) []byte {
 // names and values are substrings of s or table entries, so decoding costs
 // a map, one values slice and the body.
 func decodeResponse(s string) (Response, error) {
-	if len(s) == 0 {
-		return Response{}, errCorrupt
+	sr, err := checkResponse(s)
+	if err != nil {
+		return Response{}, err
 	}
-	v1 := s[0] == responseV1
+	return sr.response(), nil
+}
+
+// response decodes sr.
+func (sr *storedResponse) response() Response {
+	var header http.Header
+	if sr.names > 0 {
+		header = make(http.Header, sr.names)
+	}
+	sr.header(header, make([]string, sr.values))
+	return Response{Status: sr.status, Header: header, Body: []byte(sr.s[sr.body:])}
+}
+
+// storedResponse is an encoded response that checkResponse accepted: what
+// a replay from the Redis store writes without decoding it into a
+// Response first.
+type storedResponse struct {
+	s      string
+	v1     bool
+	status int
+	names  int // header entries
+	values int // header values, all names together
+	start  int // offset of the first header entry
+	body   int // offset of the body
+	// encoded: the last Content-Encoding entry has values, so that
+	// decodeResponse's Header["Content-Encoding"] is not empty.
+	encoded bool
+}
+
+// checkResponse checks the encoded response s of either version and
+// measures it.
+func checkResponse(s string) (storedResponse, error) {
+	if len(s) == 0 {
+		return storedResponse{}, errCorrupt
+	}
+	sr := storedResponse{s: s, v1: s[0] == responseV1}
 	d := decoder{s: s}
-	if v1 {
+	if sr.v1 {
 		d.i = 1
 	}
 	status := d.uvarint()
 	names := d.uvarint()
 	if d.err || status < 100 || status > 999 || names > uint64(len(s)) {
-		return Response{}, errCorrupt
+		return storedResponse{}, errCorrupt
 	}
-	// The first pass counts the values so that they share one backing array.
-	start, total := d.i, 0
+	sr.status, sr.names, sr.start = int(status), int(names), d.i
 	for range names {
-		d.header(v1, headerNames[:])
+		name := d.header(sr.v1, headerNames[:])
 		n := d.uvarint()
 		if d.err || n > uint64(len(s)) {
-			return Response{}, errCorrupt
+			return storedResponse{}, errCorrupt
 		}
-		total += int(n)
+		if name == "Content-Encoding" {
+			sr.encoded = n > 0
+		}
+		sr.values += int(n)
 		for range n {
-			d.header(v1, headerValues[:])
+			d.header(sr.v1, headerValues[:])
 		}
 	}
 	if d.err {
-		return Response{}, errCorrupt
+		return storedResponse{}, errCorrupt
 	}
-	body := []byte(s[d.i:])
-	d.i = start
-	var header http.Header
-	if names > 0 {
-		header = make(http.Header, names)
-	}
-	all := make([]string, total)
-	for range names {
-		name := d.header(v1, headerNames[:])
+	sr.body = d.i
+	return sr, nil
+}
+
+// header sets sr's header entries in h, in order (a later entry of a name
+// replaces an earlier one); their values share all, which holds at least
+// sr.values strings.
+func (sr *storedResponse) header(h http.Header, all []string) {
+	d := decoder{s: sr.s, i: sr.start}
+	for range sr.names {
+		name := d.header(sr.v1, headerNames[:])
 		n := int(d.uvarint())
 		for j := range n {
-			all[j] = d.header(v1, headerValues[:])
+			all[j] = d.header(sr.v1, headerValues[:])
 		}
-		header[name], all = all[:n:n], all[n:]
+		h[name], all = all[:n:n], all[n:]
 	}
-	return Response{Status: int(status), Header: header, Body: body}, nil
 }
 
 type decoder struct {

@@ -119,6 +119,18 @@ const maxClaimTries = 3
 
 // Claim implements Store.
 func (s *RedisStore) Claim(ctx context.Context, key string, req ClaimRequest) (ClaimResult, error) {
+	res, stored, err := s.claimStored(ctx, key, req)
+	if err == nil && res.Status == Finished {
+		res.Response = stored.response()
+	}
+	return res, err
+}
+
+// claimStored is Claim without decoding a finished response: it answers
+// Finished with the stored response checked but not decoded, for the
+// middleware to write as it is. Every other answer, and every error, is
+// Claim's.
+func (s *RedisStore) claimStored(ctx context.Context, key string, req ClaimRequest) (ClaimResult, storedResponse, error) {
 	k, implied := storeKey(key, req.Owner, req.Kind)
 	id := newIdent(req, implied)
 	rec := getArg()
@@ -126,35 +138,35 @@ func (s *RedisStore) Claim(ctx context.Context, key string, req ClaimRequest) (C
 	rec.b = appendClaim(rec.b, req.Token, &id, req.Fields)
 	ms := s.millis(&s.lease, req.Lease)
 	for try := 1; ; try++ {
-		v, held, err := s.claim(ctx, k, rec, ms)
+		v, held, err := s.setNX(ctx, k, rec, ms)
 		if err != nil {
-			return ClaimResult{}, fmt.Errorf("idemgate: redis claim: %w", err)
+			return ClaimResult{}, storedResponse{}, fmt.Errorf("idemgate: redis claim: %w", err)
 		}
 		if !held {
-			return ClaimResult{Status: Claimed}, nil
+			return ClaimResult{Status: Claimed}, storedResponse{}, nil
 		}
 		r, err := parseRecord(v)
 		if err != nil {
-			return ClaimResult{}, fmt.Errorf("idemgate: redis claim: %w", err)
+			return ClaimResult{}, storedResponse{}, fmt.Errorf("idemgate: redis claim: %w", err)
 		}
 		v1 := v[0] != recordV2
 		switch {
 		case !r.finished && r.token == string(req.Token[:]):
-			return ClaimResult{Status: Claimed}, nil // a resent claim
+			return ClaimResult{Status: Claimed}, storedResponse{}, nil // a resent claim
 		case !r.sameOwnerKind(&id, &req, v1):
-			return ClaimResult{Status: Mismatch}, nil
+			return ClaimResult{Status: Mismatch}, storedResponse{}, nil
 		case !r.sameFingerprint(&id, &req, v1):
-			return ClaimResult{Status: Mismatch, Changed: r.changed(req.Fields)}, nil
+			return ClaimResult{Status: Mismatch, Changed: r.changed(req.Fields)}, storedResponse{}, nil
 		case r.finished:
-			resp, err := decodeResponse(r.resp)
+			stored, err := checkResponse(r.resp)
 			if err != nil {
-				return ClaimResult{}, fmt.Errorf("idemgate: redis claim: %w", err)
+				return ClaimResult{}, storedResponse{}, fmt.Errorf("idemgate: redis claim: %w", err)
 			}
-			return ClaimResult{Status: Finished, Response: resp}, nil
+			return ClaimResult{Status: Finished}, stored, nil
 		}
 		left, err := s.client.PTTL(ctx, k).Result()
 		if err != nil {
-			return ClaimResult{}, fmt.Errorf("idemgate: redis claim: lease left: %w", err)
+			return ClaimResult{}, storedResponse{}, fmt.Errorf("idemgate: redis claim: lease left: %w", err)
 		}
 		switch {
 		case left == -2 && try < maxClaimTries:
@@ -162,13 +174,13 @@ func (s *RedisStore) Claim(ctx context.Context, key string, req ClaimRequest) (C
 		case left < 0:
 			left = 0
 		}
-		return ClaimResult{Status: Running, RetryAfter: left}, nil
+		return ClaimResult{Status: Running, RetryAfter: left}, storedResponse{}, nil
 	}
 }
 
-// claim sets k to rec unless it exists, and returns the record that holds
+// setNX sets k to rec unless it exists, and returns the record that holds
 // it (held) or nothing (claimed).
-func (s *RedisStore) claim(ctx context.Context, k string, rec *scriptArg, ms any) (v string, held bool, err error) {
+func (s *RedisStore) setNX(ctx context.Context, k string, rec *scriptArg, ms any) (v string, held bool, err error) {
 	if !s.noSetGet.Load() {
 		cmd := redis.NewStringCmd(ctx, "set", k, rec, "nx", "px", ms, "get")
 		_ = s.client.Process(ctx, cmd)
