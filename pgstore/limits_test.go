@@ -70,11 +70,11 @@ func attemptLog(t testing.TB, pool *pgxpool.Pool) {
 	t.Helper()
 	if _, err := pool.Exec(context.Background(), `
 CREATE TABLE idemgate_test_attempts (id uuid, attempt int, tenant text, state text, lease_until timestamptz,
-	at timestamptz DEFAULT clock_timestamp(), stmt timestamptz DEFAULT statement_timestamp());
+	worker text, at timestamptz DEFAULT clock_timestamp(), stmt timestamptz DEFAULT statement_timestamp());
 CREATE FUNCTION idemgate_test_log_attempt() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-	INSERT INTO idemgate_test_attempts (id, attempt, tenant, state, lease_until)
-	VALUES (NEW.id, NEW.attempt, NEW.tenant, NEW.state, NEW.lease_until);
+	INSERT INTO idemgate_test_attempts (id, attempt, tenant, state, lease_until, worker)
+	VALUES (NEW.id, NEW.attempt, NEW.tenant, NEW.state, NEW.lease_until, NEW.locked_by);
 	RETURN NEW;
 END $$;
 CREATE TRIGGER log_attempt AFTER UPDATE ON idemgate_tasks FOR EACH ROW

@@ -146,3 +146,57 @@ func TestMaxRunningAcrossWorkerProcesses(t *testing.T) {
 			most, sampled, float64(maxRunning)/handler.Seconds())
 	}
 }
+
+// Fair claiming holds across worker processes: three processes (16 slots
+// each, 10 ms handler) drain tenant A's backlog of 2,000 tasks; a lone
+// task of tenant B, submitted while they do, starts within the first
+// 2 × 48 starts after its submit (counted from the attempts' claims in
+// the database, by the database's clock), not behind the rest of A's
+// backlog. With the FIFO claim of before (sqlClaimFIFO in the worker
+// processes) it started after 1,677 and 1,860 starts in two runs.
+func TestFairnessAcrossWorkerProcesses(t *testing.T) {
+	t.Parallel()
+	s, db := setup(t)
+	ctx := context.Background()
+	attemptLog(t, s.pool)
+	const processes, slots, backlog = 3, 16, 2000
+	const handler = 10 * time.Millisecond
+	batch := make([]NewTask, backlog)
+	for i := range batch {
+		batch[i] = tenantTask("acme", fmt.Sprintf("a-%d", i))
+	}
+	if _, err := s.SubmitMany(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	for range processes {
+		startWorkerProcess(t, db.dsn, handler)
+	}
+	// Every process claims by now: B comes into a drain in full swing.
+	wait.For(t, patience, "A's backlog drains", func() bool { return countRows(t, s.pool, "state = 'succeeded'") >= 2*processes*slots })
+	b := mustSubmit(t, s, tenantTask("beta", "b-lone"))
+	waitState(t, s, b.ID, StateSucceeded)
+	// Starts (first claims of an attempt) after B's submit and before
+	// B's; A's starts before B's in all; the processes that started any.
+	var before, ahead, workers int
+	if err := s.pool.QueryRow(ctx, `
+WITH starts AS (
+	SELECT id, min(at) AS at, min(worker) AS worker FROM idemgate_test_attempts
+	WHERE state = 'running' GROUP BY id, attempt
+), b AS (SELECT at FROM starts WHERE id = $1::uuid)
+SELECT count(*) FILTER (WHERE starts.at < b.at AND starts.at > (SELECT created_at FROM idemgate_tasks WHERE id = $1::uuid)),
+	count(*) FILTER (WHERE starts.at < b.at),
+	count(DISTINCT worker)
+FROM starts, b`, b.ID).Scan(&before, &ahead, &workers); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("B's task started after %d starts since its submit; %d of A's %d tasks had not started; %d processes started tasks",
+		before, backlog-ahead, backlog, workers)
+	if limit := 2 * processes * slots; before > limit {
+		t.Fatalf("B's task started after %d starts since its submit; want at most %d (2 × %d slots): claims are not fair across processes",
+			before, limit, processes*slots)
+	}
+	if backlog-ahead < 2*processes*slots || workers < 2 {
+		t.Fatalf("%d of A's tasks left when B started, %d processes started tasks: the test did not race several processes on a backlog",
+			backlog-ahead, workers)
+	}
+}
