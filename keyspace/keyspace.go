@@ -25,10 +25,9 @@ const maxKind = 64
 const (
 	prefix    = "idem:"
 	digestLen = 2 * sha256.Size
-	// maxKeyLen bounds String()+Task(): the tenant escapes to at most 3 bytes
-	// per byte.
-	maxKeyLen = len(prefix) + 3*MaxTenant + 1 + maxKind + 1 + digestLen + 1 + digestLen +
-		maxKind + 1 + digestLen
+	// maxKeyLen bounds String(): the tenant escapes to at most 3 bytes per
+	// byte.
+	maxKeyLen = len(prefix) + 3*MaxTenant + 1 + maxKind + 1 + digestLen + 1 + digestLen
 )
 
 // Scope is who asks and what they call the action.
@@ -45,8 +44,9 @@ type Scope struct {
 // Key is a derived idempotency key. It is a small comparable value; the zero
 // Key means "no key" and all its methods return "".
 type Key struct {
-	// s holds String() immediately followed by Task(), so that Derive
-	// allocates once and every accessor is a substring.
+	// s is String(): Derive allocates once, and every accessor but Task
+	// is a substring. Task is hashed when asked for: a store keyed by
+	// String (Redis) never needs it.
 	s         string
 	tenantEnd int // end of the tenant segment in s
 	kindEnd   int // end of the kind segment in s
@@ -81,11 +81,6 @@ func Derive(kind string, s Scope) (Key, error) {
 	b = hex.AppendEncode(b, user[:])
 	b = append(b, ':')
 	b = hex.AppendEncode(b, request[:])
-
-	text := sha256.Sum256(b)
-	b = append(b, kind...)
-	b = append(b, ':')
-	b = hex.AppendEncode(b, text[:])
 
 	return Key{s: string(b), tenantEnd: tenantEnd, kindEnd: kindEnd}, nil
 }
@@ -138,19 +133,23 @@ func validateLen(what, v string, max int) error {
 // String returns the store key,
 // idem:<tenant>:<kind>:<hex sha256(user)>:<hex sha256(request)>.
 func (k Key) String() string {
-	if k.s == "" {
-		return ""
-	}
-	return k.s[:k.textEnd()]
+	return k.s
 }
 
 // Task returns <kind>:<hex sha256(k.String())>: a fixed-length key (for a
-// given kind) for the Postgres task store.
+// given kind) for the Postgres task store. It is computed on each call
+// (one SHA-256 and one allocation): call it once per request.
 func (k Key) Task() string {
 	if k.s == "" {
 		return ""
 	}
-	return k.s[k.textEnd():]
+	var in [maxKeyLen]byte
+	text := sha256.Sum256(in[:copy(in[:], k.s)])
+	var buf [maxKind + 1 + digestLen]byte
+	b := append(buf[:0], k.Kind()...)
+	b = append(b, ':')
+	b = hex.AppendEncode(b, text[:])
+	return string(b)
 }
 
 // Tenant returns the normalized tenant segment, as it appears in String.
@@ -177,8 +176,6 @@ func (k Key) Owner() string {
 	}
 	return k.s[k.kindEnd+1 : k.kindEnd+1+digestLen]
 }
-
-func (k Key) textEnd() int { return k.kindEnd + 1 + digestLen + 1 + digestLen }
 
 // NormalizeSegment escapes s for use as one segment of a key. Bytes in
 // [A-Za-z0-9._-] pass through unchanged; every other byte, '%' included,
