@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate/internal/pgtrace"
 	"github.com/idemgate/idemgate/internal/wait"
 )
 
@@ -23,26 +24,17 @@ const benchClients = 16
 // benchConcurrency is the worker concurrency of BenchmarkClaimComplete.
 const benchConcurrency = 64
 
-// queryCounter counts the statements sent on a pool's connections.
-type queryCounter struct{ n atomic.Int64 }
-
-func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-
-func (c *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
 // benchStore is a migrated store whose pool of conns connections counts
-// its statements. The connections are open before the benchmark starts.
-func benchStore(b *testing.B, conns int) (*Store, *queryCounter) {
+// its round trips (a statement each, a batch once). The connections are
+// open before the benchmark starts.
+func benchStore(b *testing.B, conns int) (*Store, *pgtrace.RoundTrips) {
 	b.Helper()
 	db := newTestDB(b)
 	cfg, err := pgxpool.ParseConfig(db.dsn)
 	if err != nil {
 		b.Fatal(err)
 	}
-	counter := &queryCounter{}
+	counter := &pgtrace.RoundTrips{}
 	cfg.ConnConfig.Tracer = counter
 	cfg.MaxConns = int32(conns)
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -161,11 +153,11 @@ func BenchmarkSubmitExistingKey(b *testing.B) {
 		return err
 	}
 	parallel(b, 4*benchClients, resubmit) // warm up
-	before := counter.n.Load()
+	before := counter.Load()
 	b.ResetTimer()
 	elapsed := parallel(b, b.N, resubmit)
 	b.StopTimer()
-	b.ReportMetric(float64(counter.n.Load()-before)/float64(b.N), "statements/op")
+	b.ReportMetric(float64(counter.Load()-before)/float64(b.N), "round-trips/op")
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "submit/s")
 	b.ReportMetric(float64(elapsed.Nanoseconds())/float64(b.N), "ns/op")
 }
@@ -183,7 +175,7 @@ func BenchmarkSubmitStorm64(b *testing.B) {
 		})
 	}
 	var lat []time.Duration
-	before := counter.n.Load()
+	before := counter.Load()
 	b.ResetTimer()
 	for i := range b.N {
 		start := make(chan struct{})
@@ -217,7 +209,7 @@ func BenchmarkSubmitStorm64(b *testing.B) {
 	pct := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) / 1000 }
 	b.ReportMetric(pct(0.50), "p50-ms")
 	b.ReportMetric(pct(0.99), "p99-ms")
-	b.ReportMetric(float64(counter.n.Load()-before)/float64(b.N*clients), "statements/submit")
+	b.ReportMetric(float64(counter.Load()-before)/float64(b.N*clients), "round-trips/submit")
 }
 
 // BenchmarkClaimComplete measures how fast workers drain a backlog with a

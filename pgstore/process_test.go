@@ -1,13 +1,13 @@
 package pgstore
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
+	"regexp"
 	"strconv"
 	"syscall"
 	"testing"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate/internal/proctest"
 	"github.com/idemgate/idemgate/internal/wait"
 )
 
@@ -62,30 +63,26 @@ func workerProcess(dsn string) int {
 	return 0
 }
 
-// startWorkerProcess starts the test binary as a worker process on dsn and
-// waits until it runs; the test's cleanup kills it.
-func startWorkerProcess(t testing.TB, dsn string, handler time.Duration) *exec.Cmd {
+// startWorkerProcess starts the test binary as a worker process on dsn
+// (through proctest: it dies with the test binary, and the test's cleanup
+// stops it, logging its output if the test failed) and waits until it
+// runs.
+func startWorkerProcess(t testing.TB, dsn string, handler time.Duration) *proctest.Process {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), workerProcessEnv+"="+dsn, fmt.Sprintf("PGSTORE_TEST_HANDLER_MS=%d", handler.Milliseconds()))
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
+	p, err := proctest.Start(t, cmd)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	if _, err := p.WaitOutput(workerReady, patience); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || line != "ready\n" {
-		t.Fatalf("worker process: %q, %v", line, err)
-	}
-	return cmd
+	return p
 }
+
+// workerReady is the line a worker process prints once it runs.
+var workerReady = regexp.MustCompile(`^ready$`)
 
 // MaxRunning holds across worker processes, while they race for the last
 // slots and after one is killed (SIGKILL) with attempts running: from the
@@ -111,7 +108,7 @@ func TestMaxRunningAcrossWorkerProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	began := time.Now()
-	procs := make([]*exec.Cmd, processes)
+	procs := make([]*proctest.Process, processes)
 	for i := range procs {
 		procs[i] = startWorkerProcess(t, db.dsn, handler)
 	}
@@ -125,7 +122,10 @@ func TestMaxRunningAcrossWorkerProcesses(t *testing.T) {
 		}
 		sampled = max(sampled, running)
 		if !killed && countRows(t, s.pool, "state = 'succeeded'") > total/3 {
-			_ = procs[0].Process.Kill() // SIGKILL: its attempts hold their leases until they end
+			// SIGKILL: its attempts hold their leases until they end.
+			if err := procs[0].Kill(); err != nil {
+				t.Fatal(err)
+			}
 			killed = true
 		}
 		return done()

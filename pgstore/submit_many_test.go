@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate/internal/pgtrace"
 	"github.com/idemgate/idemgate/internal/wait"
 )
 
@@ -256,9 +257,9 @@ func keysOf(ts []Task) []string {
 	return keys
 }
 
-// countingStore is a migrated Store whose pool counts the statements it
-// sends.
-func countingStore(t testing.TB) (*Store, *queryCounter) {
+// countingStore is a migrated Store whose pool counts its round trips (a
+// statement each, a batch once).
+func countingStore(t testing.TB) (*Store, *pgtrace.RoundTrips) {
 	t.Helper()
 	db := newTestDB(t)
 	db.store(t) // migrate
@@ -266,7 +267,7 @@ func countingStore(t testing.TB) (*Store, *queryCounter) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	counter := &queryCounter{}
+	counter := &pgtrace.RoundTrips{}
 	cfg.ConnConfig.Tracer = counter
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
@@ -337,13 +338,13 @@ func TestSubmitMany(t *testing.T) {
 	for i, c := range cases {
 		batch[i] = c.given
 	}
-	before := counter.n.Load()
+	before := counter.Load()
 	results, err := s.SubmitMany(ctx, batch)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := counter.n.Load() - before; n != 1 {
-		t.Fatalf("SubmitMany sent %d statements, want 1", n)
+	if n := counter.Load() - before; n != 1 {
+		t.Fatalf("SubmitMany made %d round trips, want 1", n)
 	}
 	if len(results) != len(batch) {
 		t.Fatalf("%d results for %d tasks", len(results), len(batch))
