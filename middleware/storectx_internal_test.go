@@ -36,8 +36,8 @@ func TestStoreContext(t *testing.T) {
 	if st.storeCtx() != ctx {
 		t.Fatal("a second call within half a lease got another context")
 	}
-	if ctx.Done() != ctx.Done() {
-		t.Fatal("Done changes")
+	if done := ctx.Done(); done == nil || ctx.Done() != done {
+		t.Fatal("Done is nil or changes")
 	}
 
 	goroutines := runtime.NumGoroutine()
