@@ -2,6 +2,8 @@ package pgrecords
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -57,7 +59,7 @@ func (t *lazyTx) use(ctx context.Context) (*pgx.Conn, error) {
 		t.conn, t.slot = conn, true
 	}
 	conn := t.conn.Conn()
-	if t.begun && conn.PgConn().TxStatus() == 'I' {
+	if t.begun && !conn.IsClosed() && conn.PgConn().TxStatus() == 'I' {
 		// The handler sent COMMIT or ROLLBACK: what follows would run in
 		// autocommit.
 		return nil, errEnded
@@ -189,6 +191,42 @@ func (t *lazyTx) sendBegin(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, n 
 	return br, nil
 }
 
+// notBegun is called, mu held, when the batch that carried BEGIN failed
+// with err, once the batch is closed; first is the handler's first
+// statement in it, as pgx sent it.
+//
+// pgx prepares a batch's new statements (a round trip of Parse and
+// Describe, nothing run), then encodes the arguments of each statement
+// and queues it in its pipeline, and sends them all, synced, only once
+// every one is encoded. When an encoding fails (a value too large for its
+// type, a wrong argument count: pgx.ErrPreprocessingBatch, step "build"),
+// what was queued in front of the failing statement is unsynced, so pgx
+// closes the connection (pgconn's Pipeline.Close: "pipeline has unsynced
+// requests"; its asyncClose sends what was queued with a Terminate behind
+// it, and the server rolls back what ran when the session ends; a plain
+// Exec encodes before it queues anything). On the first statement, what was
+// queued is only BEGIN and the setup: a plain pgx transaction, whose BEGIN
+// ran before on its own, keeps its connection and stays usable after the
+// same error, and so does this one. The connection goes back to the pool,
+// which drops it, with the slot; the handler's next statement takes
+// another, BEGIN in front. The normal path costs nothing more.
+//
+// When a statement of the handler's was queued in front of the failing
+// one (a batch), pgx closes its connection in a plain transaction too;
+// any other failure that closed the connection (a statement that outlived
+// its context, a broken link) may have run BEGIN and more before it: the
+// connection stays closed, the handler's next statements fail on it, as
+// in pgx, and Commit refuses to complete the record (errConnLost).
+func (t *lazyTx) notBegun(err error, first string) {
+	var pre pgx.ErrPreprocessingBatch
+	if t.begun || t.conn == nil || !t.conn.Conn().IsClosed() ||
+		!errors.As(err, &pre) || !strings.HasPrefix(pre.Error(), "error preprocessing batch (build)") || pre.SQL() != first {
+		return
+	}
+	t.s.releaseTx(t.conn, t.slot)
+	t.conn, t.slot = nil, false
+}
+
 func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -199,17 +237,21 @@ func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 	if t.begun {
 		return conn.Exec(ctx, sql, args...)
 	}
-	b, n := t.begin(&pgx.QueuedQuery{SQL: sql, Arguments: args})
+	q := &pgx.QueuedQuery{SQL: sql, Arguments: args}
+	b, n := t.begin(q)
 	br, err := t.sendBegin(ctx, conn, b, n)
 	tag, qerr := br.Exec()
 	cerr := br.Close()
 	switch {
 	case qerr != nil:
-		return tag, qerr
-	case err != nil:
-		return tag, err
+		err = qerr
+	case err == nil:
+		err = cerr
 	}
-	return tag, cerr
+	if err != nil {
+		t.notBegun(err, q.SQL)
+	}
+	return tag, err
 }
 
 func (t *lazyTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
@@ -222,10 +264,12 @@ func (t *lazyTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 	if t.begun {
 		return conn.Query(ctx, sql, args...)
 	}
-	b, n := t.begin(&pgx.QueuedQuery{SQL: sql, Arguments: args})
+	q := &pgx.QueuedQuery{SQL: sql, Arguments: args}
+	b, n := t.begin(q)
 	br, err := t.sendBegin(ctx, conn, b, n)
 	if err != nil {
 		_ = br.Close()
+		t.notBegun(err, q.SQL)
 		return nil, err
 	}
 	rows, err := br.Query()
@@ -254,7 +298,14 @@ func (t *lazyTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	withBegin, n := t.begin(b.QueuedQueries...)
 	br, err := t.sendBegin(ctx, conn, withBegin, n)
 	if err != nil {
-		return &failedBatch{BatchResults: br, err: err}
+		// Nothing after BEGIN and the setup ran: every result is err.
+		_ = br.Close()
+		first := ""
+		if len(withBegin.QueuedQueries) > n {
+			first = withBegin.QueuedQueries[n].SQL
+		}
+		t.notBegun(err, first)
+		return &failedBatch{err: err}
 	}
 	return br
 }
@@ -318,20 +369,13 @@ func (r *row) Scan(dest ...any) error {
 
 // failedBatch answers every result of a batch that could not go out, or
 // whose BEGIN failed, with that failure.
-type failedBatch struct {
-	pgx.BatchResults // nil when nothing went out
-	err              error
-}
+type failedBatch struct{ err error }
 
 func (b *failedBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
 func (b *failedBatch) Query() (pgx.Rows, error)         { return nil, b.err }
 func (b *failedBatch) QueryRow() pgx.Row                { return &row{err: b.err} }
-func (b *failedBatch) Close() error {
-	if b.BatchResults != nil {
-		_ = b.BatchResults.Close()
-	}
-	return b.err
-}
+func (b *failedBatch) Close() error                     { return b.err }
+func (b *failedBatch) Tx() pgx.Tx                       { return nil }
 
 // savepoint is a savepoint of the handler's transaction (lazyTx.Begin),
 // or one nested in it, under the transaction's guard: pgx's own would go

@@ -358,6 +358,55 @@ var savepointScenarios = []struct {
 		note("rollback1-cancelled", sp1.Rollback(cctx))
 		note("a", ledgerInsert(ctx, tx, k, "a"))
 	}},
+	// The handler's first statement fails to encode: pgx raises it before
+	// anything of it reaches the server, and a plain pgx transaction stays
+	// usable; on an Atomic route the batch carrying BEGIN failed with it.
+	{"encode error as the first statement, then a write", func(ctx context.Context, tx pgx.Tx, k string, note func(string, error)) {
+		_, err := tx.Exec(ctx, `SELECT $1::int4`, int64(1)<<40)
+		note("overflow", err)
+		note("a", ledgerInsert(ctx, tx, k, "a"))
+	}},
+	{"wrong argument count as the first statement, then a write", func(ctx context.Context, tx pgx.Tx, k string, note func(string, error)) {
+		_, err := tx.Exec(ctx, `INSERT INTO ledger (key, node) VALUES ($1, $2)`, k)
+		note("arguments", err)
+		note("a", ledgerInsert(ctx, tx, k, "a"))
+	}},
+	{"encode error as the first statement, nothing after", func(ctx context.Context, tx pgx.Tx, k string, note func(string, error)) {
+		_, err := tx.Exec(ctx, `SELECT $1::int4`, int64(1)<<40)
+		note("overflow", err)
+	}},
+	{"encode error in the first QueryRow, then a savepoint", func(ctx context.Context, tx pgx.Tx, k string, note func(string, error)) {
+		var n int
+		note("overflow", tx.QueryRow(ctx, `SELECT $1::int4`, int64(1)<<40).Scan(&n))
+		note("sp", pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error { return ledgerInsert(ctx, sp, k, "in-sp") }))
+		note("a", ledgerInsert(ctx, tx, k, "a"))
+	}},
+	{"encode error in the first statement of the first batch, then a write", func(ctx context.Context, tx pgx.Tx, k string, note func(string, error)) {
+		b := &pgx.Batch{}
+		b.Queue(`SELECT $1::int4`, int64(1)<<40)
+		b.Queue(`INSERT INTO ledger (key, node) VALUES ($1, 'batch')`, k)
+		br := tx.SendBatch(ctx, b)
+		_, e1 := br.Exec()
+		_, e2 := br.Exec()
+		note("batch1", e1)
+		note("batch2", e2)
+		note("batchclose", br.Close())
+		note("a", ledgerInsert(ctx, tx, k, "a"))
+	}},
+	// pgx closes its connection when a statement of the batch was queued
+	// in front of the one that fails to encode: the transaction is lost.
+	{"encode error in the second statement of the first batch, then a write", func(ctx context.Context, tx pgx.Tx, k string, note func(string, error)) {
+		b := &pgx.Batch{}
+		b.Queue(`INSERT INTO ledger (key, node) VALUES ($1, 'batch')`, k)
+		b.Queue(`SELECT $1::int4`, int64(1)<<40)
+		br := tx.SendBatch(ctx, b)
+		_, e1 := br.Exec()
+		_, e2 := br.Exec()
+		note("batch1", e1)
+		note("batch2", e2)
+		note("batchclose", br.Close())
+		note("a", ledgerInsert(ctx, tx, k, "a"))
+	}},
 	{"handler's own SAVEPOINT statement named like pgx's", func(ctx context.Context, tx pgx.Tx, k string, note func(string, error)) {
 		_, err := tx.Exec(ctx, `SAVEPOINT sp_1`)
 		note("raw-savepoint", err)

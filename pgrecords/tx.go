@@ -123,6 +123,11 @@ func (t *atomicTx) Commit(ctx context.Context, c *middleware.Completion) error {
 		return fmt.Errorf("pgrecords: commit: %w", err)
 	}
 	defer func() { t.tx.s.releaseTx(conn, slot) }()
+	if conn != nil && conn.Conn().IsClosed() {
+		// Whatever the handler sent on it was rolled back, BEGIN or not:
+		// the completion must not commit on its own.
+		return fmt.Errorf("pgrecords: commit: %w", errConnLost)
+	}
 	if begun {
 		if err := handlerEnded(conn); err != nil {
 			rollback(ctx, conn)
@@ -151,7 +156,9 @@ func (t *atomicTx) Commit(ctx context.Context, c *middleware.Completion) error {
 	}
 	response := appendResponse(nil, c.Response)
 	if !begun {
-		// Nothing of the handler's to commit: the completion alone, on
+		// Nothing of the handler's to commit (its statements, if any,
+		// failed before BEGIN ran, on a connection that is still open or
+		// was given back: see lazyTx.notBegun): the completion alone, on
 		// any connection.
 		t.tx.s.releaseTx(conn, slot)
 		conn, slot = nil, false
@@ -194,7 +201,8 @@ func (t *atomicTx) Rollback(ctx context.Context) error {
 		return nil
 	}
 	defer t.tx.s.releaseTx(conn, slot)
-	if !begun {
+	if !begun || conn.Conn().IsClosed() {
+		// Nothing to roll back, or the server did when the session ended.
 		return nil
 	}
 	if conn.Conn().PgConn().TxStatus() == 'I' {
@@ -207,8 +215,9 @@ func (t *atomicTx) Rollback(ctx context.Context) error {
 }
 
 var (
-	errEnded   = fmt.Errorf("%w: it sent COMMIT or ROLLBACK itself, so what it wrote before may have committed", middleware.ErrTxAborted)
-	errAborted = fmt.Errorf("%w: a statement of the handler's failed (the transaction is aborted), yet it answered", middleware.ErrTxAborted)
+	errEnded    = fmt.Errorf("%w: it sent COMMIT or ROLLBACK itself, so what it wrote before may have committed", middleware.ErrTxAborted)
+	errAborted  = fmt.Errorf("%w: a statement of the handler's failed (the transaction is aborted), yet it answered", middleware.ErrTxAborted)
+	errConnLost = fmt.Errorf("%w: its connection closed while a statement of the handler's was on it (the transaction, if BEGIN ran, is rolled back), yet it answered", middleware.ErrTxAborted)
 )
 
 // handlerEnded returns why the transaction that BEGIN opened on conn

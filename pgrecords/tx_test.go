@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -536,35 +537,37 @@ func TestTxSavepoints(t *testing.T) {
 	}
 }
 
-// firstStatementFailures are handler statements that fail before
-// anything of their batch runs: pgx prepares (Parse, Describe) a batch's
-// new statements and encodes all their arguments before it runs the
-// first, so BEGIN and the setup, sent in front of the handler's first
-// statement, do not run either. encode marks a failure to encode the
-// batch: pgx then closes the connection (BEGIN was queued, unsynced), and
-// the handler's next statements fail too.
+// firstStatementFailures are handler statements that fail, as the
+// handler's first, before anything of their batch runs in the modes that
+// prepare (pgx prepares a batch's new statements and encodes all their
+// arguments before it runs the first), so BEGIN and the setup, sent in
+// front of the handler's first statement, do not run either. aborts are
+// the exec modes in which the statement does run, after BEGIN in the same
+// round trip, and the server's error aborts the transaction (exec sends
+// it unprepared; the simple protocol sends the arguments as literals, and
+// parses the whole query string before running any of it).
 var firstStatementFailures = []struct {
 	name   string
-	encode bool
+	aborts []pgx.QueryExecMode
 	run    func(ctx context.Context, tx pgx.Tx, key string) error
 }{
-	{"undefined table", false, func(ctx context.Context, tx pgx.Tx, key string) error {
+	{"undefined table", []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol}, func(ctx context.Context, tx pgx.Tx, key string) error {
 		_, err := tx.Exec(ctx, `INSERT INTO no_such_table (key) VALUES ($1)`, key)
 		return err
 	}},
-	{"syntax error", false, func(ctx context.Context, tx pgx.Tx, key string) error {
+	{"syntax error", []pgx.QueryExecMode{pgx.QueryExecModeExec}, func(ctx context.Context, tx pgx.Tx, key string) error {
 		_, err := tx.Exec(ctx, `INSRT INTO ledger (key) VALUES ($1)`, key)
 		return err
 	}},
-	{"wrong argument count", true, func(ctx context.Context, tx pgx.Tx, key string) error {
+	{"wrong argument count", []pgx.QueryExecMode{pgx.QueryExecModeExec}, func(ctx context.Context, tx pgx.Tx, key string) error {
 		_, err := tx.Exec(ctx, `INSERT INTO ledger (key, node) VALUES ($1, $2)`, key)
 		return err
 	}},
-	{"int4 overflow", true, func(ctx context.Context, tx pgx.Tx, key string) error {
+	{"int4 overflow", []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol}, func(ctx context.Context, tx pgx.Tx, key string) error {
 		_, err := tx.Exec(ctx, `SELECT $1::int4`, int64(1)<<40)
 		return err
 	}},
-	{"cancelled context", false, func(ctx context.Context, tx pgx.Tx, key string) error {
+	{"cancelled context", nil, func(ctx context.Context, tx pgx.Tx, key string) error {
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
 		_, err := tx.Exec(cctx, `INSERT INTO ledger (key, node) VALUES ($1, 'cancelled')`, key)
@@ -573,7 +576,7 @@ var firstStatementFailures = []struct {
 }
 
 // TestTxFirstStatementFailsBeforeRunning: the handler's first statement
-// fails before it runs (firstStatementFailures), on pools in every exec
+// fails (firstStatementFailures), on pools in every exec
 // mode; the handler ignores it, writes, and fails. Its write must have
 // been in the transaction, rolled back with it: no ledger row. (A queue of
 // BEGIN and savepoints, tried in 06091cf and reverted, did not send BEGIN
@@ -626,41 +629,153 @@ func TestTxFirstStatementFailsBeforeRunning(t *testing.T) {
 }
 
 // TestTxFirstStatementFailsThenAnswers: the handler's first statement
-// fails before it runs, and BEGIN with it (firstStatementFailures but
-// the encoding ones, after which the connection is closed); the handler
-// ignores it, writes, and answers 201. (In a plain pgx transaction, whose
-// BEGIN ran before, the write would fail with 25P02 after a statement the
-// server refused.) The write must commit in the transaction that
-// finished the record.
+// fails (firstStatementFailures), on pools in every exec mode; the
+// handler ignores it, writes, and answers 201 — in "checks" returning
+// its write's error, in "ignores" answering 201 whatever the write did.
+// An answer must be stored (and replayed) only together with the
+// handler's write, committed in the transaction that finished the record;
+// an answer that is not stored is not 2xx, nothing of it is written, and
+// the retry runs.
+//
+// Unless the failing statement ran and aborted the transaction (aborts),
+// the transaction is as it was before it, empty and usable, as after a
+// failed statement the server never ran in a plain pgx transaction: the
+// write commits with the answer, 201. Else the write fails (25P02), and so
+// does the request. Before the fix the encoding failures (an argument
+// count or value pgx refuses) closed the connection in the modes that
+// prepare — BEGIN was queued, unsynced, in front of the statement — so
+// the write failed ("checks": 500), or, ignored, the answer was completed
+// alone, stored and replayed, and the write lost ("ignores").
 func TestTxFirstStatementFailsThenAnswers(t *testing.T) {
 	t.Parallel()
-	pool, s := atomicDB(t)
-	for _, first := range firstStatementFailures {
-		if first.encode {
-			continue
-		}
-		k := strings.ReplaceAll("first-fails-answered-"+first.name, " ", "-")
-		e := atomicRoute(t, s, func(c echo.Context) error {
-			ctx, tx := c.Request().Context(), pgrecords.Tx(c)
-			if err := first.run(ctx, tx, k); err == nil {
-				return fmt.Errorf("%s: the statement succeeded", first.name)
+	pool, _ := atomicDB(t)
+	for _, mode := range allExecModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			p := poolWith(t, pool.Config().ConnString(), func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
+			s, err := pgrecords.New(testCtx(t), p)
+			if err != nil {
+				t.Fatal(err)
 			}
-			if err := ledgerInsert(ctx, tx, k, "h"); err != nil {
-				return err
+			for _, first := range firstStatementFailures {
+				for _, ignores := range []bool{false, true} {
+					name := first.name + map[bool]string{false: " checks", true: " ignores"}[ignores]
+					k := strings.ReplaceAll("first-fails-answered-"+mode.String()+"-"+name, " ", "-")
+					var firstErr error
+					runs := 0
+					e := atomicRoute(t, s, func(c echo.Context) error {
+						runs++
+						ctx, tx := c.Request().Context(), pgrecords.Tx(c)
+						if runs == 1 {
+							if firstErr = first.run(ctx, tx, k); firstErr == nil {
+								return fmt.Errorf("%s: the statement succeeded", first.name)
+							}
+						}
+						if err := ledgerInsert(ctx, tx, k, "h"); err != nil && !ignores {
+							return err
+						}
+						return c.String(http.StatusCreated, "ok")
+					}, nil)
+					rec := atomicSend(e, k)
+					want201 := !slices.Contains(first.aborts, mode)
+					rows := ledgerRows(t, pool, k)
+					var together bool
+					if err := pool.QueryRow(testCtx(t), `SELECT EXISTS (SELECT 1 FROM ledger l JOIN idemgate_records r ON r.xmin = l.xmin
+						WHERE l.key = $1 AND r.finished)`, k).Scan(&together); err != nil {
+						t.Fatal(err)
+					}
+					again := atomicSend(e, k)
+					replayed := again.Header().Get("Idempotent-Replayed") == "true"
+					switch {
+					case replayed && !together:
+						t.Errorf("%s: the answer (%d) was stored and replayed without the handler's write (ledger rows %d; first statement: %v)",
+							name, rec.Code, rows, firstErr)
+					case rec.Code/100 == 2 && !replayed:
+						t.Errorf("%s: the client got %d, and the retry = %d, not a replay", name, rec.Code, again.Code)
+					case rec.Code/100 != 2 && (replayed || rows != 0):
+						t.Errorf("%s: request = %d, yet the retry replayed (%v) or ledger rows = %d", name, rec.Code, replayed, rows)
+					case want201 && rec.Code != http.StatusCreated:
+						t.Errorf("%s: request = %d %s, want 201 (first statement: %v)", name, rec.Code, rec.Body, firstErr)
+					case !want201 && rec.Code/100 == 2:
+						t.Errorf("%s: request = %d, want a failure (first statement: %v)", name, rec.Code, firstErr)
+					}
+					if got := ledgerRows(t, pool, k); again.Code != http.StatusCreated || got != 1 {
+						t.Errorf("%s: retry = %d, ledger rows %d; want 201 and 1", name, again.Code, got)
+					}
+					if wantRuns := map[bool]int{true: 1, false: 2}[replayed]; runs != wantRuns {
+						t.Errorf("%s: the handler ran %d times, want %d (replayed: %v)", name, runs, wantRuns, replayed)
+					}
+				}
 			}
-			return c.String(http.StatusCreated, "ok")
-		}, nil)
-		if rec := atomicSend(e, k); rec.Code != http.StatusCreated {
-			t.Errorf("%s: request = %d %s, want 201", first.name, rec.Code, rec.Body)
-			continue
-		}
-		var together bool
-		if err := pool.QueryRow(testCtx(t), `SELECT EXISTS (SELECT 1 FROM ledger l JOIN idemgate_records r ON r.xmin = l.xmin
-			WHERE l.key = $1 AND r.finished)`, k).Scan(&together); err != nil {
-			t.Fatal(err)
-		}
-		if !together {
-			t.Errorf("%s: the handler's write did not commit in the transaction that finished its record", first.name)
-		}
+		})
+	}
+}
+
+// TestTxConnectionLostThenAnswers: a statement of the handler's outlives
+// its context, and pgx closes the transaction's connection (the server
+// rolls the transaction back when the session ends); the handler ignores
+// that, tries to write (which fails: the connection is closed) and
+// answers 201. The answer must not be stored on its own, whether the
+// lost statement was the handler's first (BEGIN went out with it, and
+// its result never came back) or a later one: 500, the claim released
+// (tx_aborted), no ledger row, and the retry runs. Before the fix the
+// first case was completed alone, on another connection of the pool:
+// stored and replayed without the write; the second ended in a commit
+// that failed (503 store_unavailable).
+func TestTxConnectionLostThenAnswers(t *testing.T) {
+	t.Parallel()
+	pool, _ := atomicDB(t)
+	for _, mode := range allExecModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			p := poolWith(t, pool.Config().ConnString(), func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
+			s, err := pgrecords.New(testCtx(t), p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, first := range []bool{true, false} {
+				k := strings.ReplaceAll(fmt.Sprintf("conn-lost-%s-%v", mode, first), " ", "-")
+				var events []middleware.Event
+				var lost error
+				runs := 0
+				e := atomicRoute(t, s, func(c echo.Context) error {
+					runs++
+					ctx, tx := c.Request().Context(), pgrecords.Tx(c)
+					if runs == 1 {
+						if !first {
+							if err := ledgerInsert(ctx, tx, k, "before"); err != nil {
+								return err
+							}
+						}
+						sctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+						_, lost = tx.Exec(sctx, `SELECT pg_sleep(1)`)
+						cancel()
+					}
+					_ = ledgerInsert(ctx, tx, k, "h") // ignored
+					return c.String(http.StatusCreated, "ok")
+				}, func(c *middleware.Config) { c.OnEvent = func(ev middleware.Event) { events = append(events, ev) } })
+				rec := atomicSend(e, k)
+				if lost == nil {
+					t.Fatalf("first %v: the statement outlived its context without an error (request %d %s)", first, rec.Code, rec.Body)
+				}
+				if rec.Code != http.StatusInternalServerError {
+					t.Errorf("first %v: request = %d %s, want 500 (lost: %v)", first, rec.Code, rec.Body, lost)
+				}
+				if got := ledgerRows(t, pool, k); got != 0 {
+					t.Errorf("first %v: ledger rows = %d, want 0", first, got)
+				}
+				released := false
+				for _, ev := range events {
+					released = released || ev.Type == middleware.EventReleased && ev.Reason == "tx_aborted"
+				}
+				if !released {
+					t.Errorf("first %v: events %v, want released tx_aborted", first, events)
+				}
+				if again := atomicSend(e, k); again.Code != http.StatusCreated || again.Header().Get("Idempotent-Replayed") == "true" || runs != 2 {
+					t.Errorf("first %v: retry = %d replayed=%q after %d runs, want a second run", first, again.Code, again.Header().Get("Idempotent-Replayed"), runs)
+				}
+				if got := ledgerNodes(t, pool, k); got != "h" {
+					t.Errorf("first %v: ledger after the retry = %q, want %q", first, got, "h")
+				}
+			}
+		})
 	}
 }
