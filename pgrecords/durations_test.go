@@ -2,13 +2,17 @@ package pgrecords_test
 
 import (
 	"math"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/pgrecords"
 )
 
 // TestTinyDurations: a lease or retention of 1µs, zero or negative
@@ -75,5 +79,38 @@ func TestRetentionForeverEndToEnd(t *testing.T) {
 	}
 	if n := runs.Load(); n != 1 {
 		t.Errorf("three sends of one request ran the handler %d times, want once (then replays)", n)
+	}
+}
+
+// TestAtomicHugeLeases: an Atomic route with a lease of math.MaxInt64 or
+// 30 days, whose handler pauses between its two statements, commits both
+// with its answer. The transaction's idle limit is twice the lease:
+// computed naively it overflows to a negative duration (and became 1ms,
+// ending the transaction at the first pause), or, from a lease of about
+// 12.4 days on, exceeds what PostgreSQL accepts for
+// idle_in_transaction_session_timeout (INT_MAX ms), failing BEGIN's SET
+// LOCAL.
+func TestAtomicHugeLeases(t *testing.T) {
+	t.Parallel()
+	pool, s := atomicDB(t)
+	for _, lease := range []time.Duration{math.MaxInt64, math.MaxInt64 - 1, 30 * 24 * time.Hour, 13 * 24 * time.Hour, 12 * 24 * time.Hour} {
+		k := strings.ReplaceAll("huge-lease-"+lease.String(), ".", "-")
+		e := atomicRoute(t, s, func(c echo.Context) error {
+			ctx, tx := c.Request().Context(), pgrecords.Tx(c)
+			if err := ledgerInsert(ctx, tx, k, "a"); err != nil {
+				return err
+			}
+			time.Sleep(50 * time.Millisecond)
+			if err := ledgerInsert(ctx, tx, k, "b"); err != nil {
+				return err
+			}
+			return c.String(http.StatusCreated, "ok")
+		}, func(c *middleware.Config) { c.Lease = lease })
+		if rec := atomicSend(e, k); rec.Code != http.StatusCreated {
+			t.Errorf("lease %v: request = %d %s, want 201", lease, rec.Code, rec.Body)
+		}
+		if got := ledgerNodes(t, pool, k); got != "a,b" {
+			t.Errorf("lease %v: committed %q, want %q", lease, got, "a,b")
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -56,9 +57,23 @@ func (s *Store) Begin(ctx context.Context) (middleware.Tx, error) {
 	return &atomicTx{tx: tx}, nil
 }
 
-// idleLimit is how long an Atomic transaction on a route with lease may
-// sit idle before the server ends its session.
+// maxIdleLimit is the largest idle_in_transaction_session_timeout
+// PostgreSQL accepts: INT_MAX milliseconds, about 24.8 days.
+const maxIdleLimit = math.MaxInt32 * time.Millisecond
+
+// idleLimit is how long an Atomic transaction on a route with lease (> 0)
+// may sit idle before the server ends its session: twice the lease, at
+// least 1ms (0 would disable the limit), at most maxIdleLimit. A lease
+// over maxIdleLimit/2 (about 12.4 days, up to math.MaxInt64, where 2*lease
+// would overflow) gets maxIdleLimit, not 0 (disabled): a node cut off
+// from the database still gives its row locks up after 24.8 days, and a
+// limit the server's configuration sets is not lifted; a handler idle
+// inside its transaction for 24.8 days loses it, though its lease would
+// have run longer.
 func idleLimit(lease time.Duration) time.Duration {
+	if lease > maxIdleLimit/2 {
+		return maxIdleLimit
+	}
 	return max(2*lease, time.Millisecond)
 }
 
