@@ -3,6 +3,7 @@ package pgrecords_test
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -217,7 +218,11 @@ func TestClaimCopiesOutOfTheReadBuffer(t *testing.T) {
 // TestClaimExecModesAgree: the claim's answer is the same whether its row
 // comes in binary format (decoded by the claim itself) or in text format
 // (scanned), on pools in every exec mode: a running record's RetryAfter,
-// also for a record an operator pinned with expires_at = 'infinity'; a
+// also for a record an operator pinned with expires_at = 'infinity' or
+// 300 years ahead (beyond time.Duration: the binary decoding multiplied
+// the microseconds left into nanoseconds, which overflowed, and answered
+// 0 where the text scan answered math.MaxInt64; both answered 0 for
+// 'infinity', now math.MaxInt64, the time left saturated); a
 // mismatch's changed fields; and an error, not a panic, for a finished
 // record whose response is NULL.
 func TestClaimExecModesAgree(t *testing.T) {
@@ -228,11 +233,14 @@ func TestClaimExecModesAgree(t *testing.T) {
 	const lease = time.Hour
 	req := request(lease)
 	req.Fields = []fingerprint.FieldSum{{1, 2, 3, 4}, {5, 6, 7, 8}, {10, 11, 12, 13}}
-	running, pinned, nullResponse := key(), key(), key()
-	for _, k := range []string{running, pinned, nullResponse} {
+	running, pinned, far, nullResponse := key(), key(), key(), key()
+	for _, k := range []string{running, pinned, far, nullResponse} {
 		mustClaim(t, w, k, req, middleware.Claimed)
 	}
 	if _, err := admin.Exec(testCtx(t), `UPDATE idemgate_records SET expires_at = 'infinity' WHERE key = $1`, pinned); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(testCtx(t), `UPDATE idemgate_records SET expires_at = now() + interval '300 years' WHERE key = $1`, far); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Complete(testCtx(t), nullResponse, req.Token, sample(), time.Hour); err != nil {
@@ -260,6 +268,9 @@ func TestClaimExecModesAgree(t *testing.T) {
 			t.Errorf("%s: RetryAfter %v for a record pinned to infinity", mode, res.RetryAfter)
 		}
 		pinnedRetry = append(pinnedRetry, res.RetryAfter)
+		if res := mustClaim(t, s, far, other, middleware.Running); res.RetryAfter != math.MaxInt64 {
+			t.Errorf("%s: RetryAfter %v for a record pinned 300 years ahead, want math.MaxInt64", mode, res.RetryAfter)
+		}
 		if res := mustClaim(t, s, running, changed, middleware.Mismatch); !slices.Equal(res.Changed, []int{0}) {
 			t.Errorf("%s: changed fields %v, want [0]", mode, res.Changed)
 		}

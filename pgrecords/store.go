@@ -33,6 +33,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -233,9 +234,18 @@ func (r *claimRow) read(rows pgx.Rows) error {
 	}
 	r.finished = finished != nil && finished[0] != 0
 	if expires != nil {
-		// Both are microseconds since 2000-01-01; neither is infinite.
+		// Both are microseconds since 2000-01-01, now finite, expires
+		// after it (the join's condition): left > 0. expires_at may lie
+		// beyond what a time.Duration holds (a lease near math.MaxInt64
+		// read in the microsecond it was set, an operator's 'infinity'):
+		// saturate, as time.Time.Sub does for the text format, rather
+		// than let the product overflow.
 		left := int64(binary.BigEndian.Uint64(expires)) - int64(binary.BigEndian.Uint64(now))
-		r.left = time.Duration(left) * time.Microsecond
+		if left > int64(math.MaxInt64/time.Microsecond) {
+			r.left = math.MaxInt64
+		} else {
+			r.left = time.Duration(left) * time.Microsecond
+		}
 	}
 	r.heldIdent, r.heldSums, r.response = vals[4], vals[5], vals[6]
 	if claimed != nil {
@@ -255,7 +265,10 @@ func (r *claimRow) scan(rows pgx.Rows) error {
 		return err
 	}
 	r.finished = finished.Bool
-	if expires.Valid {
+	switch {
+	case expires.InfinityModifier == pgtype.Infinity:
+		r.left = math.MaxInt64 // as the binary decoding saturates it
+	case expires.Valid:
 		r.left = expires.Time.Sub(now)
 	}
 	return nil
