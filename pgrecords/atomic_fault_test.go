@@ -21,8 +21,9 @@ import (
 )
 
 // poolVia opens a pool on dsn whose connections go through a proxy that
-// the test can freeze, partitioning the pool's node from the database.
-func poolVia(t *testing.T, dsn string) (*pgxpool.Pool, *proxy.Proxy) {
+// the test can freeze, partitioning the pool's node from the database;
+// edits change the pool's config.
+func poolVia(t *testing.T, dsn string, edits ...func(*pgxpool.Config)) (*pgxpool.Pool, *proxy.Proxy) {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -36,6 +37,9 @@ func poolVia(t *testing.T, dsn string) (*pgxpool.Pool, *proxy.Proxy) {
 	host, port, _ := net.SplitHostPort(px.Addr)
 	p, _ := strconv.ParseUint(port, 10, 16)
 	cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Fallbacks = host, uint16(p), nil
+	for _, edit := range edits {
+		edit(cfg)
+	}
 	pool, err := pgxpool.NewWithConfig(testCtx(t), cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -193,7 +193,8 @@ func (t *lazyTx) sendBegin(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, n 
 
 // notBegun is called, mu held, when the batch that carried BEGIN failed
 // with err, once the batch is closed; first is the handler's first
-// statement in it, as pgx sent it.
+// statement in it, as pgx sent it, and open whether the connection was
+// open when the batch went out.
 //
 // pgx prepares a batch's new statements (a round trip of Parse and
 // Describe, nothing run), then encodes the arguments of each statement
@@ -216,10 +217,14 @@ func (t *lazyTx) sendBegin(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, n 
 // any other failure that closed the connection (a statement that outlived
 // its context, a broken link) may have run BEGIN and more before it: the
 // connection stays closed, the handler's next statements fail on it, as
-// in pgx, and Commit refuses to complete the record (errConnLost).
-func (t *lazyTx) notBegun(err error, first string) {
+// in pgx, and Commit refuses to complete the record (errConnLost). So
+// does one that was closed before the batch (a BEGIN that pgxTx sent
+// outlived its context), though the encoding fails on it the same way
+// when pgx has the batch's statements cached and sends nothing to prepare
+// them (TestTxConnectionLostStaysLostAfterEncodeError).
+func (t *lazyTx) notBegun(err error, first string, open bool) {
 	var pre pgx.ErrPreprocessingBatch
-	if t.begun || t.conn == nil || !t.conn.Conn().IsClosed() ||
+	if !open || t.begun || t.conn == nil || !t.conn.Conn().IsClosed() ||
 		!errors.As(err, &pre) || !strings.HasPrefix(pre.Error(), "error preprocessing batch (build)") || pre.SQL() != first {
 		return
 	}
@@ -239,6 +244,7 @@ func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 	}
 	q := &pgx.QueuedQuery{SQL: sql, Arguments: args}
 	b, n := t.begin(q)
+	open := !conn.IsClosed()
 	br, err := t.sendBegin(ctx, conn, b, n)
 	tag, qerr := br.Exec()
 	cerr := br.Close()
@@ -249,7 +255,7 @@ func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 		err = cerr
 	}
 	if err != nil {
-		t.notBegun(err, q.SQL)
+		t.notBegun(err, q.SQL, open)
 	}
 	return tag, err
 }
@@ -266,10 +272,11 @@ func (t *lazyTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 	}
 	q := &pgx.QueuedQuery{SQL: sql, Arguments: args}
 	b, n := t.begin(q)
+	open := !conn.IsClosed()
 	br, err := t.sendBegin(ctx, conn, b, n)
 	if err != nil {
 		_ = br.Close()
-		t.notBegun(err, q.SQL)
+		t.notBegun(err, q.SQL, open)
 		return nil, err
 	}
 	rows, err := br.Query()
@@ -296,6 +303,7 @@ func (t *lazyTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 		return conn.SendBatch(ctx, b)
 	}
 	withBegin, n := t.begin(b.QueuedQueries...)
+	open := !conn.IsClosed()
 	br, err := t.sendBegin(ctx, conn, withBegin, n)
 	if err != nil {
 		// Nothing after BEGIN and the setup ran: every result is err.
@@ -304,7 +312,7 @@ func (t *lazyTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 		if len(withBegin.QueuedQueries) > n {
 			first = withBegin.QueuedQueries[n].SQL
 		}
-		t.notBegun(err, first)
+		t.notBegun(err, first, open)
 		return &failedBatch{err: err}
 	}
 	return br

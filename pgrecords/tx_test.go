@@ -779,3 +779,87 @@ func TestTxConnectionLostThenAnswers(t *testing.T) {
 		})
 	}
 }
+
+// TestTxConnectionLostStaysLostAfterEncodeError: the transaction's
+// connection is lost before BEGIN's answer came back (a savepoint's BEGIN
+// outlives its context: pgx closes the connection), then the handler's
+// next statement fails to encode, then it writes and answers 201, ignoring
+// both errors. The lost connection must stay lost, as in
+// TestTxConnectionLostThenAnswers: 500, claim released (tx_aborted), no
+// ledger row, the retry runs. The encoding failure is the one that, as a
+// first statement on an open connection, gives the connection back and
+// takes another (lazyTx.notBegun); on a connection already closed it must
+// not. Before the fix, in the modes that cache statements (where a
+// connection that served the same statements before encodes them without
+// a round trip), it did: the write went to a fresh transaction on another
+// connection and the answer was stored, though the handler's connection had
+// been lost. The pool has one connection, so that the warm-up request
+// caches the statements on the connection the request takes.
+func TestTxConnectionLostStaysLostAfterEncodeError(t *testing.T) {
+	t.Parallel()
+	pool, _ := atomicDB(t)
+	for _, mode := range allExecModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			p, px := poolVia(t, pool.Config().ConnString(), func(c *pgxpool.Config) {
+				c.MaxConns = 1
+				c.ConnConfig.DefaultQueryExecMode = mode
+			})
+			s, err := pgrecords.New(testCtx(t), p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := "lost-then-encode-" + strings.ReplaceAll(mode.String(), " ", "-")
+			const insert = `INSERT INTO ledger (key, node) VALUES ($1, $2::text || $3::int4)`
+			var events []middleware.Event
+			var lost, encode error
+			runs := 0
+			e := atomicRoute(t, s, func(c echo.Context) error {
+				ctx, tx := c.Request().Context(), pgrecords.Tx(c)
+				key := c.Request().Header.Get("Idempotency-Key")
+				if key != k {
+					if _, err := tx.Exec(ctx, insert, key, "warm", 1); err != nil {
+						return err
+					}
+					return c.String(http.StatusCreated, "ok")
+				}
+				runs++
+				if runs == 1 {
+					px.DelayReplies(1, time.Second) // BEGIN's answer
+					sctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+					_, lost = tx.Begin(sctx)
+					cancel()
+					_, encode = tx.Exec(ctx, insert, key, "lost", int64(1)<<40)
+				}
+				_ = ledgerInsert(ctx, tx, key, "h") // ignored
+				return c.String(http.StatusCreated, "ok")
+			}, func(c *middleware.Config) { c.OnEvent = func(ev middleware.Event) { events = append(events, ev) } })
+			if rec := atomicSend(e, k+"-warm"); rec.Code != http.StatusCreated {
+				t.Fatalf("warm-up = %d %s", rec.Code, rec.Body)
+			}
+			events = nil
+			rec := atomicSend(e, k)
+			if lost == nil || encode == nil {
+				t.Fatalf("the savepoint (%v) or the encoding (%v) did not fail", lost, encode)
+			}
+			if rec.Code != http.StatusInternalServerError {
+				t.Errorf("request = %d %s, want 500 (savepoint: %v; encoding: %v)", rec.Code, rec.Body, lost, encode)
+			}
+			if got := ledgerRows(t, pool, k); got != 0 {
+				t.Errorf("ledger rows = %d, want 0", got)
+			}
+			released := false
+			for _, ev := range events {
+				released = released || ev.Type == middleware.EventReleased && ev.Reason == "tx_aborted"
+			}
+			if !released {
+				t.Errorf("events %v, want released tx_aborted", events)
+			}
+			if again := atomicSend(e, k); again.Code != http.StatusCreated || again.Header().Get("Idempotent-Replayed") == "true" || runs != 2 {
+				t.Errorf("retry = %d replayed=%q after %d runs, want a second run", again.Code, again.Header().Get("Idempotent-Replayed"), runs)
+			}
+			if got := ledgerNodes(t, pool, k); got != "h" {
+				t.Errorf("ledger after the retry = %q, want %q", got, "h")
+			}
+		})
+	}
+}
