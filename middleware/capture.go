@@ -232,7 +232,12 @@ var deniedHeaders = map[string]bool{
 	replayedHeader: true,
 }
 
-func (f *headerFilter) keep(name string, h http.Header) bool {
+// keep reports whether the header name (canonical) is replayed; conn holds
+// the response's Connection values.
+func (f *headerFilter) keep(name string, conn []string) bool {
+	if name == replayedHeader {
+		return false // the replay sets its own, once
+	}
 	if f.allow != nil {
 		return f.allow[name]
 	}
@@ -240,7 +245,7 @@ func (f *headerFilter) keep(name string, h http.Header) bool {
 		return false
 	}
 	// Headers named in Connection are hop-by-hop too.
-	for _, v := range h["Connection"] {
+	for _, v := range conn {
 		for v != "" {
 			var tok string
 			tok, v, _ = strings.Cut(v, ",")
@@ -257,8 +262,21 @@ func (f *headerFilter) keep(name string, h http.Header) bool {
 // replace header values (Set, Add, Del) rather than edit them in place.
 func (f *headerFilter) snapshot(h, before http.Header) http.Header {
 	out := headerPool.Get().(http.Header)
+	// Header names are case-insensitive: a handler that writes
+	// h["set-cookie"] or h["connection"] straight into the map is
+	// filtered as if it had called Set.
+	var conn []string
 	for name, v := range h {
-		if !slices.Equal(v, before[name]) && f.keep(name, h) {
+		if len(name) == len("Connection") && http.CanonicalHeaderKey(name) == "Connection" {
+			if conn == nil {
+				conn = v
+			} else {
+				conn = append(conn[:len(conn):len(conn)], v...)
+			}
+		}
+	}
+	for name, v := range h {
+		if !slices.Equal(v, before[name]) && f.keep(http.CanonicalHeaderKey(name), conn) {
 			out[name] = v[:len(v):len(v)]
 		}
 	}

@@ -483,6 +483,68 @@ func TestReplayHeaders(t *testing.T) {
 	}
 }
 
+// TestReplayHeadersAnyCase: header names are case-insensitive. A handler
+// that writes non-canonical names straight into the header map
+// ("set-cookie", "idempotent-replayed") gets the same filtering as with
+// Header().Set: no Set-Cookie, Date, Content-Length, hop-by-hop header or
+// Idempotent-Replayed of its own is replayed (a client would see the
+// replay marker twice), and an allowlisted name is kept in any case.
+func TestReplayHeadersAnyCase(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		given []string
+		want  []string // names (any case) a replay must have
+		not   []string // names (any case) it must not have
+	}{
+		{name: "default", want: []string{"X-Run", "x-mine"},
+			not: []string{"Set-Cookie", "Date", "Content-Length", "X-Hop", "Keep-Alive"}},
+		{name: "allowlist", given: []string{"X-Mine"}, want: []string{"x-mine"},
+			not: []string{"Set-Cookie", "X-Run"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			v := newEnv(t, func(c *middleware.Config) { c.ReplayHeaders = tt.given }, func(c echo.Context, n int64) error {
+				h := c.Response().Header()
+				h["set-cookie"] = []string{"session=secret"}
+				h["idempotent-replayed"] = []string{"false"}
+				h["date"] = []string{"Mon, 01 Jan 2024 00:00:00 GMT"}
+				h["content-length"] = []string{"1"}
+				h["keep-alive"] = []string{"timeout=5"}
+				h["connection"] = []string{"x-hop"}
+				h["x-hop"] = []string{"1"}
+				h["x-mine"] = []string{"m"}
+				c.Response().Header().Set("X-Run", strconv.FormatInt(n, 10))
+				return c.NoContent(http.StatusCreated)
+			})
+			v.do(req{key: "k", body: imageBody})
+			rec := v.do(req{key: "k", body: imageBody})
+			values := func(name string) (out []string) {
+				for k, vs := range rec.Header() {
+					if strings.EqualFold(k, name) {
+						out = append(out, vs...)
+					}
+				}
+				return out
+			}
+			if got := values("Idempotent-Replayed"); len(got) != 1 || got[0] != "true" {
+				t.Fatalf("Idempotent-Replayed = %q, want one \"true\" (%d %v)", got, rec.Code, rec.Header())
+			}
+			for _, name := range tt.want {
+				if len(values(name)) == 0 {
+					t.Errorf("%s not replayed: %v", name, rec.Header())
+				}
+			}
+			for _, name := range tt.not {
+				if got := values(name); len(got) > 0 {
+					t.Errorf("%s replayed as %q", name, got)
+				}
+			}
+		})
+	}
+}
+
 // TestReplayKeepsOuterHeaders: headers that middleware outside the
 // idempotency middleware set (a request id) belong to each request: a
 // replay carries the retry's own, plus the headers the handler set or
