@@ -380,3 +380,24 @@ func unescape(n string) (s string, ok bool) {
 	}
 	return string(b), true
 }
+
+// TestTaskLongestKey: Task hashes the whole String of the longest key
+// Derive makes (every tenant byte escaped, the longest kind), not a
+// prefix that a fixed buffer holds, and a copy of the Key agrees.
+func TestTaskLongestKey(t *testing.T) {
+	kind := "a" + strings.Repeat("z", maxKind-1)
+	s := Scope{Tenant: strings.Repeat("\xff", MaxTenant), User: strings.Repeat("u", MaxUser), Request: strings.Repeat("r", MaxRequest)}
+	k, err := Derive(kind, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(k.String()) != maxKeyLen {
+		t.Fatalf("String is %d bytes, maxKeyLen %d", len(k.String()), maxKeyLen)
+	}
+	if msg := checkKey(k, kind, s); msg != "" {
+		t.Fatal(msg)
+	}
+	if c := k; c.Task() != k.Task() {
+		t.Fatal("a copy's Task differs")
+	}
+}

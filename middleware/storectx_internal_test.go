@@ -3,6 +3,7 @@ package middleware
 import (
 	"context"
 	"errors"
+	"math"
 	"runtime"
 	"testing"
 	"time"
@@ -79,5 +80,24 @@ func TestStoreContext(t *testing.T) {
 	d2, _ := other.storeCtx().Deadline()
 	if !d1.Equal(d2) {
 		t.Errorf("deadlines %v and %v: the epoch is not shared", d1, d2)
+	}
+}
+
+// TestStoreContextHugeLease: a Lease up to math.MaxInt64 neither
+// overflows the epoch's deadline into the past nor makes a new epoch per
+// call; the context stays live and shared.
+func TestStoreContextHugeLease(t *testing.T) {
+	for _, lease := range []time.Duration{math.MaxInt64, 200 * 365 * 24 * time.Hour} {
+		m := &idem{cfg: Config{Lease: lease}}
+		st := &call{m: m}
+		st.ctx.parent = context.Background()
+		ctx := st.storeCtx()
+		d, ok := ctx.Deadline()
+		if !ok || ctx.Err() != nil || time.Until(d) < lease-lease/epochSlack {
+			t.Fatalf("lease %v: deadline in %v (ok %v), err %v", lease, time.Until(d), ok, ctx.Err())
+		}
+		if st.storeCtx() != ctx || m.storeEpoch() != m.storeEpoch() {
+			t.Errorf("lease %v: the context or the epoch is not reused", lease)
+		}
 	}
 }
