@@ -1,12 +1,12 @@
 package pgrecords_test
 
 import (
-	"bufio"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate/internal/proctest"
 	"github.com/idemgate/idemgate/internal/proxy"
 	"github.com/idemgate/idemgate/internal/wait"
 	"github.com/idemgate/idemgate/middleware"
@@ -107,7 +108,7 @@ const nodeEnv = "PGRECORDS_ATOMIC_NODE_DSN"
 
 // TestAtomicNodeProcess is the API node of the kill tests, not a test:
 // it serves the Atomic export route on the database nodeEnv names, prints
-// "ADDR host:port" and, when a handler of X-Mode "hang" has written its
+// "ADDR host:port" and, when a handler of X-Mode "wait" has written its
 // row, "WROTE", and runs until it is killed.
 func TestAtomicNodeProcess(t *testing.T) {
 	dsn := os.Getenv(nodeEnv)
@@ -136,39 +137,29 @@ func TestAtomicNodeProcess(t *testing.T) {
 	http.Serve(l, n.e)
 }
 
-// startNode starts the API node process on dsn and returns its address
-// and its output lines.
-func startNode(t *testing.T, dsn string) (*exec.Cmd, string, <-chan string) {
+// nodeAddr and nodeWrote are the lines the API node process prints once
+// it serves and once a handler of X-Mode "wait" has written its row.
+var (
+	nodeAddr  = regexp.MustCompile(`^ADDR (\S+)$`)
+	nodeWrote = regexp.MustCompile(`^WROTE$`)
+)
+
+// startNode starts the API node process on dsn (through proctest: it dies
+// with the test binary, and the test's cleanup stops it, logging its
+// output if the test failed) and returns it and its address.
+func startNode(t *testing.T, dsn string) (*proctest.Process, string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestAtomicNodeProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), nodeEnv+"="+dsn)
-	out, err := cmd.StdoutPipe()
+	p, err := proctest.Start(t, cmd)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	m, err := p.WaitOutput(nodeAddr, time.Minute)
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	lines := make(chan string, 16)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
-	select {
-	case l := <-lines:
-		addr, ok := strings.CutPrefix(l, "ADDR ")
-		if !ok {
-			t.Fatalf("node process said %q, want its address", l)
-		}
-		return cmd, addr, lines
-	case <-time.After(time.Minute):
-		t.Fatal("the node process did not start within a minute")
-	}
-	return nil, "", nil
+	return p, m[1]
 }
 
 // rawRequest sends the export request of key in mode on a connection of
@@ -199,15 +190,14 @@ func TestAtomicKilledNode(t *testing.T) {
 	other := newAtomicNode(t, "other", s, nil)
 
 	t.Run("mid-handler", func(t *testing.T) {
-		cmd, addr, lines := startNode(t, dsn)
+		node, addr := startNode(t, dsn)
 		rawRequest(t, addr, "killed-mid", "wait")
-		if l := <-lines; l != "WROTE" {
-			t.Fatalf("node process said %q, want WROTE", l)
-		}
-		if err := cmd.Process.Kill(); err != nil {
+		if _, err := node.WaitOutput(nodeWrote, time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		cmd.Wait()
+		if err := node.Kill(); err != nil {
+			t.Fatal(err)
+		}
 		wait.For(t, 2*time.Minute, "the retry runs once the killed node's lease ran out", func() bool {
 			return other.send("killed-mid", "ok").Code == http.StatusCreated
 		})
@@ -220,16 +210,15 @@ func TestAtomicKilledNode(t *testing.T) {
 	})
 
 	t.Run("first byte out", func(t *testing.T) {
-		cmd, addr, _ := startNode(t, dsn)
+		node, addr := startNode(t, dsn)
 		c := rawRequest(t, addr, "killed-answering", "ok")
 		c.SetReadDeadline(time.Now().Add(time.Minute))
 		if _, err := c.Read(make([]byte, 1)); err != nil {
 			t.Fatalf("first byte: %v", err)
 		}
-		if err := cmd.Process.Kill(); err != nil {
+		if err := node.Kill(); err != nil {
 			t.Fatal(err)
 		}
-		cmd.Wait()
 		runs := other.runs.Load()
 		rec := other.send("killed-answering", "ok")
 		if rec.Code != http.StatusCreated || rec.Header().Get("Idempotent-Replayed") != "true" || other.runs.Load() != runs {
