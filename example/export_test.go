@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemgate/idemgate/internal/wait"
+	"github.com/idemgate/idemgate/middleware"
 )
 
 // succeededTask submits a prompt as alice and waits until it succeeded.
@@ -244,7 +245,7 @@ func TestExportConcurrent(t *testing.T) {
 				case err != nil:
 					t.Error(err)
 					return
-				case a.status == http.StatusConflict && a.code == "request_in_progress":
+				case a.status == http.StatusConflict && a.code == string(middleware.CodeRequestInProgress):
 					time.Sleep(50 * time.Millisecond)
 					continue
 				case a.status != http.StatusOK:
