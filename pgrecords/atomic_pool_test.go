@@ -65,11 +65,7 @@ func TestAtomicExecModes(t *testing.T) {
 	pool, _ := atomicDB(t)
 	for _, mode := range allExecModes {
 		t.Run(mode.String(), func(t *testing.T) {
-			p := poolWith(t, pool.Config().ConnString(), func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
-			s, err := pgrecords.New(testCtx(t), p)
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, s := storeInMode(t, pool.Config().ConnString(), mode)
 			prefix := "mode-" + strings.ReplaceAll(mode.String(), " ", "_") + "-"
 			e := atomicRoute(t, s, func(c echo.Context) error {
 				tx := pgrecords.Tx(c)

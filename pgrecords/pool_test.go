@@ -38,6 +38,18 @@ func poolWith(t *testing.T, dsn string, edit func(*pgxpool.Config)) *pgxpool.Poo
 var allExecModes = []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
 	pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol}
 
+// storeInMode is a pool on dsn whose statements go in exec mode, and a
+// Store on it.
+func storeInMode(t *testing.T, dsn string, mode pgx.QueryExecMode) (*pgxpool.Pool, *pgrecords.Store) {
+	t.Helper()
+	p := poolWith(t, dsn, func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
+	s, err := pgrecords.New(testCtx(t), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, s
+}
+
 // TestQueryExecModes: users configure pgx pools in other exec modes
 // than the default (describe modes for transaction pooling). The whole
 // conformance suite holds in each; TestQueryExecModesWithoutPrepare runs

@@ -587,11 +587,7 @@ func TestTxFirstStatementFailsBeforeRunning(t *testing.T) {
 	pool, _ := atomicDB(t)
 	for _, mode := range allExecModes {
 		t.Run(mode.String(), func(t *testing.T) {
-			p := poolWith(t, pool.Config().ConnString(), func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
-			s, err := pgrecords.New(testCtx(t), p)
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, s := storeInMode(t, pool.Config().ConnString(), mode)
 			for _, first := range firstStatementFailures {
 				k := strings.ReplaceAll("first-fails-"+mode.String()+"-"+first.name, " ", "-")
 				retry := false
@@ -651,11 +647,7 @@ func TestTxFirstStatementFailsThenAnswers(t *testing.T) {
 	pool, _ := atomicDB(t)
 	for _, mode := range allExecModes {
 		t.Run(mode.String(), func(t *testing.T) {
-			p := poolWith(t, pool.Config().ConnString(), func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
-			s, err := pgrecords.New(testCtx(t), p)
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, s := storeInMode(t, pool.Config().ConnString(), mode)
 			for _, first := range firstStatementFailures {
 				for _, ignores := range []bool{false, true} {
 					name := first.name + map[bool]string{false: " checks", true: " ignores"}[ignores]
@@ -726,11 +718,7 @@ func TestTxConnectionLostThenAnswers(t *testing.T) {
 	pool, _ := atomicDB(t)
 	for _, mode := range allExecModes {
 		t.Run(mode.String(), func(t *testing.T) {
-			p := poolWith(t, pool.Config().ConnString(), func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
-			s, err := pgrecords.New(testCtx(t), p)
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, s := storeInMode(t, pool.Config().ConnString(), mode)
 			for _, first := range []bool{true, false} {
 				k := strings.ReplaceAll(fmt.Sprintf("conn-lost-%s-%v", mode, first), " ", "-")
 				var events []middleware.Event
