@@ -9,7 +9,7 @@
 # gets the API only. "./..." names one module only; PKGS names all five.
 GO ?= go
 export GOTOOLCHAIN ?= local
-PKGS = ./... ./example/... ./otelidem/... ./otelidem/internal/sdktest/... ./tools/...
+PKGS = ./... ./client/... ./cmd/idemgate/... ./example/... ./otelidem/... ./otelidem/internal/sdktest/... ./tools/...
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 .PHONY: test vet lint unit faults run bench load chaos river river-quick

@@ -1,0 +1,2 @@
+// Package client is a Go client for APIs protected by idemgate.
+package client
