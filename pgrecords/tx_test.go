@@ -238,7 +238,7 @@ func TestTxHandlerCommitStatement(t *testing.T) {
 		}
 		return c.String(http.StatusCreated, "ok")
 	}, func(c *middleware.Config) {
-		c.OnEvent = func(ev middleware.Event) { mu.Lock(); events = append(events, ev); mu.Unlock() }
+		c.OnEvent = func(_ context.Context, ev middleware.Event) { mu.Lock(); events = append(events, ev); mu.Unlock() }
 	})
 	for _, k := range []string{"commit-201", "commit-500", "rollback-201"} {
 		t.Run(k, func(t *testing.T) {
@@ -299,7 +299,7 @@ func TestTxAbortedIsHandlerFault(t *testing.T) {
 			_, _ = tx.Exec(ctx, `SELECT 1/0`) // ignored
 		}
 		return c.String(http.StatusCreated, "ok")
-	}, func(c *middleware.Config) { c.OnEvent = func(ev middleware.Event) { events = append(events, ev) } })
+	}, func(c *middleware.Config) { c.OnEvent = func(_ context.Context, ev middleware.Event) { events = append(events, ev) } })
 	if first := atomicSend(e, "aborted"); first.Code != http.StatusInternalServerError {
 		t.Errorf("a handler whose transaction was aborted got %d %s to its client, want 500", first.Code, first.Body)
 	}
@@ -739,7 +739,7 @@ func TestTxConnectionLostThenAnswers(t *testing.T) {
 					}
 					_ = ledgerInsert(ctx, tx, k, "h") // ignored
 					return c.String(http.StatusCreated, "ok")
-				}, func(c *middleware.Config) { c.OnEvent = func(ev middleware.Event) { events = append(events, ev) } })
+				}, func(c *middleware.Config) { c.OnEvent = func(_ context.Context, ev middleware.Event) { events = append(events, ev) } })
 				rec := atomicSend(e, k)
 				if lost == nil {
 					t.Fatalf("first %v: the statement outlived its context without an error (request %d %s)", first, rec.Code, rec.Body)
@@ -820,7 +820,7 @@ func TestTxConnectionLostStaysLostAfterEncodeError(t *testing.T) {
 				}
 				_ = ledgerInsert(ctx, tx, key, "h") // ignored
 				return c.String(http.StatusCreated, "ok")
-			}, func(c *middleware.Config) { c.OnEvent = func(ev middleware.Event) { events = append(events, ev) } })
+			}, func(c *middleware.Config) { c.OnEvent = func(_ context.Context, ev middleware.Event) { events = append(events, ev) } })
 			if rec := atomicSend(e, k+"-warm"); rec.Code != http.StatusCreated {
 				t.Fatalf("warm-up = %d %s", rec.Code, rec.Body)
 			}
