@@ -9,50 +9,54 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/golang-jwt/jwt/v5"
-	echojwt "github.com/labstack/echo-jwt/v4"
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/fingerprint"
-	"github.com/idemgate/idemgate/middleware"
+	idem "github.com/idemgate/idemgate/middleware"
 )
 
-// scopeFromJWT reads tenant and user from the claims that echo-jwt put in
-// the context ("tenant" and "sub").
-func scopeFromJWT(c echo.Context) (tenant, user string, err error) {
-	token, ok := c.Get("user").(*jwt.Token)
-	if !ok {
-		return "", "", echo.ErrUnauthorized
+// authenticate stands in for the service's auth middleware (echo-jwt, a
+// session, an API key): it puts the caller's tenant and user in the context.
+// Here the caller names them in a header; never do that in a real service.
+func authenticate(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		tenant, user, ok := strings.Cut(c.Request().Header.Get("X-Demo-Caller"), "/")
+		if !ok {
+			return echo.ErrUnauthorized
+		}
+		c.Set("tenant", tenant)
+		c.Set("user", user)
+		return next(c)
 	}
-	claims, ok := token.Claims.(jwt.MapClaims)
-	if !ok {
-		return "", "", echo.ErrUnauthorized
-	}
-	tenant, _ = claims["tenant"].(string)
-	user, err = claims.GetSubject()
-	if err != nil || tenant == "" || user == "" {
+}
+
+// scopeFromAuth reads tenant and user from what the auth middleware put in
+// the context.
+func scopeFromAuth(c echo.Context) (tenant, user string, err error) {
+	tenant, _ = c.Get("tenant").(string)
+	user, _ = c.Get("user").(string)
+	if tenant == "" || user == "" {
 		return "", "", echo.ErrUnauthorized
 	}
 	return tenant, user, nil
 }
 
-// A per-route setup: JWT auth runs first, then the idempotency middleware
-// with the route's kind and fingerprint fields. client_note is not a
-// parameter, so changing it still replays; changing the prompt is refused.
+// A per-route setup: authentication runs first, then the idempotency
+// middleware with the route's kind and fingerprint fields. client_note is not
+// a parameter, so changing it still replays; changing the prompt is refused.
 func Example() {
 	mr, _ := miniredis.Run() // use your Redis: redis.NewClient(&redis.Options{Addr: ...})
 	defer mr.Close()
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
 
-	secret := []byte("example secret")
 	e := echo.New()
-	e.Use(echojwt.WithConfig(echojwt.Config{SigningKey: secret}))
+	e.Use(authenticate)
 
-	images := middleware.Config{
-		Store:       middleware.NewRedisStore(rdb),
-		Scope:       scopeFromJWT,
+	images := idem.Config{
+		Store:       idem.NewRedisStore(rdb),
+		Scope:       scopeFromAuth,
 		Kind:        "image",
 		Fingerprint: fingerprint.Spec{Fields: []string{"/prompt", "/aspect_ratio", "/n"}},
 		Required:    true,
@@ -63,12 +67,11 @@ func Example() {
 	e.POST("/v1/images", func(c echo.Context) error {
 		runs++
 		return c.JSON(http.StatusAccepted, map[string]any{"task_id": fmt.Sprintf("task-%d", runs)})
-	}, middleware.New(images))
+	}, idem.New(images))
 
-	token, _ := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{"tenant": "acme", "sub": "alice"}).SignedString(secret)
 	post := func(key, body string) {
 		req := httptest.NewRequest(http.MethodPost, "/v1/images", strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("X-Demo-Caller", "acme/alice")
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", key)
 		rec := httptest.NewRecorder()
@@ -96,8 +99,8 @@ func Example_group() {
 	defer rdb.Close()
 
 	e := echo.New()
-	api := e.Group("/v1", middleware.New(middleware.Config{
-		Store: middleware.NewRedisStore(rdb),
+	api := e.Group("/v1", idem.New(idem.Config{
+		Store: idem.NewRedisStore(rdb),
 		Scope: func(c echo.Context) (string, string, error) {
 			// Normally read from the auth middleware's context.
 			return "acme", c.Request().Header.Get("X-User"), nil
@@ -105,11 +108,11 @@ func Example_group() {
 		WaitInFlight: 2 * time.Second,
 	}))
 	api.POST("/orders", func(c echo.Context) error {
-		r, _ := middleware.FromContext(c)
+		r, _ := idem.FromContext(c)
 		return c.String(http.StatusCreated, "order for kind "+r.Key.Kind())
 	})
 	api.POST("/refunds", func(c echo.Context) error {
-		r, _ := middleware.FromContext(c)
+		r, _ := idem.FromContext(c)
 		return c.String(http.StatusCreated, "refund for kind "+r.Key.Kind())
 	})
 
@@ -139,9 +142,9 @@ func ExampleErrKeyReused() {
 	e := echo.New()
 	e.POST("/v1/tasks", func(c echo.Context) error {
 		errConflict := errors.New("pgstore: conflict") // stands in for pgstore.ErrConflict
-		return fmt.Errorf("submit: %w: %w", errConflict, middleware.ErrKeyReused)
-	}, middleware.New(middleware.Config{
-		Store: middleware.NewRedisStore(rdb),
+		return fmt.Errorf("submit: %w: %w", errConflict, idem.ErrKeyReused)
+	}, idem.New(idem.Config{
+		Store: idem.NewRedisStore(rdb),
 		Scope: func(echo.Context) (string, string, error) { return "acme", "alice", nil },
 	}))
 	req := httptest.NewRequest(http.MethodPost, "/v1/tasks", strings.NewReader(`{}`))
