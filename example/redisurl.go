@@ -1,102 +1,23 @@
 package main
 
 import (
-	"errors"
-	"fmt"
-	"net/url"
-	"strings"
-
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate/internal/redisurl"
 )
 
-// redisTopology is what a REDIS_URL names.
-type redisTopology string
+// redisTopology is what a REDIS_URL names; the idemgate command reads the
+// same URLs (internal/redisurl).
+type redisTopology = redisurl.Topology
 
 const (
-	redisSingle   redisTopology = "single node"
-	redisCluster  redisTopology = "cluster"
-	redisSentinel redisTopology = "sentinel"
+	redisSingle   = redisurl.Single
+	redisCluster  = redisurl.Cluster
+	redisSentinel = redisurl.Sentinel
 )
 
-// parseRedisURL reads REDIS_URL the way go-redis' UniversalClient tells
-// the three topologies apart:
-//
-//	redis://host:6379/0                                 one node (redis.ParseURL)
-//	redis://h1:7000,h2:7001,h3:7002                     a cluster: several seed addresses
-//	redis://h1:7000?addr=h2:7001&addr=h3:7002           the same, go-redis' ParseClusterURL form
-//	redis://s1:26379?master_name=mymaster&addr=s2:26379 Sentinel: sentinels and the master's name
-//
-// rediss:// asks for TLS in each form. A cluster URL takes no database
-// number (a cluster has only database 0).
+// parseRedisURL reads REDIS_URL: one node, a cluster (several seeds) or
+// Sentinel (master_name=); see redisurl.Parse.
 func parseRedisURL(s string) (*redis.UniversalOptions, redisTopology, error) {
-	u, err := url.Parse(strings.TrimSpace(s))
-	if err != nil {
-		return nil, "", errors.New("not a URL") // url's error would echo a password
-	}
-	if u.Scheme != "redis" && u.Scheme != "rediss" {
-		return nil, "", fmt.Errorf("scheme %q: want redis:// or rediss://", u.Scheme)
-	}
-	q := u.Query()
-	seeds := strings.Split(u.Host, ",")
-	for _, h := range seeds {
-		if h == "" {
-			return nil, "", errors.New("empty host in the address list")
-		}
-	}
-	if len(seeds) > 1 {
-		// A seed list in the host: the first seed is the URL's host, the
-		// others go to addr=, as ParseClusterURL and ParseFailoverURL read them.
-		u.Host = seeds[0]
-		for _, h := range seeds[1:] {
-			q.Add("addr", h)
-		}
-		u.RawQuery = q.Encode()
-	}
-	switch {
-	case q.Get("master_name") != "":
-		o, err := redis.ParseFailoverURL(u.String())
-		if err != nil {
-			return nil, "", redactErr(err)
-		}
-		return &redis.UniversalOptions{
-			Addrs: o.SentinelAddrs, MasterName: o.MasterName,
-			Username: o.Username, Password: o.Password,
-			SentinelUsername: o.SentinelUsername, SentinelPassword: o.SentinelPassword,
-			DB: o.DB, TLSConfig: o.TLSConfig, Protocol: o.Protocol,
-			DialTimeout: o.DialTimeout, ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout,
-			PoolSize: o.PoolSize, MinIdleConns: o.MinIdleConns,
-		}, redisSentinel, nil
-	case len(q["addr"]) > 0:
-		o, err := redis.ParseClusterURL(u.String())
-		if err != nil {
-			return nil, "", redactErr(err)
-		}
-		return &redis.UniversalOptions{
-			Addrs: o.Addrs, IsClusterMode: true,
-			Username: o.Username, Password: o.Password,
-			TLSConfig: o.TLSConfig, Protocol: o.Protocol,
-			DialTimeout: o.DialTimeout, ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout,
-			PoolSize: o.PoolSize, MinIdleConns: o.MinIdleConns,
-		}, redisCluster, nil
-	}
-	o, err := redis.ParseURL(u.String())
-	if err != nil {
-		return nil, "", redactErr(err)
-	}
-	return &redis.UniversalOptions{
-		Addrs: []string{o.Addr}, Username: o.Username, Password: o.Password,
-		DB: o.DB, TLSConfig: o.TLSConfig, Protocol: o.Protocol,
-		DialTimeout: o.DialTimeout, ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout,
-		PoolSize: o.PoolSize, MinIdleConns: o.MinIdleConns,
-	}, redisSingle, nil
-}
-
-// redactErr keeps go-redis' reason but never a URL that may hold a
-// password: its parse errors quote parameters, not the user info.
-func redactErr(err error) error {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		return errors.New("not a URL")
-	}
-	return err
+	return redisurl.Parse(s)
 }

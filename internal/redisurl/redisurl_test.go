@@ -1,0 +1,95 @@
+package redisurl
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func TestParse(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		given     string
+		wantTopo  Topology
+		wantAddrs []string
+		wantDB    int
+		wantPass  string
+		wantName  string
+		wantErr   string
+	}{
+		{name: "one node", given: "redis://localhost:6379/3", wantTopo: Single, wantAddrs: []string{"localhost:6379"}, wantDB: 3},
+		{name: "one node with password", given: "redis://:s3cret@h:1", wantTopo: Single, wantAddrs: []string{"h:1"}, wantPass: "s3cret"},
+		{name: "cluster seed list", given: "redis://h1:7000,h2:7001,h3:7002", wantTopo: Cluster,
+			wantAddrs: []string{"h1:7000", "h2:7001", "h3:7002"}},
+		{name: "cluster addr params", given: "redis://u:p@h1:7000?addr=h2:7001&addr=h3:7002", wantTopo: Cluster,
+			wantAddrs: []string{"h1:7000", "h2:7001", "h3:7002"}, wantPass: "p"},
+		{name: "sentinel", given: "redis://s1:26379,s2:26379?master_name=mymaster", wantTopo: Sentinel,
+			wantAddrs: []string{"s1:26379", "s2:26379"}, wantName: "mymaster"},
+		{name: "wrong scheme", given: "http://h:1", wantErr: "scheme"},
+		{name: "empty seed", given: "redis://h1:1,,h2:2", wantErr: "empty host"},
+		{name: "unknown parameter", given: "redis://h1:1,h2:2?bogus=1", wantErr: "bogus"},
+		{name: "not a URL, password not echoed", given: "redis://:pa ss@h:1%", wantErr: "not a URL"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, topo, err := Parse(tt.given)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want one saying %q", err, tt.wantErr)
+				}
+				if strings.Contains(err.Error(), "pa ss") || strings.Contains(err.Error(), "s3cret") {
+					t.Fatalf("error %q echoes the password", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if topo != tt.wantTopo || strings.Join(o.Addrs, ",") != strings.Join(tt.wantAddrs, ",") ||
+				o.DB != tt.wantDB || o.Password != tt.wantPass || o.MasterName != tt.wantName {
+				t.Fatalf("got %s %v db=%d pass=%q master=%q", topo, o.Addrs, o.DB, o.Password, o.MasterName)
+			}
+			// The options choose the same topology in go-redis.
+			c := redis.NewUniversalClient(o)
+			defer c.Close()
+			_, isCluster := c.(*redis.ClusterClient)
+			if isCluster != (topo == Cluster) {
+				t.Fatalf("go-redis made a %T for a %s URL", c, topo)
+			}
+		})
+	}
+}
+
+func TestRedact(t *testing.T) {
+	t.Parallel()
+	for given, want := range map[string]string{
+		"redis://u:s3cret@h:1/0":    "redis://u:xxxxx@h:1/0",
+		"postgres://u:pw@db/x":      "postgres://u:xxxxx@db/x",
+		"host=db password=pw":       "(configured)",
+		"redis://h1:7000,h2:7001/0": "redis://h1:7000,h2:7001/0",
+	} {
+		if got := Redact(given); got != want {
+			t.Errorf("Redact(%q) = %q, want %q", given, got, want)
+		}
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{"redis://h:1/0", "redis://a:1,b:2", "rediss://u:p@a:1?addr=b:2", "redis://s:1?master_name=m", "redis://,", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		o, topo, err := Parse(s)
+		if err != nil {
+			return
+		}
+		if len(o.Addrs) == 0 || topo == "" {
+			t.Fatalf("%q: accepted with no address (%s)", s, topo)
+		}
+		if topo == Cluster && !o.IsClusterMode {
+			t.Fatalf("%q: a cluster URL not in cluster mode", s)
+		}
+	})
+}
