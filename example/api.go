@@ -55,6 +55,9 @@ type api struct {
 	secret  []byte
 	logger  *slog.Logger
 	obs     *observer // nil: no telemetry
+	// lease is the middleware's claim lease (IDEM_LEASE) and exportTime
+	// the stand-in renderer's time (EXPORT_TIME); zero: the defaults.
+	lease, exportTime time.Duration
 }
 
 // handler returns the echo instance serving the routes.
@@ -88,6 +91,7 @@ func (a *api) handler() *echo.Echo {
 			OnEvent:      a.logEvent,
 			Logger:       a.logger,
 			Atomic:       atomic,
+			Lease:        a.lease,
 		})
 	}
 	v1 := e.Group("/v1", authMiddleware(a.secret))

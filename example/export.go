@@ -82,7 +82,11 @@ type exporter struct {
 
 // newExporter returns the export route of a.
 func newExporter(a *api) *exporter {
-	return &exporter{store: a.store, pool: a.pool, logger: a.logger, render: exportRenderTime, now: time.Now}
+	render := exportRenderTime
+	if a.exportTime > 0 {
+		render = a.exportTime
+	}
+	return &exporter{store: a.store, pool: a.pool, logger: a.logger, render: render, now: time.Now}
 }
 
 // prepare creates the ledger on first use; a failure is retried by the

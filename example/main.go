@@ -146,8 +146,11 @@ type settings struct {
 	jwtSecret   string
 	workers     int
 	genTime     time.Duration
-	policy      string // TASK_POLICY
-	workerName  string // WORKER_NAME
+	policy      string        // TASK_POLICY
+	workerName  string        // WORKER_NAME
+	taskLease   time.Duration // TASK_LEASE: the workers' lease; 0 is pgstore's default
+	idemLease   time.Duration // IDEM_LEASE: the middleware's claim lease; 0 is its default
+	exportTime  time.Duration // EXPORT_TIME: the stand-in renderer's time; 0 is exportRenderTime
 	obs         obsSettings
 	limits      serverLimits // HTTP server timeouts (serve.go)
 }
@@ -189,6 +192,8 @@ func (s *settings) addWorkerFlags(fs *flag.FlagSet, getenv func(string) string, 
 		"what a lost attempt becomes, per kind (env TASK_POLICY): kind=uncertain|retry,...; empty: "+formatPolicy(defaultPolicy))
 	fs.StringVar(&s.workerName, "name", getenv("WORKER_NAME"),
 		"this process's worker name, in logs and the stand-in upstream's call log (env WORKER_NAME); empty: host:pid")
+	fs.DurationVar(&s.taskLease, "task-lease", envDuration(getenv, "TASK_LEASE", 0),
+		"how long a worker's attempt owns its task without a heartbeat (env TASK_LEASE); 0: pgstore's default (the chaos soak's short-lease mode sets 1-2s)")
 }
 
 func parse(fs *flag.FlagSet, args []string) error {

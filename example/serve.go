@@ -31,6 +31,10 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	s.addWorkerFlags(fs, getenv, 2)
 	s.obs.addObsFlags(fs, getenv, stdout)
 	s.limits.addFlags(fs, getenv)
+	fs.DurationVar(&s.idemLease, "idem-lease", envDuration(getenv, "IDEM_LEASE", 0),
+		"how long an idempotency claim lives without renewal (env IDEM_LEASE); 0: the middleware's default")
+	fs.DurationVar(&s.exportTime, "export-time", envDuration(getenv, "EXPORT_TIME", 0),
+		"how long the stand-in export renderer takes (env EXPORT_TIME); 0: "+exportRenderTime.String())
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -182,7 +186,8 @@ func startNode(ctx context.Context, s settings, logger *slog.Logger, stderr io.W
 		return nil, err
 	}
 	// Requests are served only after openBackends migrated the schema.
-	a := &api{store: b.store, pool: b.pool, redis: b.redis, records: b.records, secret: secret, logger: logger, obs: n.obs}
+	a := &api{store: b.store, pool: b.pool, redis: b.redis, records: b.records, secret: secret, logger: logger, obs: n.obs,
+		lease: s.idemLease, exportTime: s.exportTime}
 	wo, err := s.workerOptions()
 	if err == nil {
 		n.workers, err = runWorkers(b, wo, logger, n.obs)

@@ -87,7 +87,8 @@ type workerOptions struct {
 	n      int       // tasks run at once; 0 runs none
 	gen    generator // the stand-in generator
 	policy map[string]pgstore.LostPolicy
-	name   string // names the worker in logs and in the upstream's call log
+	name   string        // names the worker in logs and in the upstream's call log
+	lease  time.Duration // the attempts' lease; 0: pgstore's default
 }
 
 // startWorkers runs up to n tasks at once on b's store with the default
@@ -131,6 +132,7 @@ func runWorkers(b *backends, o workerOptions, logger *slog.Logger, obs *observer
 		ReconcileInterval: reconcileAfter,
 		ShutdownTimeout:   workerDrain,
 		Logger:            logger,
+		Lease:             o.lease,
 	}
 	obs.worker(&cfg)
 	w, err := pgstore.NewWorker(b.store, cfg)
@@ -345,5 +347,5 @@ func (s settings) workerOptions() (workerOptions, error) {
 		host, _ := os.Hostname()
 		name = fmt.Sprintf("%s:%d", host, os.Getpid())
 	}
-	return workerOptions{n: s.workers, gen: generator{took: s.genTime}, policy: policy, name: name}, nil
+	return workerOptions{n: s.workers, gen: generator{took: s.genTime}, policy: policy, name: name, lease: s.taskLease}, nil
 }
