@@ -6,8 +6,8 @@ require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/chromedp/chromedp v0.23.1
 	github.com/golang-jwt/jwt/v5 v5.3.1
-	github.com/idemgate/idemgate v0.0.0
-	github.com/idemgate/idemgate/otelidem v0.0.0
+	github.com/idemgate/idemgate v0.1.0
+	github.com/idemgate/idemgate/otelidem v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/labstack/echo-jwt/v4 v4.4.0
 	github.com/labstack/echo/v4 v4.16.0

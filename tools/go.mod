@@ -4,13 +4,14 @@ go 1.26.0
 
 require (
 	github.com/golang-jwt/jwt/v5 v5.3.1
-	github.com/idemgate/idemgate v0.0.0
-	github.com/idemgate/idemgate/example v0.0.0
+	github.com/idemgate/idemgate v0.1.0
+	github.com/idemgate/idemgate/example v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/riverqueue/river v0.51.2
 	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.2
+	golang.org/x/mod v0.43.0
 )
 
 require (

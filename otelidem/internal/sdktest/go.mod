@@ -8,8 +8,8 @@ go 1.26.0
 
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
-	github.com/idemgate/idemgate v0.0.0
-	github.com/idemgate/idemgate/otelidem v0.0.0
+	github.com/idemgate/idemgate v0.1.0
+	github.com/idemgate/idemgate/otelidem v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/redis/go-redis/v9 v9.23.0
