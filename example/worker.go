@@ -253,12 +253,14 @@ func (r runner) imageOutcome(t pgstore.Task, kept []json.RawMessage, made [][]by
 	case errors.Is(err, errMaybeSent):
 		// The request went out and its answer was lost: only the
 		// upstream knows; reconcile asks it.
+		r.logger.Info("task uncertain: answer lost; will reconcile", "task", t.ID)
 		return pgstore.Uncertain(err)
 	case errors.Is(err, errNotSent):
 		// Nothing reached the upstream: safe to run again.
 		return pgstore.Retry(0, err)
 	case err != nil && interrupted:
 		// The request went out: the kind's policy (uncertain) decides.
+		r.logger.Info("task uncertain: interrupted; will reconcile", "task", t.ID)
 		return pgstore.Uncertain(fmt.Errorf("interrupted: %w", err))
 	case err != nil:
 		r.logger.Info("task failed", "task", t.ID, "err", err)
