@@ -38,7 +38,7 @@ func TestAdminMetrics(t *testing.T) {
 	ev := middleware.Event{Route: "POST /v1/images", Kind: "images", Tenant: "acme", Latency: time.Millisecond}
 	for _, typ := range []middleware.EventType{middleware.EventClaimed, middleware.EventReplayed, middleware.EventReplayed} {
 		ev.Type = typ
-		o.onEvent(ev)
+		o.onEvent(ctx, ev)
 	}
 	o.tasks.OnWorkerEvent(pgstore.WorkerEvent{Type: pgstore.WorkerClaimed, Kind: "images", TaskID: "t", Attempt: 1, Latency: time.Millisecond})
 	o.tasks.OnWorkerEvent(pgstore.WorkerEvent{Type: pgstore.WorkerSucceeded, Kind: "images", TaskID: "t", Attempt: 1, Latency: time.Second})

@@ -108,8 +108,8 @@ func (a *api) handler() *echo.Echo {
 
 // logEvent logs what the middleware did with a request, so the server's
 // output tells the retry story too. Events never carry a key or a body.
-func (a *api) logEvent(ev middleware.Event) {
-	a.obs.onEvent(ev)
+func (a *api) logEvent(ctx context.Context, ev middleware.Event) {
+	a.obs.onEvent(ctx, ev)
 	switch ev.Type {
 	case middleware.EventClaimed:
 		return // the common case; the handler's outcome says enough

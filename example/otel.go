@@ -170,11 +170,11 @@ func (o *observer) store(s middleware.Store) middleware.Store {
 }
 
 // onEvent records a middleware event.
-func (o *observer) onEvent(ev middleware.Event) {
+func (o *observer) onEvent(ctx context.Context, ev middleware.Event) {
 	if o == nil {
 		return
 	}
-	o.rec.OnEvent(ev)
+	o.rec.OnEvent(ctx, ev)
 }
 
 // startObs starts the SDK and the admin listener of a process. With

@@ -143,7 +143,7 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 		st.rollback(tx)
 		return st.txAborted(c, claimed, err)
 	case errors.Is(err, ErrLeaseLost):
-		st.storeFailed("commit", err)
+		st.storeFailed(&st.ctx, "commit", err)
 		st.cw.takeBack(res)
 		return writeProblem(c, http.StatusServiceUnavailable, CodeLeaseLost,
 			"This request's claim on its idempotency key ran out before it could commit (another request may have taken the key over); nothing of this request took effect. Retry with the same key.", 1)

@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -49,7 +50,7 @@ func TestInjectedClock(t *testing.T) {
 		Store:        NewRedisStore(client),
 		Scope:        func(echo.Context) (string, string, error) { return "acme", "alice", nil },
 		WaitInFlight: 90 * time.Minute, // two clock readings: one poll, then past the deadline
-		OnEvent: func(ev Event) {
+		OnEvent: func(_ context.Context, ev Event) {
 			mu.Lock()
 			defer mu.Unlock()
 			events = append(events, ev)

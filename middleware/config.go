@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -110,10 +111,15 @@ type Config struct {
 	FailOpen bool
 
 	// OnEvent receives an Event for each step of each protected request,
-	// for metrics and logs. It runs on the request's goroutine (or the
-	// lease renewal's) and must be fast and safe for concurrent use.
+	// for metrics and logs, with the request's context: its values (the
+	// request's trace span, a request-scoped logger) without its
+	// cancellation, so that an event after the client left is still
+	// reported. Events of the lease renewal get the renewal's own context,
+	// which carries the same values. It runs on the request's goroutine
+	// (or the renewal's), so it must be fast and safe for concurrent use:
+	// the request waits for it.
 	// Optional.
-	OnEvent func(Event)
+	OnEvent func(ctx context.Context, ev Event)
 
 	// Logger receives warnings: store errors and lost leases. It never
 	// sees a raw key, user or body.

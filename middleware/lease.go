@@ -123,11 +123,10 @@ func (st *call) startRenewal() {
 			return
 		}
 		ctx, cancel := context.WithTimeout(&st.ctx, every)
-		err := st.m.cfg.Store.Extend(ctx, st.key, st.token, st.m.cfg.Lease)
-		cancel()
-		if err != nil {
-			st.storeFailed("extend", err)
+		if err := st.m.cfg.Store.Extend(ctx, st.key, st.token, st.m.cfg.Lease); err != nil {
+			st.storeFailed(ctx, "extend", err)
 		}
+		cancel()
 		st.renewer.Reset(every)
 	})
 }

@@ -375,7 +375,7 @@ func (st *call) complete() {
 	resp := Response{Status: st.cw.status, Header: st.cw.header, Body: *st.cw.body}
 	err := st.m.cfg.Store.Complete(ctx, st.key, st.token, resp, st.m.cfg.Retention)
 	if err != nil {
-		st.storeFailed("complete", err)
+		st.storeFailed(&st.ctx, "complete", err)
 	}
 }
 
@@ -383,23 +383,24 @@ func (st *call) release(reason string, status int) {
 	ctx := st.storeCtx()
 	err := st.m.cfg.Store.Release(ctx, st.key, st.token)
 	if err != nil {
-		st.storeFailed("release", err)
+		st.storeFailed(&st.ctx, "release", err)
 		return
 	}
 	st.emit(Event{Type: EventReleased, Reason: reason, Status: status})
 }
 
-// storeFailed reports a failed extend, complete or release.
-func (st *call) storeFailed(op string, err error) {
+// storeFailed reports a failed extend, complete, release or commit with
+// ctx: the request's, or the lease renewal's own.
+func (st *call) storeFailed(ctx context.Context, op string, err error) {
 	if errors.Is(err, ErrLeaseLost) {
 		if st.leaseLost.Swap(true) && op == "extend" {
 			return
 		}
-		st.emit(Event{Type: EventLeaseLost, Reason: op})
+		st.emitCtx(ctx, Event{Type: EventLeaseLost, Reason: op})
 		st.warn("idemgate: lease lost; the key may run again", op, nil)
 		return
 	}
-	st.emit(Event{Type: EventStoreError, Reason: op, Err: err})
+	st.emitCtx(ctx, Event{Type: EventStoreError, Reason: op, Err: err})
 	st.warn("idemgate: store error", op, err)
 }
 
@@ -416,7 +417,14 @@ func (st *call) storeDown(c echo.Context, next echo.HandlerFunc, err error) erro
 		"The idempotency store is unavailable; retry later.", 1)
 }
 
-func (st *call) emit(e Event) {
+// emit reports e with the request's context: its values (a trace span,
+// a request-scoped logger) without its cancellation, so that an event
+// after the client left is still reported.
+func (st *call) emit(e Event) { st.emitCtx(&st.ctx, e) }
+
+// emitCtx reports e with ctx, for the events of a store call made on a
+// context of its own (the lease renewal).
+func (st *call) emitCtx(ctx context.Context, e Event) {
 	if st.m.cfg.OnEvent == nil {
 		return
 	}
@@ -432,7 +440,7 @@ func (st *call) emit(e Event) {
 			st.m.cfg.Logger.Error("idemgate: OnEvent panicked", "event", e.Type.String(), "panic", fmt.Sprint(p))
 		}
 	}()
-	st.m.cfg.OnEvent(e)
+	st.m.cfg.OnEvent(ctx, e)
 }
 
 func (st *call) warn(msg, op string, err error) {

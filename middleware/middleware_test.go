@@ -41,7 +41,7 @@ type recorder struct {
 	events []middleware.Event
 }
 
-func (r *recorder) add(e middleware.Event) {
+func (r *recorder) add(_ context.Context, e middleware.Event) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.events = append(r.events, e)
@@ -979,8 +979,8 @@ func TestFlushAndHijackPassThrough(t *testing.T) {
 	released := make(chan struct{}, 2)
 	hv := newEnv(t, func(c *middleware.Config) {
 		record := c.OnEvent
-		c.OnEvent = func(e middleware.Event) {
-			record(e)
+		c.OnEvent = func(ctx context.Context, e middleware.Event) {
+			record(ctx, e)
 			if e.Type == middleware.EventReleased {
 				released <- struct{}{}
 			}

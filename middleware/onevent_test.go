@@ -1,6 +1,7 @@
 package middleware_test
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -30,7 +31,7 @@ func TestOnEventPanicDoesNotLockTheKey(t *testing.T) {
 	e.Use(middleware.New(middleware.Config{
 		Store: middleware.NewRedisStore(client),
 		Scope: testScope,
-		OnEvent: func(middleware.Event) {
+		OnEvent: func(context.Context, middleware.Event) {
 			panic("hook bug")
 		},
 	}))

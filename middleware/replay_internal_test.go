@@ -3,6 +3,7 @@ package middleware
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -73,7 +74,7 @@ func TestReplayStoredAgrees(t *testing.T) {
 func replayWith(t *testing.T, accept string, replay func(*call, echo.Context) error) (*httptest.ResponseRecorder, []Event, string) {
 	t.Helper()
 	var events []Event
-	m := &idem{cfg: Config{MaxResponseBytes: 1 << 20, OnEvent: func(e Event) { e.Latency = 0; events = append(events, e) }}}
+	m := &idem{cfg: Config{MaxResponseBytes: 1 << 20, OnEvent: func(_ context.Context, e Event) { e.Latency = 0; events = append(events, e) }}}
 	m.cfg.now = func() time.Time { return time.Time{} }
 	st := &call{m: m, rt: &route{name: "POST /x", kind: "x"}}
 	r := httptest.NewRequest(http.MethodPost, "/x", nil)

@@ -110,9 +110,9 @@ func New(cfg Config) (*Recorder, error) {
 }
 
 // OnEvent records a middleware event. Set it as middleware.Config.OnEvent
-// (or call it from yours).
-func (r *Recorder) OnEvent(ev middleware.Event) {
-	ctx := context.Background()
+// (or call it from yours). It records with ctx, the request's context, so
+// that an SDK with exemplars links a measurement to the request's trace.
+func (r *Recorder) OnEvent(ctx context.Context, ev middleware.Event) {
 	set := r.eventSet(ev)
 	switch ev.Type {
 	case middleware.EventWaited:

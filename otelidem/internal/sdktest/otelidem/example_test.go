@@ -24,8 +24,8 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	rec.OnEvent(middleware.Event{Type: middleware.EventClaimed, Route: "POST /v1/images", Kind: "images", Latency: time.Millisecond})
-	rec.OnEvent(middleware.Event{Type: middleware.EventReplayed, Route: "POST /v1/images", Kind: "images", Latency: time.Millisecond})
+	rec.OnEvent(context.Background(), middleware.Event{Type: middleware.EventClaimed, Route: "POST /v1/images", Kind: "images", Latency: time.Millisecond})
+	rec.OnEvent(context.Background(), middleware.Event{Type: middleware.EventReplayed, Route: "POST /v1/images", Kind: "images", Latency: time.Millisecond})
 
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {

@@ -1,6 +1,7 @@
 package otelidem_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -275,9 +276,10 @@ func TestRequestMetricCardinality(t *testing.T) {
 func BenchmarkOnEvent(b *testing.B) {
 	bu := setup(b, otelidem.Config{})
 	ev := middleware.Event{Type: middleware.EventClaimed, Route: "POST /v1/images", Kind: "images", Tenant: "acme", Latency: time.Millisecond}
+	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
-		bu.rec.OnEvent(ev)
+		bu.rec.OnEvent(ctx, ev)
 	}
 }
 
@@ -293,7 +295,7 @@ func TestConcurrentEvents(t *testing.T) {
 	for range goroutines {
 		wg.Go(func() {
 			for i := range each {
-				b.rec.OnEvent(middleware.Event{Type: types[i%len(types)], Route: "POST /v1/images", Kind: "images",
+				b.rec.OnEvent(context.Background(), middleware.Event{Type: types[i%len(types)], Route: "POST /v1/images", Kind: "images",
 					Tenant: "acme", Reason: "finished", Latency: time.Millisecond})
 			}
 		})
