@@ -46,6 +46,10 @@ type Step struct {
 type Session struct {
 	Conn   *pgx.Conn
 	Schema string
+
+	// script, when set, receives the step's SQL (Runner.Script) and
+	// Conn is nil: the step writes what it would run instead of running it.
+	script *script
 }
 
 // Runner migrates one package's schema.
@@ -248,6 +252,10 @@ func ReadIndex(ctx context.Context, s Session, table, name string) (IndexState, 
 // it by that schema: what it drops is checked first and qualified.
 func DropIndex(table, name string) func(context.Context, Session) error {
 	return func(ctx context.Context, s Session) error {
+		if s.script != nil {
+			s.script.statement("DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{name}.Sanitize())
+			return nil
+		}
 		_, found, err := ReadIndex(ctx, s, table, name)
 		if err != nil || !found {
 			return err
@@ -262,6 +270,10 @@ func DropIndex(table, name string) func(context.Context, Session) error {
 func DropIfUnusable(table, name string) func(context.Context, Session) error {
 	drop := DropIndex(table, name)
 	return func(ctx context.Context, s Session) error {
+		if s.script != nil {
+			s.script.refuseUnusable(table, name)
+			return nil
+		}
 		st, found, err := ReadIndex(ctx, s, table, name)
 		if err != nil || !found || st.Usable {
 			return err
@@ -274,6 +286,9 @@ func DropIfUnusable(table, name string) func(context.Context, Session) error {
 // table has index name.
 func CreateIfAbsent(table, name, create string) func(context.Context, Session) error {
 	return func(ctx context.Context, s Session) error {
+		if s.script != nil {
+			return s.script.createIfAbsent(create)
+		}
 		_, found, err := ReadIndex(ctx, s, table, name)
 		if err != nil || found {
 			return err
@@ -287,6 +302,10 @@ func CreateIfAbsent(table, name, create string) func(context.Context, Session) e
 // and on exactly columns.
 func RequireUsable(table, name string, unique bool, columns []string) func(context.Context, Session) error {
 	return func(ctx context.Context, s Session) error {
+		if s.script != nil {
+			s.script.requireUsable(table, name, unique, columns)
+			return nil
+		}
 		st, found, err := ReadIndex(ctx, s, table, name)
 		switch {
 		case err != nil:
@@ -304,6 +323,10 @@ func RequireUsable(table, name string, unique bool, columns []string) func(conte
 // Exec runs sql as a step.
 func Exec(sql string) func(context.Context, Session) error {
 	return func(ctx context.Context, s Session) error {
+		if s.script != nil {
+			s.script.statement(sql)
+			return nil
+		}
 		_, err := s.Conn.Exec(ctx, sql)
 		return err
 	}
@@ -315,6 +338,10 @@ func Exec(sql string) func(context.Context, Session) error {
 // transaction. sql must be safe to run again (IF NOT EXISTS).
 func TxExec(sql string) func(context.Context, Session) error {
 	return func(ctx context.Context, s Session) error {
+		if s.script != nil {
+			s.script.transaction(sql)
+			return nil
+		}
 		return pgx.BeginFunc(ctx, s.Conn, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, sqlTxLockTimeout); err != nil {
 				return err
