@@ -16,7 +16,11 @@ func (m *idem) passThrough(c echo.Context, next echo.HandlerFunc) error {
 	if m.tx == nil {
 		return next(c)
 	}
-	st := &call{m: m, rt: m.route(c), start: m.cfg.now()}
+	rt := m.route(c)
+	if rt == nil {
+		return next(c) // echo's 404 or 405: no transaction for it
+	}
+	st := &call{m: m, rt: rt, start: m.cfg.now()}
 	st.ctx.parent = c.Request().Context()
 	return st.runAtomic(c, next)
 }
@@ -142,6 +146,23 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 	case errors.Is(err, ErrTxAborted):
 		st.rollback(tx)
 		return st.txAborted(c, claimed, err)
+	case errors.Is(err, ErrTxRefused):
+		// The database refused what the handler wrote (a deferred
+		// constraint): the handler's failure, answered as its error.
+		st.cw.takeBack(res)
+		if claimed {
+			st.release("commit_refused", st.cw.status)
+		}
+		return err
+	case errors.Is(err, ErrTxConflict):
+		// Rolled back for a concurrent transaction's sake: a retry may
+		// commit.
+		st.cw.takeBack(res)
+		if claimed {
+			st.release("commit_conflict", st.cw.status)
+		}
+		res.Header().Set("Retry-After", "1")
+		return echo.NewHTTPError(http.StatusServiceUnavailable).SetInternal(err)
 	case errors.Is(err, ErrLeaseLost):
 		st.storeFailed(&st.ctx, "commit", err)
 		st.cw.takeBack(res)

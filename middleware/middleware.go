@@ -64,35 +64,6 @@ type idem struct {
 	routes map[routeKey]*route
 }
 
-type routeKey struct{ method, path string }
-
-// route is what the middleware derives once per method and route template.
-type route struct {
-	routeKey
-	name   string // "POST /v1/images"
-	kind   string
-	target fingerprint.Route
-}
-
-func (m *idem) route(c echo.Context) *route {
-	k := routeKey{c.Request().Method, c.Path()}
-	if rt := m.last.Load(); rt != nil && rt.routeKey == k {
-		return rt
-	}
-	m.mu.Lock()
-	rt := m.routes[k]
-	if rt == nil {
-		rt = &route{routeKey: k, name: k.method + " " + k.path, kind: m.cfg.Kind, target: fingerprint.NewRoute(k.method, k.path)}
-		if rt.kind == "" {
-			rt.kind = keyspace.KindFor(k.method, k.path)
-		}
-		m.routes[k] = rt
-	}
-	m.mu.Unlock()
-	m.last.Store(rt)
-	return rt
-}
-
 // call is the state of one protected request, allocated once.
 type call struct {
 	m     *idem
@@ -122,6 +93,10 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	if !m.protects(r.Method) {
 		return m.passThrough(c, next)
 	}
+	rt := m.route(c)
+	if rt == nil {
+		return next(c) // echo's 404 or 405: no key to claim
+	}
 	values := r.Header[m.header]
 	if len(values) == 0 {
 		if m.cfg.Required {
@@ -143,7 +118,7 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	if err != nil {
 		return err
 	}
-	st := &call{m: m, rt: m.route(c), start: m.cfg.now()}
+	st := &call{m: m, rt: rt, start: m.cfg.now()}
 	st.ctx.parent = r.Context()
 	st.req.Key, err = keyspace.Derive(st.rt.kind, keyspace.Scope{Tenant: tenant, User: user, Request: id})
 	if err != nil {
