@@ -2,8 +2,45 @@ package pgstore
 
 import (
 	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"strings"
+	"unicode/utf8"
 )
+
+// ErrInvalidTask reports a task that Submit, SubmitTx or SubmitMany
+// refused before it reached the database: an empty field, a priority or
+// RunAfter out of range, or text or params Postgres cannot store (NUL,
+// invalid UTF-8, a \u0000 or unpaired surrogate escape in params).
+// Submitting the same task again cannot succeed: answer the client with
+// a 4xx, not a retryable 5xx. The wrapping error says what is wrong.
+var ErrInvalidTask = errors.New("pgstore: submit: invalid task")
+
+// checkStorable refuses a task Postgres would refuse to store: its text
+// with NUL or invalid UTF-8, params that are not JSON or hold a string
+// jsonb refuses. Found before the statement, it is the task's own error:
+// it does not fail a SubmitMany batch, abort the caller's transaction
+// in SubmitTx, or read as an outage.
+func (t NewTask) checkStorable() error {
+	for _, f := range []struct{ name, v string }{
+		{"tenant", t.Tenant}, {"owner", t.Owner}, {"kind", t.Kind}, {"runtime", t.Runtime},
+		{"network", t.Network}, {"idempotency key", t.IdempotencyKey}, {"fingerprint", t.Fingerprint},
+	} { // Trace is not here: it is opaque, and stored made storable
+		if !utf8.ValidString(f.v) || strings.IndexByte(f.v, 0) >= 0 {
+			return fmt.Errorf("%w: %s: NUL or invalid UTF-8, which Postgres cannot store", ErrInvalidTask, f.name)
+		}
+	}
+	if len(t.Params) > 0 {
+		if !json.Valid(t.Params) {
+			return fmt.Errorf("%w: params: not valid JSON", ErrInvalidTask)
+		}
+		if !bytes.Equal(storableJSON(t.Params), t.Params) {
+			return fmt.Errorf("%w: params: a string jsonb cannot store (\\u0000, an unpaired surrogate or invalid UTF-8)", ErrInvalidTask)
+		}
+	}
+	return nil
+}
 
 // Postgres refuses some text a handler may produce: text columns cannot
 // hold NUL or invalid UTF-8, and jsonb refuses the escape \u0000 and

@@ -2,10 +2,15 @@ package pgstore
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 func TestStorableJSON(t *testing.T) {
@@ -101,4 +106,55 @@ func refused(b []byte) bool {
 		}
 	}
 	return false
+}
+
+// Submit refuses what Postgres cannot store before it reaches the
+// database, as SubmitMany does for each of its tasks: the caller gets an
+// error that no retry can fix, never the database's refusal (which reads
+// like an outage).
+func TestSubmitRefusesUnstorableTask(t *testing.T) {
+	t.Parallel()
+	s, db := setup(t)
+	ctx := context.Background()
+	tests := []struct {
+		name  string
+		given func(*NewTask)
+	}{
+		{name: "NUL in params", given: func(nt *NewTask) { nt.Params = json.RawMessage(`{"prompt":"a\u0000b"}`) }},
+		{name: "lone surrogate in params", given: func(nt *NewTask) { nt.Params = json.RawMessage(`{"prompt":"\ud800"}`) }},
+		{name: "params not JSON", given: func(nt *NewTask) { nt.Params = json.RawMessage(`{"prompt":`) }},
+		{name: "NUL in tenant", given: func(nt *NewTask) { nt.Tenant = "acme\x00" }},
+		{name: "invalid UTF-8 in kind", given: func(nt *NewTask) { nt.Kind = "images\xff" }},
+		{name: "NUL in fingerprint", given: func(nt *NewTask) { nt.Fingerprint = "v1:\x00" }},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			nt := newTask("unstorable-" + strconv.Itoa(i))
+			tt.given(&nt)
+			_, err := s.Submit(ctx, nt)
+			var pgErr *pgconn.PgError
+			if !errors.Is(err, ErrInvalidTask) || errors.As(err, &pgErr) {
+				t.Errorf("Submit: %v; want ErrInvalidTask, before the database", err)
+			}
+			tx, err := db.pool(t).Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx)
+			if _, err := s.SubmitTx(ctx, tx, nt); !errors.Is(err, ErrInvalidTask) || errors.As(err, &pgErr) {
+				t.Errorf("SubmitTx: %v; want ErrInvalidTask, before the database", err)
+			}
+			if _, err := tx.Exec(ctx, `SELECT 1`); err != nil {
+				t.Errorf("the caller's transaction is unusable after the refusal: %v", err)
+			}
+			res, err := s.SubmitMany(ctx, []NewTask{nt})
+			if err != nil || !errors.Is(res[0].Err, ErrInvalidTask) {
+				t.Errorf("SubmitMany: %v, %v; want the task's own ErrInvalidTask", err, res)
+			}
+		})
+	}
+	var n int
+	if err := db.pool(t).QueryRow(ctx, `SELECT count(*) FROM idemgate_tasks`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("%d tasks stored (%v); want none", n, err)
+	}
 }

@@ -355,19 +355,19 @@ func (t NewTask) validate() error {
 		{"idempotency key", t.IdempotencyKey}, {"fingerprint", t.Fingerprint},
 	} {
 		if f.v == "" {
-			return fmt.Errorf("pgstore: submit: empty %s", f.name)
+			return fmt.Errorf("%w: empty %s", ErrInvalidTask, f.name)
 		}
 	}
 	if t.Priority < MinPriority || t.Priority > MaxPriority {
-		return fmt.Errorf("pgstore: submit: priority %d outside [%d, %d]", t.Priority, MinPriority, MaxPriority)
+		return fmt.Errorf("%w: priority %d outside [%d, %d]", ErrInvalidTask, t.Priority, MinPriority, MaxPriority)
 	}
 	// Postgres stores 4713 BC to 294276 AD and refuses the rest, which in
 	// SubmitMany would fail the whole batch. Before year 1 is as good as
 	// now; after 9999 is a bug in the caller.
 	if t.RunAfter.UTC().Year() >= 10000 {
-		return fmt.Errorf("pgstore: submit: run after %s, want before year 10000", t.RunAfter.UTC().Format(time.RFC3339))
+		return fmt.Errorf("%w: run after %s, want before year 10000", ErrInvalidTask, t.RunAfter.UTC().Format(time.RFC3339))
 	}
-	return nil
+	return t.checkStorable()
 }
 
 // runAfterArg is NewTask.RunAfter as a query argument: NULL (now) when zero.

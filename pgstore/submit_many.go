@@ -1,15 +1,11 @@
 package pgstore
 
 import (
-	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -50,7 +46,7 @@ func (s *Store) SubmitMany(ctx context.Context, ts []NewTask) ([]SubmitResult, e
 	firstOf := make(map[fullKey]int, len(ts))
 	todo := make([]int, 0, len(ts))
 	for i, t := range ts {
-		if err := t.validateForBatch(); err != nil {
+		if err := t.validate(); err != nil {
 			results[i].Err, first[i] = err, -1
 			continue
 		}
@@ -217,31 +213,4 @@ func batchArgs(ts []NewTask, idx []int, notify []string) pgx.NamedArgs {
 		"run_afters": runAfters, "priorities": priorities, "lines_of": sortedLines, "nths": sortedNths,
 		"notify_kinds": notify,
 	}
-}
-
-// validateForBatch is validate, plus what would make Postgres refuse the
-// whole batch statement: text with NUL or invalid UTF-8, params that are
-// not JSON or hold a string jsonb refuses. Such a task gets its own error
-// instead.
-func (t NewTask) validateForBatch() error {
-	if err := t.validate(); err != nil {
-		return err
-	}
-	for _, f := range []struct{ name, v string }{
-		{"tenant", t.Tenant}, {"owner", t.Owner}, {"kind", t.Kind}, {"runtime", t.Runtime},
-		{"network", t.Network}, {"idempotency key", t.IdempotencyKey}, {"fingerprint", t.Fingerprint},
-	} {
-		if !utf8.ValidString(f.v) || strings.IndexByte(f.v, 0) >= 0 {
-			return fmt.Errorf("pgstore: submit: %s: NUL or invalid UTF-8, which Postgres cannot store", f.name)
-		}
-	}
-	if len(t.Params) > 0 {
-		if !json.Valid(t.Params) {
-			return errors.New("pgstore: submit: params: not valid JSON")
-		}
-		if !bytes.Equal(storableJSON(t.Params), t.Params) {
-			return errors.New("pgstore: submit: params: a string jsonb cannot store (\\u0000, an unpaired surrogate or invalid UTF-8)")
-		}
-	}
-	return nil
 }
