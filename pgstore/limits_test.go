@@ -704,3 +704,46 @@ func TestUpdateKindLimitsLosesNoConcurrentChange(t *testing.T) {
 		t.Errorf("UpdateKindLimits returned %+v, %v; want %+v", got, err, want)
 	}
 }
+
+// MaxRunningPerTenant skips a capped tenant without reading its backlog:
+// with every tenant of the kind at its limit, a claim (which takes
+// nothing) reads as much beside 100 tenants × 100 waiting tasks as
+// beside 100 × 10, and so does the claim of a free tenant's task whose
+// turn lies behind the capped tenants' backlog. The claim read every
+// capped tenant's waiting task (2.6 s and 354,569 buffers at 1,000 × 50),
+// under the kind's lock, at every poll of every worker of the kind.
+func TestClaimSkipsCappedTenantsWithoutReadingTheirBacklog(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	if err := s.SetKindLimits(ctx, "image", KindLimits{MaxRunningPerTenant: 1}); err != nil {
+		t.Fatal(err)
+	}
+	const tenants = 100
+	cappedBacklog(t, s, tenants, 0, 10)
+	noneSmall := claimPlan(t, s, []string{"image"}, 4)
+	cappedBacklog(t, s, tenants, 10, 90)
+	noneBig := claimPlan(t, s, []string{"image"}, 4)
+	// A free tenant's task at the last turn of the backlog (its tenant's
+	// earlier tasks have run). "a-free" sorts before every "capped-…".
+	free := mustSubmit(t, s, tenantTask("a-free", "free"))
+	if _, err := s.pool.Exec(ctx, `UPDATE idemgate_tasks SET turn = 99 WHERE id = $1::uuid`, free.ID); err != nil {
+		t.Fatal(err)
+	}
+	freeBig := claimPlan(t, s, []string{"image"}, 4)
+	t.Logf("claim beside %d capped tenants: %+v at 10 waiting each, %+v at 100; of a free tenant's task at turn 99: %+v",
+		tenants, noneSmall, noneBig, freeBig)
+	if noneSmall.Rows != 0 || noneBig.Rows != 0 || freeBig.Rows != 1 {
+		t.Fatalf("claims returned %d, %d and %d rows; want none, none and the free tenant's task",
+			noneSmall.Rows, noneBig.Rows, freeBig.Rows)
+	}
+	for _, got := range []planFigures{noneBig, freeBig} {
+		if got.Buffers > noneSmall.Buffers+noneSmall.Buffers/2+50 {
+			t.Fatalf("a claim read %d buffers beside 100 waiting tasks of each capped tenant, %d beside 10: "+
+				"it reads the capped tenants' backlog", got.Buffers, noneSmall.Buffers)
+		}
+	}
+	if got := claimNow(t, s, []string{"image"}, 4); len(got) != 1 || got[0].ID != free.ID {
+		t.Fatalf("claimed %v; want the free tenant's task alone", keysOf(got))
+	}
+}

@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -340,4 +341,79 @@ func TestExplainClaimMidDrain(t *testing.T) {
 	}
 	sql, args := w.claimStatement(16)
 	explain(t, s, "claim of 16 mid-drain", sql, args)
+}
+
+// planFigures are the stable figures of a statement's plan: the buffers
+// it touched (shared hits and reads, of the whole plan) and the rows its
+// top node returned. Unlike its time, they do not move with the load.
+type planFigures struct {
+	Buffers int
+	Rows    int
+}
+
+// claimPlan runs the claim of a worker for kinds, for up to n tasks, under
+// EXPLAIN (ANALYZE, BUFFERS) after the lock statement the worker sends
+// before a limited claim, in a transaction it rolls back, and returns its
+// figures. Without the locks, a limited kind has no room in the claim and
+// nothing of it is read.
+func claimPlan(t testing.TB, s *Store, kinds []string, n int) planFigures {
+	t.Helper()
+	ctx := context.Background()
+	w := newWorker(t, s, WorkerConfig{Kinds: kinds, Handler: func(context.Context, Task) Outcome { return Outcome{} }})
+	sql, args := w.claimStatement(n)
+	var pf planFigures
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var jit string
+		var locked int
+		var limited bool
+		if err := tx.QueryRow(ctx, sqlLockLimitedKinds, pgx.NamedArgs{"kinds": kinds}).Scan(&jit, &locked, &limited); err != nil {
+			return err
+		}
+		pf = explainFigures(t, tx, sql, args)
+		return errRollback
+	})
+	if !errors.Is(err, errRollback) {
+		t.Fatal(err)
+	}
+	return pf
+}
+
+// explainFigures runs sql under EXPLAIN (ANALYZE, BUFFERS) in tx and
+// returns its figures.
+func explainFigures(t testing.TB, tx pgx.Tx, sql string, args pgx.NamedArgs) planFigures {
+	t.Helper()
+	var plan []map[string]any
+	if err := tx.QueryRow(context.Background(), "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	top := plan[0]["Plan"].(map[string]any)
+	return planFigures{Buffers: int(top["Shared Hit Blocks"].(float64) + top["Shared Read Blocks"].(float64)),
+		Rows: int(top["Actual Rows"].(float64))}
+}
+
+// cappedBacklog stores, for each of tenants tenants of kind image
+// ("capped-0", …), waiting tasks waiting each (turns from first on, as
+// Submit gives a tenant's backlog) and one attempt holding a lease for
+// an hour: at a MaxRunningPerTenant of 1, every one of them is capped.
+// Then it analyzes the table.
+func cappedBacklog(t testing.TB, s *Store, tenants, first, waiting int) {
+	t.Helper()
+	ctx := context.Background()
+	for _, sql := range []string{`INSERT INTO idemgate_tasks
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, run_after, turn)
+		SELECT 'capped-' || g % $1::int, 'o', 'image', 'gpu', 'main', 'w-' || (g / $1::int + $2::int) || '-' || g % $1::int, 'f',
+			now() - interval '1 hour', g / $1 + $2
+		FROM generate_series(0, $1::int * $3::int - 1) g`, `INSERT INTO idemgate_tasks
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, state, attempt, tries,
+			lease_until, locked_by, turn)
+		SELECT 'capped-' || g, 'o', 'image', 'gpu', 'main', 'r-' || g, 'f', 'running', 1, 1,
+			now() + interval '1 hour', 'elsewhere', 0
+		FROM generate_series(0, $1 - 1) g WHERE $2::int = 0 AND $3::int >= 0`} {
+		if _, err := s.pool.Exec(ctx, sql, tenants, first, waiting); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.pool.Exec(ctx, "ANALYZE idemgate_tasks"); err != nil {
+		t.Fatal(err)
+	}
 }

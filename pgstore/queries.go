@@ -55,14 +55,38 @@ const (
 )
 
 // taskColumns is the column list of Task, in the order of its fields.
+// The state is the one a task shows (see shownState).
 const taskColumns = `id::text AS id, tenant, owner, kind, runtime, network, idempotency_key,
-	fingerprint, params, trace, state, attempt, recoveries, results, error, run_after,
+	fingerprint, params, trace, ` + shownState + ` AS state, attempt, recoveries, results, error, run_after,
 	priority, created_at, updated_at`
 
 // tTaskColumns is taskColumns qualified by the alias t.
 const tTaskColumns = `t.id::text AS id, t.tenant, t.owner, t.kind, t.runtime, t.network,
-	t.idempotency_key, t.fingerprint, t.params, t.trace, t.state, t.attempt, t.recoveries,
+	t.idempotency_key, t.fingerprint, t.params, t.trace, ` + tShownState + ` AS state, t.attempt, t.recoveries,
 	t.results, t.error, t.run_after, t.priority, t.created_at, t.updated_at`
+
+// Cancelling an attempt that holds its task. Store.Cancel of a task whose
+// attempt holds it (a running task with a lease that has not ended, or
+// an uncertain one whose Reconcile's claim has not lapsed) records the
+// cancellation in finished_at and leaves the row as it is (state, lease,
+// claim): the attempt keeps counting against its kind's limits and keeps
+// its task from a second attempt until its handler has returned and its
+// worker wrote the end (every write of the attempt ends the task as
+// cancelled then), or, if the worker died, until its lease ends and a
+// rescue does. So finished_at set on a running or uncertain row means
+// "cancelled; the attempt is stopping", and the row shows as cancelled
+// (shownState) to every reader.
+const (
+	// shownState is the state of a task as readers see it.
+	shownState = `CASE WHEN finished_at IS NOT NULL AND state IN ('running', 'uncertain') THEN 'cancelled' ELSE state END`
+	// tShownState is shownState qualified by the alias t.
+	tShownState = `CASE WHEN t.finished_at IS NOT NULL AND t.state IN ('running', 'uncertain') THEN 'cancelled' ELSE t.state END`
+	// heldByAttempt is true of a task t held by an attempt: the claim's
+	// holding predicate (an attempt that counts against its kind's
+	// limits), on t.
+	heldByAttempt = `(t.state = 'running' AND t.lease_until > now()
+		OR t.state = 'uncertain' AND t.locked_by IS NOT NULL AND t.run_after > now())`
+)
 
 // Migrations: the schema's SQL, which internal/migrate runs in order
 // (migrate.go lists the versions).
@@ -325,7 +349,7 @@ WHERE id = @id::uuid AND (@operator::boolean OR tenant = @tenant AND owner = @ow
 	// where they are not empty. For operator tools: it may read much of
 	// the table.
 	sqlList = `SELECT ` + taskColumns + `, false AS duplicate FROM idemgate_tasks
-WHERE (@state::text = '' OR state = @state) AND (@tenant::text = '' OR tenant = @tenant)
+WHERE (@state::text = '' OR ` + shownState + ` = @state) AND (@tenant::text = '' OR tenant = @tenant)
 	AND (@kind::text = '' OR kind = @kind)
 ORDER BY created_at DESC, id
 LIMIT @limit`
@@ -360,14 +384,19 @@ SELECT *, false AS duplicate FROM rec WHERE idemgate_tasks_notify(rec.kind)`
 
 	// sqlCancel ends an unfinished task as cancelled and tells the workers,
 	// whose running attempt of it (if any) then stops; scoped like sqlGet.
-	// A finished task is left alone: nothing comes back, and the caller
-	// reads it to say why.
+	// A task an attempt holds stays held (state, lease, claim) with the
+	// cancellation recorded, until the attempt's worker ends it (see
+	// shownState). A finished task, or one already cancelled, is left
+	// alone: nothing comes back, and the caller reads it to say why.
 	sqlCancel = `WITH can AS (
-	UPDATE idemgate_tasks SET state = 'cancelled', error = 'cancelled',
-		lease_until = NULL, locked_by = NULL, finished_at = now(), updated_at = now()
+	UPDATE idemgate_tasks t SET
+		state = CASE WHEN ` + heldByAttempt + ` THEN t.state ELSE 'cancelled' END,
+		lease_until = CASE WHEN ` + heldByAttempt + ` THEN t.lease_until END,
+		locked_by = CASE WHEN ` + heldByAttempt + ` THEN t.locked_by END,
+		error = 'cancelled', finished_at = now(), updated_at = now()
 	WHERE id = @id::uuid AND (@operator::boolean OR tenant = @tenant AND owner = @owner)
-		AND state IN ('pending', 'running', 'retrying', 'uncertain')
-	RETURNING ` + taskColumns + `
+		AND state IN ('pending', 'running', 'retrying', 'uncertain') AND finished_at IS NULL
+	RETURNING ` + tTaskColumns + `
 )
 SELECT *, false AS duplicate FROM can WHERE idemgate_tasks_notify_cancel(can.id)`
 
@@ -510,17 +539,20 @@ const (
 	tenantCapped = `coalesce((SELECT true FROM capped WHERE capped.kind = t.kind AND capped.tenant = t.tenant), false)`
 )
 
-// claimCapped is the CTE capped: the (kind, tenant) pairs at their kind's
-// MaxRunningPerTenant, counted under the claim's locks from the attempts
-// holding a lease (a few rows: at most the attempts running). The
-// candidate scan passes their tasks by, so that one tenant's backlog
-// waiting on its own limit never fills the claim's window of @limit
-// candidates and keeps other tenants from starting.
-const claimCapped = `capped AS (
-	SELECT lim.kind, c.tenant FROM lim CROSS JOIN LATERAL (
-		SELECT h.tenant FROM idemgate_tasks h WHERE h.kind = lim.kind AND ` + holding + `
-		GROUP BY h.tenant HAVING count(*) >= lim.per_tenant) c
+// claimCapped is the CTEs running, the attempts holding a lease of each
+// tenant of a kind with MaxRunningPerTenant, and capped, the (kind,
+// tenant) pairs at their kind's MaxRunningPerTenant, counted under the
+// claim's locks (a few rows: at most the attempts running). The
+// candidate scan passes capped tenants' tasks by, so that one tenant's
+// backlog waiting on its own limit never fills the claim's window of
+// @limit candidates and keeps other tenants from starting.
+const claimCapped = `running AS (
+	SELECT lim.kind, c.tenant, c.n, lim.per_tenant FROM lim CROSS JOIN LATERAL (
+		SELECT h.tenant, count(*) AS n FROM idemgate_tasks h WHERE h.kind = lim.kind AND ` + holding + `
+		GROUP BY h.tenant) c
 	WHERE lim.per_tenant > 0
+), capped AS (
+	SELECT kind, tenant FROM running WHERE n >= per_tenant
 )`
 
 // claimSQL builds the statement of a claim of this shape. Of the
@@ -533,7 +565,7 @@ const claimCapped = `capped AS (
 // with the kind and nothing else, after the claimed tasks. Tokens are
 // spent in the same statement.
 func claimSQL(sh claimShape) string {
-	return `WITH ` + fmt.Sprintf(claimLimits, sh.limitKinds) + `, ` + claimCapped + `, ` + sh.candidates + `, ranked AS (
+	return `WITH RECURSIVE ` + fmt.Sprintf(claimLimits, sh.limitKinds) + `, ` + claimCapped + `, ` + sh.candidates + `, ranked AS (
 	SELECT c.id, c.kind, c.priority, c.turn, c.run_after,
 		(lim.room IS NULL OR row_number() OVER (PARTITION BY c.kind ORDER BY ` + sh.order + `) <= lim.room)
 		AND (coalesce(lim.per_tenant, 0) = 0 OR row_number() OVER (PARTITION BY c.kind, c.tenant ORDER BY ` + sh.order + `)
@@ -562,18 +594,111 @@ FROM (SELECT kind FROM ranked WHERE NOT ok
 
 // claimRunnableSQL is the claim of runnable tasks of kinds (all when
 // none), kind limits applied. Each kind that can be written as a literal
-// is read by a CTE of its own that names it, so that the planner, which
+// is read by CTEs of its own that name it, so that the planner, which
 // knows how common each kind is, never walks the index of all runnable
 // tasks past another kind's backlog (with a parameter, a generic plan
-// may). Kinds that cannot be literals are read together (correct, but
-// the planner may scan other kinds' backlog), as is every kind when kinds
-// is empty: then a kind with no room is read past.
+// may), and so that a kind with MaxRunningPerTenant passes its capped
+// tenants by without reading their backlog (perTenantCandidates). Kinds
+// that cannot be literals are read together (correct, but the planner
+// may scan other kinds' backlog, and a capped tenant's backlog is read
+// past), as is every kind when kinds is empty: then a kind with no room
+// is read past too.
 func claimRunnableSQL(kinds []string) string {
 	sh := claimShape{order: runnableOrder, due: runnableDue, set: claimSet}
-	sh.limitKinds, sh.candidates = runnableCandidates(kinds, `
+	if len(kinds) == 0 || slices.ContainsFunc(kinds, func(k string) bool { return !literalKind(k) }) {
+		sh.limitKinds, sh.candidates = runnableCandidates(kinds, `
 		AND NOT EXISTS (SELECT FROM lim WHERE lim.kind = %s AND lim.room = 0)
 		AND NOT `+tenantCapped)
+		return claimSQL(sh)
+	}
+	var b strings.Builder
+	quoted := make([]string, len(kinds))
+	for i, kind := range kinds {
+		quoted[i] = "'" + kind + "'"
+		b.WriteString(perTenantCandidates(i, quoted[i]))
+	}
+	b.WriteString("cand AS (")
+	for i := range kinds {
+		if i > 0 {
+			b.WriteString(" UNION ALL ")
+		}
+		fmt.Fprintf(&b, "SELECT * FROM k%d UNION ALL SELECT * FROM l%d", i, i)
+	}
+	b.WriteString(")")
+	sh.limitKinds, sh.candidates = "l.kind IN ("+strings.Join(quoted, ", ")+")", b.String()
 	return claimSQL(sh)
+}
+
+// perTenantCandidates are the CTEs that read the candidates of kind
+// number i, the literal q, in claim order: k<i> while the kind has no
+// MaxRunningPerTenant, l<i> while it has. A claim of a kind with
+// MaxRunningPerTenant reads without locking a window s<i> of the kind's
+// line: @limit twice, plus one row for each capped tenant of the kind,
+// whose tasks are then passed by. When the window is full and holds
+// fewer than @limit tasks of tenants within their limit (every tenant
+// with work, or nearly, is capped), the claim walks the line's tenants
+// instead (w<i>: one descent of the tenant_turn index a tenant, highest
+// priority first, then by name), taking the next due task of each tenant
+// that is not capped (f<i>), until it has @limit. So a claim reads what
+// it takes plus the tenants it passes by, never their backlog. l<i>
+// locks the @limit best of both, in claim order, rereading each row's
+// state on its latest version (SKIP LOCKED: a row another statement
+// holds is left). A tenant found by the walk gives as many tasks as its
+// limit has room for, lowest turns first (read on the tenant_turn index, whose order puts a task
+// from before v6, without a turn, after the tenant's others).
+func perTenantCandidates(i int, q string) string {
+	waiting := `kind = ` + q + ` AND state IN ('pending', 'retrying')`
+	due := waiting + ` AND run_after <= now() AND ` + notHeld
+	// A hashed subplan: each row is looked up in a hash of the capped
+	// tenants, not compared with every one of them.
+	capped := func(tenant string) string {
+		return tenant + ` IN (SELECT capped.tenant FROM capped WHERE capped.kind = ` + q + `)`
+	}
+	window := `(2 * @limit + (SELECT count(*) FROM capped WHERE capped.kind = ` + q + `))`
+	r := strings.NewReplacer("%i", fmt.Sprint(i), "%q", q, "%waiting", waiting, "%due", due, "%order", runnableOrder,
+		"%window", window, "%notHeld", notHeld, "%cappedS", capped("s.tenant"), "%cappedW", capped("w.tenant"))
+	return r.Replace(`k%i AS (
+	SELECT id, kind, tenant, priority, turn, run_after FROM idemgate_tasks t
+	WHERE %due
+		AND NOT EXISTS (SELECT FROM lim WHERE lim.kind = %q AND (lim.room = 0 OR lim.per_tenant > 0))
+	ORDER BY %order
+	LIMIT @limit
+	FOR UPDATE SKIP LOCKED
+), s%i AS (
+	SELECT id, tenant, priority, turn, run_after FROM idemgate_tasks t
+	WHERE %due
+		AND EXISTS (SELECT FROM lim WHERE lim.kind = %q AND lim.room IS DISTINCT FROM 0 AND lim.per_tenant > 0)
+	ORDER BY %order
+	LIMIT %window
+), w%i(priority, tenant) AS (
+	(SELECT priority, tenant FROM idemgate_tasks t
+	WHERE %waiting
+		AND (SELECT count(*) FROM s%i) >= %window
+		AND (SELECT count(*) FROM s%i s WHERE NOT %cappedS) < @limit
+	ORDER BY priority DESC, tenant DESC
+	LIMIT 1)
+	UNION ALL
+	SELECT n.priority, n.tenant FROM w%i w CROSS JOIN LATERAL (
+		SELECT priority, tenant FROM idemgate_tasks t
+		WHERE %waiting AND (t.priority, t.tenant) < (w.priority, w.tenant)
+		ORDER BY priority DESC, tenant DESC
+		LIMIT 1) n
+), f%i AS (
+	SELECT d.* FROM w%i w CROSS JOIN LATERAL (
+		SELECT id, tenant, priority, turn, run_after FROM idemgate_tasks t
+		WHERE %due AND t.priority = w.priority AND t.tenant = w.tenant
+		ORDER BY turn
+		LIMIT greatest(1, (SELECT lim.per_tenant FROM lim WHERE lim.kind = %q)
+			- coalesce((SELECT r.n FROM running r WHERE r.kind = %q AND r.tenant = w.tenant), 0))) d
+	WHERE NOT %cappedW
+	LIMIT @limit
+), l%i AS (
+	SELECT id, kind, tenant, priority, turn, run_after FROM idemgate_tasks t
+	WHERE id = ANY(ARRAY(SELECT u.id FROM (SELECT * FROM s%i s WHERE NOT %cappedS UNION SELECT * FROM f%i) u
+			ORDER BY %order LIMIT @limit))
+		AND %due
+	FOR UPDATE SKIP LOCKED
+), `)
 }
 
 // claimFreeSQL is the claim of runnable tasks of kinds while none of them
@@ -735,21 +860,50 @@ const (
 	// sqlFinishBatch ends many running tasks, each succeeded or failed,
 	// with its results and error: the hot path of a busy worker, one
 	// statement per batch. Each row is fenced like a single transition.
-	sqlFinishBatch = `UPDATE idemgate_tasks t SET state = x.state, results = x.results, error = x.error,
-	lease_until = NULL, locked_by = NULL, finished_at = now(), updated_at = now()
-FROM unnest(@ids::text[], @attempts::int[], @states::text[], @results::jsonb[], @errors::text[])
-	AS x(id, attempt, state, results, error)
-WHERE t.id = x.id::uuid AND t.attempt = x.attempt AND t.state = 'running'
-RETURNING t.id::text`
+	// A task cancelled while its attempt ran ends cancelled, its results
+	// and error as Cancel left them. Rows are locked in the order of
+	// their IDs, as the heartbeat locks them: the two run at once on the
+	// same rows, and locked in two orders they could deadlock.
+	sqlFinishBatch = `WITH x AS (
+	SELECT * FROM unnest(@ids::text[], @attempts::int[], @states::text[], @results::jsonb[], @errors::text[])
+		AS x(id, attempt, state, results, error)
+), locked AS MATERIALIZED (
+	SELECT t.id FROM idemgate_tasks t JOIN x ON t.id = x.id::uuid AND t.attempt = x.attempt
+	WHERE t.state = 'running'
+	ORDER BY t.id
+	FOR UPDATE OF t
+)
+UPDATE idemgate_tasks t SET
+	state = CASE WHEN t.finished_at IS NOT NULL THEN 'cancelled' ELSE x.state END,
+	results = CASE WHEN t.finished_at IS NOT NULL THEN t.results ELSE x.results END,
+	error = CASE WHEN t.finished_at IS NOT NULL THEN t.error ELSE x.error END,
+	lease_until = NULL, locked_by = NULL, finished_at = coalesce(t.finished_at, now()), updated_at = now()
+FROM x JOIN locked ON locked.id = x.id::uuid
+WHERE t.id = locked.id AND t.attempt = x.attempt AND t.state = 'running'
+RETURNING t.id::text AS id, t.state`
 
-	// sqlFinish ends a task: succeeded or failed (@to), with results and error.
-	sqlFinish = `UPDATE idemgate_tasks SET state = @to, results = @results, error = @error,
-	lease_until = NULL, locked_by = NULL, finished_at = now(), updated_at = now()
+	// sqlFinish ends a task: succeeded or failed (@to), with results and
+	// error; cancelled, as Cancel left it, if it was cancelled meanwhile.
+	sqlFinish = `UPDATE idemgate_tasks SET
+	state = CASE WHEN finished_at IS NOT NULL THEN 'cancelled' ELSE @to::text END,
+	results = CASE WHEN finished_at IS NOT NULL THEN results ELSE @results::jsonb END,
+	error = CASE WHEN finished_at IS NOT NULL THEN error ELSE @error::text END,
+	lease_until = NULL, locked_by = NULL, finished_at = coalesce(finished_at, now()), updated_at = now()
 WHERE id = @id::uuid AND attempt = @attempt AND state = @from
 RETURNING state`
 
-	// sqlUncertain parks a task until a reconcile check in @after_us.
-	sqlUncertain = `UPDATE idemgate_tasks SET state = 'uncertain', error = @error,
+	// sqlEndCancelled ends a task cancelled while its attempt ran, once
+	// the attempt stopped.
+	sqlEndCancelled = `UPDATE idemgate_tasks SET state = 'cancelled', lease_until = NULL, locked_by = NULL,
+	updated_at = now()
+WHERE id = @id::uuid AND attempt = @attempt AND state = @from AND finished_at IS NOT NULL
+RETURNING state`
+
+	// sqlUncertain parks a task until a reconcile check in @after_us (or
+	// ends it cancelled, if it was cancelled meanwhile).
+	sqlUncertain = `UPDATE idemgate_tasks SET
+	state = CASE WHEN finished_at IS NOT NULL THEN 'cancelled' ELSE 'uncertain' END,
+	error = CASE WHEN finished_at IS NOT NULL THEN error ELSE @error::text END,
 	run_after = now() + @after_us::bigint * interval '1 microsecond',
 	lease_until = NULL, locked_by = NULL, updated_at = now()
 WHERE id = @id::uuid AND attempt = @attempt AND state = @from
@@ -766,14 +920,17 @@ RETURNING state`
 	* (1 - @jitter::float8 * random())`
 
 	// sqlRetry requeues a task after @after_us, or after the backoff when
-	// @after_us < 0; past @max_attempts tries it fails instead.
+	// @after_us < 0; past @max_attempts tries it fails instead (and a
+	// task cancelled meanwhile ends cancelled).
 	sqlRetry = `UPDATE idemgate_tasks SET
-	state = CASE WHEN tries >= @max_attempts::int THEN 'failed' ELSE 'retrying' END,
-	error = CASE WHEN tries >= @max_attempts::int THEN 'gave up after ' || tries || ' attempts: ' || @error::text
+	state = CASE WHEN finished_at IS NOT NULL THEN 'cancelled'
+		WHEN tries >= @max_attempts::int THEN 'failed' ELSE 'retrying' END,
+	error = CASE WHEN finished_at IS NOT NULL THEN error
+		WHEN tries >= @max_attempts::int THEN 'gave up after ' || tries || ' attempts: ' || @error::text
 		ELSE @error::text END,
 	run_after = now() + (CASE WHEN @after_us::bigint >= 0 THEN @after_us::bigint::float8
 		ELSE ` + backoff + ` END) * interval '1 microsecond',
-	finished_at = CASE WHEN tries >= @max_attempts::int THEN now() END,
+	finished_at = CASE WHEN finished_at IS NOT NULL THEN finished_at WHEN tries >= @max_attempts::int THEN now() END,
 	lease_until = NULL, locked_by = NULL, updated_at = now()
 WHERE id = @id::uuid AND attempt = @attempt AND state = @from
 RETURNING state`
@@ -783,18 +940,21 @@ RETURNING state`
 	// uncertain for a reconcile check in @reconcile_us. The attempt
 	// counts, like an expired lease: a handler that never finishes within
 	// the shutdown deadline would otherwise come back at every restart for
-	// ever. Past @max_attempts tries the task fails instead. Only a
-	// requeued task is announced.
+	// ever. Past @max_attempts tries the task fails instead; a task
+	// cancelled meanwhile ends cancelled. Only a requeued task is
+	// announced.
 	sqlRelease = `WITH rel AS (
 	UPDATE idemgate_tasks SET
-		state = CASE WHEN lost = 'uncertain' THEN 'uncertain'
+		state = CASE WHEN finished_at IS NOT NULL THEN 'cancelled' WHEN lost = 'uncertain' THEN 'uncertain'
 			WHEN tries >= @max_attempts::int THEN 'failed' ELSE 'retrying' END,
-		error = CASE WHEN lost = 'uncertain' THEN 'released at shutdown on attempt ' || tries
+		error = CASE WHEN finished_at IS NOT NULL THEN error
+			WHEN lost = 'uncertain' THEN 'released at shutdown on attempt ' || tries
 				|| ': the upstream outcome is unknown'
 			WHEN tries >= @max_attempts::int THEN 'released at shutdown on attempt ' || tries || ' of '
 				|| @max_attempts::int || ': the handler did not finish in time'
 			ELSE error END,
-		finished_at = CASE WHEN lost <> 'uncertain' AND tries >= @max_attempts::int THEN now() END,
+		finished_at = CASE WHEN finished_at IS NOT NULL THEN finished_at
+			WHEN lost <> 'uncertain' AND tries >= @max_attempts::int THEN now() END,
 		run_after = CASE WHEN lost = 'uncertain' THEN now() + @reconcile_us::bigint * interval '1 microsecond'
 			ELSE now() END,
 		lease_until = NULL, locked_by = NULL, updated_at = now()
@@ -804,34 +964,59 @@ RETURNING state`
 SELECT state FROM rel WHERE CASE WHEN rel.state = 'retrying' THEN idemgate_tasks_notify(rel.kind) ELSE true END`
 
 	// sqlHeartbeat extends the leases of every task a worker holds and
-	// returns those it still holds.
-	sqlHeartbeat = `UPDATE idemgate_tasks t
+	// returns those it still holds, and whether each was cancelled (its
+	// attempt must stop; the lease is kept until it has). Rows are locked
+	// in the order of their IDs, as sqlFinishBatch locks them.
+	sqlHeartbeat = `WITH locked AS MATERIALIZED (
+	SELECT t.id FROM idemgate_tasks t
+	JOIN unnest(@ids::text[], @attempts::int[]) AS x(id, attempt) ON t.id = x.id::uuid AND t.attempt = x.attempt
+	WHERE t.state = 'running'
+	ORDER BY t.id
+	FOR UPDATE OF t
+)
+UPDATE idemgate_tasks t
 SET lease_until = now() + @lease_us::bigint * interval '1 microsecond'
-FROM unnest(@ids::text[], @attempts::int[]) AS x(id, attempt)
-WHERE t.id = x.id::uuid AND t.attempt = x.attempt AND t.state = 'running'
-RETURNING t.id::text AS id, t.attempt`
+FROM locked WHERE t.id = locked.id
+RETURNING t.id::text AS id, t.attempt, t.finished_at IS NOT NULL AS cancelled`
+
+	// sqlCancelledOf returns which of @ids (tasks whose Reconcile runs)
+	// were cancelled: a Reconcile has no heartbeat, and the notification
+	// may have been missed.
+	sqlCancelledOf = `SELECT id::text FROM idemgate_tasks
+WHERE id = ANY(@ids::uuid[]) AND state = 'uncertain' AND finished_at IS NOT NULL`
 
 	// sqlRescue takes back tasks whose lease ran out (their worker died,
 	// hung or was cut off) by each row's lost-attempt policy: uncertain,
 	// for a reconcile check in @reconcile_us; or requeued with backoff
 	// and jitter, failed past @max_attempts tries.
+	//
+	// A task cancelled while its attempt held it ends cancelled once the
+	// attempt's lease (or, for a Reconcile, its claim) has ended: its
+	// worker died before it wrote the end.
 	sqlRescue = `WITH expired AS (
-	SELECT id FROM idemgate_tasks
+	(SELECT id FROM idemgate_tasks
 	WHERE state = 'running' AND lease_until < now()
 	ORDER BY lease_until
 	LIMIT @limit
-	FOR UPDATE SKIP LOCKED
+	FOR UPDATE SKIP LOCKED)
+	UNION ALL
+	(SELECT id FROM idemgate_tasks
+	WHERE state = 'uncertain' AND run_after <= now() AND finished_at IS NOT NULL
+	LIMIT @limit
+	FOR UPDATE SKIP LOCKED)
 )
 UPDATE idemgate_tasks t SET
-	state = CASE WHEN t.lost = 'uncertain' THEN 'uncertain'
+	state = CASE WHEN t.finished_at IS NOT NULL THEN 'cancelled' WHEN t.lost = 'uncertain' THEN 'uncertain'
 		WHEN t.tries >= @max_attempts::int THEN 'failed' ELSE 'retrying' END,
-	error = CASE WHEN t.lost = 'uncertain' THEN 'lease expired on attempt ' || t.tries
+	error = CASE WHEN t.finished_at IS NOT NULL THEN t.error
+		WHEN t.lost = 'uncertain' THEN 'lease expired on attempt ' || t.tries
 			|| ': the upstream outcome is unknown'
 		WHEN t.tries >= @max_attempts::int THEN 'lease expired on attempt ' || t.tries || ' of ' || @max_attempts::int
 		ELSE 'lease expired' END,
 	run_after = now() + (CASE WHEN t.lost = 'uncertain' THEN @reconcile_us::bigint::float8
 		ELSE ` + tBackoff + ` END) * interval '1 microsecond',
-	finished_at = CASE WHEN t.lost <> 'uncertain' AND t.tries >= @max_attempts::int THEN now() END,
+	finished_at = CASE WHEN t.finished_at IS NOT NULL THEN t.finished_at
+		WHEN t.lost <> 'uncertain' AND t.tries >= @max_attempts::int THEN now() END,
 	lease_until = NULL, locked_by = NULL, updated_at = now()
 FROM expired WHERE t.id = expired.id
 RETURNING t.id::text AS id, t.kind, t.attempt, t.state`
