@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemgate/idemgate/example/client"
+	"github.com/idemgate/idemgate/example/imageclient"
 )
 
 func cmdDemo(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -59,13 +59,13 @@ func cmdDemo(ctx context.Context, args []string, getenv func(string) string, std
 // demoStory is the seed's scenario: a submit, a retry after a lost answer,
 // a reworded prompt under the same id, a new id, and polling to success.
 func demoStory(ctx context.Context, w io.Writer, baseURL, token, dir string) error {
-	c := client.New(client.Config{BaseURL: baseURL, Token: token})
+	c := imageclient.New(imageclient.Config{BaseURL: baseURL, Token: token})
 	run := make([]byte, 3)
 	_, _ = rand.Read(run)
 	action := "poster:launch-" + hex.EncodeToString(run)
-	req := client.ImageRequest{Prompt: "a lighthouse at dawn, watercolor", AspectRatio: "16:9", N: 2,
+	req := imageclient.ImageRequest{Prompt: "a lighthouse at dawn, watercolor", AspectRatio: "16:9", N: 2,
 		ClientNote: "first try"}
-	id := client.RequestID(action, req)
+	id := imageclient.RequestID(action, req)
 	step := func(n int, format string, args ...any) {
 		fmt.Fprintf(w, "%d. %s\n", n, fmt.Sprintf(format, args...))
 	}
@@ -97,9 +97,9 @@ func demoStory(ctx context.Context, w io.Writer, baseURL, token, dir string) err
 	reworded := req
 	reworded.Prompt = "a lighthouse at dusk, watercolor"
 	_, err = c.SubmitImages(ctx, id, reworded)
-	var p *client.Problem
+	var p *imageclient.Problem
 	switch {
-	case errors.Is(err, client.ErrKeyReused) && errors.As(err, &p):
+	case errors.Is(err, imageclient.ErrKeyReused) && errors.As(err, &p):
 		fmt.Fprintf(w, "   → %d %s, code %s: the key belongs to other parameters. Nothing was generated,\n"+
 			"     nothing of the first answer was replayed, and the client does not retry.\n\n",
 			p.Status, http.StatusText(p.Status), p.Code)
@@ -109,7 +109,7 @@ func demoStory(ctx context.Context, w io.Writer, baseURL, token, dir string) err
 		return fmt.Errorf("step 3: %w", err)
 	}
 
-	newID := client.RequestID(action, reworded)
+	newID := imageclient.RequestID(action, reworded)
 	step(4, "Changed parameters need a new key: %s", newID)
 	second, err := c.SubmitImages(ctx, newID, reworded)
 	if err != nil {
@@ -120,7 +120,7 @@ func demoStory(ctx context.Context, w io.Writer, baseURL, token, dir string) err
 	step(5, "Poll the first task (the same id, at the pace the server asks for)")
 	var states []string
 	wait := first.PollAfter
-	var task client.Task
+	var task imageclient.Task
 	for {
 		select {
 		case <-ctx.Done():

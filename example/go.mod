@@ -32,6 +32,7 @@ require (
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.30.0 // indirect
+	github.com/idemgate/idemgate/client v0.1.0
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -67,3 +68,5 @@ require (
 replace github.com/idemgate/idemgate => ../
 
 replace github.com/idemgate/idemgate/otelidem => ../otelidem
+
+replace github.com/idemgate/idemgate/client => ../client

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgate/idemgate/example/client"
+	"github.com/idemgate/idemgate/example/imageclient"
 	"github.com/idemgate/idemgate/internal/proctest"
 	"github.com/idemgate/idemgate/middleware"
 )
@@ -35,8 +35,8 @@ func TestService(t *testing.T) {
 	t.Parallel()
 	d := startDeployment(t)
 	alice := token(t, "acme", "alice")
-	newClient := func(base string) *client.Client {
-		return client.New(client.Config{BaseURL: base, Token: alice, MinBackoff: 50 * time.Millisecond})
+	newClient := func(base string) *imageclient.Client {
+		return imageclient.New(imageclient.Config{BaseURL: base, Token: alice, MinBackoff: 50 * time.Millisecond})
 	}
 	submit := func(t *testing.T, node *proc, key, body string) call {
 		t.Helper()
@@ -168,7 +168,7 @@ func TestService(t *testing.T) {
 			t.Parallel()
 			c := newClient(d.b.url)
 			task, err := c.GenerateImages(testCtx(t), "poll:1",
-				client.ImageRequest{Prompt: "a lighthouse at dawn", AspectRatio: "16:9", N: 2})
+				imageclient.ImageRequest{Prompt: "a lighthouse at dawn", AspectRatio: "16:9", N: 2})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -298,11 +298,11 @@ func TestService(t *testing.T) {
 				t.Run(tt.name, func(t *testing.T) {
 					t.Parallel()
 					c := newClient(d.a.url)
-					req := client.ImageRequest{Prompt: tt.givenPrompt, N: 2}
+					req := imageclient.ImageRequest{Prompt: tt.givenPrompt, N: 2}
 					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 					defer cancel()
 					task, err := c.GenerateImages(ctx, "marker:"+tt.name, req)
-					if (err != nil) != (tt.wantStatus == "failed") || (err != nil && !errors.Is(err, client.ErrTaskFailed)) {
+					if (err != nil) != (tt.wantStatus == "failed") || (err != nil && !errors.Is(err, imageclient.ErrTaskFailed)) {
 						t.Fatalf("GenerateImages: %v", err)
 					}
 					if task.Status != tt.wantStatus || !strings.Contains(task.Error, tt.wantError) || len(task.Images) != tt.wantImages {
@@ -316,8 +316,8 @@ func TestService(t *testing.T) {
 		t.Run("a failed task with partial results recovers on the same task", func(t *testing.T) {
 			t.Parallel()
 			c := newClient(d.b.url)
-			task, err := c.GenerateImages(testCtx(t), "recover:1", client.ImageRequest{Prompt: "a dog #partial", N: 3})
-			if !errors.Is(err, client.ErrTaskFailed) {
+			task, err := c.GenerateImages(testCtx(t), "recover:1", imageclient.ImageRequest{Prompt: "a dog #partial", N: 3})
+			if !errors.Is(err, imageclient.ErrTaskFailed) {
 				t.Fatalf("first run: %+v %v; want failed", task, err)
 			}
 			rec := do(t, http.MethodPost, d.a.url+"/v1/tasks/"+task.ID+"/recover", alice, "", "")
@@ -361,8 +361,8 @@ func TestService(t *testing.T) {
 			srv := httptest.NewServer(proxy)
 			t.Cleanup(srv.Close)
 			c := newClient(srv.URL)
-			req := client.ImageRequest{Prompt: "a lighthouse in fog", AspectRatio: "1:1", N: 1}
-			id := client.RequestID("lossy", req)
+			req := imageclient.ImageRequest{Prompt: "a lighthouse in fog", AspectRatio: "1:1", N: 1}
+			id := imageclient.RequestID("lossy", req)
 
 			task, err := c.GenerateImages(testCtx(t), id, req)
 
@@ -466,10 +466,10 @@ func TestEmbeddedDefaults(t *testing.T) {
 		t.Fatalf("throwaway cluster dir: %v", err)
 	}
 
-	c := client.New(client.Config{BaseURL: p.url, Token: tok[1]})
+	c := imageclient.New(imageclient.Config{BaseURL: p.url, Token: tok[1]})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	task, err := c.GenerateImages(ctx, "embedded:1", client.ImageRequest{Prompt: "hello", N: 1})
+	task, err := c.GenerateImages(ctx, "embedded:1", imageclient.ImageRequest{Prompt: "hello", N: 1})
 	if err != nil || len(task.Images) != 1 {
 		t.Fatalf("GenerateImages: %+v %v", task.Status, err)
 	}

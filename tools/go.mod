@@ -16,6 +16,7 @@ require (
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/idemgate/idemgate/client v0.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -45,3 +46,5 @@ replace github.com/idemgate/idemgate => ../
 replace github.com/idemgate/idemgate/example => ../example
 
 replace github.com/idemgate/idemgate/otelidem => ../otelidem
+
+replace github.com/idemgate/idemgate/client => ../client

@@ -17,7 +17,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
-	"github.com/idemgate/idemgate/example/client"
+	"github.com/idemgate/idemgate/example/imageclient"
 	"github.com/idemgate/idemgate/middleware"
 )
 
@@ -87,7 +87,7 @@ type player struct {
 	user   string
 	slot   int // the client's index within its identity: clients share request ids by slot
 	rng    *rand.Rand
-	cl     []*client.Client
+	cl     []*imageclient.Client
 	http   *http.Client
 	token  string
 	round  int
@@ -99,7 +99,7 @@ type player struct {
 
 type pastAction struct {
 	key string
-	req client.ImageRequest
+	req imageclient.ImageRequest
 }
 
 // newPlayer makes client n: its identity, token and a client per node.
@@ -114,7 +114,7 @@ func (w *workload) newPlayer(n int) (*player, error) {
 	p.token = tok
 	p.http = &http.Client{Timeout: w.patience, Transport: &recording{rec: w.rec, base: w.transport}}
 	for _, u := range w.nodes {
-		p.cl = append(p.cl, client.New(client.Config{
+		p.cl = append(p.cl, imageclient.New(imageclient.Config{
 			BaseURL: u, Token: tok, HTTPClient: p.http,
 			MaxAttempts: 4, MinBackoff: 50 * time.Millisecond, MaxBackoff: time.Second,
 		}))
@@ -151,7 +151,7 @@ func (p *player) end(a Action, outcome, detail string) {
 
 // play runs one business action, chosen at random, to its end.
 func (p *player) play(ctx context.Context) {
-	req := client.ImageRequest{
+	req := imageclient.ImageRequest{
 		Prompt:      fmt.Sprintf("poster %d for %s/%s round %d", p.n, p.tenant, p.user, p.round),
 		AspectRatio: []string{"1:1", "16:9", "9:16"}[p.rng.IntN(3)],
 		N:           1 + p.rng.IntN(2),
@@ -219,7 +219,7 @@ func (p *player) play(ctx context.Context) {
 		// Rule 2 kept: the new parameters under a new id.
 		re := req
 		re.Prompt += " "
-		nkey := client.RequestID(fmt.Sprintf("poster:%d:%d", p.round, p.slot), re)
+		nkey := imageclient.RequestID(fmt.Sprintf("poster:%d:%d", p.round, p.slot), re)
 		nctx, na := p.newAction(ctx, nkey, "reworded-new-key")
 		nsub, outcome, detail := p.submit(nctx, nkey, re)
 		if outcome == "" {
@@ -312,22 +312,22 @@ func (p *player) revisit(ctx context.Context) {
 // submit sends the action until it is accepted ("" outcome), refused
 // (key_reused, rejected) or the deadline passes (unfinished). Retries keep
 // the id and the body; when one node gives up, the other is tried.
-func (p *player) submit(ctx context.Context, key string, req client.ImageRequest) (client.Submission, string, string) {
+func (p *player) submit(ctx context.Context, key string, req imageclient.ImageRequest) (imageclient.Submission, string, string) {
 	node := p.rng.IntN(len(p.cl))
 	var last error
 	for {
 		if time.Now().After(p.w.deadline) {
-			return client.Submission{}, "unfinished", fmt.Sprintf("submit: %v", last)
+			return imageclient.Submission{}, "unfinished", fmt.Sprintf("submit: %v", last)
 		}
 		sub, err := p.cl[node].SubmitImages(ctx, key, req)
 		if err == nil {
 			return sub, "", ""
 		}
 		last = err
-		if errors.Is(err, client.ErrKeyReused) {
+		if errors.Is(err, imageclient.ErrKeyReused) {
 			return sub, string(middleware.CodeKeyReused), ""
 		}
-		var pr *client.Problem
+		var pr *imageclient.Problem
 		if errors.As(err, &pr) && pr.Status/100 == 4 && pr.Code != string(middleware.CodeRequestInProgress) &&
 			pr.Status != http.StatusRequestTimeout && pr.Status != http.StatusTooEarly && pr.Status != http.StatusTooManyRequests {
 			return sub, "rejected", pr.Error()
@@ -475,7 +475,7 @@ func (t *recording) RoundTrip(req *http.Request) (*http.Response, error) {
 			if rc, err := req.GetBody(); err == nil {
 				b, _ := io.ReadAll(rc)
 				rc.Close()
-				var ir client.ImageRequest
+				var ir imageclient.ImageRequest
 				if json.Unmarshal(b, &ir) == nil {
 					pp := Params{Prompt: ir.Prompt, AspectRatio: ir.AspectRatio, N: ir.N, ReferenceImage: ir.ReferenceImage}
 					if pp.AspectRatio == "" {

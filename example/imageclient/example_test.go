@@ -1,4 +1,4 @@
-package client_test
+package imageclient_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"net/http/httptest"
 	"sync"
 
-	"github.com/idemgate/idemgate/example/client"
+	"github.com/idemgate/idemgate/example/imageclient"
 )
 
 // A stand-in for the example service: one task per request id, a 409
@@ -53,11 +53,11 @@ func Example() {
 	srv := fakeService()
 	defer srv.Close()
 	ctx := context.Background()
-	c := client.New(client.Config{BaseURL: srv.URL, Token: "dev-token"})
+	c := imageclient.New(imageclient.Config{BaseURL: srv.URL, Token: "dev-token"})
 
 	// Rule 1: the id names the business action; retries reuse it.
-	req := client.ImageRequest{Prompt: "a lighthouse at dawn", AspectRatio: "16:9", N: 1}
-	id := client.RequestID("poster:launch", req)
+	req := imageclient.ImageRequest{Prompt: "a lighthouse at dawn", AspectRatio: "16:9", N: 1}
+	id := imageclient.RequestID("poster:launch", req)
 	task, err := c.GenerateImages(ctx, id, req)
 	if err != nil {
 		fmt.Println("error:", err)
@@ -69,10 +69,10 @@ func Example() {
 	reworded := req
 	reworded.Prompt = "a lighthouse at dusk"
 	_, err = c.SubmitImages(ctx, id, reworded)
-	fmt.Println("same id, reworded prompt:", errors.Is(err, client.ErrKeyReused))
+	fmt.Println("same id, reworded prompt:", errors.Is(err, imageclient.ErrKeyReused))
 
 	// Rule 2: changed parameters get a new id.
-	fmt.Println("new id:", client.RequestID("poster:launch", reworded) != id)
+	fmt.Println("new id:", imageclient.RequestID("poster:launch", reworded) != id)
 	// Output:
 	// succeeded 1 image
 	// same id, reworded prompt: true

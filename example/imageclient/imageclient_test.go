@@ -1,4 +1,4 @@
-package client
+package imageclient
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -280,67 +279,4 @@ func TestRequestID(t *testing.T) {
 			}
 		})
 	}
-}
-
-func TestKeyHeader(t *testing.T) {
-	t.Parallel()
-	tests := []struct{ name, given, want string }{
-		{name: "token stays bare", given: "poster:launch:1", want: "poster:launch:1"},
-		{name: "space needs an sf-string", given: "close order 7", want: `"close order 7"`},
-		{name: "quotes and backslashes are escaped", given: `a "b\c`, want: `"a \"b\\c"`},
-		{name: "quotes inside a token stay bare", given: `a"b`, want: `a"b`},
-		{name: "leading quote", given: `"x`, want: `"\"x"`},
-	}
-	for _, tt := range tests {
-		if got := keyHeader(tt.given); got != tt.want {
-			t.Errorf("%s: keyHeader(%q) = %s, want %s", tt.name, tt.given, got, tt.want)
-		}
-	}
-}
-
-// FuzzKeyHeader checks that every printable request id is sent as a header
-// value the server parses back to the same id: a bare token, or an
-// sf-string whose unescaping gives the id.
-func FuzzKeyHeader(f *testing.F) {
-	for _, s := range []string{"poster:launch:1", "a b", `"x`, `a\b"c`, " ", "~"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, id string) {
-		for i := 0; i < len(id); i++ {
-			if id[i] < 0x20 || id[i] > 0x7e {
-				t.Skip("request ids are printable ASCII")
-			}
-		}
-		if id == "" {
-			t.Skip()
-		}
-		h := keyHeader(id)
-		if h[0] != '"' {
-			if h != id || strings.ContainsAny(h, " ") {
-				t.Fatalf("bare %q for id %q", h, id)
-			}
-			return
-		}
-		if len(h) < 2 || h[len(h)-1] != '"' {
-			t.Fatalf("unterminated sf-string %q", h)
-		}
-		var got strings.Builder
-		for i := 1; i < len(h)-1; i++ {
-			c := h[i]
-			if c == '"' {
-				t.Fatalf("unescaped quote in %q", h)
-			}
-			if c == '\\' {
-				i++
-				if i >= len(h)-1 || (h[i] != '"' && h[i] != '\\') {
-					t.Fatalf("bad escape in %q", h)
-				}
-				c = h[i]
-			}
-			got.WriteByte(c)
-		}
-		if got.String() != id {
-			t.Fatalf("sf-string %q unescapes to %q, want %q", h, got.String(), id)
-		}
-	})
 }

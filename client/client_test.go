@@ -1,0 +1,475 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// answer is one scripted server response; drop closes the connection
+// after reading the request instead of answering (a lost response).
+type answer struct {
+	drop   bool
+	status int
+	header map[string]string
+	body   string
+}
+
+// fakeServer answers requests from a script and records what it saw.
+type fakeServer struct {
+	mu     sync.Mutex
+	script []answer
+	keys   []string // Idempotency-Key of every request
+	paths  []string // "METHOD path" of every request
+	bodies []string
+	auth   []string
+	*httptest.Server
+}
+
+func newFakeServer(t *testing.T, script ...answer) *fakeServer {
+	t.Helper()
+	f := &fakeServer{script: script}
+	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		f.mu.Lock()
+		f.keys = append(f.keys, r.Header.Get("Idempotency-Key"))
+		f.paths = append(f.paths, r.Method+" "+r.URL.Path)
+		f.bodies = append(f.bodies, string(body))
+		f.auth = append(f.auth, r.Header.Get("Authorization"))
+		if len(f.script) == 0 {
+			f.mu.Unlock()
+			t.Errorf("unexpected request %s %s", r.Method, r.URL.Path)
+			w.WriteHeader(http.StatusTeapot)
+			return
+		}
+		a := f.script[0]
+		f.script = f.script[1:]
+		f.mu.Unlock()
+		if a.drop {
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+			return
+		}
+		for k, v := range a.header {
+			w.Header().Set(k, v)
+		}
+		w.WriteHeader(a.status)
+		io.WriteString(w, a.body)
+	}))
+	t.Cleanup(f.Close)
+	return f
+}
+
+// seen returns what every request so far carried.
+func (f *fakeServer) seen() (keys, paths, bodies, auth []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.keys), slices.Clone(f.paths), slices.Clone(f.bodies), slices.Clone(f.auth)
+}
+
+// recordSleeps returns a Sleep that records waits instead of waiting.
+func recordSleeps(waits *[]time.Duration) func(context.Context, time.Duration) error {
+	var mu sync.Mutex
+	return func(ctx context.Context, d time.Duration) error {
+		mu.Lock()
+		*waits = append(*waits, d)
+		mu.Unlock()
+		return ctx.Err()
+	}
+}
+
+// problem is an idemgate-shaped problem answer; shouldRetry "" sends no
+// x-should-retry header.
+func problem(status int, code, shouldRetry string) answer {
+	b, _ := json.Marshal(map[string]any{"type": "about:blank", "title": http.StatusText(status), "status": status, "code": code})
+	h := map[string]string{"Content-Type": "application/problem+json"}
+	if shouldRetry != "" {
+		h["X-Should-Retry"] = shouldRetry
+	}
+	return answer{status: status, header: h, body: string(b)}
+}
+
+func withHeader(a answer, k, v string) answer {
+	h := map[string]string{k: v}
+	for k, v := range a.header {
+		h[k] = v
+	}
+	a.header = h
+	return a
+}
+
+var errAny = errors.New("any error")
+
+func TestSend(t *testing.T) {
+	t.Parallel()
+	accepted := answer{status: 202, header: map[string]string{"Location": "/v1/tasks/t1", "Retry-After": "1"}, body: `{"task_id":"t1"}`}
+	replayed := withHeader(accepted, "Idempotent-Replayed", "true")
+	tests := []struct {
+		name         string
+		given        []answer
+		wantErr      error // nil: success; errAny: any error; ErrKeyReused; &Problem{}: a *Problem
+		wantAttempts int
+		wantWaits    []time.Duration
+		wantReplayed bool
+	}{
+		{name: "first try", given: []answer{accepted}, wantAttempts: 1},
+		{name: "lost response is retried with the same id and replays", given: []answer{{drop: true}, replayed},
+			wantAttempts: 2, wantWaits: []time.Duration{100 * time.Millisecond}, wantReplayed: true},
+		{name: "key_reused is never retried", given: []answer{problem(409, "key_reused", "false")},
+			wantErr: ErrKeyReused, wantAttempts: 1},
+		{name: "key_reused is never retried, even if a proxy says so", given: []answer{problem(409, "key_reused", "true")},
+			wantErr: ErrKeyReused, wantAttempts: 1},
+		{name: "in progress waits Retry-After then retries", given: []answer{withHeader(problem(409, "request_in_progress", "true"), "Retry-After", "2"), replayed},
+			wantAttempts: 2, wantWaits: []time.Duration{2 * time.Second}, wantReplayed: true},
+		{name: "5xx backs off exponentially", given: []answer{problem(503, "store_unavailable", ""), problem(502, "", ""), accepted},
+			wantAttempts: 3, wantWaits: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}},
+		{name: "x-should-retry false beats a 503", given: []answer{problem(503, "upstream_down", "false")},
+			wantErr: &Problem{}, wantAttempts: 1},
+		{name: "x-should-retry true beats a 400", given: []answer{problem(400, "try_again", "true"), accepted},
+			wantAttempts: 2, wantWaits: []time.Duration{100 * time.Millisecond}},
+		{name: "400 is final", given: []answer{problem(400, "body_invalid", "")}, wantErr: &Problem{}, wantAttempts: 1},
+		{name: "a 409 of another kind is final", given: []answer{problem(409, "conflict", "")}, wantErr: &Problem{}, wantAttempts: 1},
+		{name: "429 is retried", given: []answer{withHeader(problem(429, "", ""), "Retry-After", "3"), accepted},
+			wantAttempts: 2, wantWaits: []time.Duration{3 * time.Second}},
+		{name: "gives up after MaxAttempts", given: []answer{{drop: true}, {drop: true}, {drop: true}},
+			wantErr: errAny, wantAttempts: 3, wantWaits: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := newFakeServer(t, tt.given...)
+			var waits []time.Duration
+			c := New(Config{BaseURL: srv.URL + "/", Header: http.Header{"Authorization": {"Bearer tok"}}, MaxAttempts: 3, Sleep: recordSleeps(&waits)})
+			params := map[string]any{"amount": 10, "currency": "EUR"}
+			id := RequestID("invoice:7:pay", params)
+
+			r, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", id, params)
+
+			switch {
+			case tt.wantErr == nil && err != nil:
+				t.Fatalf("Send: %v", err)
+			case tt.wantErr != nil && err == nil:
+				t.Fatalf("Send succeeded, want an error")
+			case tt.wantErr == ErrKeyReused && !errors.Is(err, ErrKeyReused):
+				t.Fatalf("err = %v, want ErrKeyReused", err)
+			case tt.wantErr != ErrKeyReused && errors.Is(err, ErrKeyReused):
+				t.Fatalf("err = %v matches ErrKeyReused", err)
+			}
+			if _, ok := tt.wantErr.(*Problem); ok {
+				var p *Problem
+				if !errors.As(err, &p) || p.Status != tt.given[len(tt.given)-1].status {
+					t.Fatalf("err = %T %v, want the last answer's *Problem", err, err)
+				}
+			}
+			keys, paths, bodies, auth := srv.seen()
+			if len(keys) != tt.wantAttempts {
+				t.Fatalf("server saw %d requests, want %d", len(keys), tt.wantAttempts)
+			}
+			for i := range keys {
+				if keys[i] != id || paths[i] != "POST /v1/payments" || bodies[i] != bodies[0] || auth[i] != "Bearer tok" {
+					t.Errorf("attempt %d sent key %q to %s with body %s and auth %q; want key %q, the same body and auth",
+						i+1, keys[i], paths[i], bodies[i], auth[i], id)
+				}
+			}
+			if !slices.Equal(waits, tt.wantWaits) {
+				t.Errorf("waits = %v, want %v", waits, tt.wantWaits)
+			}
+			if err == nil {
+				if r.Status != 202 || r.Header.Get("Location") != "/v1/tasks/t1" || r.Replayed != tt.wantReplayed ||
+					r.Attempts != tt.wantAttempts || r.RetryAfter() != time.Second {
+					t.Errorf("response = %+v", r)
+				}
+			}
+		})
+	}
+}
+
+func TestSendNeedsARequestID(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t)
+	c := New(Config{BaseURL: srv.URL})
+	if _, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", "", nil); err == nil {
+		t.Fatal("Send with an empty request id succeeded")
+	}
+}
+
+func TestSendBody(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		given any
+		want  string
+	}{
+		{name: "value as JSON", given: map[string]int{"n": 1}, want: `{"n":1}`},
+		{name: "bytes as they are", given: []byte(`{"n": 1}`), want: `{"n": 1}`},
+		{name: "nil sends none", given: nil, want: ``},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := newFakeServer(t, answer{status: 201})
+			c := New(Config{BaseURL: srv.URL})
+			if _, err := c.Send(context.Background(), http.MethodPost, "/x", "k", tt.given); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, bodies, _ := srv.seen(); bodies[0] != tt.want {
+				t.Errorf("body = %q, want %q", bodies[0], tt.want)
+			}
+		})
+	}
+}
+
+func TestPoll(t *testing.T) {
+	t.Parallel()
+	running := func(retryAfter string) answer {
+		a := answer{status: 200, body: `{"status":"running"}`}
+		if retryAfter != "" {
+			a.header = map[string]string{"Retry-After": retryAfter}
+		}
+		return a
+	}
+	succeeded := answer{status: 200, body: `{"status":"succeeded"}`}
+	tests := []struct {
+		name      string
+		given     []answer
+		wantErr   bool
+		wantWaits []time.Duration
+	}{
+		{name: "polls until done, honouring Retry-After and backing off without it",
+			given:     []answer{running("2"), running(""), running(""), succeeded},
+			wantWaits: []time.Duration{time.Second, 2 * time.Second, 200 * time.Millisecond, 400 * time.Millisecond}},
+		{name: "a transport error while polling is retried",
+			given:     []answer{{drop: true}, succeeded},
+			wantWaits: []time.Duration{time.Second, 100 * time.Millisecond}},
+		{name: "a 404 ends the poll",
+			given: []answer{problem(404, "not_found", "false")}, wantErr: true, wantWaits: []time.Duration{time.Second}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := newFakeServer(t, tt.given...)
+			var waits []time.Duration
+			c := New(Config{BaseURL: srv.URL, Sleep: recordSleeps(&waits)})
+
+			r, err := c.Poll(context.Background(), "/v1/tasks/t1", time.Second, func(r *Response) (bool, error) {
+				var v struct{ Status string }
+				err := r.Decode(&v)
+				return v.Status == "succeeded", err
+			})
+
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("Poll: %v", err)
+			}
+			if err == nil && string(r.Body) != succeeded.body {
+				t.Errorf("last answer = %s", r.Body)
+			}
+			keys, paths, _, _ := srv.seen()
+			for i := range paths {
+				if paths[i] != "GET /v1/tasks/t1" || keys[i] != "" {
+					t.Errorf("request %d = %s with key %q, want GET /v1/tasks/t1 with none", i, paths[i], keys[i])
+				}
+			}
+			if !slices.Equal(waits, tt.wantWaits) {
+				t.Errorf("waits = %v, want %v", waits, tt.wantWaits)
+			}
+		})
+	}
+}
+
+func TestPollStopsWithTheContext(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t, answer{status: 200, body: `{}`})
+	ctx, cancel := context.WithCancel(context.Background())
+	c := New(Config{BaseURL: srv.URL, Sleep: func(ctx context.Context, d time.Duration) error {
+		cancel()
+		return ctx.Err()
+	}})
+	_, err := c.Poll(ctx, "/v1/tasks/t1", 0, func(*Response) (bool, error) { return false, nil })
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Poll = %v, want context.Canceled", err)
+	}
+}
+
+func TestRetryAfter(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, given string
+		want        time.Duration
+	}{
+		{name: "absent", given: "", want: 0},
+		{name: "seconds", given: "3", want: 3 * time.Second},
+		{name: "negative", given: "-1", want: 0},
+		{name: "garbage", given: "soon", want: 0},
+		{name: "huge is capped, never overflows", given: "99999999999999999", want: 24 * time.Hour},
+		{name: "a past date", given: "Wed, 21 Oct 2015 07:28:00 GMT", want: 0},
+	}
+	for _, tt := range tests {
+		h := http.Header{}
+		if tt.given != "" {
+			h.Set("Retry-After", tt.given)
+		}
+		if got := retryAfter(h); got != tt.want {
+			t.Errorf("%s: retryAfter(%q) = %v, want %v", tt.name, tt.given, got, tt.want)
+		}
+	}
+}
+
+func TestRequestID(t *testing.T) {
+	t.Parallel()
+	type order struct {
+		Amount   int    `json:"amount"`
+		Currency string `json:"currency"`
+	}
+	base := RequestID("invoice:7:pay", order{10, "EUR"})
+	tests := []struct {
+		name     string
+		given    string
+		wantSame bool
+	}{
+		{name: "same action and parameters", given: RequestID("invoice:7:pay", order{10, "EUR"}), wantSame: true},
+		{name: "changed amount", given: RequestID("invoice:7:pay", order{11, "EUR"})},
+		{name: "changed currency", given: RequestID("invoice:7:pay", order{10, "USD"})},
+		{name: "another action", given: RequestID("invoice:8:pay", order{10, "EUR"})},
+		{name: "parameters split differently", given: RequestID("invoice:7:pay", 10, "EUR")},
+	}
+	for _, tt := range tests {
+		if (tt.given == base) != tt.wantSame {
+			t.Errorf("%s: RequestID = %q, base %q; same = %v, want %v", tt.name, tt.given, base, tt.given == base, tt.wantSame)
+		}
+	}
+	if !strings.HasPrefix(base, "invoice:7:pay:") {
+		t.Errorf("RequestID = %q, want it to start with the action", base)
+	}
+}
+
+// TestProblemChanged: a key_reused problem's "changed" pointers are read
+// and printed; values never appear in it.
+func TestProblemChanged(t *testing.T) {
+	t.Parallel()
+	var p Problem
+	body := `{"type":"https://github.com/idemgate/idemgate#key_reused","title":"Idempotency key reused","status":409,"detail":"This idempotency key was already used with other request parameters.","code":"key_reused","changed":["/prompt","/n"]}`
+	if err := json.Unmarshal([]byte(body), &p); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(&p, ErrKeyReused) {
+		t.Errorf("not ErrKeyReused")
+	}
+	if msg := p.Error(); !strings.Contains(msg, "(changed: /prompt, /n)") {
+		t.Errorf("Error() = %q, want the changed fields", msg)
+	}
+	p.Changed = nil
+	if msg := p.Error(); strings.Contains(msg, "changed") {
+		t.Errorf("Error() = %q without changed fields", msg)
+	}
+}
+
+// TestProblemNotJSON: an error answer that is no problem document (a
+// proxy's HTML page) still becomes a *Problem with its status.
+func TestProblemNotJSON(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t, answer{status: 413, body: "<html>too large</html>"})
+	c := New(Config{BaseURL: srv.URL})
+	_, err := c.Send(context.Background(), http.MethodPost, "/x", "k", []byte("{}"))
+	var p *Problem
+	if !errors.As(err, &p) || p.Status != 413 || p.Title != "Request Entity Too Large" || p.Detail != "<html>too large</html>" {
+		t.Fatalf("err = %#v", err)
+	}
+}
+
+func TestKeyHeader(t *testing.T) {
+	t.Parallel()
+	tests := []struct{ name, given, want string }{
+		{name: "token stays bare", given: "poster:launch:1", want: "poster:launch:1"},
+		{name: "space needs an sf-string", given: "close order 7", want: `"close order 7"`},
+		{name: "quotes and backslashes are escaped", given: `a "b\c`, want: `"a \"b\\c"`},
+		{name: "quotes inside a token stay bare", given: `a"b`, want: `a"b`},
+		{name: "leading quote", given: `"x`, want: `"\"x"`},
+	}
+	for _, tt := range tests {
+		if got := keyHeader(tt.given); got != tt.want {
+			t.Errorf("%s: keyHeader(%q) = %s, want %s", tt.name, tt.given, got, tt.want)
+		}
+	}
+}
+
+// FuzzKeyHeader checks that every printable request id is sent as a header
+// value the server parses back to the same id: a bare token, or an
+// sf-string whose unescaping gives the id.
+func FuzzKeyHeader(f *testing.F) {
+	for _, s := range []string{"poster:launch:1", "a b", `"x`, `a\b"c`, " ", "~"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, id string) {
+		for i := 0; i < len(id); i++ {
+			if id[i] < 0x20 || id[i] > 0x7e {
+				t.Skip("request ids are printable ASCII")
+			}
+		}
+		if id == "" {
+			t.Skip()
+		}
+		h := keyHeader(id)
+		if h[0] != '"' {
+			if h != id || strings.ContainsAny(h, " ") {
+				t.Fatalf("bare %q for id %q", h, id)
+			}
+			return
+		}
+		if len(h) < 2 || h[len(h)-1] != '"' {
+			t.Fatalf("unterminated sf-string %q", h)
+		}
+		var got strings.Builder
+		for i := 1; i < len(h)-1; i++ {
+			c := h[i]
+			if c == '"' {
+				t.Fatalf("unescaped quote in %q", h)
+			}
+			if c == '\\' {
+				i++
+				if i >= len(h)-1 || (h[i] != '"' && h[i] != '\\') {
+					t.Fatalf("bad escape in %q", h)
+				}
+				c = h[i]
+			}
+			got.WriteByte(c)
+		}
+		if got.String() != id {
+			t.Fatalf("sf-string %q unescapes to %q, want %q", h, got.String(), id)
+		}
+	})
+}
+
+// TestConcurrentSends: one Client shared by goroutines, each with its own
+// request id, as a service would use it.
+func TestConcurrentSends(t *testing.T) {
+	t.Parallel()
+	script := make([]answer, 16)
+	for i := range script {
+		script[i] = answer{status: 201}
+	}
+	srv := newFakeServer(t, script...)
+	c := New(Config{BaseURL: srv.URL, Header: http.Header{"Authorization": {"Bearer tok"}}})
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Go(func() {
+			if _, err := c.Send(context.Background(), http.MethodPost, "/x", RequestID("a", i), i); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	keys, _, _, auth := srv.seen()
+	if len(slices.Compact(slices.Sorted(slices.Values(keys)))) != 16 || slices.Contains(auth, "") {
+		t.Errorf("keys = %v, auth = %v; want 16 distinct keys, all authorized", keys, auth)
+	}
+}
