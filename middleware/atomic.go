@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 
 	"github.com/labstack/echo/v4"
 )
@@ -40,7 +41,7 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 		if claimed {
 			st.release("begin_failed", 0)
 		}
-		return writeProblem(c, http.StatusServiceUnavailable, CodeStoreUnavailable,
+		return m.problem(c, http.StatusServiceUnavailable, CodeStoreUnavailable,
 			"The idempotency store is unavailable; retry later.", 1)
 	}
 	if claimed {
@@ -122,8 +123,9 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 		if retry != "" {
 			res.Header().Set("Retry-After", retry)
 		}
-		return writeProblem(c, st.cw.status, CodeResponseTooLarge,
-			"The answer was larger than this endpoint can hold, so its transaction was rolled back.", 0)
+		secs, _ := strconv.Atoi(retry) // the handler's own delta-seconds, if it sent them
+		return m.problem(c, st.cw.status, CodeResponseTooLarge,
+			"The answer was larger than this endpoint can hold, so its transaction was rolled back.", max(secs, 0))
 	case st.cw.overflow:
 		if aborted := st.rollback(tx); aborted != nil {
 			return st.txAborted(c, claimed, aborted)
@@ -132,7 +134,7 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 		if claimed {
 			st.release("response_too_large", st.cw.status)
 		}
-		return writeProblem(c, http.StatusInternalServerError, CodeResponseTooLarge,
+		return m.problem(c, http.StatusInternalServerError, CodeResponseTooLarge,
 			"The answer was larger than this endpoint can store, so its transaction was rolled back.", 0)
 	}
 
@@ -166,7 +168,7 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 	case errors.Is(err, ErrLeaseLost):
 		st.storeFailed(&st.ctx, "commit", err)
 		st.cw.takeBack(res)
-		return writeProblem(c, http.StatusServiceUnavailable, CodeLeaseLost,
+		return m.problem(c, http.StatusServiceUnavailable, CodeLeaseLost,
 			"This request's claim on its idempotency key ran out before it could commit (another request may have taken the key over); nothing of this request took effect. Retry with the same key.", 1)
 	case err != nil:
 		st.rollback(tx)
@@ -178,7 +180,7 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 			st.releaseUnconfirmed()
 		}
 		st.cw.takeBack(res)
-		return writeProblem(c, http.StatusServiceUnavailable, CodeStoreUnavailable,
+		return m.problem(c, http.StatusServiceUnavailable, CodeStoreUnavailable,
 			"The transaction of this request could not be committed; retry later.", 1)
 	}
 	if claimed && plant == "complete-outside-tx" {

@@ -121,6 +121,20 @@ type Config struct {
 	// Optional.
 	OnEvent func(ctx context.Context, ev Event)
 
+	// ErrorHandler renders the problems the middleware answers (key_reused,
+	// request_in_progress, …) in the application's own error format. It
+	// gets the problem as a value; before it runs, the answer's headers
+	// already say whether a retry can succeed (x-should-retry, and
+	// Retry-After when p.RetryAfter is set) and that it must not be cached
+	// (Cache-Control: no-store); it may change them. An error it returns
+	// goes to echo's HTTPErrorHandler. Returning nil without writing an
+	// answer leaves this problem to the default, so that a handler can
+	// render some codes and not others. It runs after the request's claim
+	// is settled: its failure or panic never holds the key.
+	// Optional. Default: an application/problem+json document (RFC 9457)
+	// with the code as its "code" member.
+	ErrorHandler func(c echo.Context, p Problem) error
+
 	// Logger receives warnings: store errors and lost leases. It never
 	// sees a raw key, user or body.
 	// Optional. Default: no logging.

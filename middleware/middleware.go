@@ -100,18 +100,18 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	values := r.Header[m.header]
 	if len(values) == 0 {
 		if m.cfg.Required {
-			return writeProblem(c, http.StatusBadRequest, CodeKeyMissing,
+			return m.problem(c, http.StatusBadRequest, CodeKeyMissing,
 				"This request needs an "+m.cfg.Header+" header.", 0)
 		}
 		return m.passThrough(c, next)
 	}
 	if len(values) > 1 {
-		return writeProblem(c, http.StatusBadRequest, CodeKeyInvalid,
+		return m.problem(c, http.StatusBadRequest, CodeKeyInvalid,
 			"The "+m.cfg.Header+" header must appear once.", 0)
 	}
 	id, ok := parseKey(values[0])
 	if !ok {
-		return writeProblem(c, http.StatusBadRequest, CodeKeyInvalid,
+		return m.problem(c, http.StatusBadRequest, CodeKeyInvalid,
 			"The "+m.cfg.Header+" header must be 1 to 255 bytes of visible ASCII, or a quoted string.", 0)
 	}
 	tenant, user, err := m.cfg.Scope(c)
@@ -124,7 +124,7 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	if err != nil {
 		if detail := scopeRefusal(tenant, user); detail != "" {
 			st.warn("idemgate: the credentials' identity cannot scope an idempotency key", "scope", errors.New(detail))
-			return writeProblem(c, http.StatusBadRequest, CodeScopeInvalid,
+			return m.problem(c, http.StatusBadRequest, CodeScopeInvalid,
 				"The "+detail+"; an idempotency key takes 1 to 255 bytes of each. Retrying will not help.", 0)
 		}
 		// The kind is valid (checked by New, or KindFor's) and the
@@ -137,16 +137,16 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.Is(err, errBodyTooLarge) || errors.As(err, &tooLarge) {
-			return writeProblem(c, http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
+			return m.problem(c, http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
 				"The request body is larger than this endpoint accepts.", 0)
 		}
-		return writeProblem(c, http.StatusBadRequest, CodeBodyInvalid, "The request body could not be read.", 0)
+		return m.problem(c, http.StatusBadRequest, CodeBodyInvalid, "The request body could not be read.", 0)
 	}
 	st.body.Reset(body)
 	r.Body = &st.body
 	inner, fields, err := m.fp.SumRequestFields(r, body, st.sums[:0])
 	if err != nil {
-		return writeProblem(c, http.StatusBadRequest, CodeBodyInvalid, err.Error(), 0)
+		return m.problem(c, http.StatusBadRequest, CodeBodyInvalid, err.Error(), 0)
 	}
 	names, values := c.ParamNames(), c.ParamValues()
 	if c.Path() == "" {
@@ -211,7 +211,7 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 		return st.replay(c, res.Response)
 	case Running:
 		st.emit(Event{Type: EventInProgress, Status: http.StatusConflict})
-		return writeProblem(c, http.StatusConflict, CodeRequestInProgress,
+		return m.problem(c, http.StatusConflict, CodeRequestInProgress,
 			"A request with this idempotency key is still running; retry later.", m.inProgressRetry(res.RetryAfter))
 	case Mismatch:
 		st.emit(Event{Type: EventReused, Status: m.cfg.MismatchStatus})
@@ -261,8 +261,8 @@ func (m *idem) protects(method string) bool {
 // reused answers key_reused, with the pointers of the fields that changed
 // if the store could tell (names only, never values).
 func (m *idem) reused(c echo.Context, changed []string) error {
-	return writeProblemChanged(c, m.cfg.MismatchStatus, CodeKeyReused,
-		"This idempotency key was already used with other request parameters. Send a new key for new parameters.", changed)
+	return m.answer(c, Problem{Status: m.cfg.MismatchStatus, Code: CodeKeyReused, Title: problemTitles[CodeKeyReused],
+		Detail: "This idempotency key was already used with other request parameters. Send a new key for new parameters.", Changed: changed})
 }
 
 // changed maps a store's Changed indexes to the configured pointers; nil
@@ -388,7 +388,7 @@ func (st *call) storeDown(c echo.Context, next echo.HandlerFunc, err error) erro
 		c.Set(contextKey, st)
 		return next(c)
 	}
-	return writeProblem(c, http.StatusServiceUnavailable, CodeStoreUnavailable,
+	return st.m.problem(c, http.StatusServiceUnavailable, CodeStoreUnavailable,
 		"The idempotency store is unavailable; retry later.", 1)
 }
 

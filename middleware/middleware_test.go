@@ -177,7 +177,16 @@ func problemCode(t *testing.T, rec *httptest.ResponseRecorder) string {
 		t.Fatalf("problem without code: %s", body)
 	}
 	rest := body[i+len(`"code":"`):]
-	return rest[:strings.IndexByte(rest, '"')]
+	code := middleware.Code(rest[:strings.IndexByte(rest, '"')])
+	// Every problem says whether a retry can succeed, and a retryable one
+	// says when.
+	if got, want := rec.Header().Get("X-Should-Retry"), strconv.FormatBool(code.Retryable()); got != want {
+		t.Errorf("%s answered with x-should-retry %q, want %q", code, got, want)
+	}
+	if code.Retryable() && rec.Header().Get("Retry-After") == "" {
+		t.Errorf("%s answered without Retry-After", code)
+	}
+	return string(code)
 }
 
 const imageBody = `{"prompt":"a red fox","aspect_ratio":"16:9","n":1}`

@@ -5,8 +5,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/labstack/echo/v4"
@@ -57,4 +59,87 @@ func TestOnEventPanicDoesNotLockTheKey(t *testing.T) {
 	if n := runs.Load(); n != 1 {
 		t.Errorf("handler ran %d times, want 1", n)
 	}
+}
+
+type eventValueKey struct{}
+
+// TestOnEventContext: every event of a request gets the request's
+// context values, and an event after the client left (the release of its
+// claim) gets a context that is not canceled, so a hook that logs or
+// records with it still does. The lease renewal's events get the
+// renewal's context, with the same values.
+func TestOnEventContext(t *testing.T) {
+	t.Parallel()
+	mr := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { client.Close() })
+	type seen struct {
+		typ      middleware.EventType
+		value    any
+		canceled bool
+	}
+	var (
+		mu     sync.Mutex
+		events []seen
+	)
+	store := &lostExtend{Store: middleware.NewRedisStore(client), extended: make(chan struct{})}
+	e := echo.New()
+	e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			ctx, cancel := context.WithCancel(context.WithValue(c.Request().Context(), eventValueKey{}, c.Request().Header.Get("X-Id")))
+			defer cancel()
+			c.Set("cancel", cancel)
+			c.SetRequest(c.Request().WithContext(ctx))
+			return next(c)
+		}
+	})
+	e.Use(middleware.New(middleware.Config{
+		Store: store,
+		Scope: testScope,
+		Lease: 30 * time.Millisecond, // renewed every 10ms
+		OnEvent: func(ctx context.Context, ev middleware.Event) {
+			mu.Lock()
+			defer mu.Unlock()
+			events = append(events, seen{ev.Type, ctx.Value(eventValueKey{}), ctx.Err() != nil})
+		},
+	}))
+	e.POST("/v1/orders", func(c echo.Context) error {
+		if c.Request().Header.Get("X-Id") == "slow" {
+			<-store.extended // a renewal ran, and found its lease lost
+		}
+		c.Get("cancel").(context.CancelFunc)() // the client leaves
+		return c.NoContent(http.StatusServiceUnavailable)
+	})
+	for _, id := range []string{"fast", "slow"} {
+		r := req{path: "/v1/orders", key: id, body: `{}`}.build()
+		r.Header.Set("X-Id", id)
+		e.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []seen{
+		{middleware.EventClaimed, "fast", false}, {middleware.EventReleased, "fast", false},
+		{middleware.EventClaimed, "slow", false}, {middleware.EventLeaseLost, "slow", false},
+	}
+	if len(events) < len(want) {
+		t.Fatalf("events %+v, want %+v then the release", events, want)
+	}
+	for i, w := range want {
+		if events[i] != w {
+			t.Errorf("event %d = %+v, want %+v", i, events[i], w)
+		}
+	}
+}
+
+// lostExtend is a Store whose extends find the lease lost, and say so
+// once on extended.
+type lostExtend struct {
+	middleware.Store
+	extended chan struct{}
+	once     sync.Once
+}
+
+func (s *lostExtend) Extend(context.Context, string, middleware.Token, time.Duration) error {
+	defer s.once.Do(func() { close(s.extended) })
+	return middleware.ErrLeaseLost
 }

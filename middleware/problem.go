@@ -57,6 +57,43 @@ const (
 	CodeResponseTooLarge Code = "response_too_large"
 )
 
+// Retryable reports whether a retry of the same request with the same key
+// can succeed: true for request_in_progress, store_unavailable and
+// lease_lost, which also carry Retry-After; false for every other code,
+// whose answer a retry would only repeat (key_reused is a decision for
+// the caller, never an automatic retry). Every problem answer says which
+// in its x-should-retry header, which generated API clients (Stainless:
+// OpenAI's, Anthropic's, …) obey over the status code.
+func (c Code) Retryable() bool {
+	switch c {
+	case CodeRequestInProgress, CodeStoreUnavailable, CodeLeaseLost:
+		return true
+	}
+	return false
+}
+
+// Problem is a problem the middleware answers, as Config.ErrorHandler
+// receives it.
+type Problem struct {
+	// Status is the HTTP status, e.g. 409.
+	Status int
+	// Code says what happened; Code.Retryable says whether a retry with
+	// the same key can succeed.
+	Code Code
+	// Title is the code's short, fixed summary, e.g. "Idempotency key
+	// reused".
+	Title string
+	// Detail explains this occurrence to a person. It never carries the
+	// key, the user or body content.
+	Detail string
+	// RetryAfter is how long to wait before a retry, in whole seconds, or
+	// 0 when the answer has no Retry-After.
+	RetryAfter time.Duration
+	// Changed lists the JSON Pointers of the fields that differ, for a
+	// key_reused with Config.Fingerprint.Fields (names, never values).
+	Changed []string
+}
+
 // problemTypeBase prefixes the code to make the RFC 9457 "type" URI.
 const problemTypeBase = "https://github.com/idemgate/idemgate#"
 
@@ -74,50 +111,69 @@ var problemTitles = map[Code]string{
 	CodeResponseTooLarge:      "Response too large to store",
 }
 
-// writeProblem answers an application/problem+json (RFC 9457) document.
-// It is built by hand: every string is a constant of this package except
-// detail, which is escaped.
-func writeProblem(c echo.Context, status int, code Code, detail string, retryAfter int) error {
-	return writeProblemExt(c, status, code, detail, retryAfter, nil)
+// problem answers a problem; retryAfter is in seconds, 0 for none.
+func (m *idem) problem(c echo.Context, status int, code Code, detail string, retryAfter int) error {
+	return m.answer(c, Problem{Status: status, Code: code, Title: problemTitles[code], Detail: detail,
+		RetryAfter: time.Duration(retryAfter) * time.Second})
 }
 
-// writeProblemChanged is writeProblem with the extension member "changed":
-// the JSON Pointers of the fields that differ, when there are any.
-func writeProblemChanged(c echo.Context, status int, code Code, detail string, changed []string) error {
-	return writeProblemExt(c, status, code, detail, 0, changed)
+// answer sets the headers every problem carries — whether to retry, when,
+// and that it must not be cached — and hands p to Config.ErrorHandler, or
+// writes it as problem+json. A handler that returns nil without writing
+// leaves the answer to the default, so that a client never gets an empty
+// 200 for a problem.
+func (m *idem) answer(c echo.Context, p Problem) error {
+	h := c.Response().Header()
+	if p.Code.Retryable() {
+		h.Set(shouldRetryHeader, "true")
+	} else {
+		h.Set(shouldRetryHeader, "false")
+	}
+	if p.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(retrySeconds(p.RetryAfter)))
+	}
+	h.Set("Cache-Control", "no-store")
+	if m.cfg.ErrorHandler != nil {
+		if err := m.cfg.ErrorHandler(c, p); err != nil || c.Response().Committed {
+			return err
+		}
+	}
+	return writeProblem(c, p)
 }
 
-func writeProblemExt(c echo.Context, status int, code Code, detail string, retryAfter int, changed []string) error {
+// shouldRetryHeader is the header of generated API clients (Stainless)
+// that overrides their retry-by-status rule.
+const shouldRetryHeader = "X-Should-Retry"
+
+// writeProblem writes p as an application/problem+json (RFC 9457)
+// document. It is built by hand: every string is a constant of this
+// package except detail and the changed pointers, which are escaped.
+func writeProblem(c echo.Context, p Problem) error {
 	b := make([]byte, 0, 256)
 	b = append(b, `{"type":"`...)
 	b = append(b, problemTypeBase...)
-	b = append(b, code...)
-	b = append(b, `","title":"`...)
-	b = append(b, problemTitles[code]...)
-	b = append(b, `","status":`...)
-	b = strconv.AppendInt(b, int64(status), 10)
+	b = append(b, p.Code...)
+	b = append(b, `","title":`...)
+	b = appendJSONString(b, p.Title)
+	b = append(b, `,"status":`...)
+	b = strconv.AppendInt(b, int64(p.Status), 10)
 	b = append(b, `,"detail":`...)
-	b = appendJSONString(b, detail)
+	b = appendJSONString(b, p.Detail)
 	b = append(b, `,"code":"`...)
-	b = append(b, code...)
+	b = append(b, p.Code...)
 	b = append(b, '"')
-	if len(changed) > 0 {
+	if len(p.Changed) > 0 {
 		b = append(b, `,"changed":[`...)
-		for i, p := range changed {
+		for i, ptr := range p.Changed {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendJSONString(b, p)
+			b = appendJSONString(b, ptr)
 		}
 		b = append(b, ']')
 	}
 	b = append(b, "}\n"...)
-	h := c.Response().Header()
-	if retryAfter > 0 {
-		h.Set("Retry-After", strconv.Itoa(retryAfter))
-	}
-	h.Set("Cache-Control", "no-store")
-	return c.Blob(status, "application/problem+json", b)
+	return c.Blob(p.Status, "application/problem+json", b)
 }
 
 // appendJSONString appends s as a JSON string: quotes, backslashes and

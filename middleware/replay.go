@@ -48,7 +48,7 @@ func (st *call) replay(c echo.Context, resp Response) error {
 		body, ok := decodeForReplay(ce, resp.Body, st.m.cfg.MaxResponseBytes)
 		if !ok {
 			st.emit(Event{Type: EventReplayed, Status: http.StatusNotAcceptable, Reason: string(CodeEncodingNotAcceptable)})
-			return writeProblem(c, http.StatusNotAcceptable, CodeEncodingNotAcceptable,
+			return st.m.problem(c, http.StatusNotAcceptable, CodeEncodingNotAcceptable,
 				"The stored response to this request is sent with Content-Encoding "+strings.Join(ce, ", ")+
 					", which this request does not accept; retry with an Accept-Encoding that allows it.", 0)
 		}
