@@ -36,9 +36,10 @@ type Tx interface {
 	// store's clock (not at the transaction's start); otherwise it rolls
 	// back and returns ErrLeaseLost, and nothing of the transaction takes
 	// effect. It returns ErrTxAborted, committing nothing, when the
-	// handler left the transaction unable to commit. Any other error may
-	// leave the outcome unknown (the connection broke while the commit was
-	// on its way).
+	// handler left the transaction unable to commit, and ErrTxRefused or
+	// ErrTxConflict when the database rolled it back at the commit. Any
+	// other error may leave the outcome unknown (the connection broke
+	// while the commit was on its way).
 	Commit(ctx context.Context, c *Completion) error
 
 	// Rollback rolls the transaction back. It is the only call after a
@@ -53,6 +54,21 @@ type Tx interface {
 // ended the transaction itself with a COMMIT or ROLLBACK statement. The
 // middleware answers 500 and releases the claim; nothing is stored.
 var ErrTxAborted = errors.New("middleware: the handler aborted or ended its transaction")
+
+// ErrTxRefused is what Tx.Commit returns (wrapped, with the database's
+// error) when the database refused to commit what the handler wrote and
+// rolled it back: a constraint checked at COMMIT (DEFERRABLE INITIALLY
+// DEFERRED) failed. The middleware answers it as the handler's error
+// (echo's error handler sees the database's error) and releases the
+// claim.
+var ErrTxRefused = errors.New("middleware: the database refused to commit the handler's transaction")
+
+// ErrTxConflict is what Tx.Commit returns (wrapped, with the database's
+// error) when the database rolled the transaction back for a concurrent
+// one's sake (a serialization failure, a deadlock), which a retry may not
+// meet again. The middleware releases the claim and answers 503 with
+// Retry-After.
+var ErrTxConflict = errors.New("middleware: the handler's transaction conflicted with another and was rolled back")
 
 type txLeaseKey struct{}
 

@@ -28,7 +28,7 @@ import (
 // connection that went back to the pool.
 type lazyTx struct {
 	s     *Store
-	setup string // sent with BEGIN (SET LOCAL …); "" for none
+	setup []string // sent with BEGIN: SET LOCAL statements
 
 	mu     sync.Mutex
 	closed bool          // the request is over: every method fails
@@ -91,11 +91,7 @@ func (t *lazyTx) pgxTx(ctx context.Context) (pgx.Tx, error) {
 	if t.db == nil {
 		// BEGIN and the setup in one round trip: a statement without
 		// arguments goes by the simple protocol, which takes several.
-		begin := sqlBegin
-		if t.setup != "" {
-			begin += "; " + t.setup
-		}
-		db, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: begin})
+		db, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: t.simpleBegin()})
 		if err != nil {
 			return nil, err
 		}
@@ -131,17 +127,11 @@ func (t *lazyTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []s
 	return db.CopyFrom(ctx, table, columns, src)
 }
 
-// LargeObjects returns pgx's large objects of the transaction; after the
-// request, ones whose every call fails (they have no transaction).
-func (t *lazyTx) LargeObjects() pgx.LargeObjects {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	db, err := t.pgxTx(context.Background())
-	if err != nil {
-		return pgx.LargeObjects{}
-	}
-	return db.LargeObjects()
-}
+// LargeObjects returns the large objects of the transaction. Their calls,
+// and those of the large objects they open, go through the transaction's
+// guard: after the request they fail with pgx.ErrTxClosed and send
+// nothing.
+func (t *lazyTx) LargeObjects() pgx.LargeObjects { return largeObjects(t) }
 
 func (t *lazyTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	t.mu.Lock()
@@ -164,12 +154,18 @@ func (t *lazyTx) Conn() *pgx.Conn {
 	return t.conn.Conn()
 }
 
+// simpleBegin is BEGIN and the setup as one string, for the simple
+// protocol.
+func (t *lazyTx) simpleBegin() string {
+	return sqlBegin + "; " + strings.Join(t.setup, "; ")
+}
+
 // begin returns a batch of BEGIN, the setup and then queries.
 func (t *lazyTx) begin(queries ...*pgx.QueuedQuery) (*pgx.Batch, int) {
-	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2+len(queries))}
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 1+len(t.setup)+len(queries))}
 	b.Queue(sqlBegin)
-	if t.setup != "" {
-		b.Queue(t.setup)
+	for _, q := range t.setup {
+		b.Queue(q)
 	}
 	n := len(b.QueuedQueries)
 	b.QueuedQueries = append(b.QueuedQueries, queries...)
@@ -242,6 +238,9 @@ func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 	if t.begun {
 		return conn.Exec(ctx, sql, args...)
 	}
+	if len(args) == 0 && strings.Contains(sql, ";") {
+		return t.execSimple(ctx, conn, sql)
+	}
 	q := &pgx.QueuedQuery{SQL: sql, Arguments: args}
 	b, n := t.begin(q)
 	open := !conn.IsClosed()
@@ -256,6 +255,24 @@ func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 	}
 	if err != nil {
 		t.notBegun(err, q.SQL, open)
+	}
+	return tag, err
+}
+
+// execSimple is the handler's first statement when it is an Exec of
+// several statements without arguments (or one with a semicolon in it),
+// which pgx sends by the simple protocol: a batch would prepare it, and
+// the server refuses to prepare more than one statement. BEGIN and the
+// setup go in front of it in the same string, so in the same round trip.
+// A statement of it that fails aborts the transaction, as in a plain pgx
+// transaction, whose BEGIN ran before. mu is held.
+func (t *lazyTx) execSimple(ctx context.Context, conn *pgx.Conn, sql string) (pgconn.CommandTag, error) {
+	tag, err := conn.Exec(ctx, t.simpleBegin()+"; "+sql)
+	var pgErr *pgconn.PgError
+	if err == nil || errors.As(err, &pgErr) || conn.IsClosed() || conn.PgConn().TxStatus() != 'I' {
+		// The server ran BEGIN (an error it answered comes after it), or
+		// may have: the connection closed with the string on it.
+		t.begun = true
 	}
 	return tag, err
 }
@@ -454,14 +471,9 @@ func (sp *savepoint) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResul
 	return sp.tx.SendBatch(ctx, b)
 }
 
-func (sp *savepoint) LargeObjects() pgx.LargeObjects {
-	sp.parent.mu.Lock()
-	defer sp.parent.mu.Unlock()
-	if sp.check() != nil {
-		return pgx.LargeObjects{}
-	}
-	return sp.tx.LargeObjects()
-}
+// LargeObjects returns the large objects of the savepoint, under the
+// transaction's guard (see lazyTx.LargeObjects).
+func (sp *savepoint) LargeObjects() pgx.LargeObjects { return largeObjects(sp) }
 
 func (sp *savepoint) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	sp.parent.mu.Lock()

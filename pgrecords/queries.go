@@ -72,6 +72,51 @@ END
 $$;
 `
 
+// sqlV3 replaces the completion of an Atomic route's record with one that
+// holds whatever the handler did to its transaction's session state:
+//
+//   - It checks that it runs in the transaction the store opened: BEGIN
+//     goes out with SET LOCAL idemgate.tx = 'pgrecords' (sqlMark), which
+//     a transaction the handler began itself (ROLLBACK; BEGIN in one
+//     Exec, RESET ALL) does not carry. Anything else raises IG002, and the
+//     COMMIT sent with it rolls back.
+//   - Its search_path is pinned to the schema it was created in (pg_temp
+//     last), and the store calls it schema-qualified: a handler's SET LOCAL
+//     search_path (a schema per tenant) finds it and its table all the same.
+//   - It runs with its owner's rights (SECURITY DEFINER), so a handler's
+//     SET LOCAL ROLE (row-level security) needs only USAGE on the schema,
+//     not rights on the records table; the role stays the handler's for
+//     the COMMIT, and for the deferred triggers that run in it.
+//
+// With p_key NULL it only checks the transaction: the commit of a request
+// that holds no claim.
+const sqlV3 = `
+CREATE FUNCTION idemgate_records_commit_tx(p_key text, p_token uuid, p_retention_us bigint, p_response bytea)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+	IF current_setting('idemgate.tx', true) IS DISTINCT FROM 'pgrecords' THEN
+		RAISE EXCEPTION 'idemgate: not the transaction the store opened' USING ERRCODE = 'IG002';
+	END IF;
+	IF p_key IS NULL THEN
+		RETURN;
+	END IF;
+	UPDATE idemgate_records SET finished = true,
+		expires_at = clock_timestamp() + p_retention_us * interval '1 microsecond', response = p_response
+	WHERE key = p_key AND token = p_token AND NOT finished AND expires_at > clock_timestamp();
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'idemgate: lease lost' USING ERRCODE = 'IG001';
+	END IF;
+END
+$$;
+
+DO $$
+BEGIN
+	EXECUTE format('ALTER FUNCTION idemgate_records_commit_tx(text, uuid, bigint, bytea) SET search_path = %I, pg_temp', current_schema());
+END
+$$;
+`
+
 const (
 	// sqlClaim is a claim: one read by primary key of the live record, if
 	// any. Only when there is none does it call idemgate_records_claim,
@@ -107,11 +152,29 @@ WHERE key = $1 AND token = $2 AND NOT finished AND expires_at > now()`
 
 	sqlCompleted = `SELECT finished FROM idemgate_records WHERE key = $1 AND token = $2 AND expires_at > now()`
 
-	// sqlCompleteTx finishes an Atomic route's record in the handler's
-	// transaction; sqlCommit goes in the same round trip.
-	sqlCompleteTx = `SELECT idemgate_records_complete_tx($1, $2, $3, $4)`
-	sqlCommit     = `COMMIT`
-	sqlRollback   = `ROLLBACK`
+	// sqlCommitTx finishes an Atomic route's record in the handler's
+	// transaction (see sqlV3; %s is the schema, quoted); sqlCommit goes in
+	// the same round trip. sqlResume goes in front of them: a handler's
+	// tiny statement_timeout or lock_timeout (SET LOCAL) would cancel the
+	// completion, so both go back to the session's defaults for the rest
+	// of the transaction, each statement getting its own timer.
+	sqlCommitTx = `SELECT %s.idemgate_records_commit_tx($1, $2, $3, $4)`
+	sqlCommit   = `COMMIT`
+	sqlRollback = `ROLLBACK`
+
+	sqlResumeStatementTimeout = `SET LOCAL statement_timeout TO DEFAULT`
+	sqlResumeLockTimeout      = `SET LOCAL lock_timeout TO DEFAULT`
+
+	// sqlMark marks the transaction as the store's, with BEGIN: a SET, not
+	// a SELECT, so that it takes no snapshot and the handler can still
+	// set its isolation level (SET TRANSACTION) first thing.
+	sqlMark = `SET LOCAL idemgate.tx = 'pgrecords'`
+	// sqlMarked tells, at a rollback, whether the transaction is still
+	// the one BEGIN opened.
+	sqlMarked = `SELECT current_setting('idemgate.tx', true) IS NOT DISTINCT FROM 'pgrecords'`
+
+	// sqlSchema is the schema the store's table lives in (Migrate's).
+	sqlSchema = `SELECT current_schema()`
 
 	sqlRelease = `DELETE FROM idemgate_records
 WHERE key = $1 AND token = $2 AND NOT finished AND expires_at > now()`

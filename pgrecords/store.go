@@ -59,28 +59,41 @@ type Store struct {
 	// always find one, and no handler waits for a connection that only
 	// another handler's transaction could give back.
 	slots chan struct{}
+	// commitTx is sqlCommitTx in the schema of the pool's sessions: the
+	// handler may have set another search_path in its transaction.
+	commitTx string
 }
 
 var _ middleware.Store = (*Store)(nil)
 
 // New returns a Store on pool. The caller keeps ownership of pool (and
-// closes it). New checks that the pool answers; it does not migrate: call
-// Migrate once per deployment (or at every start: it is idempotent).
+// closes it). New checks that the pool answers, and reads the schema its
+// sessions use (the first of their search_path that exists), where
+// Migrate puts the records table and where an Atomic route's completion
+// finds it whatever search_path the handler set; it does not migrate:
+// call Migrate once per deployment (or at every start: it is
+// idempotent).
 func New(ctx context.Context, pool *pgxpool.Pool) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("pgrecords: nil pool")
 	}
-	if err := pool.Ping(ctx); err != nil {
+	var schema *string
+	if err := pool.QueryRow(ctx, sqlSchema).Scan(&schema); err != nil {
 		return nil, fmt.Errorf("pgrecords: ping: %w", err)
 	}
+	if schema == nil {
+		return nil, errors.New("pgrecords: the pool's search_path names no existing schema for the records table")
+	}
 	return &Store{pool: pool, sweepBatch: 1000,
-		slots: make(chan struct{}, max(1, pool.Config().MaxConns-1))}, nil
+		slots:    make(chan struct{}, max(1, pool.Config().MaxConns-1)),
+		commitTx: fmt.Sprintf(sqlCommitTx, pgx.Identifier{*schema}.Sanitize())}, nil
 }
 
 // migrations is the schema history of the records table, oldest first.
 var migrations = []migrate.Migration{
 	{Version: 1, Name: "create idemgate_records", SQL: sqlV1},
 	{Version: 2, Name: "create idemgate_records_complete_tx", SQL: sqlV2},
+	{Version: 3, Name: "create idemgate_records_commit_tx", SQL: sqlV3},
 }
 
 // Migrate brings the records table to the newest version in the pool's

@@ -50,9 +50,9 @@ var errTxOwned = errors.New("pgrecords: the transaction of an Atomic route is co
 // not keep its row locks from the node that takes its key over for
 // longer than that.
 func (s *Store) Begin(ctx context.Context) (middleware.Tx, error) {
-	tx := &lazyTx{s: s}
+	tx := &lazyTx{s: s, setup: []string{sqlMark}}
 	if lease, ok := middleware.TxLease(ctx); ok && lease > 0 {
-		tx.setup = fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", idleLimit(lease).Milliseconds())
+		tx.setup = append(tx.setup, fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", idleLimit(lease).Milliseconds()))
 	}
 	return &atomicTx{tx: tx}, nil
 }
@@ -130,8 +130,9 @@ func (t *atomicTx) end() (conn *pgxpool.Conn, slot, begun bool, err error) {
 
 // Commit implements middleware.Tx. With a completion it sends the
 // record's completion and COMMIT in one round trip: if the completion
-// finds the claim gone, the server skips the COMMIT, and the transaction
-// is rolled back.
+// finds the claim gone, or the transaction not the one BEGIN opened, the
+// server skips the COMMIT, and the transaction is rolled back. Without
+// one, the same statement checks the transaction alone.
 func (t *atomicTx) Commit(ctx context.Context, c *middleware.Completion) error {
 	conn, slot, begun, err := t.end()
 	if err != nil {
@@ -149,67 +150,113 @@ func (t *atomicTx) Commit(ctx context.Context, c *middleware.Completion) error {
 			return fmt.Errorf("pgrecords: commit: %w", err)
 		}
 	}
-	if c == nil {
-		if !begun {
-			return nil
-		}
-		tag, err := conn.Exec(ctx, sqlCommit)
-		switch {
-		case err != nil:
-			rollback(ctx, conn)
-			return fmt.Errorf("pgrecords: commit: %w", err)
-		case tag.String() != "COMMIT":
-			return fmt.Errorf("pgrecords: commit: the transaction was rolled back (%s)", tag)
-		}
-		return nil
-	}
-	if c.Response.Status < 100 || c.Response.Status > 999 {
+	if c != nil && (c.Response.Status < 100 || c.Response.Status > 999) {
 		if begun {
 			rollback(ctx, conn)
 		}
 		return fmt.Errorf("pgrecords: commit: status %d out of range", c.Response.Status)
 	}
-	response := appendResponse(nil, c.Response)
 	if !begun {
 		// Nothing of the handler's to commit (its statements, if any,
 		// failed before BEGIN ran, on a connection that is still open or
 		// was given back: see lazyTx.notBegun): the completion alone, on
-		// any connection.
+		// any connection, as Complete writes it.
 		t.tx.s.releaseTx(conn, slot)
 		conn, slot = nil, false
-		_, err := t.tx.s.pool.Exec(ctx, sqlCompleteTx, c.Key, uuid(c.Token), micros(c.Retention), response)
+		if c == nil {
+			return nil
+		}
+		tag, err := t.tx.s.pool.Exec(ctx, sqlComplete, c.Key, uuid(c.Token), micros(c.Retention), appendResponse(nil, c.Response))
 		switch {
-		case leaseLost(err):
-			return middleware.ErrLeaseLost
 		case err != nil:
 			return fmt.Errorf("pgrecords: commit: complete: %w", err)
+		case tag.RowsAffected() != 1:
+			return middleware.ErrLeaseLost
 		}
 		return nil
 	}
 	b := &pgx.Batch{}
-	b.Queue(sqlCompleteTx, c.Key, uuid(c.Token), micros(c.Retention), response)
+	b.Queue(sqlResumeStatementTimeout)
+	b.Queue(sqlResumeLockTimeout)
+	if c == nil {
+		b.Queue(t.tx.s.commitTx, nil, nil, nil, nil)
+	} else {
+		b.Queue(t.tx.s.commitTx, c.Key, uuid(c.Token), micros(c.Retention), appendResponse(nil, c.Response))
+	}
 	b.Queue(sqlCommit)
 	br := conn.SendBatch(ctx, b)
-	_, errComplete := br.Exec()
+	// The first error is the one to tell: pgx answers every statement of
+	// a batch whose preparation failed with that failure.
+	var errComplete error
+	for range 3 {
+		if _, err := br.Exec(); err != nil && errComplete == nil {
+			errComplete = err
+		}
+	}
 	tag, errCommit := br.Exec()
 	errClose := br.Close()
 	switch {
 	case errComplete != nil:
 		rollback(ctx, conn)
-		if leaseLost(errComplete) {
-			return middleware.ErrLeaseLost
-		}
-		return fmt.Errorf("pgrecords: commit: complete: %w", errComplete)
-	case errCommit != nil || errClose != nil:
+		return completeError(errComplete)
+	case errCommit != nil:
 		rollback(ctx, conn)
-		return fmt.Errorf("pgrecords: commit: %w", errors.Join(errCommit, errClose))
+		return commitError(errCommit)
+	case errClose != nil:
+		rollback(ctx, conn)
+		return fmt.Errorf("pgrecords: commit: %w", errClose)
 	case tag.String() != "COMMIT":
 		return fmt.Errorf("pgrecords: commit: the transaction was rolled back (%s)", tag)
 	}
 	return nil
 }
 
-// Rollback implements middleware.Tx.
+// completeError is what Commit returns when the completion failed with
+// err: the transaction is rolled back (the COMMIT behind it skipped), or
+// its outcome is unknown when err is not the server's answer.
+func completeError(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return fmt.Errorf("pgrecords: commit: complete: %w", err)
+	}
+	switch pgErr.Code {
+	case "IG001":
+		return middleware.ErrLeaseLost
+	case "IG002":
+		return fmt.Errorf("pgrecords: commit: %w", errNotOurs)
+	case "25006": // read_only_sql_transaction
+		return fmt.Errorf("pgrecords: commit: %w: %w", errReadOnly, err)
+	case "42501": // insufficient_privilege
+		return fmt.Errorf("pgrecords: commit: %w: %w", errNoRights, err)
+	case "40001", "40P01":
+		return fmt.Errorf("pgrecords: commit: complete: %w: %w", middleware.ErrTxConflict, err)
+	case "42883": // undefined_function
+		return fmt.Errorf("pgrecords: commit: complete: %w (the records table is older than this code: run Store.Migrate)", err)
+	}
+	return fmt.Errorf("pgrecords: commit: complete: %w", err)
+}
+
+// commitError is what Commit returns when its COMMIT failed with err. An
+// error the server answered (short of one that ends the session) means
+// that it rolled the transaction back: a serialization failure or a
+// deadlock, which a retry may not meet again, or else a rule the
+// handler's writes broke, checked at COMMIT (a deferred foreign key, a
+// deferred constraint trigger): the handler's failure. Anything else (the
+// connection broke) leaves the outcome unknown.
+func commitError(err error) error {
+	var pgErr *pgconn.PgError
+	switch {
+	case !errors.As(err, &pgErr), pgErr.Severity == "FATAL", pgErr.Severity == "PANIC":
+		return fmt.Errorf("pgrecords: commit: %w", err)
+	case pgErr.Code == "40001", pgErr.Code == "40P01":
+		return fmt.Errorf("pgrecords: commit: %w: %w", middleware.ErrTxConflict, err)
+	}
+	return fmt.Errorf("pgrecords: commit: %w: %w", middleware.ErrTxRefused, err)
+}
+
+// Rollback implements middleware.Tx. It asks, in the ROLLBACK's round
+// trip, whether the transaction is still the one BEGIN opened: a handler
+// that committed it with a COMMIT statement and began another broke it.
 func (t *atomicTx) Rollback(ctx context.Context) error {
 	conn, slot, begun, err := t.end()
 	if err != nil {
@@ -220,19 +267,39 @@ func (t *atomicTx) Rollback(ctx context.Context) error {
 		// Nothing to roll back, or the server did when the session ended.
 		return nil
 	}
-	if conn.Conn().PgConn().TxStatus() == 'I' {
+	switch conn.Conn().PgConn().TxStatus() {
+	case 'I':
 		return fmt.Errorf("pgrecords: rollback: %w", errEnded)
+	case 'E':
+		// Aborted: no statement but ROLLBACK runs.
+		if _, err := conn.Exec(ctx, sqlRollback); err != nil {
+			return fmt.Errorf("pgrecords: rollback: %w", err)
+		}
+		return nil
 	}
-	if _, err := conn.Exec(ctx, sqlRollback); err != nil {
+	b := &pgx.Batch{}
+	b.Queue(sqlMarked)
+	b.Queue(sqlRollback)
+	br := conn.SendBatch(ctx, b)
+	var marked bool
+	errMarked := br.QueryRow().Scan(&marked)
+	_, errRollback := br.Exec()
+	if err := errors.Join(errMarked, errRollback, br.Close()); err != nil {
 		return fmt.Errorf("pgrecords: rollback: %w", err)
+	}
+	if !marked {
+		return fmt.Errorf("pgrecords: rollback: %w", errNotOurs)
 	}
 	return nil
 }
 
 var (
 	errEnded    = fmt.Errorf("%w: it sent COMMIT or ROLLBACK itself, so what it wrote before may have committed", middleware.ErrTxAborted)
+	errNotOurs  = fmt.Errorf("%w: it ended the transaction the store opened and began another (COMMIT or ROLLBACK, then BEGIN, as SQL), or reset its settings (RESET ALL); what it wrote before may have committed", middleware.ErrTxAborted)
 	errAborted  = fmt.Errorf("%w: a statement of the handler's failed (the transaction is aborted), yet it answered", middleware.ErrTxAborted)
 	errConnLost = fmt.Errorf("%w: its connection closed while a statement of the handler's was on it (the transaction, if BEGIN ran, is rolled back), yet it answered", middleware.ErrTxAborted)
+	errReadOnly = fmt.Errorf("%w: it made its transaction read-only (SET TRANSACTION READ ONLY), so the answer cannot be stored in it", middleware.ErrTxAborted)
+	errNoRights = fmt.Errorf("%w: the role it set (SET ROLE) cannot call the completion: it needs USAGE on the records table's schema and EXECUTE on idemgate_records_commit_tx", middleware.ErrTxAborted)
 )
 
 // handlerEnded returns why the transaction that BEGIN opened on conn
@@ -256,11 +323,4 @@ func rollback(ctx context.Context, conn *pgxpool.Conn) {
 	if !pc.IsClosed() && !pc.IsBusy() && pc.TxStatus() != 'I' {
 		_, _ = conn.Exec(ctx, sqlRollback)
 	}
-}
-
-// leaseLost reports whether err is idemgate_records_complete_tx finding
-// the claim gone (SQLSTATE IG001).
-func leaseLost(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "IG001"
 }

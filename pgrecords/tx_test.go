@@ -299,7 +299,9 @@ func TestTxAbortedIsHandlerFault(t *testing.T) {
 			_, _ = tx.Exec(ctx, `SELECT 1/0`) // ignored
 		}
 		return c.String(http.StatusCreated, "ok")
-	}, func(c *middleware.Config) { c.OnEvent = func(_ context.Context, ev middleware.Event) { events = append(events, ev) } })
+	}, func(c *middleware.Config) {
+		c.OnEvent = func(_ context.Context, ev middleware.Event) { events = append(events, ev) }
+	})
 	if first := atomicSend(e, "aborted"); first.Code != http.StatusInternalServerError {
 		t.Errorf("a handler whose transaction was aborted got %d %s to its client, want 500", first.Code, first.Body)
 	}
@@ -739,7 +741,9 @@ func TestTxConnectionLostThenAnswers(t *testing.T) {
 					}
 					_ = ledgerInsert(ctx, tx, k, "h") // ignored
 					return c.String(http.StatusCreated, "ok")
-				}, func(c *middleware.Config) { c.OnEvent = func(_ context.Context, ev middleware.Event) { events = append(events, ev) } })
+				}, func(c *middleware.Config) {
+					c.OnEvent = func(_ context.Context, ev middleware.Event) { events = append(events, ev) }
+				})
 				rec := atomicSend(e, k)
 				if lost == nil {
 					t.Fatalf("first %v: the statement outlived its context without an error (request %d %s)", first, rec.Code, rec.Body)
@@ -820,7 +824,9 @@ func TestTxConnectionLostStaysLostAfterEncodeError(t *testing.T) {
 				}
 				_ = ledgerInsert(ctx, tx, key, "h") // ignored
 				return c.String(http.StatusCreated, "ok")
-			}, func(c *middleware.Config) { c.OnEvent = func(_ context.Context, ev middleware.Event) { events = append(events, ev) } })
+			}, func(c *middleware.Config) {
+				c.OnEvent = func(_ context.Context, ev middleware.Event) { events = append(events, ev) }
+			})
 			if rec := atomicSend(e, k+"-warm"); rec.Code != http.StatusCreated {
 				t.Fatalf("warm-up = %d %s", rec.Code, rec.Body)
 			}
@@ -849,5 +855,42 @@ func TestTxConnectionLostStaysLostAfterEncodeError(t *testing.T) {
 				t.Errorf("ledger after the retry = %q, want %q", got, "h")
 			}
 		})
+	}
+}
+
+// TestTxMultiStatementFirst: an Exec of several statements without
+// arguments (the simple protocol, as pgx sends it) works as the
+// handler's first statement, as it does later and in a plain pgx
+// transaction: both rows commit with the answer. A failing one aborts the
+// transaction, as in pgx (BEGIN ran): 500 tx_aborted when the handler
+// answers anyway, nothing committed.
+func TestTxMultiStatementFirst(t *testing.T) {
+	t.Parallel()
+	pool, s := atomicDB(t)
+	e := atomicRoute(t, s, func(c echo.Context) error {
+		ctx := c.Request().Context()
+		key := c.Request().Header.Get("Idempotency-Key")
+		sql := fmt.Sprintf(`INSERT INTO ledger (key, node) VALUES ('%s', 'one'); INSERT INTO ledger (key, node) VALUES ('%s', 'two')`, key, key)
+		if key == "multi-failing" {
+			sql += `; SELECT 1/0`
+		}
+		tag, err := pgrecords.Tx(c).Exec(ctx, sql)
+		if err != nil && key != "multi-failing" {
+			return err
+		}
+		return c.String(http.StatusCreated, tag.String())
+	}, nil)
+	rec := atomicSend(e, "multi")
+	if rec.Code != http.StatusCreated || rec.Body.String() != "INSERT 0 1" {
+		t.Errorf("multi-statement first Exec = %d %q, want 201 %q", rec.Code, rec.Body, "INSERT 0 1")
+	}
+	if got := ledgerNodes(t, pool, "multi"); got != "one,two" {
+		t.Errorf("committed %q, want %q", got, "one,two")
+	}
+	if rec := atomicSend(e, "multi-failing"); rec.Code != http.StatusInternalServerError {
+		t.Errorf("a failing multi-statement first Exec, answered anyway = %d %q, want 500", rec.Code, rec.Body)
+	}
+	if got := ledgerNodes(t, pool, "multi-failing"); got != "" {
+		t.Errorf("committed %q, want nothing", got)
 	}
 }

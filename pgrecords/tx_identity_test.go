@@ -1,0 +1,118 @@
+package pgrecords_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/pgrecords"
+)
+
+// TestTxHandlerBeginsAnother: a handler (or a library under it) ends the
+// store's transaction and begins another in one Exec (`ROLLBACK; BEGIN`,
+// `COMMIT; BEGIN`). The connection is "in a transaction" again, but not
+// the one the store opened: the completion must not commit the new,
+// empty one together with the record (an answer stored without its
+// writes: the retry would replay it). It is answered as any handler that
+// broke its transaction: 500, nothing stored, the claim released (reason
+// tx_aborted, no store_error), and the retry runs. A request without a key
+// (no record) must not get its 201 either.
+func TestTxHandlerBeginsAnother(t *testing.T) {
+	t.Parallel()
+	pool, s := atomicDB(t)
+	var mu sync.Mutex
+	var events []middleware.Event
+	e := atomicRoute(t, s, func(c echo.Context) error {
+		tx := pgrecords.Tx(c)
+		ctx := c.Request().Context()
+		key := c.Request().Header.Get("Idempotency-Key")
+		if key == "" {
+			key = "keyless"
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO ledger (key, node) VALUES ($1, 'h')`, key); err != nil {
+			return err
+		}
+		if c.Request().Header.Get("X-Mode") != "ok" {
+			end := "ROLLBACK; BEGIN"
+			if strings.Contains(key, "commit") {
+				end = "COMMIT; BEGIN"
+			}
+			if _, err := tx.Exec(ctx, end); err != nil {
+				return err
+			}
+		}
+		return c.String(http.StatusCreated, "written")
+	}, func(c *middleware.Config) {
+		c.OnEvent = func(_ context.Context, ev middleware.Event) { mu.Lock(); events = append(events, ev); mu.Unlock() }
+	})
+	for _, tt := range []struct {
+		key      string
+		wantRows int // what the handler's own COMMIT let through, before the retry
+	}{
+		{key: "rollback-begin", wantRows: 0},
+		{key: "commit-begin", wantRows: 1},
+		{key: "", wantRows: 0},
+	} {
+		t.Run("key="+tt.key, func(t *testing.T) {
+			mu.Lock()
+			events = nil
+			mu.Unlock()
+			rec := atomicSendMode(e, tt.key, "")
+			if rec.Code != http.StatusInternalServerError {
+				t.Errorf("first = %d %q, want 500 (the handler ended the store's transaction)", rec.Code, rec.Body)
+			}
+			ledgerKey := tt.key
+			if ledgerKey == "" {
+				ledgerKey = "keyless"
+			}
+			if got := ledgerRows(t, pool, ledgerKey); got != tt.wantRows {
+				t.Errorf("ledger rows after the first = %d, want %d", got, tt.wantRows)
+			}
+			if tt.key == "" {
+				return
+			}
+			mu.Lock()
+			var released bool
+			for _, ev := range events {
+				switch {
+				case ev.Type == middleware.EventStoreError:
+					t.Errorf("store_error event %s: %v", ev.Reason, ev.Err)
+				case ev.Type == middleware.EventReleased:
+					released = ev.Reason == "tx_aborted"
+				}
+			}
+			mu.Unlock()
+			if !released {
+				t.Errorf("events %v, want released tx_aborted", events)
+			}
+			retry := atomicSendMode(e, tt.key, "ok")
+			if retry.Code != http.StatusCreated || retry.Header().Get("Idempotent-Replayed") == "true" {
+				t.Errorf("retry = %d replayed=%q, want a run of its own", retry.Code, retry.Header().Get("Idempotent-Replayed"))
+			}
+			if got := ledgerRows(t, pool, tt.key); got != tt.wantRows+1 {
+				t.Errorf("ledger rows after the retry = %d, want %d", got, tt.wantRows+1)
+			}
+		})
+	}
+}
+
+// atomicSendMode is atomicSend with an X-Mode header.
+func atomicSendMode(e *echo.Echo, key, mode string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{}`))
+	r.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
+	if mode != "" {
+		r.Header.Set("X-Mode", mode)
+	}
+	w := httptest.NewRecorder()
+	e.ServeHTTP(w, r)
+	return w
+}
