@@ -58,6 +58,9 @@ type api struct {
 	// lease is the middleware's claim lease (IDEM_LEASE) and exportTime
 	// the stand-in renderer's time (EXPORT_TIME); zero: the defaults.
 	lease, exportTime time.Duration
+	// exportLimit and submitLimit bound the new actions one tenant
+	// starts (tenantlimit.go); zero: no limit.
+	exportLimit, submitLimit tenantLimit
 }
 
 // handler returns the echo instance serving the routes.
@@ -95,14 +98,23 @@ func (a *api) handler() *echo.Echo {
 		})
 	}
 	v1 := e.Group("/v1", authMiddleware(a.secret))
+	// Each limit comes after its route's idempotency middleware: only a
+	// new action counts, a replay is answered before it.
+	submitLimit := a.submitLimit.middleware()
+	limited := func(idem echo.MiddlewareFunc, limit echo.MiddlewareFunc) []echo.MiddlewareFunc {
+		if limit == nil {
+			return []echo.MiddlewareFunc{idem}
+		}
+		return []echo.MiddlewareFunc{idem, limit}
+	}
 	v1.POST("/images", a.submitImages,
-		idem(kindImages, atomic, "/prompt", "/aspect_ratio", "/n", "/reference_image"))
-	v1.POST("/music", a.submitMusic, idem(kindMusic, false, "/prompt", "/seconds"))
+		limited(idem(kindImages, atomic, "/prompt", "/aspect_ratio", "/n", "/reference_image"), submitLimit)...)
+	v1.POST("/music", a.submitMusic, limited(idem(kindMusic, false, "/prompt", "/seconds"), submitLimit)...)
 	v1.GET("/tasks/:id", a.getTask)
 	v1.GET("/queue", a.queue)
 	v1.POST("/tasks/:id/recover", a.recoverTask)
 	v1.POST("/tasks/:id/cancel", a.cancelTask)
-	v1.POST("/tasks/:id/export", newExporter(a).export, idem(kindExport, atomic))
+	v1.POST("/tasks/:id/export", newExporter(a).export, limited(idem(kindExport, atomic), a.exportLimit.middleware())...)
 	return e
 }
 
@@ -179,6 +191,9 @@ func (r imageRequest) validate() (imageParams, error) {
 		if !strings.HasPrefix(ref, "https://") && !strings.HasPrefix(ref, "http://") && !strings.HasPrefix(ref, "data:image/") {
 			return p, invalid("reference_image must be an http(s) URL or a data:image/ URL")
 		}
+		if strings.IndexByte(ref, 0) >= 0 {
+			return p, invalid("reference_image contains a NUL character")
+		}
 	}
 	if utf8.RuneCountInString(r.ClientNote) > maxClientNote {
 		return p, invalid("client_note is longer than %d characters", maxClientNote)
@@ -192,6 +207,9 @@ func checkPrompt(s string) error {
 		return invalid("prompt is required")
 	case !utf8.ValidString(s):
 		return invalid("prompt is not valid UTF-8")
+	case strings.IndexByte(s, 0) >= 0:
+		// Postgres cannot store it: a 400 now, not a 503 "retry" later.
+		return invalid("prompt contains a NUL character")
 	case utf8.RuneCountInString(s) > maxPrompt:
 		return invalid("prompt is longer than %d characters", maxPrompt)
 	}
@@ -289,6 +307,12 @@ func (a *api) submit(c echo.Context, params any) error {
 	}, submit)
 	if errors.Is(err, pgstore.ErrConflict) {
 		return middleware.ErrKeyReused
+	}
+	if errors.Is(err, pgstore.ErrInvalidTask) {
+		// Parameters no retry can store: a 400 (stored, as the
+		// validation's own), never a 503 that asks for the same again.
+		return invalid("the task's parameters cannot be stored: %s",
+			strings.TrimPrefix(err.Error(), pgstore.ErrInvalidTask.Error()+": "))
 	}
 	if err != nil {
 		// Postgres is down or restarting: a retryable answer. The middleware
@@ -461,8 +485,8 @@ func retryAfter(pollAfterMS int64) string {
 	return strconv.FormatInt(max(1, pollAfterMS/1000+min(1, pollAfterMS%1000)), 10)
 }
 
-// kindQueue is one kind's line of GET /v1/queue: what runs and waits, and
-// the kind's cluster-wide limits (0: none).
+// kindQueue is one kind's line of GET /v1/queue: what of the caller's
+// tenant runs and waits, and the kind's cluster-wide limits (0: none).
 type kindQueue struct {
 	Kind                string  `json:"kind"`
 	Running             int     `json:"running"`
@@ -473,13 +497,19 @@ type kindQueue struct {
 	StartsPerSecond     float64 `json:"starts_per_second"`
 }
 
-// queue answers GET /v1/queue: the state of the task queue per kind, for
-// the page. It names counts and limits only, no tenant's tasks.
+// queue answers GET /v1/queue: the caller's tenant's tasks per kind, and
+// the kinds' limits, for the page. Only the tenant's own counts:
+// pgstore's Stats counts every tenant's, which would show one tenant the
+// others' activity.
 func (a *api) queue(c echo.Context) error {
 	ctx := c.Request().Context()
-	st, err := a.store.Stats(ctx)
+	tenant, _, err := owner(c)
 	if err != nil {
-		return a.storeUnavailable(c, "queue stats", err)
+		return err
+	}
+	counts, err := tenantCounts(ctx, a.pool, tenant)
+	if err != nil {
+		return a.storeUnavailable(c, "queue counts", err)
 	}
 	out := make([]kindQueue, 0, 2)
 	for _, kind := range []string{kindImages, kindMusic} {
@@ -487,11 +517,40 @@ func (a *api) queue(c echo.Context) error {
 		if err != nil {
 			return a.storeUnavailable(c, "kind limits", err)
 		}
-		n := st.Counts[kind]
-		out = append(out, kindQueue{Kind: kind, Running: n[pgstore.StateRunning],
-			Waiting: n[pgstore.StatePending] + n[pgstore.StateRetrying], Paused: l.Paused,
+		n := counts[kind]
+		out = append(out, kindQueue{Kind: kind, Running: n.running, Waiting: n.waiting, Paused: l.Paused,
 			MaxRunning: l.MaxRunning, MaxRunningPerTenant: l.MaxRunningPerTenant, StartsPerSecond: l.StartsPerSecond})
 	}
 	c.Response().Header().Set("Cache-Control", "no-store")
 	return c.JSON(http.StatusOK, map[string]any{"kinds": out})
+}
+
+// kindCount is one kind's running and waiting (pending, retrying) tasks.
+type kindCount struct{ running, waiting int }
+
+// tenantCounts reads the unfinished tasks of tenant (the keyspace tenant
+// segment tasks are stored under) by kind. It reads pgstore's table
+// itself: pgstore counts per kind only, for operators. The unique key
+// index leads with the tenant, so this reads that tenant's rows only.
+func tenantCounts(ctx context.Context, pool *pgxpool.Pool, tenant string) (map[string]kindCount, error) {
+	rows, err := pool.Query(ctx, `SELECT kind,
+		count(*) FILTER (WHERE state = 'running'),
+		count(*) FILTER (WHERE state IN ('pending', 'retrying'))
+		FROM idemgate_tasks WHERE tenant = $1 AND state IN ('pending', 'running', 'retrying') GROUP BY kind`, tenant)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]kindCount{}
+	for rows.Next() {
+		var (
+			kind string
+			n    kindCount
+		)
+		if err := rows.Scan(&kind, &n.running, &n.waiting); err != nil {
+			return nil, err
+		}
+		out[kind] = n
+	}
+	return out, rows.Err()
 }

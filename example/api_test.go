@@ -1,12 +1,21 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
+	"github.com/labstack/echo/v4"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgstore"
 )
 
@@ -107,3 +116,54 @@ func TestRetryAfterAgreesWithPollHint(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// A NUL in a text field can never be stored (Postgres refuses it), so it
+// is a 400 before anything is stored, never a 503 "retry".
+func TestSubmitRefusesNUL(t *testing.T) {
+	t.Parallel()
+	n := newTaskNode(t)
+	tests := []struct {
+		name  string
+		given string // path
+		when  string // body
+	}{
+		{name: "prompt", given: "/v1/images", when: `{"prompt":"a cat\u0000"}`},
+		{name: "reference image", given: "/v1/images", when: `{"prompt":"a cat","reference_image":"https://example.com/\u0000.png"}`},
+		{name: "music prompt", given: "/v1/music", when: `{"prompt":"a \u0000 tune"}`},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, v := n.do(t, "alice", http.MethodPost, tt.given, "nul:"+strconv.Itoa(i), tt.when)
+			if code != http.StatusBadRequest || v["code"] != "invalid_request" {
+				t.Errorf("%s: %d %v; want 400 invalid_request", tt.when, code, v)
+			}
+		})
+	}
+	var stored int
+	if err := n.b.pool.QueryRow(context.Background(), `SELECT count(*) FROM idemgate_tasks`).Scan(&stored); err != nil || stored != 0 {
+		t.Errorf("%d tasks stored (%v); want none", stored, err)
+	}
+}
+
+// What the API's own checks miss but pgstore refuses is a 400 too, never
+// a 503: parameters handed to submit without the route's validation
+// stand in for a check the API forgot.
+func TestSubmitAnswersInvalidTaskAs400(t *testing.T) {
+	t.Parallel()
+	n := newTaskNode(t)
+	a := &api{store: n.b.store, pool: n.b.pool, logger: slog.New(slog.DiscardHandler)}
+	e := echo.New()
+	e.HTTPErrorHandler = errorHandler(a.logger)
+	e.POST("/", func(c echo.Context) error {
+		return a.submit(c, imageParams{Prompt: "a\x00cat", AspectRatio: "1:1", N: 1})
+	},
+		middleware.New(middleware.Config{Store: middleware.NewRedisStore(redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})),
+			Scope: func(echo.Context) (string, string, error) { return "acme", "alice", nil }, Kind: kindImages, Required: true}))
+	req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{}`))
+	req.Header.Set("Idempotency-Key", "k")
+	rec := httptest.NewRecorder()
+	e.ServeHTTP(rec, req)
+	if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), "invalid_request") {
+		t.Fatalf("%d %s; want 400 invalid_request", rec.Code, rec.Body)
+	}
+}

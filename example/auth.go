@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -25,6 +27,42 @@ func secretOrDev(secret string, w io.Writer) []byte {
 	fmt.Fprintf(w, "WARNING: JWT_SECRET is not set: using the public dev secret %q.\n"+
 		"WARNING: anyone can mint tokens with it. Set JWT_SECRET anywhere but your laptop.\n", devSecret)
 	return []byte(devSecret)
+}
+
+// serveSecret returns the secret a serving process verifies tokens with,
+// and whether it is the public dev secret (then the page mints tokens at
+// /dev/token). The dev secret lets anyone act as any tenant, so without
+// JWT_SECRET it is used only when asked for (DEV_MODE) or when nothing
+// of value can be reached: every backend a throwaway one this process
+// made, and the API on loopback, where only this machine can call it.
+// Otherwise serving is refused with what to set.
+func serveSecret(s settings, listen net.Addr, w io.Writer) (secret []byte, dev bool, err error) {
+	switch {
+	case s.jwtSecret != "" && s.dev:
+		return nil, false, errors.New("JWT_SECRET and DEV_MODE (-dev) are both set: unset DEV_MODE to verify tokens with JWT_SECRET")
+	case s.jwtSecret != "":
+		return []byte(s.jwtSecret), false, nil
+	case s.dev:
+		return secretOrDev("", w), true, nil
+	}
+	var real []string
+	if s.databaseURL != "" {
+		real = append(real, "DATABASE_URL")
+	}
+	if s.redisURL != "" && s.store != "postgres" {
+		real = append(real, "REDIS_URL")
+	}
+	if len(real) > 0 {
+		return nil, false, fmt.Errorf("JWT_SECRET is not set and %s names a server of yours: with the public dev secret "+
+			"anyone could mint tokens for any tenant. Set JWT_SECRET to a secret of your own, "+
+			"or DEV_MODE=1 (-dev) to use the public dev secret anyway", strings.Join(real, " and "))
+	}
+	if tcp, ok := listen.(*net.TCPAddr); !ok || !tcp.IP.IsLoopback() {
+		return nil, false, fmt.Errorf("JWT_SECRET is not set and the API listens on %s, beyond this machine: with the public "+
+			"dev secret anyone who reaches it could mint tokens. Set JWT_SECRET to a secret of your own, listen on "+
+			"loopback (ADDR=%s), or set DEV_MODE=1 (-dev) to use the public dev secret anyway", listen, defaultAddr)
+	}
+	return secretOrDev("", w), true, nil
 }
 
 // claims are the token claims the service reads: the tenant, the user (sub)

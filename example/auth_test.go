@@ -20,7 +20,7 @@ import (
 // API listener.
 func TestDevTokenRefusedWithRealSecret(t *testing.T) {
 	for _, secret := range []string{"", "a-real-secret-of-enough-length-0123456789"} {
-		s := settings{addr: "127.0.0.1:0", databaseURL: testenv.PostgresDSN(t), workers: 1, jwtSecret: secret}
+		s := settings{addr: "127.0.0.1:0", databaseURL: testenv.PostgresDSN(t), workers: 1, jwtSecret: secret, dev: secret == ""}
 		n, err := startNode(context.Background(), s, slog.New(slog.DiscardHandler), io.Discard)
 		if err != nil {
 			t.Fatal(err)
@@ -104,5 +104,59 @@ func TestAuth(t *testing.T) {
 				t.Errorf("401 is %q, want a problem document", rec.Header().Get("Content-Type"))
 			}
 		})
+	}
+}
+
+// The public dev secret (and with it /dev/token, which mints any tenant
+// and user) is implied only when every backend is a throwaway one this
+// process made: with DATABASE_URL or REDIS_URL naming real servers and
+// no JWT_SECRET, serve refuses to start and says what to set.
+func TestDevSecretRefusedWithRealBackends(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresDSN(t)
+	redisURL := "redis://" + testenv.Redis(t).Addr
+	tests := []struct {
+		name  string
+		given settings
+		want  string // in the refusal, beside JWT_SECRET and DEV_MODE
+	}{
+		{name: "DATABASE_URL and REDIS_URL", given: settings{databaseURL: dsn, redisURL: redisURL}, want: "DATABASE_URL and REDIS_URL"},
+		{name: "DATABASE_URL, STORE=postgres", given: settings{databaseURL: dsn, store: "postgres", redisURL: redisURL}, want: "DATABASE_URL names"},
+		{name: "DATABASE_URL, in-process miniredis", given: settings{databaseURL: dsn}, want: "DATABASE_URL names"},
+		// Refused before a throwaway cluster is made: the listener comes first.
+		{name: "throwaway backends on every interface", given: settings{addr: "0.0.0.0:0"}, want: "beyond this machine"},
+		{name: "JWT_SECRET and DEV_MODE", given: settings{databaseURL: dsn, jwtSecret: "a-real-secret-of-enough-length-0123456789", dev: true},
+			want: "both set"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s := tt.given
+			if s.addr == "" {
+				s.addr = "127.0.0.1:0"
+			}
+			var stderr strings.Builder
+			n, err := startNode(context.Background(), s, slog.New(slog.DiscardHandler), &stderr)
+			if err == nil {
+				_ = n.shutdown()
+				t.Fatalf("started; want a refusal (stderr: %s)", stderr.String())
+			}
+			if msg := err.Error(); !strings.Contains(msg, "JWT_SECRET") || !strings.Contains(msg, "DEV_MODE") || !strings.Contains(msg, tt.want) {
+				t.Errorf("refusal %q does not say what to set (JWT_SECRET, DEV_MODE) and why (%q)", msg, tt.want)
+			}
+		})
+	}
+}
+
+// With ADDR unset, serve listens on loopback only: the dev secret must not
+// be reachable from the network by default.
+func TestServeListensOnLoopbackByDefault(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr strings.Builder
+	if code := run(context.Background(), []string{"serve", "-h"}, func(string) string { return "" }, &stdout, &stderr); code != 0 {
+		t.Fatalf("serve -h: exit %d", code)
+	}
+	if !strings.Contains(stderr.String(), `listen address (env ADDR) (default "localhost:8080")`) {
+		t.Errorf("serve -h does not show the loopback default:\n%s", stderr.String())
 	}
 }

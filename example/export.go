@@ -11,6 +11,7 @@ import (
 	"image/draw"
 	"image/png"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"strings"
@@ -66,7 +67,11 @@ CREATE TABLE IF NOT EXISTS idemgate_example_exports (
 	started_at      timestamptz NOT NULL, -- when the run began
 	created_at      timestamptz NOT NULL DEFAULT now()
 );
-CREATE INDEX IF NOT EXISTS idemgate_example_exports_key ON idemgate_example_exports (tenant, owner, idempotency_key)`
+CREATE INDEX IF NOT EXISTS idemgate_example_exports_key ON idemgate_example_exports (tenant, owner, idempotency_key);
+-- What the API answers as export_id: random, so that it counts nothing
+-- (id counts every tenant's exports). NULL on rows from before it.
+ALTER TABLE idemgate_example_exports ADD COLUMN IF NOT EXISTS export_id bigint;
+CREATE UNIQUE INDEX IF NOT EXISTS idemgate_example_exports_export_id ON idemgate_example_exports (tenant, export_id)`
 
 // exporter serves POST /v1/tasks/{id}/export.
 type exporter struct {
@@ -111,7 +116,7 @@ func (e *exporter) prepare(ctx context.Context) error {
 
 // exportView is the body of a 200 answer to an export.
 type exportView struct {
-	ExportID int64  `json:"export_id"`
+	ExportID int64  `json:"export_id"` // random: see newExportID
 	TaskID   string `json:"task_id"`
 	Images   int    `json:"images"`
 	Bytes    int    `json:"bytes"`
@@ -167,16 +172,23 @@ func (e *exporter) export(c echo.Context) error {
 	}
 	var id int64
 	err = db.QueryRow(ctx, `INSERT INTO idemgate_example_exports
-		(tenant, owner, idempotency_key, task_id, node, bytes, started_at)
-		VALUES (@tenant, @owner, @key, @task::uuid, @node, @bytes, @started) RETURNING id`,
+		(tenant, owner, idempotency_key, task_id, node, bytes, started_at, export_id)
+		VALUES (@tenant, @owner, @key, @task::uuid, @node, @bytes, @started, @export_id) RETURNING export_id`,
 		pgx.NamedArgs{"tenant": tenant, "owner": ownerID, "key": req.Key.Task(), "task": t.ID,
-			"node": localAddr(c.Request()), "bytes": len(sheet), "started": started}).Scan(&id)
+			"node": localAddr(c.Request()), "bytes": len(sheet), "started": started, "export_id": newExportID()}).Scan(&id)
 	if err != nil {
 		return e.unavailable(c, "record the export", err)
 	}
 	return c.JSON(http.StatusOK, exportView{ExportID: id, TaskID: t.ID, Images: len(v.Images), Bytes: len(sheet),
 		Sheet: "data:image/png;base64," + base64.StdEncoding.EncodeToString(sheet)})
 }
+
+// newExportID returns an export's id: random in [1, 2^53], so that it is
+// exact as a JSON number in JavaScript too, and tells a tenant nothing of
+// other tenants' exports, as a shared sequence would. Two exports of a
+// tenant meet on one id once in about 2^26; the unique index then refuses
+// the second, answered 503, and its retry draws again.
+func newExportID() int64 { return rand.Int64N(1<<53) + 1 }
 
 // unavailable answers 503: the middleware does not store it, so the
 // client's retry under the same key runs the export again.

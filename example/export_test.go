@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -266,5 +267,81 @@ func TestExportConcurrent(t *testing.T) {
 	}
 	if c := n.exports(t, id); c != 1 {
 		t.Fatalf("%d ledger rows for one key; want 1", c)
+	}
+}
+
+// doAs is taskNode.do for a user of any tenant.
+func (n *taskNode) doAs(t *testing.T, tenant, user, method, path, key, body string) (int, map[string]any) {
+	t.Helper()
+	tok, err := mintToken(n.secret, tenant, user, time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+tok)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	rec := httptest.NewRecorder()
+	n.e.ServeHTTP(rec, req)
+	var v map[string]any
+	_ = json.Unmarshal(rec.Body.Bytes(), &v)
+	return rec.Code, v
+}
+
+// succeededTaskOf submits a one-image prompt as tenant/user and waits
+// until it succeeded.
+func (n *taskNode) succeededTaskOf(t *testing.T, tenant, user string) string {
+	t.Helper()
+	code, v := n.doAs(t, tenant, user, http.MethodPost, "/v1/images", "poster:"+tenant, `{"prompt":"a cat for `+tenant+`"}`)
+	if code != http.StatusAccepted {
+		t.Fatalf("submit: %d %v", code, v)
+	}
+	id := v["task_id"].(string)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if _, v := n.doAs(t, tenant, user, http.MethodGet, "/v1/tasks/"+id, "", ""); v["status"] == "succeeded" {
+			return id
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("task %s of %s did not succeed", id, tenant)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// An export_id tells its tenant nothing of other tenants' exports: the
+// ids of acme's exports do not count globex's in between.
+func TestExportIDTellsNothingOfOtherTenants(t *testing.T) {
+	t.Parallel()
+	n := newTaskNode(t)
+	n.startWorkers(t, time.Millisecond)
+	acme, globex := n.succeededTaskOf(t, "acme", "alice"), n.succeededTaskOf(t, "globex", "gina")
+	export := func(tenant, user, task, key string) int64 {
+		t.Helper()
+		code, v := n.doAs(t, tenant, user, http.MethodPost, "/v1/tasks/"+task+"/export", key, "")
+		id, _ := v["export_id"].(float64)
+		if code != http.StatusOK || id == 0 {
+			t.Fatalf("export %s as %s: %d %v", key, tenant, code, v["code"])
+		}
+		return int64(id)
+	}
+	first := export("acme", "alice", acme, "export:a1")
+	const others = 3
+	for i := range others {
+		export("globex", "gina", globex, "export:g"+strconv.Itoa(i))
+	}
+	second := export("acme", "alice", acme, "export:a2")
+	if second == first || second-first == others+1 {
+		t.Errorf("acme's export ids %d then %d count globex's %d exports in between", first, second, others)
+	}
+	// JavaScript reads JSON numbers as doubles: an id must survive that.
+	for _, id := range []int64{first, second} {
+		if id <= 0 || id > 1<<53 {
+			t.Errorf("export_id %d outside (0, 2^53]", id)
+		}
 	}
 }

@@ -6,7 +6,7 @@
 // With nothing configured it runs on embedded defaults: an in-process
 // miniredis and a throwaway PostgreSQL cluster that is removed on exit.
 //
-//	go run ./example            # serve on :8080 with 2 in-process workers
+//	go run ./example            # serve on localhost:8080 with 2 in-process workers
 //	go run ./example demo       # the narrated retry story, on an embedded server
 //	go run ./example -h         # commands, flags and environment
 //
@@ -48,7 +48,8 @@ Commands:
             limits, pause, resume (run "tasks -h")
 
 Environment (a flag, when given, wins):
-  ADDR          listen address (-addr); default :8080
+  ADDR          listen address (-addr); default localhost:8080 (loopback only;
+                :8080 listens on every interface)
   DATABASE_URL  PostgreSQL URL (-database-url); unset: a throwaway local
                 cluster (initdb + postgres), removed on exit
   REDIS_URL     Redis URL (-redis-url); unset: an in-process miniredis.
@@ -57,8 +58,11 @@ Environment (a flag, when given, wins):
                 redis://s1:26379,s2:26379?master_name=mymaster
   STORE         where idempotency records live (-store): redis (the default)
                 or postgres (the tasks' database; no Redis at all)
-  JWT_SECRET    HS256 secret for bearer tokens; unset: a public dev secret
-                (printed with a warning: never use it outside a laptop)
+  JWT_SECRET    HS256 secret for bearer tokens. Unset: the public dev secret
+                (anyone can mint tokens), only on throwaway backends (no
+                DATABASE_URL, no REDIS_URL) and a loopback ADDR; otherwise
+                serve refuses to start unless DEV_MODE=1
+  DEV_MODE      1: use the public dev secret anyway (-dev); never in production
   WORKERS       in-process workers (-workers); default 2
   GEN_TIME      stand-in generation time per task (-gen-time); default 1.5s
   TASK_POLICY   what a lost attempt becomes (-policy), e.g. images=uncertain,music=retry
@@ -144,6 +148,7 @@ type settings struct {
 	redisURL    string
 	store       string // records store: "redis" (or "") or "postgres"
 	jwtSecret   string
+	dev         bool // DEV_MODE: the public dev secret, whatever the backends
 	workers     int
 	genTime     time.Duration
 	policy      string        // TASK_POLICY
@@ -153,6 +158,9 @@ type settings struct {
 	exportTime  time.Duration // EXPORT_TIME: the stand-in renderer's time; 0 is exportRenderTime
 	obs         obsSettings
 	limits      serverLimits // HTTP server timeouts (serve.go)
+	// exportLimit and submitLimit bound the new actions one tenant starts
+	// (EXPORTS_PER_MINUTE, SUBMITS_PER_MINUTE); zero: no limit.
+	exportLimit, submitLimit tenantLimit
 }
 
 // newFlagSet returns a flag set for cmd whose -h prints summary, the flags
@@ -181,6 +189,11 @@ func (s *settings) addStoreFlags(fs *flag.FlagSet, getenv func(string) string, r
 	}
 	// The secret comes from the environment only: a flag would show in ps.
 	s.jwtSecret = getenv("JWT_SECRET")
+	if redis { // the commands that serve the API
+		dev, _ := strconv.ParseBool(getenv("DEV_MODE"))
+		fs.BoolVar(&s.dev, "dev", dev, "use the public dev secret even with DATABASE_URL/REDIS_URL set or a non-loopback -addr (env DEV_MODE=1); "+
+			"without JWT_SECRET it is used only on throwaway backends and loopback")
+	}
 }
 
 func (s *settings) addWorkerFlags(fs *flag.FlagSet, getenv func(string) string, workers int) {

@@ -35,7 +35,7 @@ func TestExampleTelemetry(t *testing.T) {
 		t.Skip("starts a node")
 	}
 	var spansOut lockedBuffer
-	s := settings{addr: "127.0.0.1:0", databaseURL: testenv.PostgresDSN(t), workers: 1, genTime: 100 * time.Millisecond,
+	s := settings{addr: "127.0.0.1:0", databaseURL: testenv.PostgresDSN(t), workers: 1, genTime: 100 * time.Millisecond, dev: true,
 		obs: obsSettings{adminAddr: "127.0.0.1:0", adminExplicit: true, traces: "console", stdout: &spansOut}}
 	n, err := startNode(context.Background(), s, slog.New(slog.DiscardHandler), io.Discard)
 	if err != nil {

@@ -109,7 +109,7 @@ func TestPage(t *testing.T) {
 	}
 	ctx := browser(t)
 
-	s := settings{addr: "127.0.0.1:0", databaseURL: testenv.PostgresDSN(t), workers: 1, genTime: 200 * time.Millisecond}
+	s := settings{addr: "127.0.0.1:0", databaseURL: testenv.PostgresDSN(t), workers: 1, genTime: 200 * time.Millisecond, dev: true}
 	n, err := startNode(context.Background(), s, slog.New(slog.DiscardHandler), io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -345,7 +345,7 @@ func TestPageRendersUserTextAsText(t *testing.T) {
 		t.Skip("starts a node and a browser")
 	}
 	ctx := browser(t)
-	s := settings{addr: "127.0.0.1:0", databaseURL: testenv.PostgresDSN(t), workers: 1, genTime: 100 * time.Millisecond}
+	s := settings{addr: "127.0.0.1:0", databaseURL: testenv.PostgresDSN(t), workers: 1, genTime: 100 * time.Millisecond, dev: true}
 	n, err := startNode(context.Background(), s, slog.New(slog.DiscardHandler), io.Discard)
 	if err != nil {
 		t.Fatal(err)

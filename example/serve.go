@@ -14,6 +14,10 @@ import (
 	"github.com/idemgate/idemgate/pgstore"
 )
 
+// defaultAddr is where serve listens unless ADDR or -addr says otherwise:
+// loopback, so that a laptop's dev service is not on its network.
+const defaultAddr = "localhost:8080"
+
 // shutdownBudget bounds a graceful shutdown: in-flight requests finish,
 // workers hand back their tasks, the stores close.
 const shutdownBudget = 10 * time.Second
@@ -24,7 +28,7 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	var s settings
 	addr := getenv("ADDR")
 	if addr == "" {
-		addr = ":8080"
+		addr = defaultAddr
 	}
 	fs.StringVar(&s.addr, "addr", addr, "listen address (env ADDR)")
 	s.addStoreFlags(fs, getenv, true)
@@ -33,6 +37,7 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	s.limits.addFlags(fs, getenv)
 	fs.DurationVar(&s.idemLease, "idem-lease", envDuration(getenv, "IDEM_LEASE", 0),
 		"how long an idempotency claim lives without renewal (env IDEM_LEASE); 0: the middleware's default")
+	addTenantLimitFlags(fs, getenv, &s.exportLimit, &s.submitLimit)
 	fs.DurationVar(&s.exportTime, "export-time", envDuration(getenv, "EXPORT_TIME", 0),
 		"how long the stand-in export renderer takes (env EXPORT_TIME); 0: "+exportRenderTime.String())
 	if err := parse(fs, args); err != nil {
@@ -156,20 +161,25 @@ type node struct {
 
 // startNode opens the stores, starts the workers and listens.
 func startNode(ctx context.Context, s settings, logger *slog.Logger, stderr io.Writer) (*node, error) {
-	secret := secretOrDev(s.jwtSecret, stderr)
 	n := &node{settings: s, served: make(chan error, 1)}
-	if s.jwtSecret == "" {
-		tok, err := mintToken(secret, "acme", "alice", time.Now(), 24*time.Hour)
-		if err != nil {
-			return nil, err
-		}
-		n.devToken = tok
-	}
 	// Listen first: a busy port should fail before a cluster is made.
 	var err error
 	n.ln, err = net.Listen("tcp", s.addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen: %w", err)
+	}
+	secret, dev, err := serveSecret(s, n.ln.Addr(), stderr)
+	if err != nil {
+		n.ln.Close()
+		return nil, err
+	}
+	if dev {
+		tok, err := mintToken(secret, "acme", "alice", time.Now(), 24*time.Hour)
+		if err != nil {
+			n.ln.Close()
+			return nil, err
+		}
+		n.devToken = tok
 	}
 	if s.databaseURL == "" {
 		fmt.Fprintln(stderr, "starting a throwaway PostgreSQL cluster (a few seconds)...")
@@ -187,7 +197,7 @@ func startNode(ctx context.Context, s settings, logger *slog.Logger, stderr io.W
 	}
 	// Requests are served only after openBackends migrated the schema.
 	a := &api{store: b.store, pool: b.pool, redis: b.redis, records: b.records, secret: secret, logger: logger, obs: n.obs,
-		lease: s.idemLease, exportTime: s.exportTime}
+		lease: s.idemLease, exportTime: s.exportTime, exportLimit: s.exportLimit, submitLimit: s.submitLimit}
 	wo, err := s.workerOptions()
 	if err == nil {
 		n.workers, err = runWorkers(b, wo, logger, n.obs)
@@ -198,7 +208,7 @@ func startNode(ctx context.Context, s settings, logger *slog.Logger, stderr io.W
 		b.close()
 		return nil, err
 	}
-	n.srv = s.limits.server(withPage(a.handler(), n.obs, secret, s.jwtSecret == ""))
+	n.srv = s.limits.server(withPage(a.handler(), n.obs, secret, dev))
 	go func() {
 		err := n.srv.Serve(n.ln)
 		if errors.Is(err, http.ErrServerClosed) {

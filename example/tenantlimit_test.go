@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate/internal/testenv"
+	"github.com/idemgate/idemgate/pgstore"
+)
+
+// newLimitedNode is newTaskNode with per-tenant limits, and the miniredis
+// that holds its idempotency records.
+func newLimitedNode(t *testing.T, exports, submits tenantLimit) (*taskNode, *miniredis.Miniredis) {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := pgstore.New(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	secret := []byte("s3cret")
+	a := &api{store: store, pool: pool, redis: rdb, secret: secret, logger: slog.New(slog.DiscardHandler),
+		exportLimit: exports, submitLimit: submits}
+	return &taskNode{b: &backends{pool: pool, store: store}, e: a.handler(), secret: secret}, mr
+}
+
+// storedExports counts the export records the middleware keeps for tenant.
+func storedExports(mr *miniredis.Miniredis, tenant string) int {
+	n := 0
+	for _, k := range mr.Keys() {
+		if strings.HasPrefix(k, "idem:"+tenant+":"+kindExport+":") {
+			n++
+		}
+	}
+	return n
+}
+
+// One tenant's burst of exports under new keys, each a sheet of hundreds
+// of KiB kept for a day, is cut at the tenant's limit: the rest are 429
+// rate_limited with Retry-After and store nothing (not even the 429),
+// while replays of its stored exports and another tenant's exports pass.
+func TestExportsPerTenantAreBounded(t *testing.T) {
+	t.Parallel()
+	const burst = 3
+	// A refill every 10 hours: none within the test, however slow.
+	n, mr := newLimitedNode(t, tenantLimit{PerMinute: 0.1 / 60, Burst: burst}, tenantLimit{})
+	n.startWorkers(t, time.Millisecond)
+	acme, globex := n.succeededTaskOf(t, "acme", "alice"), n.succeededTaskOf(t, "globex", "gina")
+
+	const tries = 12
+	ok, limited := 0, 0
+	for i := range tries {
+		rec := n.raw(t, "acme", "alice", http.MethodPost, "/v1/tasks/"+acme+"/export", "export:burst:"+strconv.Itoa(i))
+		switch {
+		case rec.Code == http.StatusOK:
+			ok++
+		case rec.Code == http.StatusTooManyRequests && strings.Contains(rec.Body.String(), `"rate_limited"`) && rec.Header().Get("Retry-After") != "":
+			limited++
+		default:
+			t.Fatalf("export %d: %d %s %v", i, rec.Code, rec.Body, rec.Header())
+		}
+	}
+	if ok != burst || limited != tries-burst {
+		t.Errorf("%d exports ran, %d limited; want %d and %d", ok, limited, burst, tries-burst)
+	}
+	if got := storedExports(mr, "acme"); got != burst {
+		t.Errorf("%d export answers stored for acme; want %d", got, burst)
+	}
+	// A limited key stored nothing: sent again, it is limited again, not replayed.
+	again := n.raw(t, "acme", "alice", http.MethodPost, "/v1/tasks/"+acme+"/export", "export:burst:"+strconv.Itoa(tries-1))
+	if again.Code != http.StatusTooManyRequests || again.Header().Get("Idempotent-Replayed") != "" {
+		t.Errorf("a limited key again: %d replayed=%q; want 429, not replayed", again.Code, again.Header().Get("Idempotent-Replayed"))
+	}
+	// A stored export replays: a retry is never limited.
+	replay := n.raw(t, "acme", "alice", http.MethodPost, "/v1/tasks/"+acme+"/export", "export:burst:0")
+	if replay.Code != http.StatusOK || replay.Header().Get("Idempotent-Replayed") != "true" {
+		t.Errorf("replay of a stored export: %d replayed=%q; want 200 replayed", replay.Code, replay.Header().Get("Idempotent-Replayed"))
+	}
+	// Another tenant has a bucket of its own.
+	if rec := n.raw(t, "globex", "gina", http.MethodPost, "/v1/tasks/"+globex+"/export", "export:g"); rec.Code != http.StatusOK {
+		t.Errorf("globex's export: %d %s; want 200", rec.Code, rec.Body)
+	}
+}
+
+// raw sends one request as tenant/user and returns the recorded answer.
+func (n *taskNode) raw(t *testing.T, tenant, user, method, path, key string) *httptest.ResponseRecorder {
+	t.Helper()
+	tok, err := mintToken(n.secret, tenant, user, time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest(method, path, nil)
+	req.Header.Set("Authorization", "Bearer "+tok)
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	rec := httptest.NewRecorder()
+	n.e.ServeHTTP(rec, req)
+	return rec
+}
