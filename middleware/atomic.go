@@ -81,6 +81,12 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 	err = next(c)
 	if err == nil && !st.cw.wroteHeader {
 		res.WriteHeader(http.StatusOK)
+		if !st.cw.wroteHeader {
+			// echo marked its response committed at a 1xx (103 Early
+			// Hints) and dropped every WriteHeader since: the 200 that
+			// net/http sends on a plain route is the answer here too.
+			st.cw.WriteHeader(http.StatusOK)
+		}
 	}
 	finished = true
 	if claimed {

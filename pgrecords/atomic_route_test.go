@@ -253,3 +253,75 @@ func TestAtomicBigUncacheable(t *testing.T) {
 			rec.Code, rec.Header().Get("Retry-After"), rec.Body)
 	}
 }
+
+// TestAtomicTrailersDropped: trailers a handler declares and sets after
+// WriteHeader (net/http's Trailer header, or http.TrailerPrefix) follow
+// the body on a plain route. An Atomic route holds the answer as it stood
+// at WriteHeader and stores no trailers: they are dropped, from the first
+// answer (the declaration goes out, without a value) as from the replay;
+// status and body are whole.
+func TestAtomicTrailersDropped(t *testing.T) {
+	t.Parallel()
+	_, s := atomicDB(t)
+	e := atomicRoute(t, s, func(c echo.Context) error {
+		h := c.Response().Header()
+		h.Set("Trailer", "X-Checksum")
+		h.Set("Content-Type", "text/plain")
+		c.Response().WriteHeader(http.StatusCreated)
+		if _, err := c.Response().Write([]byte("body")); err != nil {
+			return err
+		}
+		h.Set("X-Checksum", "abc")
+		h.Set(http.TrailerPrefix+"X-Late", "def")
+		return nil
+	}, nil)
+	srv := httptest.NewServer(e)
+	t.Cleanup(srv.Close)
+	for _, name := range []string{"first", "replay"} {
+		r, _ := http.NewRequest(http.MethodPost, srv.URL+"/", strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", "trailers")
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body bytes.Buffer
+		body.ReadFrom(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated || body.String() != "body" {
+			t.Fatalf("%s = %d %q", name, resp.StatusCode, body.String())
+		}
+		if resp.Trailer.Get("X-Checksum") != "" || resp.Trailer.Get("X-Late") != "" {
+			t.Errorf("%s: trailers %v, want none: an Atomic route drops them", name, resp.Trailer)
+		}
+	}
+}
+
+// TestAtomicEarlyHints: echo's WriteHeader(103) (Early Hints) and then
+// NoContent. Echo marks its response committed at the 103 and drops every
+// WriteHeader after it, so the final status never reaches the middleware;
+// on a plain echo route net/http then sends 200. The Atomic route commits
+// and stores that 200 (it answered 503 store_unavailable, for every
+// retry, before): the write is in once, the retry replays.
+func TestAtomicEarlyHints(t *testing.T) {
+	t.Parallel()
+	pool, s := atomicDB(t)
+	e := atomicRoute(t, s, func(c echo.Context) error {
+		if err := ledgerInsert(c.Request().Context(), pgrecords.Tx(c), "early-hints", "h"); err != nil {
+			return err
+		}
+		c.Response().Header().Set("Link", "</style.css>; rel=preload")
+		c.Response().WriteHeader(http.StatusEarlyHints)
+		return c.NoContent(http.StatusNoContent)
+	}, nil)
+	first := atomicSend(e, "early-hints")
+	if first.Code != http.StatusOK {
+		t.Errorf("first = %d %q, want 200 (echo dropped the 204)", first.Code, first.Body)
+	}
+	again := atomicSend(e, "early-hints")
+	if again.Code != first.Code || again.Header().Get("Idempotent-Replayed") != "true" {
+		t.Errorf("retry = %d replayed=%q %q, want the first answer replayed", again.Code, again.Header().Get("Idempotent-Replayed"), again.Body)
+	}
+	if got := ledgerRows(t, pool, "early-hints"); got != 1 {
+		t.Errorf("ledger rows = %d, want 1", got)
+	}
+}
