@@ -114,3 +114,41 @@ func TestAtomicHugeLeases(t *testing.T) {
 		}
 	}
 }
+
+// TestAtomicServerIdleLimitKept: the server's own
+// idle_in_transaction_session_timeout (here the database's, 300ms) is
+// lower than twice a route's lease (an hour): BEGIN's SET LOCAL must not
+// lift it. A handler idle in its transaction past the server's limit
+// loses the transaction (not a 2xx; nothing committed; the retry runs),
+// as it would on any other transaction of the pool.
+func TestAtomicServerIdleLimitKept(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresDSN(t)
+	admin := newPool(t, dsn)
+	if _, err := admin.Exec(testCtx(t), ledgerDDL+`; DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET idle_in_transaction_session_timeout = ''300ms''', current_database()); END $$`); err != nil {
+		t.Fatal(err)
+	}
+	pool := newPool(t, dsn) // its sessions start with the database's setting
+	s := newStore(t, pool)
+	idle := true
+	e := atomicRoute(t, s, func(c echo.Context) error {
+		ctx, tx := c.Request().Context(), pgrecords.Tx(c)
+		if err := ledgerInsert(ctx, tx, "idle", "a"); err != nil {
+			return err
+		}
+		if idle {
+			time.Sleep(1500 * time.Millisecond) // idle in the transaction, 5 times the server's limit
+		}
+		return c.String(http.StatusCreated, "ok")
+	}, func(c *middleware.Config) { c.Lease = time.Hour })
+	if rec := atomicSend(e, "idle"); rec.Code/100 == 2 {
+		t.Errorf("a handler idle in its transaction past the server's limit got %d %q to its client", rec.Code, rec.Body)
+	}
+	if got := ledgerRows(t, pool, "idle"); got != 0 {
+		t.Errorf("ledger rows = %d, want 0", got)
+	}
+	idle = false
+	if rec := atomicSend(e, "idle"); rec.Code != http.StatusCreated || rec.Header().Get("Idempotent-Replayed") != "" {
+		t.Errorf("retry = %d replayed=%q, want a run", rec.Code, rec.Header().Get("Idempotent-Replayed"))
+	}
+}

@@ -173,8 +173,9 @@ WHERE key = $1 AND token = $2 AND NOT finished AND expires_at > now()`
 	// the one BEGIN opened.
 	sqlMarked = `SELECT current_setting('idemgate.tx', true) IS NOT DISTINCT FROM 'pgrecords'`
 
-	// sqlSchema is the schema the store's table lives in (Migrate's).
-	sqlSchema = `SELECT current_schema()`
+	// sqlSession reads the schema the store's table lives in (Migrate's)
+	// and the session's idle_in_transaction_session_timeout, in ms.
+	sqlSession = `SELECT current_schema(), (SELECT setting::bigint FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout')`
 
 	sqlRelease = `DELETE FROM idemgate_records
 WHERE key = $1 AND token = $2 AND NOT finished AND expires_at > now()`

@@ -62,13 +62,18 @@ type Store struct {
 	// commitTx is sqlCommitTx in the schema of the pool's sessions: the
 	// handler may have set another search_path in its transaction.
 	commitTx string
+	// idleLimit is the idle_in_transaction_session_timeout the pool's
+	// sessions start with (0: none), which an Atomic transaction keeps
+	// when it is lower than the route's (see idleLimit).
+	idleLimit time.Duration
 }
 
 var _ middleware.Store = (*Store)(nil)
 
 // New returns a Store on pool. The caller keeps ownership of pool (and
-// closes it). New checks that the pool answers, and reads the schema its
-// sessions use (the first of their search_path that exists), where
+// closes it). New checks that the pool answers, and reads what its
+// sessions start with: their idle_in_transaction_session_timeout, and the
+// schema they use (the first of their search_path that exists), where
 // Migrate puts the records table and where an Atomic route's completion
 // finds it whatever search_path the handler set; it does not migrate:
 // call Migrate once per deployment (or at every start: it is
@@ -77,16 +82,20 @@ func New(ctx context.Context, pool *pgxpool.Pool) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("pgrecords: nil pool")
 	}
-	var schema *string
-	if err := pool.QueryRow(ctx, sqlSchema).Scan(&schema); err != nil {
+	var (
+		schema *string
+		idleMs int64
+	)
+	if err := pool.QueryRow(ctx, sqlSession).Scan(&schema, &idleMs); err != nil {
 		return nil, fmt.Errorf("pgrecords: ping: %w", err)
 	}
 	if schema == nil {
 		return nil, errors.New("pgrecords: the pool's search_path names no existing schema for the records table")
 	}
 	return &Store{pool: pool, sweepBatch: 1000,
-		slots:    make(chan struct{}, max(1, pool.Config().MaxConns-1)),
-		commitTx: fmt.Sprintf(sqlCommitTx, pgx.Identifier{*schema}.Sanitize())}, nil
+		slots:     make(chan struct{}, max(1, pool.Config().MaxConns-1)),
+		commitTx:  fmt.Sprintf(sqlCommitTx, pgx.Identifier{*schema}.Sanitize()),
+		idleLimit: time.Duration(idleMs) * time.Millisecond}, nil
 }
 
 // migrations is the schema history of the records table, oldest first.

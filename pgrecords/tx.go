@@ -52,7 +52,9 @@ var errTxOwned = errors.New("pgrecords: the transaction of an Atomic route is co
 func (s *Store) Begin(ctx context.Context) (middleware.Tx, error) {
 	tx := &lazyTx{s: s, setup: []string{sqlMark}}
 	if lease, ok := middleware.TxLease(ctx); ok && lease > 0 {
-		tx.setup = append(tx.setup, fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", idleLimit(lease).Milliseconds()))
+		if limit := idleLimit(lease); s.idleLimit == 0 || limit < s.idleLimit {
+			tx.setup = append(tx.setup, fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", limit.Milliseconds()))
+		}
 	}
 	return &atomicTx{tx: tx}, nil
 }
@@ -66,10 +68,11 @@ const maxIdleLimit = math.MaxInt32 * time.Millisecond
 // least 1ms (0 would disable the limit), at most maxIdleLimit. A lease
 // over maxIdleLimit/2 (about 12.4 days, up to math.MaxInt64, where 2*lease
 // would overflow) gets maxIdleLimit, not 0 (disabled): a node cut off
-// from the database still gives its row locks up after 24.8 days, and a
-// limit the server's configuration sets is not lifted; a handler idle
-// inside its transaction for 24.8 days loses it, though its lease would
-// have run longer.
+// from the database still gives its row locks up after 24.8 days; a
+// handler idle inside its transaction for 24.8 days loses it, though its
+// lease would have run longer. Begin sets it only when it is lower than
+// the limit the pool's sessions start with (Store.idleLimit): a lower one,
+// from the server's configuration, is not lifted.
 func idleLimit(lease time.Duration) time.Duration {
 	if lease > maxIdleLimit/2 {
 		return maxIdleLimit
