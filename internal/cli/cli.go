@@ -1,0 +1,281 @@
+// Package cli is the idemgate command line: the operator's tools on a
+// service's schema, idempotency records and task queue. cmd/idemgate runs
+// it; the example runs its tasks commands.
+//
+// Commands read like kubectl's (noun verb, flags before or after), print
+// a table or, with -json, JSON, and exit 0 on success, 1 on an error
+// ("not found" is one) and 2 on bad usage. Nothing destructive runs
+// without a confirmation, and a read-only command never writes: it
+// refuses a schema that is missing or older than it needs, and says so.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate/internal/redisurl"
+)
+
+// Env is what a command sees of its process.
+type Env struct {
+	// Prog names the program in usage texts: "idemgate", "go run ./example".
+	Prog   string
+	Getenv func(string) string
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	// StdinIsTerminal reports that a person can answer a confirmation.
+	StdinIsTerminal bool
+}
+
+// ErrUsage reports a bad command line; the command already said why.
+var ErrUsage = errors.New("usage")
+
+// Exit codes.
+const (
+	ExitOK    = 0
+	ExitError = 1
+	ExitUsage = 2
+)
+
+const usage = `%[1]s: operator tools for services that use idemgate.
+
+Usage:
+  %[1]s migrate up | status | sql              the schema of pgstore and pgrecords
+  %[1]s records show | release                 an idempotency record (Redis or Postgres)
+  %[1]s tasks list | show | retry | cancel | limits | pause | resume
+                                                 the task queue (pgstore)
+
+Environment:
+  DATABASE_URL  PostgreSQL URL (-database-url)
+  REDIS_URL     Redis URL (-redis-url): one node redis://host:6379/0, a cluster
+                redis://h1:7000,h2:7001,h3:7002, Sentinel
+                redis://s1:26379,s2:26379?master_name=mymaster
+
+Every command takes -schema (the PostgreSQL schema; default: the
+connection's search_path) and -json where it prints. Exit status: 0 success,
+1 error (a missing record or task is one), 2 bad usage.
+Run "%[1]s <noun> -h" for a noun's commands and flags.
+`
+
+// Main runs one command line and returns the exit code.
+func Main(ctx context.Context, args []string, env Env) int {
+	if len(args) == 0 {
+		fmt.Fprintf(env.Stderr, usage, env.Prog)
+		return ExitUsage
+	}
+	noun, args := args[0], args[1:]
+	var err error
+	switch noun {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprintf(env.Stdout, usage, env.Prog)
+		return ExitOK
+	case "migrate":
+		err = Migrate(ctx, args, env)
+	case "records":
+		err = Records(ctx, args, env)
+	case "tasks":
+		err = Tasks(ctx, args, env)
+	default:
+		fmt.Fprintf(env.Stderr, "%s: unknown command %q\n\n", env.Prog, noun)
+		fmt.Fprintf(env.Stderr, usage, env.Prog)
+		return ExitUsage
+	}
+	return ExitCode(err, env.Stderr, env.Prog+" "+noun)
+}
+
+// ExitCode prints err, if any, and returns the exit code it means.
+func ExitCode(err error, stderr io.Writer, prefix string) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return ExitOK
+	case errors.Is(err, ErrUsage):
+		return ExitUsage
+	}
+	fmt.Fprintf(stderr, "%s: %v\n", prefix, err)
+	return ExitError
+}
+
+// verb splits a noun's arguments into its verb and the rest; -json (and
+// -schema S) may come before the verb, as in "tasks -json list".
+func verb(args []string, nounUsage string, env Env) (string, []string, []string, error) {
+	var pre []string
+	for len(args) > 0 && strings.HasPrefix(args[0], "-") {
+		switch a := args[0]; {
+		case a == "-h" || a == "-help" || a == "--help":
+			fmt.Fprint(env.Stdout, nounUsage)
+			return "", nil, nil, flag.ErrHelp
+		case strings.Contains(a, "=") || a == "-json" || a == "--json" || a == "-yes" || a == "--yes":
+			pre, args = append(pre, a), args[1:]
+		case len(args) > 1:
+			pre, args = append(pre, a, args[1]), args[2:]
+		default:
+			args = args[1:]
+		}
+	}
+	if len(args) == 0 {
+		fmt.Fprint(env.Stderr, nounUsage)
+		return "", nil, nil, ErrUsage
+	}
+	return args[0], pre, args[1:], nil
+}
+
+// common are the flags every command takes.
+type common struct {
+	databaseURL string
+	redisURL    string
+	schema      string
+	json        bool
+}
+
+func (c *common) database(fs *flag.FlagSet, getenv func(string) string) {
+	fs.StringVar(&c.databaseURL, "database-url", getenv("DATABASE_URL"), "PostgreSQL URL (env DATABASE_URL)")
+	fs.StringVar(&c.schema, "schema", "", "PostgreSQL schema of idemgate's tables; empty: the connection's search_path")
+}
+
+func (c *common) redis(fs *flag.FlagSet, getenv func(string) string) {
+	fs.StringVar(&c.redisURL, "redis-url", getenv("REDIS_URL"), "Redis URL (env REDIS_URL): one node, a cluster (several seeds) or Sentinel (master_name=)")
+}
+
+func (c *common) jsonFlag(fs *flag.FlagSet) {
+	fs.BoolVar(&c.json, "json", false, "print JSON instead of a table")
+}
+
+// newFlagSet returns a flag set for "noun verb" whose -h prints summary and
+// the flags.
+func newFlagSet(env Env, cmd, summary string) *flag.FlagSet {
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	fs.SetOutput(env.Stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(env.Stderr, "Usage: %s %s [flags]\n\n%s\n\nFlags:\n", env.Prog, cmd, summary)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses pre (flags given before the verb) and args, which may
+// hold operands before, between or after the flags, and returns the
+// operands; want is how many the command takes.
+func parse(fs *flag.FlagSet, pre, args []string, want int) ([]string, error) {
+	if err := fs.Parse(pre); err != nil {
+		return nil, parseErr(err)
+	}
+	var operands []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, parseErr(err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		operands = append(operands, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	if len(operands) != want {
+		if want == 0 {
+			fmt.Fprintf(fs.Output(), "unexpected argument %q\n", operands[0])
+		} else {
+			fmt.Fprintf(fs.Output(), "want %d argument(s), got %d\n", want, len(operands))
+		}
+		fs.Usage()
+		return nil, ErrUsage
+	}
+	return operands, nil
+}
+
+func parseErr(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return ErrUsage
+}
+
+// usageError prints msg as a usage error.
+func usageError(fs *flag.FlagSet, format string, args ...any) error {
+	fmt.Fprintf(fs.Output(), format+"\n", args...)
+	fs.Usage()
+	return ErrUsage
+}
+
+// openPool connects to DATABASE_URL with search_path set to -schema, and
+// checks that the schema exists. It creates nothing.
+func (c *common) openPool(ctx context.Context) (*pgxpool.Pool, string, error) {
+	if c.databaseURL == "" {
+		return nil, "", errors.New("DATABASE_URL (or -database-url) is required")
+	}
+	cfg, err := pgxpool.ParseConfig(c.databaseURL)
+	if err != nil {
+		return nil, "", fmt.Errorf("DATABASE_URL: %w", err) // pgconn hides the password
+	}
+	if c.schema != "" {
+		cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{c.schema}.Sanitize()
+	}
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("postgres: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var schema *string
+	if err := pool.QueryRow(pctx, "SELECT current_schema()").Scan(&schema); err != nil {
+		pool.Close()
+		return nil, "", fmt.Errorf("postgres %s: %w", redisurl.Redact(c.databaseURL), err)
+	}
+	if schema == nil {
+		pool.Close()
+		if c.schema != "" {
+			return nil, "", fmt.Errorf("schema %q does not exist in this database (idemgate creates tables, never schemas)", c.schema)
+		}
+		return nil, "", errors.New("the connection's search_path names no existing schema: set -schema")
+	}
+	return pool, *schema, nil
+}
+
+// openRedis connects to REDIS_URL.
+func (c *common) openRedis(ctx context.Context) (redis.UniversalClient, error) {
+	if c.redisURL == "" {
+		return nil, errors.New("REDIS_URL (or -redis-url) is required for -store redis")
+	}
+	opts, topology, err := redisurl.Parse(c.redisURL)
+	if err != nil {
+		return nil, fmt.Errorf("REDIS_URL: %w", err)
+	}
+	client := redis.NewUniversalClient(opts)
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := client.Ping(pctx).Err(); err != nil {
+		_ = client.Close()
+		return nil, fmt.Errorf("redis %s (%s): %w", redisurl.Redact(c.redisURL), topology, err)
+	}
+	return client, nil
+}
+
+// printer writes JSON or, through table, text for people.
+type printer struct {
+	w    io.Writer
+	json bool
+}
+
+func (p printer) encode(v any) error {
+	enc := json.NewEncoder(p.w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// StdinIsTerminal reports whether f is a terminal (a character device).
+func StdinIsTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
