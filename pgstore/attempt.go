@@ -76,22 +76,32 @@ type attempts struct {
 	m  map[string]*attempt
 
 	claiming  int             // claims in flight
+	reserved  int             // slots the claims in flight may fill
 	cancelled map[string]bool // tasks cancelled while claims were in flight
 	writing   int             // attempts handed off, waiting for their write
 }
 
-// beginClaim records that a claim is in flight; register ends it.
-func (as *attempts) beginClaim() {
+// beginClaim records that a claim is in flight, for up to the free slots
+// of a worker of concurrency slots, and returns how many it may take:
+// they are reserved for it until register ends it. The claim loop and a
+// Reconcile's claim run at once; without the reservation both would
+// claim the same free slots.
+func (as *attempts) beginClaim(concurrency int) int {
 	as.mu.Lock()
 	defer as.mu.Unlock()
+	n := as.freeLocked(concurrency)
 	as.claiming++
+	as.reserved += n
+	return n
 }
 
-// register adds the attempts of a claim that beginClaim announced,
-// cancels those whose task was cancelled meanwhile, and ends the claim.
-func (as *attempts) register(claimed []*attempt) {
+// register adds the attempts of a claim that beginClaim announced for n
+// slots, cancels those whose task was cancelled meanwhile, and ends the
+// claim.
+func (as *attempts) register(claimed []*attempt, n int) {
 	as.mu.Lock()
 	defer as.mu.Unlock()
+	as.reserved -= n
 	for _, a := range claimed {
 		as.addLocked(a)
 		if as.cancelled[a.task.ID] {
@@ -198,7 +208,13 @@ func (as *attempts) count() int {
 func (as *attempts) free(concurrency int) int {
 	as.mu.Lock()
 	defer as.mu.Unlock()
-	return max(0, min(concurrency-(len(as.m)-as.writing), (1+maxWritingPerSlot)*concurrency-len(as.m)))
+	return as.freeLocked(concurrency)
+}
+
+// freeLocked is free, with as.mu held: slots reserved by claims in flight
+// are not free.
+func (as *attempts) freeLocked(concurrency int) int {
+	return max(0, min(concurrency-(len(as.m)-as.writing), (1+maxWritingPerSlot)*concurrency-len(as.m))-as.reserved)
 }
 
 // maxWritingPerSlot bounds the outcomes waiting for their write, per slot.

@@ -61,6 +61,7 @@ type completion struct {
 }
 
 type completed struct {
+	state   State // the task's state after the write: the completion's, or cancelled
 	applied bool
 	err     error
 }
@@ -204,8 +205,7 @@ func (c *completer) write(ctx context.Context, t Task, from State, tr transition
 			tr.results = []byte("[]")
 		}
 		if from == StateRunning {
-			applied, err := c.complete(ctx, &completion{id: t.ID, attempt: t.Attempt, state: tr.to, results: tr.results, err: tr.err})
-			return tr.to, applied, err
+			return c.complete(ctx, &completion{id: t.ID, attempt: t.Attempt, state: tr.to, results: tr.results, err: tr.err})
 		}
 		sql = sqlFinish
 		args["to"], args["results"] = tr.to, tr.results
@@ -220,6 +220,12 @@ func (c *completer) write(ctx context.Context, t Task, from State, tr transition
 	case writeUncertain:
 		sql = sqlUncertain
 		args["after_us"] = c.cfg.ReconcileInterval.Microseconds()
+	case writeCancelled:
+		sql = sqlEndCancelled
+	case writeRelease:
+		sql = sqlRelease
+		args = pgx.NamedArgs{"id": t.ID, "attempt": t.Attempt, "max_attempts": c.cfg.MaxAttempts,
+			"reconcile_us": c.cfg.ReconcileInterval.Microseconds()}
 	default:
 		return "", false, fmt.Errorf("pgstore: worker: unknown transition %d", tr.write)
 	}
@@ -235,25 +241,30 @@ func (c *completer) write(ctx context.Context, t Task, from State, tr transition
 }
 
 // complete records c through the batching goroutine, or alone when it
-// is not running (tests call write directly) or has stopped.
-func (c *completer) complete(ctx context.Context, x *completion) (bool, error) {
+// is not running (tests call write directly) or has stopped, and returns
+// the task's state after it (cancelled if it was cancelled meanwhile).
+func (c *completer) complete(ctx context.Context, x *completion) (State, bool, error) {
 	if c.started.Load() {
 		x.done = make(chan completed, 1)
 		select {
 		case c.in <- x:
 			r := <-x.done
-			return r.applied, r.err
+			return r.state, r.applied, r.err
 		case <-c.stopped:
 		case <-ctx.Done():
-			return false, ctx.Err()
+			return "", false, ctx.Err()
 		}
 	}
-	tag, err := c.pool.Exec(ctx, sqlFinish, pgx.NamedArgs{"id": x.id, "attempt": x.attempt, "from": StateRunning,
+	rows, _ := c.pool.Query(ctx, sqlFinish, pgx.NamedArgs{"id": x.id, "attempt": x.attempt, "from": StateRunning,
 		"to": x.state, "results": x.results, "error": x.err})
+	states, err := pgx.CollectRows(rows, pgx.RowTo[State])
 	if err != nil {
-		return false, interpretError("finish task", err)
+		return "", false, interpretError("finish task", err)
 	}
-	return tag.RowsAffected() == 1, nil
+	if len(states) == 0 {
+		return "", false, nil
+	}
+	return states[0], true, nil
 }
 
 // flush writes a batch in one statement and answers each sender. A batch
@@ -270,7 +281,11 @@ func (c *completer) flush(ctx context.Context, batch []*completion) {
 	}
 	rows, _ := c.pool.Query(qctx, sqlFinishBatch, pgx.NamedArgs{"ids": ids, "attempts": attempts, "states": states,
 		"results": results, "errors": errs})
-	done, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	type row struct {
+		ID    string `db:"id"`
+		State State  `db:"state"`
+	}
+	done, err := pgx.CollectRows(rows, pgx.RowToStructByName[row])
 	if err != nil && n > 1 {
 		for _, x := range batch {
 			c.flush(ctx, []*completion{x})
@@ -280,12 +295,13 @@ func (c *completer) flush(ctx context.Context, batch []*completion) {
 	if err != nil {
 		err = interpretError("finish task", err)
 	}
-	applied := make(map[string]bool, len(done))
-	for _, id := range done {
-		applied[id] = true
+	applied := make(map[string]State, len(done))
+	for _, r := range done {
+		applied[r.ID] = r.State
 	}
 	for _, x := range batch {
-		x.done <- completed{applied: applied[x.id], err: err}
+		st, ok := applied[x.id]
+		x.done <- completed{state: st, applied: ok, err: err}
 	}
 }
 

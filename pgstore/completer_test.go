@@ -183,9 +183,9 @@ func TestStopFlushesHeldCompletions(t *testing.T) {
 
 // Shutting down while a handler ignores cancellation: an outcome held
 // for it (its handler returned before the shutdown deadline) is written
-// as soon as Run's context ends, not released as the stuck handler's
-// task is, and Run returns within its shutdown bounds, not after
-// CompletionWait.
+// as soon as Run's context ends, the stuck handler's task stays held (it
+// is not handed back while its handler may run; its lease ends later),
+// and Run returns within its shutdown bounds, not after CompletionWait.
 func TestShutdownWritesHeldOutcomesPastAStuckHandler(t *testing.T) {
 	t.Parallel()
 	s, _ := setup(t)
@@ -222,14 +222,15 @@ func TestShutdownWritesHeldOutcomesPastAStuckHandler(t *testing.T) {
 	if st := state(t, s, quick.ID); st != StateSucceeded {
 		t.Errorf("quick task is %s (events %v); want succeeded: its handler returned before the shutdown deadline", st, ev.of(quick.ID))
 	}
-	if st := state(t, s, blocker.ID); st != StateRetrying {
-		t.Errorf("blocker task is %s; want released (retrying)", st)
+	if st := state(t, s, blocker.ID); st != StateRunning {
+		t.Errorf("blocker task is %s; want running: its handler still runs, so its lease must run out first", st)
 	}
 }
 
-// The shutdown's release hands back the tasks of handlers still running,
-// not those whose handler returned and whose outcome waits for its
-// write: that outcome is the task's, and the task does not run again.
+// The shutdown's release cancels the handlers still running, and hands
+// their tasks back only as each returns; it leaves alone those whose
+// handler returned and whose outcome waits for its write: that outcome
+// is the task's, and the task does not run again.
 func TestReleaseSkipsAttemptsWhoseHandlerReturned(t *testing.T) {
 	t.Parallel()
 	s, _ := setup(t)
@@ -252,15 +253,17 @@ func TestReleaseSkipsAttemptsWhoseHandlerReturned(t *testing.T) {
 	quick := mustSubmit(t, s, newTask("quick"))
 	<-returned
 	wait.For(t, patience, "the quick task's slot freed", func() bool { return w.count() == 1 })
-	w.releaseAll(context.Background())
+	w.releaseAll()
 	if st := state(t, s, quick.ID); st != StateRunning {
 		t.Errorf("quick task is %s after the release; want running, its held outcome still to be written", st)
 	}
-	if st := state(t, s, blocker.ID); st != StateRetrying {
-		t.Errorf("blocker task is %s after the release; want retrying", st)
+	if st := state(t, s, blocker.ID); st != StateRunning {
+		t.Errorf("blocker task is %s after the release; want running while its handler runs", st)
 	}
 	close(unblock)
 	waitState(t, s, quick.ID, StateSucceeded)
+	// The blocker returned a success once cancelled: it counts.
+	waitState(t, s, blocker.ID, StateSucceeded)
 	if got := mustGet(t, s, quick); got.Attempt != 1 || c.get(quick.ID) != 1 {
 		t.Errorf("quick task succeeded at attempt %d after %d runs (events %v); want its first run's outcome", got.Attempt, c.get(quick.ID), ev.of(quick.ID))
 	}

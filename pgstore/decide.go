@@ -15,7 +15,7 @@ const (
 	endTimedOut                // the kind's Timeout passed
 	endLeaseLost               // the lease was lost or could not be confirmed, or the task was released at shutdown
 	endCancelled               // Store.Cancel ended the task
-	endReleased                // released at shutdown: the release wrote the transition
+	endReleased                // released at shutdown
 )
 
 // verdict is what decide needs to know about an ended attempt.
@@ -36,6 +36,8 @@ const (
 	writeFinish                 // succeeded or failed, for good
 	writeRetry                  // run again after a delay
 	writeUncertain              // park until a reconcile check
+	writeCancelled              // end a task cancelled while the attempt ran
+	writeRelease                // hand the task back at shutdown, by the kind's Lost policy
 )
 
 // transition is what an ended attempt does to its task.
@@ -51,8 +53,13 @@ type transition struct {
 // decide turns an ended attempt into its task's transition. It is pure:
 // every rule of what an outcome does in which state lives here.
 //
-//   - Cancelled, or released at shutdown: nothing to write (that was
-//     written already), except a Reconcile's Succeeded or Failed.
+//   - Cancelled: the task ends cancelled, whatever the handler returned.
+//     Cancel only recorded the cancellation: the attempt held its task
+//     (and its kind's limits) until its handler stopped.
+//   - Released at shutdown: the task goes back by its kind's Lost
+//     policy, written once the handler stopped, whatever it returned (it
+//     was cut short). A Reconcile's task stays uncertain (its claim
+//     lapses), unless it answered Succeeded or Failed.
 //   - A returned Succeeded or Failed counts however the attempt ended:
 //     the work is done (a success needs a real result item).
 //   - From running, a returned Retry or Uncertain is applied as asked; an
@@ -65,13 +72,16 @@ type transition struct {
 func decide(v verdict) transition {
 	switch v.end {
 	case endCancelled:
-		return transition{write: writeNone, event: WorkerCancelled}
+		return transition{write: writeCancelled, event: WorkerCancelled}
 	case endReleased:
-		// A running task's release wrote its transition. An uncertain
-		// task is not released: a Reconcile that answered for good as
-		// shutdown cancelled it is recorded below (its claim fences it).
-		if v.from != StateUncertain || !v.returned || !v.outcome.final() {
-			return transition{write: writeNone} // reported by the release
+		// An uncertain task is not released: its claim lapses, and a
+		// Reconcile that answered for good as shutdown cancelled it is
+		// recorded below (its claim fences it).
+		if v.from != StateUncertain {
+			return transition{write: writeRelease, event: WorkerRetried}
+		}
+		if !v.returned || !v.outcome.final() {
+			return transition{write: writeNone}
 		}
 	}
 	o := v.outcome

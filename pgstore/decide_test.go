@@ -57,10 +57,12 @@ func TestDecide(t *testing.T) {
 			want: transition{write: writeRetry, err: "attempt lost: " + errLeaseExpired.Error(), after: -1, event: WorkerRetried}},
 		{name: "lost lease, uncertain policy", given: verdict{from: StateRunning, end: endLeaseLost, cause: errLeaseExpired, lost: LostUncertain},
 			want: transition{write: writeUncertain, err: "attempt lost: " + errLeaseExpired.Error() + ": the upstream outcome is unknown", event: WorkerUncertain}},
-		{name: "cancelled writes nothing", given: verdict{from: StateRunning, end: endCancelled, returned: true, outcome: Succeeded(img)},
-			want: transition{write: writeNone, event: WorkerCancelled}},
-		{name: "released writes nothing", given: verdict{from: StateRunning, end: endReleased, returned: true, outcome: Retry(0, boom)},
-			want: transition{write: writeNone}},
+		{name: "cancelled ends cancelled, whatever it returned", given: verdict{from: StateRunning, end: endCancelled, returned: true, outcome: Succeeded(img)},
+			want: transition{write: writeCancelled, event: WorkerCancelled}},
+		{name: "released is handed back once the handler returned", given: verdict{from: StateRunning, end: endReleased, returned: true, outcome: Retry(0, boom)},
+			want: transition{write: writeRelease, event: WorkerRetried}},
+		{name: "released is handed back whatever it returned", given: verdict{from: StateRunning, end: endReleased, returned: true, outcome: Succeeded(img)},
+			want: transition{write: writeRelease, event: WorkerRetried}},
 
 		// From uncertain (Reconcile): only an explicit decision moves it.
 		{name: "reconciled success", given: verdict{from: StateUncertain, returned: true, outcome: Succeeded(img)},
@@ -109,7 +111,6 @@ func TestReconcileAnswerAtShutdownCounts(t *testing.T) {
 	for _, v := range []verdict{
 		{from: StateUncertain, end: endReleased, returned: false, cause: errShutdown},
 		{from: StateUncertain, end: endReleased, returned: true, outcome: Retry(0, nil), cause: errShutdown},
-		{from: StateRunning, end: endReleased, returned: true, outcome: ok, cause: errShutdown},
 	} {
 		if tr := decide(v); tr.write != writeNone {
 			t.Errorf("%+v: %+v; want nothing written", v, tr)

@@ -27,6 +27,9 @@ const workerProcessEnv = "PGSTORE_TEST_WORKER_DSN"
 // PGSTORE_TEST_HANDLER_MS, until SIGTERM (or SIGKILL). It prints "ready"
 // once it runs.
 func workerProcess(dsn string) int {
+	if os.Getenv(countingEnv) != "" {
+		return countingWorkerProcess(dsn)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	pool, err := pgxpool.New(ctx, dsn)

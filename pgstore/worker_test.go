@@ -743,7 +743,9 @@ func TestReleasedTaskEndsAfterMaxAttempts(t *testing.T) {
 	const maxAttempts = 2
 	for i := 1; i <= maxAttempts; i++ {
 		entered := make(chan struct{})
-		w := newWorker(t, s, WorkerConfig{MaxAttempts: maxAttempts, ShutdownTimeout: 50 * time.Millisecond,
+		// The release is written once the handler returned, within the
+		// half ShutdownTimeout Run waits for it.
+		w := newWorker(t, s, WorkerConfig{MaxAttempts: maxAttempts, ShutdownTimeout: 400 * time.Millisecond,
 			Handler: func(ctx context.Context, t Task) Outcome {
 				close(entered)
 				<-ctx.Done()
@@ -768,7 +770,8 @@ func TestReleasedTaskEndsAfterMaxAttempts(t *testing.T) {
 
 // TestRunReturnsAfterItsHandlers: Run waits for the handlers it canceled,
 // and a handler that ignores cancellation past the grace writes nothing
-// once Run has returned (the caller may have closed the pool).
+// once Run has returned (the caller may have closed the pool); its task
+// is not handed back while it may run (its lease runs out instead).
 func TestRunReturnsAfterItsHandlers(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -776,9 +779,11 @@ func TestRunReturnsAfterItsHandlers(t *testing.T) {
 		ignoresCtx  bool
 		wantErr     error // of the outcome's write
 		wantReturns bool  // the handler returned before Run
+		wantState   State
 	}{
-		{name: "a handler that honours cancellation returns before Run", wantReturns: true},
-		{name: "a handler that ignores it cannot write after Run", ignoresCtx: true, wantErr: errWorkerStopped},
+		{name: "a handler that honours cancellation returns before Run", wantReturns: true, wantState: StateRetrying},
+		{name: "a handler that ignores it cannot write after Run", ignoresCtx: true, wantErr: errWorkerStopped,
+			wantState: StateRunning},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -816,8 +821,8 @@ func TestRunReturnsAfterItsHandlers(t *testing.T) {
 			if err := <-written; !errors.Is(err, tt.wantErr) {
 				t.Fatalf("the outcome's write: %v; want %v", err, tt.wantErr)
 			}
-			if st := state(t, s, task.ID); st != StateRetrying {
-				t.Fatalf("task is %s; want released (retrying)", st)
+			if st := state(t, s, task.ID); st != tt.wantState {
+				t.Fatalf("task is %s; want %s", st, tt.wantState)
 			}
 		})
 	}
@@ -1070,8 +1075,7 @@ func TestAttemptsFree(t *testing.T) {
 			for i := range tt.given {
 				all = append(all, newA(fmt.Sprint(i)))
 			}
-			as.beginClaim()
-			as.register(all)
+			as.register(all, as.beginClaim(4))
 			for _, a := range all[:tt.handedIn] {
 				as.handOff(a)
 				as.handOff(a) // twice counts once
