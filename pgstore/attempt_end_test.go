@@ -24,9 +24,9 @@ import (
 
 // Environment of a counting worker process (see countingWorkerProcess).
 const (
-	countingEnv        = "PGSTORE_TEST_COUNTING"         // set: the worker process is a counting one
-	countingNameEnv    = "PGSTORE_TEST_COUNTING_NAME"    // the worker's Name
-	countingViaEnv     = "PGSTORE_TEST_COUNTING_VIA"     // host:port of the proxy the worker reaches the database through
+	countingEnv        = "PGSTORE_TEST_COUNTING"      // set: the worker process is a counting one
+	countingNameEnv    = "PGSTORE_TEST_COUNTING_NAME" // the worker's Name
+	countingViaEnv     = "PGSTORE_TEST_COUNTING_VIA"  // host:port of the proxy the worker reaches the database through
 	countingTimeoutEnv = "PGSTORE_TEST_COUNTING_TIMEOUT_MS"
 	countingStopEnv    = "PGSTORE_TEST_COUNTING_SHUTDOWN_MS"
 	countingLeaseEnv   = "PGSTORE_TEST_COUNTING_LEASE_MS"
