@@ -96,8 +96,8 @@
 // A fingerprint is "v1:" and a SHA-256 in hex. The hash input is framed so
 // that no two different parameter sets share it: every name and value is
 // length-prefixed, and each selected field carries its typed path, the
-// kind of container (object or array) each pointer token stepped into
-// (see the layout in fingerprint.go). The v1 algorithm never changes;
+// kind of container (object or array) each pointer token stepped into.
+// The v1 algorithm never changes;
 // golden fingerprints in testdata/golden.json pin it.
 //
 // # Cost

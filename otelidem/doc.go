@@ -12,12 +12,12 @@
 // module; both report under the instrumentation scope
 // github.com/idemgate/idemgate/otelidem.
 //
-// Wiring:
+// Wiring (idem is github.com/idemgate/idemgate/middleware):
 //
 //	rec, err := otelidem.New(otelidem.Config{MeterProvider: mp, TracerProvider: tp})
 //	e.Use(rec.Server())                               // a span per request
-//	store := rec.Store(middleware.NewRedisStore(rdb)) // spans and durations of store calls
-//	idem := middleware.New(middleware.Config{Store: store, OnEvent: rec.OnEvent, ...})
+//	store := rec.Store(idem.NewRedisStore(rdb))       // spans and durations of store calls
+//	e.Use(idem.New(idem.Config{Store: store, OnEvent: rec.OnEvent, ...}))
 //
 // Attributes are bounded: route, method, kind, outcome, operation and
 // result; the tenant only with Config.Tenant. A raw idempotency key, a

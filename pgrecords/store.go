@@ -9,7 +9,7 @@
 // fence against one clock. A miss costs two round trips (claim, complete),
 // a replay one, a conflict one, plus one extend per Lease/3 of handler
 // time. A replay or conflict is a plain read by primary key; only a claim
-// that finds no live record calls a function that writes (see sqlClaim).
+// that finds no live record calls a function that writes.
 //
 // Atomic routes (middleware.Config.Atomic): Store implements
 // middleware.TxStore. The handler runs in a transaction on a connection of

@@ -77,13 +77,10 @@
 // Operator (Store.Operator) is for operator tools: List with a Filter,
 // and Get, Cancel and Retry by task ID alone, for any tenant.
 //
-// The worker is a few small parts: the pure decision of what an ended
-// attempt does to its task (decide, table-tested), the completer that
-// batches final transitions, the heartbeat, the rescuer and the listener.
-// A handler's slot is free once it returns; the completer may hold its
-// outcome up to WorkerConfig.CompletionWait while other handlers run, to
-// write many in one statement (still fenced by attempt, its lease still
-// kept).
+// A handler's slot is free once it returns; its outcome may wait up to
+// WorkerConfig.CompletionWait while other handlers run, so that the final
+// transitions of many attempts are written in one statement (each still
+// fenced by its attempt, its lease still kept).
 //
 // Workers wake on LISTEN/NOTIFY and poll as a fallback, so they also work
 // behind a transaction pooler. There is no trigger: the statement that
@@ -118,7 +115,7 @@
 // claim index by kind and the finished-task index, CONCURRENTLY; version 5
 // adds priority, version 6 turns and the kind limits table, each with
 // their claim indexes built CONCURRENTLY and read back before the ones
-// they replace are dropped. The
+// they replace are dropped; version 7 bounds the kind limits' rate. The
 // migrating session's search_path is pinned to the schema it migrates,
 // and what a step drops is read back from that schema's catalog and named
 // by it, so a migration never touches another schema.
