@@ -70,6 +70,9 @@ type workerTestHooks struct {
 	// on the timer, before it reads the free slots again: a test claims
 	// there to take them.
 	gathered func()
+	// claiming runs in the claim loop once it reserved the slots of a
+	// claim, before the claim's statement.
+	claiming func()
 }
 
 // NewWorker returns a worker for s; start it with Run. It copies cfg's
@@ -100,17 +103,19 @@ func NewWorker(s *Store, cfg WorkerConfig) (*Worker, error) {
 }
 
 // Run works until ctx ends, then shuts down gracefully: it stops claiming,
-// lets running handlers finish for up to ShutdownTimeout, releases the
-// tasks of the rest (by their kind's Lost policy) and cancels their
-// handlers, waits up to ShutdownTimeout/2 for those to return, and
-// returns nil. Outcomes of handlers that returned are written at once
-// (not held for a batch); a task whose outcome could not be written by
-// then is released too. It returns an error only if called twice.
+// lets running handlers finish for up to ShutdownTimeout, cancels the
+// rest, waits up to ShutdownTimeout/2 for those to return, releasing the
+// task of each as it returns (by its kind's Lost policy), and returns
+// nil. Outcomes of handlers that returned are written at once (not held
+// for a batch); a task whose outcome could not be written by then is
+// released too. It returns an error only if called twice.
 //
 // When Run returns, the worker writes nothing more to the database: a
 // handler that ignored its cancelled context past that grace runs on in
-// its goroutine, but its outcome is discarded (its task was released).
-// So a caller may close the pool as soon as Run returns.
+// its goroutine, but its outcome is discarded, and its task stays held
+// until its lease ends (then any worker's rescue hands it back): it is
+// never released while its handler may still run. So a caller may close
+// the pool as soon as Run returns.
 //
 // Run wakes on LISTEN/NOTIFY when a task is submitted or cancelled (on a
 // connection of its own, taken from the pool) and polls every
@@ -159,7 +164,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() { w.tasks.Wait(); close(done) }()
 	if !waitClosed(done, w.cfg.ShutdownTimeout) {
-		w.releaseAll(base)
+		w.releaseAll()
 		if !waitClosed(done, w.cfg.ShutdownTimeout/2) {
 			w.cfg.Logger.Warn("pgstore: worker: handlers ignored cancellation; their outcomes will be discarded",
 				"handlers", w.attempts.count())
@@ -224,10 +229,21 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 				gather.Stop()
 				gathering = false
 			}
-			w.attempts.beginClaim()
-			claimed, sent, took, err := w.claim(base, free)
+			// The slots are reserved: a Reconcile's claim, running
+			// meanwhile, cannot take them too.
+			free = w.attempts.beginClaim(w.cfg.Concurrency)
+			if w.test != nil && w.test.claiming != nil {
+				w.test.claiming()
+			}
+			var claimed []Task
+			var sent time.Time
+			var took time.Duration
+			var err error
+			if free > 0 {
+				claimed, sent, took, err = w.claim(base, free)
+			}
 			// Even when stopping: shutdown finishes or releases them.
-			w.start(base, claimed, StateRunning, sent, took)
+			w.start(base, claimed, StateRunning, sent, took, free)
 			w.completer.nudge() // the claim is over
 			switch {
 			case ctx.Err() != nil:
@@ -241,8 +257,10 @@ func (w *Worker) claimLoop(ctx, base context.Context) {
 				continue
 			}
 			errWait = 0
-			w.backlog.Store(len(claimed) == free)
-			if len(claimed) == free {
+			// No slot left (a Reconcile's claim took them): wait below.
+			full := free > 0 && len(claimed) == free
+			w.backlog.Store(full)
+			if full {
 				gathering = true // there may be more
 				gather.Reset(claimGather)
 				continue
@@ -395,12 +413,17 @@ func (w *Worker) leaseUS() int64 {
 // cancellation arriving from then on finds them; a WorkerClaimed event
 // (for a claim of running tasks, which took took) follows; and only then
 // do the handlers start, each unless its attempt was cancelled meanwhile.
-func (w *Worker) start(base context.Context, claimed []Task, from State, sent time.Time, took time.Duration) {
+func (w *Worker) start(base context.Context, claimed []Task, from State, sent time.Time, took time.Duration, reserved int) {
 	as := make([]*attempt, len(claimed))
 	for i, t := range claimed {
 		as[i] = newAttempt(base, t, from, w.cfg.policy(t.Kind), sent, w.cfg.Lease)
+		if t.State == StateCancelled {
+			// A task cancelled while an earlier Reconcile held it, whose
+			// claim lapsed: it ends without a call.
+			as[i].cancel(errCancelled)
+		}
 	}
-	w.attempts.register(as)
+	w.attempts.register(as, reserved)
 	if from == StateRunning {
 		for _, t := range claimed {
 			w.emit(WorkerEvent{Type: WorkerClaimed, Kind: t.Kind, TaskID: t.ID, Attempt: t.Attempt, Latency: took})
@@ -535,11 +558,17 @@ func (w *Worker) report(a *attempt, v verdict, tr transition, st State, applied 
 	case tr.write == writeNone && tr.event == "":
 		return
 	case tr.write == writeNone:
+	case !applied && tr.write == writeCancelled:
+		// Cancel ended the task at once (no attempt held it by then).
 	case !applied:
 		w.cfg.Logger.Warn("pgstore: worker: the task moved on; outcome discarded", "task", t.ID, "attempt", t.Attempt)
 		ev.Type = WorkerStale
+	case st == StateCancelled:
+		ev.Type = WorkerCancelled // cancelled while the attempt ran: what it returned is discarded
 	case tr.event == WorkerRetried && st == StateFailed:
 		ev.Type = WorkerFailed // out of attempts
+	case tr.write == writeRelease && st == StateUncertain:
+		ev.Type = WorkerUncertain
 	}
 	if tr.event == WorkerTimedOut {
 		w.cfg.Logger.Warn("pgstore: worker: attempt timed out", "task", t.ID, "attempt", t.Attempt,
@@ -601,17 +630,17 @@ func (w *Worker) maintain(ctx, base context.Context) {
 // on them. They are fenced like running tasks, on state uncertain; their
 // claim holds them for a lease, without heartbeats.
 func (w *Worker) reconcile(ctx, base context.Context) error {
-	free := w.attempts.free(w.cfg.Concurrency)
+	free := w.attempts.beginClaim(w.cfg.Concurrency) // reserved, as the claim loop's are
 	if free <= 0 {
+		w.attempts.register(nil, 0)
 		return nil
 	}
 	qctx, cancel := context.WithTimeout(ctx, w.claimTimeout())
 	defer cancel()
-	w.attempts.beginClaim()
 	sent := time.Now()
 	claimed, err := w.runClaim(qctx, sqlClaimUncertain, pgx.NamedArgs{"limit": free, "lease_us": w.leaseUS(),
 		"kinds": w.cfg.Kinds, "worker": w.cfg.Name, "held": w.attempts.ids()})
-	w.start(base, claimed, StateUncertain, sent, time.Since(sent))
+	w.start(base, claimed, StateUncertain, sent, time.Since(sent), free)
 	w.completer.nudge()
 	if err != nil {
 		return interpretError("claim uncertain", err)
@@ -619,26 +648,26 @@ func (w *Worker) reconcile(ctx, base context.Context) error {
 	return nil
 }
 
-// releaseAll hands the tasks of running handlers back, by their kind's
-// Lost policy, and cancels the handlers (an attempt whose handler
-// returned is left to the write of its outcome); it cancels running Reconciles,
-// whose tasks stay uncertain for another worker to reconcile once their
-// claim has lapsed.
-func (w *Worker) releaseAll(ctx context.Context) {
+// releaseAll cancels the running handlers and Reconciles at shutdown.
+// Each task is handed back (by its kind's Lost policy) by its own
+// attempt once the handler has returned, never before: released while
+// the handler still ran, the task could start again elsewhere beside it,
+// and its kind's limits would not count the handler. A Reconcile's task
+// stays uncertain for another worker once its claim has lapsed. A
+// handler that does not return within Run's last wait keeps its task
+// until its lease ends (the heartbeat stops with Run), when a rescue
+// hands it back.
+func (w *Worker) releaseAll() {
 	for _, a := range w.attempts.reconciling() {
 		a.cancel(errShutdown)
 	}
 	for _, a := range w.attempts.leased() {
-		if w.attempts.handedOffNow(a) {
-			// Its handler returned: its outcome is being written, and
-			// is the task's (releaseUnwritten takes it back if that
-			// write does not land).
-			continue
+		// An attempt whose handler returned is left to the write of its
+		// outcome (releaseUnwritten takes its task back if that write
+		// does not land); cancelling it would end its write's retries.
+		if !w.attempts.handedOffNow(a) {
+			a.cancel(errShutdown)
 		}
-		// Release before cancelling: a handler that returns the moment it
-		// is cancelled must find its task gone, not overwrite the release.
-		w.release(ctx, a)
-		a.cancel(errShutdown)
 	}
 }
 
