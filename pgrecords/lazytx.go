@@ -89,6 +89,13 @@ func (t *lazyTx) pgxTx(ctx context.Context) (pgx.Tx, error) {
 		return nil, err
 	}
 	if t.db == nil {
+		// pgx closes the connection when BEGIN fails without the server's
+		// answer, even with a context that was done before anything was
+		// sent, where a savepoint of pgx's own transaction sends nothing
+		// and leaves the transaction usable.
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		// BEGIN and the setup in one round trip: a statement without
 		// arguments goes by the simple protocol, which takes several.
 		db, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: t.simpleBegin()})

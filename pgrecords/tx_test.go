@@ -894,3 +894,70 @@ func TestTxMultiStatementFirst(t *testing.T) {
 		t.Errorf("committed %q, want nothing", got)
 	}
 }
+
+// TestTxSavepointBeforeBegin: a savepoint begun before BEGIN ran (pgx's
+// own transaction is begun for it), in two ways that fail: with a
+// context already cancelled, after a first statement that failed to
+// prepare, so that the connection is held but BEGIN never ran (nothing
+// is sent; pgx closes a connection whose BEGIN fails other than with the
+// server's error), and after a first statement that aborted the
+// transaction. Each
+// fails as it would in a plain pgx transaction, and leaves the
+// transaction as pgx's: usable after the cancelled one (the write and the
+// answer commit together, 201, replayed), aborted after the failed
+// statement (500 tx_aborted when the handler answers anyway, nothing
+// committed, the connection kept by pgx).
+func TestTxSavepointBeforeBegin(t *testing.T) {
+	t.Parallel()
+	pool, s := atomicDB(t)
+	var savepointErr error
+	e := atomicRoute(t, s, func(c echo.Context) error {
+		ctx, tx := c.Request().Context(), pgrecords.Tx(c)
+		key := c.Request().Header.Get("Idempotency-Key")
+		switch key {
+		case "savepoint-cancelled":
+			// Fails to prepare (the default exec mode prepares): nothing
+			// ran, BEGIN neither, and the connection is kept.
+			if _, err := tx.Exec(ctx, `INSERT INTO no_such_table VALUES ($1)`, 1); err == nil {
+				return errors.New("an INSERT into no table succeeded")
+			}
+			cancelled, cancel := context.WithCancel(ctx)
+			cancel()
+			_, savepointErr = tx.Begin(cancelled)
+		case "savepoint-aborted":
+			_, _ = tx.Exec(ctx, `SELECT 1/$1::int`, 0)
+			_, savepointErr = tx.Begin(ctx)
+		}
+		if err := ledgerInsert(ctx, tx, key, "h"); err != nil && key != "savepoint-aborted" {
+			return err
+		}
+		return c.String(http.StatusCreated, "ok")
+	}, nil)
+	for _, tt := range []struct {
+		key      string
+		wantErr  string
+		want     int
+		wantRows int
+	}{
+		{key: "savepoint-cancelled", wantErr: "context canceled", want: 201, wantRows: 1},
+		{key: "savepoint-aborted", wantErr: "25P02", want: 500, wantRows: 0},
+	} {
+		t.Run(tt.key, func(t *testing.T) {
+			rec := atomicSend(e, tt.key)
+			if savepointErr == nil || !strings.Contains(savepointErr.Error(), tt.wantErr) {
+				t.Errorf("savepoint = %v, want an error with %q", savepointErr, tt.wantErr)
+			}
+			if rec.Code != tt.want {
+				t.Errorf("request = %d %q, want %d", rec.Code, rec.Body, tt.want)
+			}
+			if got := ledgerRows(t, pool, tt.key); got != tt.wantRows {
+				t.Errorf("ledger rows = %d, want %d", got, tt.wantRows)
+			}
+			if tt.want == 201 {
+				if again := atomicSend(e, tt.key); again.Header().Get("Idempotent-Replayed") != "true" {
+					t.Errorf("retry = %d replayed=%q, want the answer replayed", again.Code, again.Header().Get("Idempotent-Replayed"))
+				}
+			}
+		})
+	}
+}
