@@ -2,19 +2,20 @@
 # start throwaway PostgreSQL and Redis servers on free loopback ports
 # (internal/testenv) and stop them at the end.
 #
-# Five modules share this checkout (go.work joins them): the library at the
-# root, and example/, otelidem/ and tools/ with their own dependencies, so an
-# importer of the library gets none of theirs; otelidem/internal/sdktest holds
-# otelidem's tests that need the OpenTelemetry SDK, so an importer of otelidem
-# gets the API only. "./..." names one module only; PKGS names all five.
+# Seven modules share this checkout (go.work joins them): the library at the
+# root; otelidem/, client/ and cmd/idemgate/, released with it; example/ and
+# tools/ with their own dependencies, so an importer of the library gets none
+# of theirs; otelidem/internal/sdktest holds otelidem's tests that need the
+# OpenTelemetry SDK, so an importer of otelidem gets the API only. "./..."
+# names one module only; PKGS names all seven.
 GO ?= go
 export GOTOOLCHAIN ?= local
 PKGS = ./... ./client/... ./cmd/idemgate/... ./example/... ./otelidem/... ./otelidem/internal/sdktest/... ./tools/...
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: test vet lint unit faults run bench load chaos river river-quick
+.PHONY: test vet lint publish-check unit faults run bench load chaos river river-quick release
 
-test: vet lint unit faults
+test: vet lint publish-check unit faults
 
 vet:
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
@@ -24,6 +25,18 @@ vet:
 lint:
 	$(STATICCHECK) $(PKGS)
 	$(STATICCHECK) -tags faults ./tools/faults/
+
+# The public modules as a user gets them (docs/releasing.md): each tidy with
+# GOWORK=off; packed into a file-based module proxy; fresh consumers built
+# and vetted against it outside the workspace; the CLI go-installed from it.
+publish-check:
+	$(GO) run ./tools/publishcheck
+
+# make release VERSION=v0.2.0: set the version in every module, check
+# CHANGELOG.md, run the publish check, commit and tag (docs/releasing.md).
+release:
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=vX.Y.Z"; exit 1; }
+	$(GO) run ./tools/release -version $(VERSION)
 
 # Allocation budgets run once more without -race: the race detector drops
 # pooled buffers on purpose.
