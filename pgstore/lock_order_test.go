@@ -33,6 +33,15 @@ func TestHeartbeatAndCompleterLockInOneOrder(t *testing.T) {
 	lease_until = now() + interval '1 hour'`); err != nil {
 		t.Fatal(err)
 	}
+	// A table of some size, as in production: the statements look their
+	// rows up by ID, in the order they are given (a table of two rows is
+	// read whole, in its physical order, by both).
+	if _, err := s.pool.Exec(ctx, `INSERT INTO idemgate_tasks (tenant, owner, kind, runtime, network,
+	idempotency_key, fingerprint, state, finished_at)
+SELECT 'bulk', 'o', 'image', 'gpu', 'main', 'bulk-' || g, 'v1:a', 'succeeded', now() FROM generate_series(1, 20000) g;
+ANALYZE idemgate_tasks`); err != nil {
+		t.Fatal(err)
+	}
 	conn := func() *pgxpool.Conn {
 		c, err := s.pool.Acquire(ctx)
 		if err != nil {
@@ -94,7 +103,7 @@ func TestHeartbeatAndCompleterLockInOneOrder(t *testing.T) {
 			t.Fatalf("heartbeat or batch: %v", err)
 		}
 	}
-	if n := countRows(t, s.pool, "state = 'succeeded'"); n != 2 {
+	if n := countRows(t, s.pool, "state = 'succeeded' AND tenant = 'acme'"); n != 2 {
 		t.Fatalf("%d of 2 tasks succeeded", n)
 	}
 }
