@@ -132,6 +132,22 @@ func Required(root string, m Module) (string, error) {
 	return "", nil
 }
 
+// Siblings returns the modules of the repository that m requires, with the
+// versions it requires them at.
+func Siblings(root string, m Module) (map[string]string, error) {
+	f, err := parse(root, m)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, r := range f.Require {
+		if r.Mod.Path == Root || strings.HasPrefix(r.Mod.Path, Root+"/") {
+			out[r.Mod.Path] = r.Mod.Version
+		}
+	}
+	return out, nil
+}
+
 // SetVersion makes every module in mods require each sibling it already
 // requires at version, and keeps a replace directive to the sibling's
 // directory so work inside the repository uses the working tree. A public
@@ -153,7 +169,7 @@ func SetVersion(root string, mods []Module, version string) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		installable, err := isCommand(root, m)
+		installable, err := IsCommand(root, m)
 		if err != nil {
 			return nil, err
 		}
@@ -229,9 +245,9 @@ func parse(root string, m Module) (*modfile.File, error) {
 	return f, nil
 }
 
-// isCommand reports whether the module's root directory holds a package
+// IsCommand reports whether the module's root directory holds a package
 // main, which users install with "go install path@version".
-func isCommand(root string, m Module) (bool, error) {
+func IsCommand(root string, m Module) (bool, error) {
 	files, err := filepath.Glob(filepath.Join(root, m.Dir, "*.go"))
 	if err != nil {
 		return false, fmt.Errorf("modset: %w", err)
