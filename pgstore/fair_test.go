@@ -136,3 +136,65 @@ func TestFutureTaskDoesNotPinTheLine(t *testing.T) {
 		})
 	}
 }
+
+// A tenant's backlog scheduled for tomorrow costs nothing to the others
+// and pushes no due task back: beside 20,000 scheduled tasks, a claim
+// that finds nothing due and another tenant's Submit read as much as on
+// an empty queue; the scheduling tenant's own due task, submitted after
+// its scheduled backlog, takes the line's next turn (it went behind its
+// 20,000 scheduled turns); and scheduled tasks that come due are given
+// turns and claimed. Claims and Submit's next-turn lookup read past every
+// scheduled task whose turn the line had reached.
+func TestScheduledBacklogCostsOthersNothing(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	x := tenantTask("x", "x-first")
+	claimEmpty, submitEmpty := claimPlan(t, s, []string{"image"}, 16), submitPlan(t, s, x)
+	tomorrow := time.Now().Add(24 * time.Hour)
+	for from := 0; from < 20_000; from += 2000 {
+		batch := make([]NewTask, 2000)
+		for i := range batch {
+			batch[i] = tenantTask("planner", fmt.Sprintf("later-%d", from+i))
+			batch[i].RunAfter = tomorrow
+		}
+		if _, err := s.SubmitMany(ctx, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.pool.Exec(ctx, "ANALYZE idemgate_tasks"); err != nil {
+		t.Fatal(err)
+	}
+	claimLater, submitLater := claimPlan(t, s, []string{"image"}, 16), submitPlan(t, s, x)
+	t.Logf("claim %+v and Submit %+v on an empty queue; %+v and %+v beside 20k scheduled tasks",
+		claimEmpty, submitEmpty, claimLater, submitLater)
+	if claimLater.Rows != 0 || claimLater.Buffers > claimEmpty.Buffers*3/2+20 {
+		t.Errorf("a claim beside 20k scheduled tasks: %+v; on an empty queue %+v", claimLater, claimEmpty)
+	}
+	if submitLater.Buffers > submitEmpty.Buffers*3/2+10 {
+		t.Errorf("Submit beside 20k scheduled tasks: %+v; on an empty queue %+v", submitLater, submitEmpty)
+	}
+	for i := range 20 {
+		mustSubmit(t, s, tenantTask("x", fmt.Sprintf("x-%d", i)))
+	}
+	own := mustSubmit(t, s, tenantTask("planner", "planner-now"))
+	if got := claimNow(t, s, []string{"image"}, 2); !slices.ContainsFunc(got, func(c Task) bool { return c.ID == own.ID }) {
+		t.Fatalf("first claim of 2 took %v; want the scheduling tenant's due task among them (x's 20 tasks wait too)",
+			keysOf(got))
+	}
+	if _, err := s.pool.Exec(ctx, `UPDATE idemgate_tasks SET run_after = now() - interval '1 minute'
+		WHERE idempotency_key IN ('later-0', 'later-1', 'later-2')`); err != nil {
+		t.Fatal(err)
+	}
+	var claimed []string
+	for range 4 {
+		for _, c := range claimNow(t, s, []string{"image"}, 16) {
+			claimed = append(claimed, c.IdempotencyKey)
+		}
+	}
+	for _, key := range []string{"later-0", "later-1", "later-2"} {
+		if !slices.Contains(claimed, key) {
+			t.Fatalf("claims took %v; want the scheduled tasks that came due (%s)", claimed, key)
+		}
+	}
+}

@@ -488,3 +488,22 @@ func cappedBacklog(t testing.TB, s *Store, tenants, first, waiting int) {
 		t.Fatal(err)
 	}
 }
+
+// submitPlan runs Submit's statement for nt under EXPLAIN (ANALYZE,
+// BUFFERS) in a transaction it rolls back, and returns its figures.
+func submitPlan(t testing.TB, s *Store, nt NewTask) planFigures {
+	t.Helper()
+	ctx := context.Background()
+	var pf planFigures
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		pf = explainFigures(t, tx, sqlSubmit, pgx.NamedArgs{"tenant": nt.Tenant, "owner": nt.Owner,
+			"kind": nt.Kind, "runtime": nt.Runtime, "network": nt.Network, "key": nt.IdempotencyKey,
+			"fingerprint": nt.Fingerprint, "params": nil, "trace": "", "run_after": runAfterArg(nt.RunAfter),
+			"priority": nt.Priority, "notify": false})
+		return errRollback
+	})
+	if !errors.Is(err, errRollback) {
+		t.Fatal(err)
+	}
+	return pf
+}

@@ -61,6 +61,19 @@ var migrations = []migrate.Migration{
 	{Version: 7, Name: "bound the kind limits' rate", Steps: []migrate.Step{
 		{Name: "bound starts_per_second by MaxStartsPerSecond", Run: migrate.TxExec(sqlV7BoundRate)},
 	}},
+	{Version: 8, Name: "scheduled tasks wait outside the claim indexes until due", Steps: []migrate.Step{
+		{Name: "drop an invalid leftover of the claim index", Run: migrate.DropIfUnusable(tasksTable, indexClaimV8)},
+		{Name: "build the claim index concurrently", Run: migrate.CreateIfAbsent(tasksTable, indexClaimV8, sqlCreateClaimIndexV8)},
+		{Name: "read the claim index back", Run: migrate.RequireUsable(tasksTable, indexClaimV8, false, []string{"kind", "priority", "turn", "run_after"})},
+		{Name: "drop an invalid leftover of the runnable index", Run: migrate.DropIfUnusable(tasksTable, indexRunnableV8)},
+		{Name: "build the runnable index concurrently", Run: migrate.CreateIfAbsent(tasksTable, indexRunnableV8, sqlCreateRunnableIndexV8)},
+		{Name: "read the runnable index back", Run: migrate.RequireUsable(tasksTable, indexRunnableV8, false, []string{"priority", "turn", "run_after"})},
+		{Name: "drop an invalid leftover of the scheduled index", Run: migrate.DropIfUnusable(tasksTable, indexScheduled)},
+		{Name: "build the scheduled index concurrently", Run: migrate.CreateIfAbsent(tasksTable, indexScheduled, sqlCreateScheduledIndex)},
+		{Name: "read the scheduled index back", Run: migrate.RequireUsable(tasksTable, indexScheduled, false, []string{"run_after"})},
+		{Name: "drop v6's claim index concurrently", Run: migrate.DropIndex(tasksTable, indexClaimV6)},
+		{Name: "drop v6's runnable index concurrently", Run: migrate.DropIndex(tasksTable, indexRunnableV6)},
+	}},
 }
 
 // Migrate brings the schema to the newest version. It is idempotent and

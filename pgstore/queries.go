@@ -46,6 +46,16 @@ const (
 	// indexTenantTurn finds a tenant's last turn in a kind and priority
 	// (v6), so that Submit can give its next task the turn after.
 	indexTenantTurn = "idemgate_tasks_tenant_turn"
+	// indexClaimV8 serves the claim by kind as indexClaimV6 did, without
+	// the tasks waiting for their RunAfter to be given a turn (v8); it
+	// replaces indexClaimV6.
+	indexClaimV8 = "idemgate_tasks_claim_v8"
+	// indexRunnableV8 serves the claim of any kind the same way (v8); it
+	// replaces indexRunnableV6.
+	indexRunnableV8 = "idemgate_tasks_runnable_v8"
+	// indexScheduled finds the tasks waiting for their RunAfter to be
+	// given a turn, by RunAfter (v8).
+	indexScheduled = "idemgate_tasks_scheduled"
 	// notifyChannel carries a task's kind whenever it becomes runnable.
 	notifyChannel = "idemgate_tasks"
 	// cancelChannel carries a task's ID when it is cancelled.
@@ -210,6 +220,21 @@ CREATE TABLE IF NOT EXISTS idemgate_kind_limits (
 ALTER TABLE idemgate_kind_limits DROP CONSTRAINT IF EXISTS idemgate_kind_limits_rate_check,
 	ADD CONSTRAINT idemgate_kind_limits_rate_check CHECK (starts_per_second <= 1e6)`
 
+	// v8: a task submitted for later (RunAfter ahead) takes no turn until
+	// it is due: its turn is unplaced (-1) and the claim indexes leave it
+	// out, so that neither a claim nor Submit's next-turn lookup reads
+	// past scheduled tasks, and a scheduled backlog pushes no one's due
+	// tasks back. A claim gives due ones their turn (dueUnplaced). Rows
+	// from before v8 keep their turns and stay in the new indexes.
+	sqlCreateClaimIndexV8 = `CREATE INDEX CONCURRENTLY idemgate_tasks_claim_v8
+	ON idemgate_tasks (kind, priority DESC, turn NULLS FIRST, run_after)
+	WHERE state IN ('pending', 'retrying') AND (turn IS NULL OR turn >= 0)`
+	sqlCreateRunnableIndexV8 = `CREATE INDEX CONCURRENTLY idemgate_tasks_runnable_v8
+	ON idemgate_tasks (priority DESC, turn NULLS FIRST, run_after)
+	WHERE state IN ('pending', 'retrying') AND (turn IS NULL OR turn >= 0)`
+	sqlCreateScheduledIndex = `CREATE INDEX CONCURRENTLY idemgate_tasks_scheduled
+	ON idemgate_tasks (run_after) WHERE state IN ('pending', 'retrying') AND turn = -1`
+
 	// v2: widen the key. No IF NOT EXISTS: a leftover of a killed build is
 	// invalid and must be dropped, never trusted.
 	sqlCreateWideIndex = `CREATE UNIQUE INDEX CONCURRENTLY idemgate_tasks_key_v2
@@ -226,17 +251,68 @@ ALTER TABLE idemgate_kind_limits DROP CONSTRAINT IF EXISTS idemgate_kind_limits_
 // already waiting. So a tenant's backlog takes turns 0, 1,
 // 2, …, and another tenant's first task the next turn to be served:
 // claims, which take the lowest turns first, serve the tenants in turn.
-// Each lookup is one descent of an index (tenant_turn, claim_v6). Two
+// A task submitted for later takes no turn (unplaced, -1) until a claim
+// finds it due (dueUnplaced), and is not counted by either lookup.
+// Each lookup is one descent of an index (tenant_turn, claim_v8). Two
 // concurrent Submits of one tenant may take the same turn: a tenant gains
 // at most its concurrency in places, and no lock serializes its Submits.
 func turnOf(kind, priority, tenant string) string {
 	return `greatest(0,
 	(SELECT w.turn + 1 FROM idemgate_tasks w WHERE w.kind = ` + kind + ` AND w.priority = ` + priority + `
-		AND w.tenant = ` + tenant + ` AND w.state IN ('pending', 'retrying') AND w.turn IS NOT NULL
+		AND w.tenant = ` + tenant + ` AND w.state IN ('pending', 'retrying') AND w.turn >= 0
 		ORDER BY w.turn DESC LIMIT 1),
 	(SELECT w.turn FROM idemgate_tasks w WHERE w.kind = ` + kind + ` AND w.priority = ` + priority + `
-		AND w.state IN ('pending', 'retrying') AND w.turn IS NOT NULL AND w.run_after <= now()
+		AND w.state IN ('pending', 'retrying') AND w.turn >= 0 AND w.run_after <= now()
 		ORDER BY w.turn NULLS FIRST LIMIT 1))`
+}
+
+// unplaced is the turn of a task waiting for its RunAfter, which takes its
+// turn when due (v8).
+const unplaced = `-1`
+
+// placed is true of a task that has its turn (or a task from before v6,
+// which has none and goes first): the claim indexes' condition (v8).
+const placed = `(turn IS NULL OR turn >= 0)`
+
+// newTurn is the turn of a new task due at runAfter (SQL, NULL: now) of
+// (kind, priority, tenant): unplaced if it is not due yet, else turnOf.
+// The CASE keeps turnOf's lookups from running for a scheduled task.
+func newTurn(runAfter, kind, priority, tenant string) string {
+	return `CASE WHEN ` + runAfter + ` > now() THEN ` + unplaced + ` ELSE ` + turnOf(kind, priority, tenant) + ` END`
+}
+
+// dueUnplaced is the CTE u, which every claim reads first: up to 256
+// tasks come due that have no turn yet, in RunAfter order, each with the
+// turn it takes now (its tenant's next turns in its line, as Submit would
+// give them), read on the scheduled index; almost always none (one index
+// descent). The claim's candidates include those of its kinds (unplacedArm),
+// so a task is claimed as soon as it is due; those the claim does not take
+// get their turn in the same statement (promoted). SKIP LOCKED: claims
+// racing place each task once.
+var dueUnplaced = `u AS (
+	SELECT d.id, d.kind, d.tenant, d.priority,
+		l.first + row_number() OVER (PARTITION BY d.kind, d.priority, d.tenant ORDER BY d.run_after, d.id) - 1 AS turn,
+		d.run_after
+	FROM (SELECT id, kind, tenant, priority, run_after FROM idemgate_tasks
+		WHERE state IN ('pending', 'retrying') AND turn = ` + unplaced + ` AND run_after <= now()
+		ORDER BY run_after
+		LIMIT 256
+		FOR UPDATE SKIP LOCKED) d
+	CROSS JOIN LATERAL (SELECT ` + turnOf("d.kind", "d.priority", "d.tenant") + ` AS first) l
+)`
+
+// promoted is the CTE that gives the tasks of u the claim did not pick
+// (picked) their turn.
+const promoted = `promoted AS (
+	UPDATE idemgate_tasks t SET turn = u.turn
+	FROM u WHERE t.id = u.id AND NOT EXISTS (SELECT FROM picked WHERE picked.id = u.id)
+)`
+
+// unplacedArm is the candidates among u of the claim's kinds; cond, if not
+// empty, is a condition added, on t.
+func unplacedArm(cond string) string {
+	return `SELECT id, kind, tenant, priority, turn, run_after FROM u t
+	WHERE ` + fmt.Sprintf(anyOfKinds, "t.kind") + ` AND ` + notHeld + cond
 }
 
 // Submit and reads.
@@ -257,7 +333,7 @@ var (
 		run_after, priority, turn)
 	VALUES (@tenant, @owner, @kind, @runtime, @network, @key, @fingerprint, @params, @trace,
 		greatest(@run_after::timestamptz, now()), @priority,
-		` + turnOf("@kind::text", "@priority::smallint", "@tenant::text") + `)
+		` + newTurn("@run_after::timestamptz", "@kind::text", "@priority::smallint", "@tenant::text") + `)
 	ON CONFLICT (tenant, idempotency_key, runtime, network) DO NOTHING
 	RETURNING ` + tTaskColumns + `
 )
@@ -277,7 +353,7 @@ WHERE tenant = @tenant AND idempotency_key = @key AND runtime = @runtime AND net
 		run_after, priority, turn)
 	VALUES (@tenant, @owner, @kind, @runtime, @network, @key, @fingerprint, @params, @trace,
 		greatest(@run_after::timestamptz, now()), @priority,
-		` + turnOf("@kind::text", "@priority::smallint", "@tenant::text") + `)
+		` + newTurn("@run_after::timestamptz", "@kind::text", "@priority::smallint", "@tenant::text") + `)
 	RETURNING ` + taskColumns + `
 )
 SELECT *, false AS duplicate FROM ins
@@ -310,11 +386,11 @@ WHERE NOT @notify::boolean OR ins.run_after > now() OR idemgate_tasks_notify(ins
 		run_after, priority, turn)
 	SELECT u.tenant, u.owner, u.kind, u.runtime, u.network, u.key, u.fingerprint, u.params, u.trace,
 		greatest(u.run_after, now()), u.priority,
-		(SELECT array_agg(` + turnOf("l.kind", "l.priority", "l.tenant") + ` ORDER BY l.line)
+		CASE WHEN u.run_after > now() THEN ` + unplaced + ` ELSE (SELECT array_agg(` + turnOf("l.kind", "l.priority", "l.tenant") + ` ORDER BY l.line)
 			FROM (SELECT DISTINCT ON (line) line, kind, priority, tenant
 				FROM unnest(@lines_of::int[], @kinds::text[], @priorities::smallint[], @tenants::text[])
 					AS v(line, kind, priority, tenant)
-				ORDER BY line) l)[u.line] + u.nth
+				ORDER BY line) l)[u.line] + u.nth END
 	FROM unnest(@tenants::text[], @owners::text[], @kinds::text[], @runtimes::text[], @networks::text[],
 		@keys::text[], @fingerprints::text[], @params::jsonb[], @traces::text[],
 		@run_afters::timestamptz[], @priorities::smallint[], @lines_of::int[], @nths::bigint[])
@@ -524,7 +600,7 @@ type claimShape struct {
 
 const (
 	runnableOrder = `priority DESC, turn NULLS FIRST, run_after`
-	runnableDue   = `d.state IN ('pending', 'retrying') AND d.run_after <= now()`
+	runnableDue   = `d.state IN ('pending', 'retrying') AND d.run_after <= now() AND (d.turn IS NULL OR d.turn >= 0)`
 	notHeld       = `id <> ALL(coalesce(@held::uuid[], '{}'))`
 	anyOfKinds    = `(cardinality(coalesce(@kinds::text[], '{}')) = 0 OR %s = ANY(@kinds::text[]))`
 	// noRoom is true of a task t whose kind can start nothing now.
@@ -565,7 +641,7 @@ const claimCapped = `running AS (
 // with the kind and nothing else, after the claimed tasks. Tokens are
 // spent in the same statement.
 func claimSQL(sh claimShape) string {
-	return `WITH RECURSIVE ` + fmt.Sprintf(claimLimits, sh.limitKinds) + `, ` + claimCapped + `, ` + sh.candidates + `, ranked AS (
+	return `WITH RECURSIVE ` + dueUnplaced + `, ` + fmt.Sprintf(claimLimits, sh.limitKinds) + `, ` + claimCapped + `, ` + sh.candidates + `, ranked AS (
 	SELECT c.id, c.kind, c.priority, c.turn, c.run_after,
 		(lim.room IS NULL OR row_number() OVER (PARTITION BY c.kind ORDER BY ` + sh.order + `) <= lim.room)
 		AND (coalesce(lim.per_tenant, 0) = 0 OR row_number() OVER (PARTITION BY c.kind, c.tenant ORDER BY ` + sh.order + `)
@@ -573,9 +649,9 @@ func claimSQL(sh claimShape) string {
 				WHERE h.kind = c.kind AND h.tenant = c.tenant AND ` + holding + `)) AS ok
 	FROM cand c LEFT JOIN lim ON lim.kind = c.kind
 ), picked AS (
-	SELECT id FROM ranked WHERE ok ORDER BY ` + sh.order + ` LIMIT @limit
-), claimed AS (
-	UPDATE idemgate_tasks t SET ` + sh.set + `
+	SELECT id, turn FROM ranked WHERE ok ORDER BY ` + sh.order + ` LIMIT @limit
+), ` + promoted + `, claimed AS (
+	UPDATE idemgate_tasks t SET ` + sh.set + `, turn = picked.turn
 	FROM picked WHERE t.id = picked.id
 	RETURNING ` + tTaskColumns + `
 ), spent AS (
@@ -624,7 +700,9 @@ func claimRunnableSQL(kinds []string) string {
 		}
 		fmt.Fprintf(&b, "SELECT * FROM k%d UNION ALL SELECT * FROM l%d", i, i)
 	}
-	b.WriteString(")")
+	b.WriteString(" UNION ALL " + unplacedArm(`
+		AND NOT EXISTS (SELECT FROM lim WHERE lim.kind = t.kind AND lim.room = 0)
+		AND NOT `+tenantCapped) + ")")
 	sh.limitKinds, sh.candidates = "l.kind IN ("+strings.Join(quoted, ", ")+")", b.String()
 	return claimSQL(sh)
 }
@@ -648,7 +726,7 @@ func claimRunnableSQL(kinds []string) string {
 // from before v6, without a turn, after the tenant's others).
 func perTenantCandidates(i int, q string) string {
 	waiting := `kind = ` + q + ` AND state IN ('pending', 'retrying')`
-	due := waiting + ` AND run_after <= now() AND ` + notHeld
+	due := waiting + ` AND run_after <= now() AND ` + placed + ` AND ` + notHeld
 	// A hashed subplan: each row is looked up in a hash of the capped
 	// tenants, not compared with every one of them.
 	capped := func(tenant string) string {
@@ -710,13 +788,13 @@ func perTenantCandidates(i int, q string) string {
 // claimRunnableSQL), and claims with limits from then on.
 func claimFreeSQL(kinds []string) string {
 	limitKinds, candidates := runnableCandidates(kinds, "")
-	return `WITH ` + candidates + `, picked AS (
-	SELECT id FROM cand
+	return `WITH ` + dueUnplaced + `, ` + candidates + `, picked AS (
+	SELECT id, turn FROM cand
 	WHERE NOT EXISTS (SELECT FROM idemgate_kind_limits l WHERE ` + limitKinds + ` AND ` + hasLimits + `)
 	ORDER BY ` + runnableOrder + `
 	LIMIT @limit
-)
-UPDATE idemgate_tasks t SET ` + claimSet + `
+), ` + promoted + `
+UPDATE idemgate_tasks t SET ` + claimSet + `, turn = picked.turn
 FROM picked WHERE t.id = picked.id
 RETURNING ` + tTaskColumns + `, false AS duplicate`
 }
@@ -730,14 +808,14 @@ func runnableCandidates(kinds []string, noRoom string) (limitKinds, candidates s
 		if noRoom != "" {
 			noRoom = fmt.Sprintf(noRoom, "t.kind")
 		}
-		return fmt.Sprintf(anyOfKinds, "l.kind"), `cand AS (
+		return fmt.Sprintf(anyOfKinds, "l.kind"), `c0 AS (
 	SELECT id, kind, tenant, priority, turn, run_after FROM idemgate_tasks t
-	WHERE state IN ('pending', 'retrying') AND run_after <= now() AND ` + fmt.Sprintf(anyOfKinds, "kind") + `
-		AND ` + notHeld + noRoom + `
+	WHERE state IN ('pending', 'retrying') AND run_after <= now() AND ` + placed + `
+		AND ` + fmt.Sprintf(anyOfKinds, "kind") + ` AND ` + notHeld + noRoom + `
 	ORDER BY ` + runnableOrder + `
 	LIMIT @limit
 	FOR UPDATE SKIP LOCKED
-)`
+), cand AS (SELECT * FROM c0 UNION ALL ` + unplacedArm(noRoom) + `)`
 	}
 	var b strings.Builder
 	quoted := make([]string, len(kinds))
@@ -749,11 +827,11 @@ func runnableCandidates(kinds []string, noRoom string) (limitKinds, candidates s
 		}
 		fmt.Fprintf(&b, `k%d AS (
 	SELECT id, kind, tenant, priority, turn, run_after FROM idemgate_tasks t
-	WHERE kind = %s AND state IN ('pending', 'retrying') AND run_after <= now() AND %s%s
+	WHERE kind = %s AND state IN ('pending', 'retrying') AND run_after <= now() AND %s AND %s%s
 	ORDER BY %s
 	LIMIT @limit
 	FOR UPDATE SKIP LOCKED
-), `, i, quoted[i], notHeld, cond, runnableOrder)
+), `, i, quoted[i], placed, notHeld, cond, runnableOrder)
 	}
 	b.WriteString("cand AS (")
 	for i := range kinds {
@@ -762,7 +840,10 @@ func runnableCandidates(kinds []string, noRoom string) (limitKinds, candidates s
 		}
 		fmt.Fprintf(&b, "SELECT * FROM k%d", i)
 	}
-	b.WriteString(")")
+	if noRoom != "" {
+		noRoom = fmt.Sprintf(noRoom, "t.kind")
+	}
+	b.WriteString(" UNION ALL " + unplacedArm(noRoom) + ")")
 	return "l.kind IN (" + strings.Join(quoted, ", ") + ")", b.String()
 }
 
