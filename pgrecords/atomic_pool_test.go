@@ -115,3 +115,46 @@ func TestAtomicExecModes(t *testing.T) {
 		})
 	}
 }
+
+// TestAtomicTwoStoresOnOnePool: two Stores on one pool (two pgrecords.New
+// on the application's pool, say one per route group) bound their
+// transactions together, to the pool's MaxConns less one: as many Atomic
+// requests at once as the pool has connections, half on each store, each
+// with a statement slower than its lease, all commit (every renewal finds
+// a connection). Each store counting its own MaxConns-1 let them take
+// every connection, and every request answered 503 lease_lost.
+func TestAtomicTwoStoresOnOnePool(t *testing.T) {
+	t.Parallel()
+	pool, _ := atomicDB(t)
+	const conns = 2
+	small := poolWith(t, pool.Config().ConnString(), func(c *pgxpool.Config) { c.MaxConns = conns })
+	var routes []*echo.Echo
+	const lease = time.Second
+	for range 2 {
+		s, err := pgrecords.New(testCtx(t), small)
+		if err != nil {
+			t.Fatal(err)
+		}
+		routes = append(routes, atomicRoute(t, s, func(c echo.Context) error {
+			tx := pgrecords.Tx(c)
+			if _, err := tx.Exec(c.Request().Context(), `INSERT INTO ledger (key, node) VALUES ($1, 'h')`, c.Request().Header.Get("Idempotency-Key")); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(c.Request().Context(), `SELECT pg_sleep($1)`, (2 * lease).Seconds()); err != nil {
+				return err
+			}
+			return c.String(http.StatusCreated, "ok")
+		}, func(c *middleware.Config) { c.Lease = lease }))
+	}
+	answers := make([]*httptest.ResponseRecorder, conns)
+	var wg sync.WaitGroup
+	for i := range conns {
+		wg.Go(func() { answers[i] = atomicSend(routes[i%2], fmt.Sprintf("two-stores-%d", i)) })
+	}
+	wg.Wait()
+	for i, a := range answers {
+		if a.Code != http.StatusCreated {
+			t.Errorf("request %d (store %d) = %d %s", i, i%2, a.Code, strings.TrimSpace(a.Body.String()))
+		}
+	}
+}

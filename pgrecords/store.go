@@ -55,9 +55,10 @@ type Store struct {
 	// transaction.
 	sweepBatch int
 	// slots bounds the Atomic transactions that hold a connection at once
-	// to the pool's MaxConns less one: claims, completions and renewals
-	// always find one, and no handler waits for a connection that only
-	// another handler's transaction could give back.
+	// to the pool's MaxConns less one, with every Store on the pool
+	// (slotsOf): claims, completions and renewals always find one, and no
+	// handler waits for a connection that only another handler's
+	// transaction could give back.
 	slots chan struct{}
 	// commitTx is sqlCommitTx in the schema of the pool's sessions: the
 	// handler may have set another search_path in its transaction.
@@ -93,7 +94,7 @@ func New(ctx context.Context, pool *pgxpool.Pool) (*Store, error) {
 		return nil, errors.New("pgrecords: the pool's search_path names no existing schema for the records table")
 	}
 	return &Store{pool: pool, sweepBatch: 1000,
-		slots:     make(chan struct{}, max(1, pool.Config().MaxConns-1)),
+		slots:     slotsOf(pool),
 		commitTx:  fmt.Sprintf(sqlCommitTx, pgx.Identifier{*schema}.Sanitize()),
 		idleLimit: time.Duration(idleMs) * time.Millisecond}, nil
 }
