@@ -86,11 +86,13 @@ func (p *Problem) Retryable() bool {
 }
 
 // RequestID returns the request id for one business action with these
-// parameters: action (say "invoice:7:close") followed by a digest of the
-// parameters as JSON. The same action and parameters give the same id on
+// parameters: action (say "invoice:7:close", printable ASCII) followed by a
+// digest of the parameters as JSON. The same action and parameters give the same id on
 // every retry (rule 1); changed parameters give a new id (rule 2). Pass only
 // the parameters the server compares: a field that may change between
-// retries (a note, a timestamp) must not take part.
+// retries (a note, a timestamp) must not take part. It panics if a
+// parameter cannot be encoded as JSON (a channel, a NaN), as such a request
+// could not be sent either.
 func RequestID(action string, params ...any) string {
 	b, err := json.Marshal(params)
 	if err != nil {
@@ -140,6 +142,7 @@ func New(cfg Config) *Client {
 		panic("client: BaseURL is required")
 	}
 	cfg.BaseURL = strings.TrimRight(cfg.BaseURL, "/")
+	cfg.Header = cfg.Header.Clone() // the caller may reuse its map
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{Timeout: 10 * time.Second}
 	}
@@ -203,8 +206,8 @@ const maxBody = 64 << 20
 // promise, to be polled with Poll — or the final error: a *Problem for an
 // error answer (one matching ErrKeyReused returns at once).
 func (c *Client) Send(ctx context.Context, method, path, requestID string, body any) (*Response, error) {
-	if requestID == "" {
-		return nil, errors.New("client: Send needs a request id")
+	if err := checkRequestID(requestID); err != nil {
+		return nil, err
 	}
 	var data []byte
 	switch b := body.(type) {
@@ -335,6 +338,23 @@ func (c *Client) once(ctx context.Context, method, path, requestID string, body 
 	}, nil
 }
 
+// checkRequestID refuses an id that no Idempotency-Key can carry: the
+// server would answer 400 key_invalid to every attempt.
+func checkRequestID(id string) error {
+	if id == "" {
+		return errors.New("client: Send needs a request id")
+	}
+	if len(id) > 255 {
+		return fmt.Errorf("client: request id of %d bytes; at most 255", len(id))
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x20 || id[i] > 0x7e {
+			return fmt.Errorf("client: request id %q: only printable ASCII can be sent", id)
+		}
+	}
+	return nil
+}
+
 // keyHeader encodes a request id as the Idempotency-Key value: a bare token
 // when it is one, else an RFC 8941 sf-string.
 func keyHeader(id string) string {
@@ -364,7 +384,8 @@ func problemFrom(resp *http.Response, body []byte) *Problem {
 }
 
 // retryAfter parses a Retry-After header given in seconds or as an HTTP
-// date (0 if absent or past).
+// date (0 if absent or past), capped at a day: a server's typo must not
+// park a caller for years, nor overflow a Duration.
 func retryAfter(h http.Header) time.Duration {
 	v := strings.TrimSpace(h.Get("Retry-After"))
 	if v == "" {
@@ -377,7 +398,7 @@ func retryAfter(h http.Header) time.Duration {
 		return time.Duration(min(s, int64(24*time.Hour/time.Second))) * time.Second
 	}
 	if t, err := http.ParseTime(v); err == nil {
-		return max(time.Until(t), 0)
+		return min(max(time.Until(t), 0), 24*time.Hour)
 	}
 	return 0
 }

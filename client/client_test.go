@@ -194,12 +194,41 @@ func TestSend(t *testing.T) {
 	}
 }
 
-func TestSendNeedsARequestID(t *testing.T) {
+// TestSendRefusesAnUnsendableRequestID: an id no Idempotency-Key can carry
+// never reaches the server (it would answer key_invalid every time).
+func TestSendRefusesAnUnsendableRequestID(t *testing.T) {
 	t.Parallel()
+	tests := []struct{ name, given string }{
+		{name: "empty", given: ""},
+		{name: "not ASCII", given: "invoice:7:zahlung-für-März"},
+		{name: "a control character", given: "invoice:7\n"},
+		{name: "over 255 bytes", given: strings.Repeat("k", 256)},
+	}
 	srv := newFakeServer(t)
 	c := New(Config{BaseURL: srv.URL})
-	if _, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", "", nil); err == nil {
-		t.Fatal("Send with an empty request id succeeded")
+	for _, tt := range tests {
+		if _, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", tt.given, nil); err == nil {
+			t.Errorf("%s: Send succeeded", tt.name)
+		}
+	}
+	if keys, _, _, _ := srv.seen(); len(keys) != 0 {
+		t.Errorf("the server saw %d requests, want none", len(keys))
+	}
+}
+
+// TestConfigHeaderIsCopied: a caller that reuses its header map after New
+// changes nothing the client sends.
+func TestConfigHeaderIsCopied(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t, answer{status: 201})
+	h := http.Header{"Authorization": {"Bearer tok"}}
+	c := New(Config{BaseURL: srv.URL, Header: h})
+	h.Set("Authorization", "Bearer other")
+	if _, err := c.Send(context.Background(), http.MethodPost, "/x", "k", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, auth := srv.seen(); auth[0] != "Bearer tok" {
+		t.Errorf("Authorization = %q, want the one given to New", auth[0])
 	}
 }
 
@@ -312,6 +341,7 @@ func TestRetryAfter(t *testing.T) {
 		{name: "garbage", given: "soon", want: 0},
 		{name: "huge is capped, never overflows", given: "99999999999999999", want: 24 * time.Hour},
 		{name: "a past date", given: "Wed, 21 Oct 2015 07:28:00 GMT", want: 0},
+		{name: "a far date is capped", given: "Fri, 01 Jan 9999 00:00:00 GMT", want: 24 * time.Hour},
 	}
 	for _, tt := range tests {
 		h := http.Header{}
