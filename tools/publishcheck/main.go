@@ -287,7 +287,8 @@ func consumerEnv(tmp, proxy string) ([]string, error) {
 	return append(os.Environ(),
 		"GOWORK=off",
 		"GOPROXY="+goproxy,
-		"GONOSUMDB="+modset.Root, // not published yet: no checksum database knows it
+		"GONOSUMDB="+modset.Root,   // not published yet: no checksum database knows it
+		"GOPRIVATE=", "GONOPROXY=", // the packed modules come from the file proxy, whatever the machine says
 		"GOMODCACHE="+filepath.Join(tmp, "modcache"),
 		"GOFLAGS="+strings.TrimSpace(v[2]+" -trimpath -modcacherw"),
 		"GOBIN="+filepath.Join(tmp, "bin"),

@@ -26,6 +26,8 @@ import (
 	"regexp"
 	"strings"
 
+	"golang.org/x/mod/semver"
+
 	"github.com/idemgate/idemgate/tools/internal/modset"
 )
 
@@ -100,6 +102,17 @@ func (r releaser) release(publishCheck bool) error {
 		}
 		if _, err := r.git("rev-parse", "-q", "--verify", "refs/tags/"+m.Tag(r.version)); err == nil {
 			return fmt.Errorf("release: tag %s exists already", m.Tag(r.version))
+		}
+	}
+	// Go picks the highest version: an older one tagged now would never be
+	// chosen by "go get …@latest".
+	existing, err := r.git("tag", "-l", "v*")
+	if err != nil {
+		return err
+	}
+	for _, t := range strings.Fields(existing) {
+		if semver.IsValid(t) && semver.Compare(t, r.version) >= 0 {
+			return fmt.Errorf("release: %s is not newer than the tag %s", r.version, t)
 		}
 	}
 	if err := checkChangelog(filepath.Join(r.root, "CHANGELOG.md"), r.version); err != nil {

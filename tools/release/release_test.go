@@ -40,6 +40,11 @@ func throwawayClone(t *testing.T) string {
 	git(t, dir, "config", "user.email", "release-test@example.com")
 	git(t, dir, "config", "tag.gpgSign", "false")
 	git(t, dir, "config", "commit.gpgSign", "false")
+	// The repository's releases so far must not decide what this test may
+	// release.
+	if tags := strings.Fields(git(t, dir, "tag", "-l")); len(tags) > 0 {
+		git(t, dir, append([]string{"tag", "-d"}, tags...)...)
+	}
 	return dir
 }
 
@@ -167,6 +172,11 @@ func TestReleaseRefuses(t *testing.T) {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { os.Remove(filepath.Join(dir, "stray.txt")) })
+			}},
+		{name: "a version older than a tag", version: "v0.2.0", want: "not newer than the tag v0.2.1",
+			setup: func(t *testing.T) {
+				git(t, dir, "tag", "v0.2.1")
+				t.Cleanup(func() { git(t, dir, "tag", "-d", "v0.2.1") })
 			}},
 		{name: "a tag that exists", version: "v0.2.0", want: "tag v0.2.0 exists already",
 			setup: func(t *testing.T) {
