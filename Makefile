@@ -13,7 +13,7 @@ export GOTOOLCHAIN ?= local
 PKGS = ./... ./client/... ./cmd/idemgate/... ./example/... ./otelidem/... ./otelidem/internal/sdktest/... ./tools/...
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: test vet lint publish-check unit faults run bench load chaos river river-quick release
+.PHONY: test vet lint publish-check unit faults run bench load chaos mutate river river-quick release
 
 test: vet lint publish-check unit faults
 
@@ -60,6 +60,11 @@ load:
 # The long randomized soak with its history checker (docs/reliability.md).
 chaos:
 	$(GO) run ./tools/chaos -seed $(or $(SEED),1) -duration $(or $(DURATION),30m)
+
+# The soak's mutation score (docs/reliability.md): each mutation of
+# tools/mutate written into a scratch copy, the soak run against it.
+mutate:
+	$(GO) run ./tools/mutate -seeds $(or $(SEEDS),1,2) -duration $(or $(DURATION),90s)
 
 # pgstore against River (River is a dependency of tools/ only).
 river:

@@ -40,12 +40,19 @@ type workload struct {
 	stopNew, deadline time.Time
 	// patience is the HTTP timeout of one request.
 	patience time.Duration
+	// plan is the run's modes and timings; acks hears every 2xx to a POST
+	// (for the nemesis's ack-kill).
+	plan plan
+	acks *acks
 
 	transport *http.Transport
 
 	mu      sync.Mutex
 	nextID  int
 	created map[string][]string // identity → task ids it was given, for snooping
+	// partials are tasks that failed keeping partial results, by identity:
+	// a recover by anyone else must find nothing.
+	partials map[string][]string
 }
 
 // actionCtx travels in a request's context to the recording transport.
@@ -59,6 +66,7 @@ type actionKey struct{}
 // run starts the clients and waits until each has finished its last action.
 func (w *workload) run(ctx context.Context) error {
 	w.created = map[string][]string{}
+	w.partials = map[string][]string{}
 	// One connection pool for every client, loopback only, sized so that
 	// keep-alive connections are reused (and meet restarted nodes).
 	w.transport = &http.Transport{MaxIdleConnsPerHost: w.clients, IdleConnTimeout: 30 * time.Second}
@@ -74,6 +82,14 @@ func (w *workload) run(ctx context.Context) error {
 	for _, p := range players {
 		wg.Add(1)
 		go func() { defer wg.Done(); p.run(ctx) }()
+	}
+	if w.plan.has("flood") {
+		f, err := w.newFlooder()
+		if err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); f.flood(ctx) }()
 	}
 	wg.Wait()
 	return nil
@@ -95,6 +111,8 @@ type player struct {
 	// must replay the same task, a reworded one must get key_reused, even
 	// after Redis forgot the key.
 	past []pastAction
+	// succeeded are the client's succeeded tasks, for exports.
+	succeeded []string
 }
 
 type pastAction struct {
@@ -106,13 +124,13 @@ type pastAction struct {
 func (w *workload) newPlayer(n int) (*player, error) {
 	ident := n % (len(tenants) * len(users))
 	p := &player{w: w, n: n, tenant: tenants[ident/len(users)], user: users[ident%len(users)],
-		slot: n / (len(tenants) * len(users)), rng: rand.New(rand.NewPCG(uint64(w.seed), uint64(n)))}
+		slot: n / (len(tenants) * len(users)), rng: newRand(w.seed, uint64(n))}
 	tok, err := mintToken(w.secret, p.tenant, p.user)
 	if err != nil {
 		return nil, fmt.Errorf("chaos: token for client %d: %w", n, err)
 	}
 	p.token = tok
-	p.http = &http.Client{Timeout: w.patience, Transport: &recording{rec: w.rec, base: w.transport}}
+	p.http = &http.Client{Timeout: w.patience, Transport: &recording{rec: w.rec, base: w.transport, acks: w.acks}}
 	for _, u := range w.nodes {
 		p.cl = append(p.cl, imageclient.New(imageclient.Config{
 			BaseURL: u, Token: tok, HTTPClient: p.http,
@@ -167,6 +185,16 @@ func (p *player) play(ctx context.Context) {
 		scenario, req.Prompt = "fail", req.Prompt+" #fail"
 	case r < 40:
 		scenario, req.Prompt = "timeout", req.Prompt+" #timeout"
+	case r < 45:
+		// The upstream answers late: the task becomes uncertain and is
+		// reconciled; the client cancels it then.
+		scenario, req.Prompt = "cancel-uncertain", req.Prompt+" #timeout"
+	case r < 50:
+		scenario = "cancel-late"
+	case r < 55:
+		// The upstream fails after the first image: the task fails
+		// keeping it; its owner recovers it, others try to.
+		scenario, req.Prompt, req.N = "partial", req.Prompt+" #partial", 2
 	}
 	// Rule 1: the id names the business action; clients share ids by slot.
 	key := fmt.Sprintf("poster:%d:%d", p.round, p.slot)
@@ -195,6 +223,24 @@ func (p *player) play(ctx context.Context) {
 	switch scenario {
 	case "cancel":
 		p.cancel(actx, sub.TaskID)
+	case "cancel-uncertain":
+		// Cancel while the task is uncertain, or being reconciled.
+		if p.waitFor(actx, sub.TaskID, "uncertain") {
+			sleep(actx, time.Duration(p.rng.IntN(2000))*time.Millisecond)
+			p.cancel(actx, sub.TaskID)
+		}
+	case "cancel-late":
+		// Cancel near the end of the generation: the attempt's outcome
+		// and the cancel race.
+		if p.waitFor(actx, sub.TaskID, "running") {
+			sleep(actx, p.w.plan.genTime-time.Duration(p.rng.IntN(400))*time.Millisecond)
+			p.cancel(actx, sub.TaskID)
+		}
+	case "partial":
+		if outcome, _ := p.poll(actx, sub.TaskID); outcome == "failed" {
+			p.addPartial(sub.TaskID)
+			p.recover(actx, sub.TaskID)
+		}
 	case "reworded":
 		// Rule 2 broken on purpose: a reworded prompt under the old id
 		// must be refused with key_reused, whatever the task's state.
@@ -212,8 +258,11 @@ func (p *player) play(ctx context.Context) {
 	}
 	outcome, detail = p.poll(actx, sub.TaskID)
 	p.end(a, outcome, detail)
-	if outcome == "succeeded" && scenario == "plain" && p.rng.IntN(3) == 0 {
-		p.export(ctx, sub.TaskID)
+	if outcome == "succeeded" && scenario == "plain" {
+		p.succeeded = append(p.succeeded, sub.TaskID)
+		if p.rng.IntN(3) == 0 {
+			p.export(ctx, sub.TaskID)
+		}
 	}
 	if scenario == "reworded" && time.Now().Before(p.w.stopNew) {
 		// Rule 2 kept: the new parameters under a new id.
@@ -258,6 +307,9 @@ func (p *player) export(ctx context.Context, taskID string) {
 			last = err.Error()
 		case status == http.StatusOK:
 			p.end(a, "exported", "")
+			if len(p.succeeded) > 1 && p.rng.IntN(3) == 0 {
+				p.reuseExportKey(ctx, key, taskID)
+			}
 			return
 		case status/100 == 4 && code != string(middleware.CodeRequestInProgress) && status != http.StatusRequestTimeout &&
 			status != http.StatusTooEarly && status != http.StatusTooManyRequests:
@@ -269,6 +321,74 @@ func (p *player) export(ctx context.Context, taskID string) {
 		node = (node + 1) % len(p.w.nodes)
 		sleep(ctx, 100*time.Millisecond+time.Duration(p.rng.IntN(200))*time.Millisecond)
 	}
+}
+
+// reuseExportKey sends the request id of an export of task used on
+// another of the client's tasks: a client bug that must get 409
+// key_reused, never the first export's answer (invariant 11) nor a run.
+func (p *player) reuseExportKey(ctx context.Context, key, used string) {
+	other := used
+	for other == used {
+		other = p.succeeded[p.rng.IntN(len(p.succeeded))]
+	}
+	actx, a := p.newAction(ctx, key, "export-reuse")
+	a.TaskID = other
+	for try := 0; ; try++ {
+		if time.Now().After(p.w.deadline) {
+			p.end(a, "unfinished", "export-reuse")
+			return
+		}
+		status, code, err := p.exportOnce(actx, p.w.nodes[p.rng.IntN(len(p.w.nodes))], key, other, p.w.patience)
+		switch {
+		case err != nil, status >= 500, code == string(middleware.CodeRequestInProgress):
+		case status == http.StatusOK:
+			p.end(a, "exported", "an export request id reused on another task was answered 200")
+			return
+		default:
+			p.end(a, code, fmt.Sprintf("%d", status))
+			return
+		}
+		sleep(ctx, 100*time.Millisecond+time.Duration(p.rng.IntN(200))*time.Millisecond)
+	}
+}
+
+// waitFor polls the task until it shows state (true) or an end state or
+// the deadline (false).
+func (p *player) waitFor(ctx context.Context, id, state string) bool {
+	for time.Now().Before(p.w.deadline) && ctx.Err() == nil {
+		t, err := p.cl[p.rng.IntN(len(p.cl))].Task(ctx, id)
+		if err == nil {
+			switch t.Status {
+			case state:
+				return true
+			case "succeeded", "failed", "cancelled":
+				return false
+			}
+		}
+		sleep(ctx, 100*time.Millisecond)
+	}
+	return false
+}
+
+// recover asks to put the client's failed task back in line until an
+// answer says what became of it (2xx or 4xx).
+func (p *player) recover(ctx context.Context, id string) {
+	node := p.rng.IntN(len(p.w.nodes))
+	for time.Now().Before(p.w.deadline) && ctx.Err() == nil {
+		status, _ := p.post(ctx, p.w.nodes[node], "/v1/tasks/"+id+"/recover", "")
+		if status != 0 && status < 500 {
+			return
+		}
+		node = (node + 1) % len(p.w.nodes)
+		sleep(ctx, 100*time.Millisecond+time.Duration(p.rng.IntN(200))*time.Millisecond)
+	}
+}
+
+func (p *player) addPartial(id string) {
+	p.w.mu.Lock()
+	defer p.w.mu.Unlock()
+	k := p.tenant + "\x00" + p.user
+	p.w.partials[k] = append(p.w.partials[k], id)
 }
 
 // exportOnce sends one export request, giving up after timeout.
@@ -414,6 +534,20 @@ func (p *player) snoop(ctx context.Context) {
 	}
 	id := ids[p.rng.IntN(len(ids))]
 	base := p.w.nodes[p.rng.IntN(len(p.w.nodes))]
+	p.w.mu.Lock()
+	var partials []string
+	for ident, got := range p.w.partials {
+		if ident != p.tenant+"\x00"+p.user {
+			partials = append(partials, got...)
+		}
+	}
+	p.w.mu.Unlock()
+	if len(partials) > 0 && p.rng.IntN(2) == 0 {
+		// A task that kept partial results: a recover that reached it
+		// would succeed, so this is the one that must find nothing.
+		_, _ = p.post(ctx, base, "/v1/tasks/"+partials[p.rng.IntN(len(partials))]+"/recover", "")
+		return
+	}
 	switch p.rng.IntN(4) {
 	case 0:
 		_, _ = p.cl[0].Task(ctx, id)
@@ -432,6 +566,9 @@ func (p *player) remember(id string) {
 	k := p.tenant + "\x00" + p.user
 	p.w.created[k] = append(p.w.created[k], id)
 }
+
+// newRand is the random source of client n of a run with seed.
+func newRand(seed int64, n uint64) *rand.Rand { return rand.New(rand.NewPCG(uint64(seed), n)) }
 
 func sleep(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
@@ -457,6 +594,7 @@ func mintToken(secret []byte, tenant, user string) (string, error) {
 type recording struct {
 	rec  *recorder
 	base http.RoundTripper
+	acks *acks
 }
 
 func (t *recording) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -506,6 +644,9 @@ func (t *recording) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	resp.Body = io.NopCloser(bytes.NewReader(body))
 	q.Status = resp.StatusCode
+	if req.Method == http.MethodPost && q.Status/100 == 2 {
+		t.acks.got(req.URL.Host, fmt.Sprintf("%s %d", q.Route, q.Status))
+	}
 	q.Replayed = resp.Header.Get("Idempotent-Replayed") == "true"
 	if q.Route == routeExport {
 		var doc struct {

@@ -33,7 +33,7 @@ func upstreamCalls(ctx context.Context, sys *system) (calls []GenCall, found boo
 	if hasCaller {
 		caller = `COALESCE(caller, '')`
 	}
-	rows, err := conn.Query(ctx, `SELECT ref, outcome, sent_at, `+caller+` FROM idemgate_example_upstream_calls ORDER BY id`)
+	rows, err := conn.Query(ctx, `SELECT ref, outcome, sent_at, done_at, `+caller+` FROM idemgate_example_upstream_calls ORDER BY id`)
 	if err != nil {
 		return nil, false, fmt.Errorf("chaos: read the upstream's calls: %w", err)
 	}
@@ -41,7 +41,7 @@ func upstreamCalls(ctx context.Context, sys *system) (calls []GenCall, found boo
 	for rows.Next() {
 		g := GenCall{Phase: "start"}
 		var name string
-		if err := rows.Scan(&g.Task, &g.Result, &g.At, &name); err != nil {
+		if err := rows.Scan(&g.Task, &g.Result, &g.At, &g.Done, &name); err != nil {
 			return nil, false, fmt.Errorf("chaos: read an upstream call: %w", err)
 		}
 		// Only a name the tool gave counts: any other could match no
@@ -108,7 +108,18 @@ func dumpExports(ctx context.Context, sys *system, rec *recorder) error {
 	for _, p := range sys.api() {
 		procs[p.addr] = p.name
 	}
-	rows, err := conn.Query(ctx, `SELECT id, tenant, owner, idempotency_key, task_id::text, node, started_at, created_at
+	// The id the API answers with: the row's export_id where the ledger
+	// has one (a random id, so that answers count nothing), else its id.
+	var hasExportID bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM information_schema.columns
+	WHERE table_name = 'idemgate_example_exports' AND column_name = 'export_id' AND table_schema = current_schema())`).Scan(&hasExportID); err != nil {
+		return fmt.Errorf("chaos: read the ledger's columns: %w", err)
+	}
+	id := "id"
+	if hasExportID {
+		id = "coalesce(export_id, id)"
+	}
+	rows, err := conn.Query(ctx, `SELECT `+id+`, tenant, owner, idempotency_key, task_id::text, node, started_at, created_at
 	FROM idemgate_example_exports ORDER BY id`)
 	if err != nil {
 		return fmt.Errorf("chaos: read the export ledger: %w", err)

@@ -22,6 +22,7 @@ type History struct {
 	Faults   []Fault
 	Rows     []Row
 	Exports  []Export
+	Limits   []Limit
 }
 
 // Meta describes the run.
@@ -48,6 +49,28 @@ type Meta struct {
 	// ("" in older histories) or "postgres" (STORE=postgres, the export
 	// route Atomic: its ledger row commits with its record).
 	Store string `json:"store,omitempty"`
+	// Modes are the run's modes (short-lease, limits, flood); Lease,
+	// GenTime and ExportTime its timings (Lease 0: the defaults).
+	Modes      []string      `json:"modes,omitempty"`
+	Lease      time.Duration `json:"lease_ns,omitempty"`
+	GenTime    time.Duration `json:"gen_time_ns,omitempty"`
+	ExportTime time.Duration `json:"export_time_ns,omitempty"`
+	// Flood is the tenant that floods (flood mode), "" when none does.
+	Flood string `json:"flood,omitempty"`
+}
+
+// Limit is one change of a kind's limits (limits mode): asked at Asked,
+// in force once SetKindLimits returned at Set. Err says it failed (it may
+// still have been applied).
+type Limit struct {
+	Type       string    `json:"type"` // "limit"
+	Kind       string    `json:"kind"`
+	MaxRunning int       `json:"max_running"`
+	PerTenant  int       `json:"max_running_per_tenant"`
+	Paused     bool      `json:"paused,omitempty"`
+	Asked      time.Time `json:"asked"`
+	Set        time.Time `json:"set"`
+	Err        string    `json:"err,omitempty"`
 }
 
 // Params are the parameters of an image request that the server
@@ -136,6 +159,9 @@ type GenCall struct {
 	Result  string    `json:"result,omitempty"`
 	Attempt int       `json:"attempt,omitempty"`
 	At      time.Time `json:"at"`
+	// Done is when the upstream is done with a call it logged (Phase
+	// "start"): its planned end; the caller may stop waiting earlier.
+	Done time.Time `json:"done,omitzero"`
 }
 
 // Fault is one fault the nemesis injected, from start to heal.
@@ -257,6 +283,14 @@ func (r *recorder) row(w Row) {
 	r.write(w)
 }
 
+func (r *recorder) limit(l Limit) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	l.Type = "limit"
+	r.h.Limits = append(r.h.Limits, l)
+	r.write(l)
+}
+
 func (r *recorder) export(e Export) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -288,6 +322,7 @@ func (r *recorder) history() History {
 	h.Faults = append([]Fault(nil), h.Faults...)
 	h.Rows = append([]Row(nil), h.Rows...)
 	h.Exports = append([]Export(nil), h.Exports...)
+	h.Limits = append([]Limit(nil), h.Limits...)
 	return h
 }
 
@@ -335,6 +370,10 @@ func ReadHistory(r io.Reader) (History, error) {
 			var v Export
 			err = json.Unmarshal(line, &v)
 			h.Exports = append(h.Exports, v)
+		case "limit":
+			var v Limit
+			err = json.Unmarshal(line, &v)
+			h.Limits = append(h.Limits, v)
 		default:
 			err = fmt.Errorf("unknown type %q", probe.Type)
 		}

@@ -79,6 +79,7 @@ type options struct {
 	policy   string
 	store    string
 	genTime  time.Duration
+	modes    string
 	history  string
 	keep     bool
 	check    string
@@ -100,6 +101,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.policy, "policy", defaultPolicy, "what a lost attempt becomes per task kind, given to the workers (TASK_POLICY): kind=uncertain|retry,...")
 	fs.StringVar(&o.store, "store", "redis", "where the API nodes keep idempotency records: redis, or postgres (STORE=postgres: the export route is Atomic and invariant 7 strict)")
 	fs.DurationVar(&o.genTime, "gen-time", time.Second, "how long the stand-in generator takes per task")
+	fs.StringVar(&o.modes, "modes", "random", "modes besides the faults: random (dealt by the seed), all, none, or a comma list of "+strings.Join(modeNames, ","))
 	fs.StringVar(&o.history, "history", "", "write the history (JSON lines) here; default: in the run directory")
 	fs.BoolVar(&o.keep, "keep", false, "keep the run directory (logs, history) even when every invariant holds")
 	fs.StringVar(&o.check, "check", "", "check a recorded history file instead of running")

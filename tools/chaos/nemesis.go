@@ -29,7 +29,11 @@ var faultKinds = []string{
 	"drop",          // blackhole one link
 	"latency",       // delay every chunk on one link
 	"commit-kill",   // slow the API nodes' Postgres links, SIGKILL the node whose export commits its ledger row first
+	"ack-kill",      // slow one API node's Postgres link, SIGKILL it right after a client got a 2xx to a POST from it
 }
+
+// ackKillWait bounds how long an ack-kill waits for a 2xx from its node.
+const ackKillWait = 6 * time.Second
 
 // commitKillWait bounds how long a commit-kill waits for an export to
 // commit on its node before it heals without a kill.
@@ -45,6 +49,8 @@ type nemesis struct {
 	log   func(format string, args ...any)
 	flush *redis.Client // nil when there is no Redis (-store postgres)
 	pg    *pgx.Conn     // direct (unproxied) connection that watches the export ledger
+	plan  plan          // the run's modes: how long the longer faults last
+	acks  *acks         // the 2xx answers clients get, for ack-kill
 }
 
 // close releases the nemesis's own connection.
@@ -139,7 +145,7 @@ func (n *nemesis) inject(ctx context.Context, kind string, until time.Time) {
 	case "pause":
 		p := n.sys.procs[n.rng.IntN(len(n.sys.procs))]
 		f.Target = p.name
-		d := capped(n.dur(300*time.Millisecond, 3*time.Second))
+		d := capped(n.dur(300*time.Millisecond, n.plan.longest()))
 		f.Detail = d.Round(time.Millisecond).String()
 		p.signal(sigStop)
 		sleep(ctx, d)
@@ -190,6 +196,29 @@ func (n *nemesis) inject(ctx context.Context, kind string, until time.Time) {
 				n.log("restart %s: %v", p.name, err)
 			}
 		}
+	case "ack-kill":
+		// The node's Postgres link is slow, so that what it writes after
+		// an answer (a completion, a COMMIT that should have come first)
+		// is still on its way when the client has its 2xx: the kill
+		// lands between the answer and whatever was not done before it.
+		p := n.sys.api()[n.rng.IntN(2)]
+		delay := n.dur(15*time.Millisecond, 60*time.Millisecond)
+		f.Target = p.name
+		p.links["pg"].Set(proxy.Delay, delay)
+		got := n.acks.next(ctx, p.addr, time.Now().Add(capped(ackKillWait)))
+		if got != "" {
+			p.kill()
+		}
+		p.links["pg"].Heal()
+		if got == "" {
+			f.Detail = fmt.Sprintf("%s→pg +%v per chunk: no 2xx within %v", p.name, delay.Round(time.Millisecond), ackKillWait)
+			break
+		}
+		f.Detail = fmt.Sprintf("%s→pg +%v per chunk: killed right after %s", p.name, delay.Round(time.Millisecond), got)
+		sleep(ctx, capped(n.dur(200*time.Millisecond, 1500*time.Millisecond)))
+		if err := p.start(n.sys.bin); err != nil {
+			n.log("restart %s: %v", p.name, err)
+		}
 	case "flushall":
 		if err := n.flush.FlushAll(ctx).Err(); err != nil {
 			f.Detail = "failed: " + err.Error()
@@ -207,7 +236,7 @@ func (n *nemesis) inject(ctx context.Context, kind string, until time.Time) {
 		sort.Strings(names)
 		link := names[n.rng.IntN(len(names))]
 		mode, delay := map[string]proxy.Mode{"partition": proxy.Cut, "freeze": proxy.Freeze, "drop": proxy.Drop, "latency": proxy.Delay}[kind], time.Duration(0)
-		d := capped(n.dur(300*time.Millisecond, 3*time.Second))
+		d := capped(n.dur(300*time.Millisecond, n.plan.longest()))
 		if kind == "latency" {
 			delay = n.dur(20*time.Millisecond, 400*time.Millisecond)
 			d = capped(n.dur(time.Second, 4*time.Second))

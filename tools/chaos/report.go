@@ -12,10 +12,12 @@ import (
 
 // Summary is the report of a run.
 type Summary struct {
-	Seed     int64          `json:"seed"`
-	Duration string         `json:"duration"`
-	Store    string         `json:"store"`
-	Plant    string         `json:"plant,omitempty"`
+	Seed     int64  `json:"seed"`
+	Duration string `json:"duration"`
+	Store    string `json:"store"`
+	Plant    string `json:"plant,omitempty"`
+	// Modes names the run's modes and timings (short-lease, limits, flood).
+	Modes    string         `json:"modes"`
 	Faults   map[string]int `json:"faults"`
 	Requests map[string]int `json:"requests"`
 	Actions  map[string]int `json:"actions"`
@@ -36,7 +38,8 @@ type Summary struct {
 
 func summarize(h History) Summary {
 	s := Summary{Seed: h.Meta.Seed, Duration: h.Meta.Duration.String(), Plant: h.Meta.Plant, Store: h.Meta.Store,
-		Faults: map[string]int{}, Requests: map[string]int{}, Actions: map[string]int{}, Tasks: map[string]int{}}
+		Faults: map[string]int{}, Requests: map[string]int{}, Actions: map[string]int{}, Tasks: map[string]int{},
+		Modes: plan{modes: h.Meta.Modes, lease: h.Meta.Lease, genTime: h.Meta.GenTime, exportTime: h.Meta.ExportTime}.String()}
 	for _, f := range h.Faults {
 		s.Faults[f.Kind]++
 	}
@@ -80,7 +83,7 @@ func notes(h History) map[string]int {
 	for _, q := range h.Requests {
 		fp, seen := accepted[clientKey{q.Tenant, q.User, q.Key}]
 		if q.Route == routeSubmit && q.Code == string(middleware.CodeKeyReused) && seen && fp == q.FP {
-			out["identical retry refused with key_reused"]++
+			out["identical retry refused with key_reused (invariant 9)"]++
 		}
 	}
 	for _, a := range h.Actions {
@@ -126,7 +129,7 @@ func report(w io.Writer, h History, asJSON bool) int {
 	if store == "" {
 		store = "redis"
 	}
-	fmt.Fprintf(w, "chaos: seed %d, %s of faults, plant %s, records in %s, policy %s\n\n", s.Seed, s.Duration, plant, store, formatPolicy(h.Meta.Policy))
+	fmt.Fprintf(w, "chaos: seed %d, %s of faults, plant %s, records in %s, policy %s, %s\n\n", s.Seed, s.Duration, plant, store, formatPolicy(h.Meta.Policy), s.Modes)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	table(tw, "faults injected", s.Faults)
 	table(tw, "requests by outcome", s.Requests)

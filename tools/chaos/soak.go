@@ -19,6 +19,10 @@ func soak(ctx context.Context, o options, logf func(string, ...any)) (History, s
 	if err != nil {
 		return History{}, "", err
 	}
+	pl, err := makePlan(o.modes, o.seed, o.genTime)
+	if err != nil {
+		return History{}, "", err
+	}
 	policy, err := parsePolicy(o.policy)
 	if err != nil {
 		return History{}, "", err
@@ -28,7 +32,7 @@ func soak(ctx context.Context, o options, logf func(string, ...any)) (History, s
 	defer cancel()
 
 	sys, err := startSystem(ctx, systemConfig{root: o.root, plant: o.plant, store: o.store, policy: o.policy,
-		genTime: o.genTime, workers: 4, log: logf})
+		genTime: pl.genTime, lease: pl.lease, exportTime: pl.exportTime, workers: 4, log: logf})
 	if sys != nil {
 		defer sys.stop()
 	}
@@ -55,25 +59,39 @@ func soak(ctx context.Context, o options, logf func(string, ...any)) (History, s
 	if policy, err = sys.workerPolicy(policy); err != nil {
 		return History{}, sys.dir, err
 	}
-	meta := Meta{Seed: o.seed, Duration: o.duration, Plant: o.plant, Bound: o.bound, Policy: policy, Store: o.store, Start: time.Now()}
+	meta := Meta{Seed: o.seed, Duration: o.duration, Plant: o.plant, Bound: o.bound, Policy: policy, Store: o.store, Start: time.Now(),
+		Modes: pl.modes, Lease: pl.lease, GenTime: pl.genTime, ExportTime: pl.exportTime}
+	if pl.has("flood") {
+		meta.Flood = floodTenant
+	}
 	heal := meta.Start.Add(o.duration)
 	var nodes []string
 	for _, p := range sys.api() {
 		nodes = append(nodes, p.url())
 	}
+	ack := &acks{}
 	w := &workload{rec: rec, nodes: nodes, secret: []byte(sys.secret), clients: o.clients, seed: o.seed,
-		stopNew: heal, deadline: heal.Add(o.bound), patience: 2 * time.Second}
-	nem := &nemesis{sys: sys, rec: rec, rng: rand.New(rand.NewPCG(uint64(o.seed), 0x6e656d)), kinds: kinds, log: logf}
+		stopNew: heal, deadline: heal.Add(o.bound), patience: 2*time.Second + pl.exportTime, plan: pl, acks: ack}
+	nem := &nemesis{sys: sys, rec: rec, rng: rand.New(rand.NewPCG(uint64(o.seed), 0x6e656d)), kinds: kinds, log: logf,
+		plan: pl, acks: ack}
 	if sys.redis != nil {
 		nem.flush = redis.NewClient(&redis.Options{Addr: sys.redis.Addr, MaxRetries: -1, DialTimeout: time.Second})
 		defer nem.flush.Close()
 	}
 	defer nem.close()
 
-	logf("seed %d: %d clients, records in %s, faults for %v (%s), then %v to finish", o.seed, o.clients, o.store, o.duration, strings.Join(kinds, ","), o.bound)
+	logf("seed %d: %d clients, records in %s, %s, faults for %v (%s), then %v to finish", o.seed, o.clients, o.store, pl, o.duration, strings.Join(kinds, ","), o.bound)
 	clientsDone := make(chan error, 1)
 	go func() { clientsDone <- w.run(ctx) }()
+	limitsDone := make(chan struct{})
+	if pl.has("limits") {
+		lim := &limiter{sys: sys, rec: rec, rng: rand.New(rand.NewPCG(uint64(o.seed), 0x6c696d)), log: logf}
+		go func() { defer close(limitsDone); lim.run(ctx, heal) }()
+	} else {
+		close(limitsDone)
+	}
 	nem.run(ctx, heal)
+	<-limitsDone
 	meta.Heal = time.Now()
 	logf("healed; waiting for the clients")
 	select {

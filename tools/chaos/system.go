@@ -70,8 +70,11 @@ type systemConfig struct {
 	store   string // where the API nodes keep idempotency records: "redis" or "postgres"
 	policy  string // the workers' TASK_POLICY: kind=uncertain|retry,...
 	genTime time.Duration
-	workers int // tasks per worker process
-	log     func(format string, args ...any)
+	// lease is both leases (IDEM_LEASE, TASK_LEASE) and exportTime the
+	// renderer's time (EXPORT_TIME); zero: the example's defaults.
+	lease, exportTime time.Duration
+	workers           int // tasks per worker process
+	log               func(format string, args ...any)
 }
 
 // startSystem builds the example and starts everything. On error, what
@@ -113,6 +116,12 @@ func startSystem(ctx context.Context, cfg systemConfig) (s *system, err error) {
 		"JWT_SECRET=" + s.secret,
 		"GEN_TIME=" + cfg.genTime.String(),
 		plantEnv + "=" + cfg.plant,
+	}
+	if cfg.lease > 0 {
+		s.env = append(s.env, "IDEM_LEASE="+cfg.lease.String(), "TASK_LEASE="+cfg.lease.String())
+	}
+	if cfg.exportTime > 0 {
+		s.env = append(s.env, "EXPORT_TIME="+cfg.exportTime.String())
 	}
 	for i := range 2 {
 		port, err := devserver.FreePort()
