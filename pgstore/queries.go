@@ -507,7 +507,18 @@ FROM idemgate_tasks WHERE state = 'running' GROUP BY kind, state
 UNION ALL
 SELECT kind, state, count(*)::bigint, 0,
 	coalesce((extract(epoch FROM now() - min(created_at)) * 1e6)::bigint, 0)
-FROM idemgate_tasks WHERE state = 'uncertain' GROUP BY kind, state`
+FROM idemgate_tasks WHERE state = 'uncertain' GROUP BY kind, state
+UNION ALL
+SELECT kind, '` + statsHolding + `', count(*)::bigint, 0, 0
+FROM idemgate_tasks WHERE state = 'running' AND lease_until > now() GROUP BY kind
+UNION ALL
+SELECT kind, '` + statsHolding + `', count(*)::bigint, 0, 0
+FROM idemgate_tasks WHERE state = 'uncertain' AND locked_by IS NOT NULL AND run_after > now() GROUP BY kind`
+
+	// statsHolding marks sqlStats' rows that count the attempts holding
+	// their task (the claim's holding predicate, one arm per index: the
+	// leased and the uncertain index).
+	statsHolding = "holding"
 )
 
 // Claims. A claim takes up to @limit tasks in one statement shaped like
@@ -594,15 +605,23 @@ type claimShape struct {
 	limitKinds string // the kinds of lim: a condition on l.kind
 	candidates string
 	order      string
+	pick       string // the order in which candidates are taken, on ranked
 	due        string // a condition on task d
 	set        string
 }
 
 const (
 	runnableOrder = `priority DESC, turn NULLS FIRST, run_after`
-	runnableDue   = `d.state IN ('pending', 'retrying') AND d.run_after <= now() AND (d.turn IS NULL OR d.turn >= 0)`
-	notHeld       = `id <> ALL(coalesce(@held::uuid[], '{}'))`
-	anyOfKinds    = `(cardinality(coalesce(@kinds::text[], '{}')) = 0 OR %s = ANY(@kinds::text[]))`
+	// runnablePick takes a claim's candidates of several kinds: highest
+	// priority first, then the kinds in turn (each kind's first
+	// candidate, then each one's second, …), then by turn. Kinds' turns
+	// are not comparable: a kind whose line is new counts from 0, and by
+	// turn alone its backlog would go ahead of an older kind's next task.
+	// kind_rank is the candidate's place among its kind's of its priority.
+	runnablePick = `priority DESC, kind_rank, turn NULLS FIRST, run_after`
+	runnableDue  = `d.state IN ('pending', 'retrying') AND d.run_after <= now() AND (d.turn IS NULL OR d.turn >= 0)`
+	notHeld      = `id <> ALL(coalesce(@held::uuid[], '{}'))`
+	anyOfKinds   = `(cardinality(coalesce(@kinds::text[], '{}')) = 0 OR %s = ANY(@kinds::text[]))`
 	// noRoom is true of a task t whose kind can start nothing now.
 	noRoom = `EXISTS (SELECT FROM lim WHERE lim.kind = t.kind AND lim.room = 0)`
 	// tenantCapped is true of a task t whose tenant is at its kind's
@@ -643,13 +662,14 @@ const claimCapped = `running AS (
 func claimSQL(sh claimShape) string {
 	return `WITH RECURSIVE ` + dueUnplaced + `, ` + fmt.Sprintf(claimLimits, sh.limitKinds) + `, ` + claimCapped + `, ` + sh.candidates + `, ranked AS (
 	SELECT c.id, c.kind, c.priority, c.turn, c.run_after,
+		row_number() OVER (PARTITION BY c.kind, c.priority ORDER BY ` + sh.order + `) AS kind_rank,
 		(lim.room IS NULL OR row_number() OVER (PARTITION BY c.kind ORDER BY ` + sh.order + `) <= lim.room)
 		AND (coalesce(lim.per_tenant, 0) = 0 OR row_number() OVER (PARTITION BY c.kind, c.tenant ORDER BY ` + sh.order + `)
 			<= lim.per_tenant - (SELECT count(*) FROM idemgate_tasks h
 				WHERE h.kind = c.kind AND h.tenant = c.tenant AND ` + holding + `)) AS ok
 	FROM cand c LEFT JOIN lim ON lim.kind = c.kind
 ), picked AS (
-	SELECT id, turn FROM ranked WHERE ok ORDER BY ` + sh.order + ` LIMIT @limit
+	SELECT id, turn FROM ranked WHERE ok ORDER BY ` + sh.pick + ` LIMIT @limit
 ), ` + promoted + `, claimed AS (
 	UPDATE idemgate_tasks t SET ` + sh.set + `, turn = picked.turn
 	FROM picked WHERE t.id = picked.id
@@ -680,7 +700,7 @@ FROM (SELECT kind FROM ranked WHERE NOT ok
 // past), as is every kind when kinds is empty: then a kind with no room
 // is read past too.
 func claimRunnableSQL(kinds []string) string {
-	sh := claimShape{order: runnableOrder, due: runnableDue, set: claimSet}
+	sh := claimShape{order: runnableOrder, pick: runnablePick, due: runnableDue, set: claimSet}
 	if len(kinds) == 0 || slices.ContainsFunc(kinds, func(k string) bool { return !literalKind(k) }) {
 		sh.limitKinds, sh.candidates = runnableCandidates(kinds, `
 		AND NOT EXISTS (SELECT FROM lim WHERE lim.kind = %s AND lim.room = 0)
@@ -789,9 +809,10 @@ func perTenantCandidates(i int, q string) string {
 func claimFreeSQL(kinds []string) string {
 	limitKinds, candidates := runnableCandidates(kinds, "")
 	return `WITH ` + dueUnplaced + `, ` + candidates + `, picked AS (
-	SELECT id, turn FROM cand
+	SELECT id, turn FROM (SELECT *, row_number() OVER (PARTITION BY kind, priority ORDER BY ` + runnableOrder + `) AS kind_rank
+		FROM cand) c
 	WHERE NOT EXISTS (SELECT FROM idemgate_kind_limits l WHERE ` + limitKinds + ` AND ` + hasLimits + `)
-	ORDER BY ` + runnableOrder + `
+	ORDER BY ` + runnablePick + `
 	LIMIT @limit
 ), ` + promoted + `
 UPDATE idemgate_tasks t SET ` + claimSet + `, turn = picked.turn
@@ -862,6 +883,7 @@ var sqlClaimUncertain = claimSQL(claimShape{
 	FOR UPDATE SKIP LOCKED
 )`,
 	order: "run_after",
+	pick:  "run_after",
 	due:   `d.state = 'uncertain' AND d.run_after <= now()`,
 	set: `attempt = t.attempt + 1,
 	run_after = now() + @lease_us::bigint * interval '1 microsecond', locked_by = @worker,
