@@ -1,6 +1,7 @@
 package pgrecords_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -155,6 +156,98 @@ func TestAtomicTwoStoresOnOnePool(t *testing.T) {
 	for i, a := range answers {
 		if a.Code != http.StatusCreated {
 			t.Errorf("request %d (store %d) = %d %s", i, i%2, a.Code, strings.TrimSpace(a.Body.String()))
+		}
+	}
+}
+
+// TestAtomicPoolCursorHoldAndWait: a handler that keeps a cursor of the
+// pool open (rows := pool.Query(…)) and writes through its transaction
+// row by row holds two connections at once: the cursor's, and the one
+// its transaction's first statement waits for. As many such requests at
+// once as the pool has connections hold every connection with their
+// cursors and wait for one another until their contexts end (here 2s):
+// no request commits, each gets an error, and nothing is written. The
+// store cannot see the cursor: docs/atomic-routes.md says to read
+// through the transaction (or collect the rows first), which the second
+// half does, on the same pool and concurrency: every request commits.
+func TestAtomicPoolCursorHoldAndWait(t *testing.T) {
+	t.Parallel()
+	pool, _ := atomicDB(t)
+	if _, err := pool.Exec(testCtx(t), `CREATE TABLE items (n int); INSERT INTO items SELECT generate_series(1, 3)`); err != nil {
+		t.Fatal(err)
+	}
+	const conns = 2
+	small := poolWith(t, pool.Config().ConnString(), func(c *pgxpool.Config) { c.MaxConns = conns })
+	s, err := pgrecords.New(testCtx(t), small)
+	if err != nil {
+		t.Fatal(err)
+	}
+	throughTx := false
+	var cursors sync.WaitGroup
+	e := atomicRoute(t, s, func(c echo.Context) error {
+		ctx, tx := c.Request().Context(), pgrecords.Tx(c)
+		key := c.Request().Header.Get("Idempotency-Key")
+		var items []int32
+		if throughTx {
+			rows, _ := tx.Query(ctx, `SELECT n FROM items`)
+			var err error
+			if items, err = pgx.CollectRows(rows, pgx.RowTo[int32]); err != nil {
+				return err
+			}
+		} else {
+			rows, err := small.Query(ctx, `SELECT n FROM items`)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			cursors.Done()
+			cursors.Wait() // every request holds its cursor's connection
+			for rows.Next() {
+				var n int32
+				if err := rows.Scan(&n); err != nil {
+					return err
+				}
+				if _, err := tx.Exec(ctx, `INSERT INTO ledger (key, node) VALUES ($1, $2)`, key, fmt.Sprint(n)); err != nil {
+					return err
+				}
+			}
+			return c.String(http.StatusCreated, "ok")
+		}
+		for _, n := range items {
+			if _, err := tx.Exec(ctx, `INSERT INTO ledger (key, node) VALUES ($1, $2)`, key, fmt.Sprint(n)); err != nil {
+				return err
+			}
+		}
+		return c.String(http.StatusCreated, "ok")
+	}, nil)
+	send := func(key string) *httptest.ResponseRecorder {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/", strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		e.ServeHTTP(w, r)
+		return w
+	}
+	for _, through := range []bool{false, true} {
+		throughTx = through
+		if !through {
+			cursors.Add(conns)
+		}
+		answers := make([]*httptest.ResponseRecorder, conns)
+		var wg sync.WaitGroup
+		for i := range conns {
+			wg.Go(func() { answers[i] = send(fmt.Sprintf("cursor-%v-%d", through, i)) })
+		}
+		wg.Wait()
+		for i, a := range answers {
+			rows := ledgerRows(t, pool, fmt.Sprintf("cursor-%v-%d", through, i))
+			switch {
+			case through && (a.Code != http.StatusCreated || rows != 3):
+				t.Errorf("reading through the transaction: request %d = %d %s, %d rows; want 201 and 3", i, a.Code, a.Body, rows)
+			case !through && (a.Code/100 == 2 || rows != 0):
+				t.Errorf("a pool cursor held while writing: request %d = %d, %d rows; want the hold-and-wait to fail every request", i, a.Code, rows)
+			}
 		}
 	}
 }
