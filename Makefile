@@ -72,3 +72,13 @@ river:
 
 river-quick:
 	$(GO) run ./tools/riverbench -quick
+
+# The queue's cost as it grows (docs/performance.md, "Scale"): claim and
+# Submit latency at backlogs up to 1M, many tenants, capped tenants and a
+# scheduled backlog, as ratios of a small queue measured in the same run.
+# Not part of test: minutes (scale-quick, no 1M backlog) to most of an hour.
+scale:
+	PGSTORE_SCALE=1 $(GO) test -count=1 -v -timeout 2h -run '^TestScale$$' ./pgstore/
+
+scale-quick:
+	PGSTORE_SCALE=quick $(GO) test -count=1 -v -timeout 1h -run '^TestScale$$' ./pgstore/
