@@ -21,7 +21,7 @@ func (m *idem) passThrough(c echo.Context, next echo.HandlerFunc) error {
 	if rt == nil {
 		return next(c) // echo's 404 or 405: no transaction for it
 	}
-	st := &call{m: m, rt: rt, start: m.cfg.now()}
+	st := &call{m: m, rt: rt, start: m.now()}
 	st.ctx.parent = c.Request().Context()
 	return st.runAtomic(c, next)
 }

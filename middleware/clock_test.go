@@ -46,7 +46,7 @@ func TestInjectedClock(t *testing.T) {
 		close(entered)
 		<-release
 		return c.NoContent(http.StatusCreated)
-	}, New(Config{
+	}, mustMiddleware(t, clock.now, Config{
 		Store:        NewRedisStore(client),
 		Scope:        func(echo.Context) (string, string, error) { return "acme", "alice", nil },
 		WaitInFlight: 90 * time.Minute, // two clock readings: one poll, then past the deadline
@@ -55,7 +55,6 @@ func TestInjectedClock(t *testing.T) {
 			defer mu.Unlock()
 			events = append(events, ev)
 		},
-		now: clock.now,
 	}))
 	send := func() *httptest.ResponseRecorder {
 		r := httptest.NewRequest(http.MethodPost, "/v1/images", strings.NewReader(`{}`))
@@ -81,4 +80,14 @@ func TestInjectedClock(t *testing.T) {
 			t.Errorf("%v latency %v is not from the injected clock", ev.Type, ev.Latency)
 		}
 	}
+}
+
+// mustMiddleware is New on the clock now.
+func mustMiddleware(t *testing.T, now func() time.Time, cfg Config) echo.MiddlewareFunc {
+	t.Helper()
+	mw, err := cfg.toMiddleware(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw
 }

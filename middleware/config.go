@@ -156,9 +156,6 @@ type Config struct {
 	// cannot), and FailOpen must be false.
 	// Optional. Default false.
 	Atomic bool
-
-	// now is the clock; tests inject one. Default time.Now.
-	now func() time.Time
 }
 
 // Defaults of Config.
@@ -198,7 +195,12 @@ func New(cfg Config) echo.MiddlewareFunc {
 // ToMiddleware validates cfg, applies the defaults to a copy, and returns
 // the middleware.
 func (cfg Config) ToMiddleware() (echo.MiddlewareFunc, error) {
-	m, err := newIdem(cfg)
+	return cfg.toMiddleware(time.Now)
+}
+
+// toMiddleware is ToMiddleware on the clock now, which tests replace.
+func (cfg Config) toMiddleware(now func() time.Time) (echo.MiddlewareFunc, error) {
+	m, err := newIdem(cfg, now)
 	if err != nil {
 		return nil, err
 	}
@@ -207,7 +209,7 @@ func (cfg Config) ToMiddleware() (echo.MiddlewareFunc, error) {
 	}, nil
 }
 
-func newIdem(cfg Config) (*idem, error) {
+func newIdem(cfg Config, now func() time.Time) (*idem, error) {
 	// cfg is a copy, but its slices are the caller's: a caller changing
 	// them later must not change (or race with) the protection.
 	cfg.Methods = slices.Clone(cfg.Methods)
@@ -317,14 +319,12 @@ func newIdem(cfg Config) (*idem, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if cfg.now == nil {
-		cfg.now = time.Now
-	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
 	return &idem{
 		cfg:    cfg,
+		now:    now,
 		tx:     txStore,
 		header: http.CanonicalHeaderKey(cfg.Header),
 		filter: filter,

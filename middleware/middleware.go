@@ -53,6 +53,7 @@ const (
 // idem is a validated Config with its caches.
 type idem struct {
 	cfg    Config
+	now    func() time.Time
 	tx     TxStore // set on an Atomic route
 	header string  // canonical
 	filter *headerFilter
@@ -118,7 +119,7 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	if err != nil {
 		return err
 	}
-	st := &call{m: m, rt: rt, start: m.cfg.now()}
+	st := &call{m: m, rt: rt, start: m.now()}
 	st.ctx.parent = r.Context()
 	st.req.Key, err = keyspace.Derive(st.rt.kind, keyspace.Scope{Tenant: tenant, User: user, Request: id})
 	if err != nil {
@@ -129,7 +130,7 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 		}
 		// The kind is valid (checked by New, or KindFor's) and the
 		// request id passed parseKey: a bug.
-		return echo.NewHTTPError(http.StatusInternalServerError).SetInternal(err)
+		return echo.NewHTTPError(http.StatusInternalServerError).SetInternal(fmt.Errorf("idemgate: derive key: %w", err))
 	}
 	st.key = st.req.Key.String()
 
@@ -192,7 +193,7 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 		case res.Status == Claimed:
 			st.release("canceled", 0)
 		}
-		return cerr
+		return fmt.Errorf("idemgate: the client went away: %w", cerr)
 	}
 	if err != nil {
 		return st.storeDown(c, next, err)
@@ -406,7 +407,7 @@ func (st *call) emitCtx(ctx context.Context, e Event) {
 	e.Route = st.rt.name
 	e.Kind = st.rt.kind
 	e.Tenant = st.req.Key.Tenant()
-	e.Latency = st.m.cfg.now().Sub(st.start)
+	e.Latency = st.m.now().Sub(st.start)
 	// A hook is for metrics and logs: its panic must not unwind the
 	// request path between a claim and its completion, which would leave
 	// the key claimed for a whole lease.

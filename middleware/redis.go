@@ -22,8 +22,8 @@ import (
 //
 // (the first 128 bits of each SHA-256, raw; the empty hash tag "{}" makes
 // Redis Cluster hash the whole key whatever bytes the digests hold); any
-// other key is used as given. The record is binary and versioned (see
-// record.go): the fencing token, the fingerprint's raw digest, the owner
+// other key is used as given. The record is binary and versioned: the
+// fencing token, the fingerprint's raw digest, the owner
 // and kind only when the key does not already name them, the selected
 // fields' digests, and once finished the response. A finished record keeps
 // the token so that a resent Complete can tell that it already succeeded:

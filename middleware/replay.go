@@ -17,7 +17,7 @@ func (st *call) wait(ctx context.Context, claim ClaimRequest, res ClaimResult) (
 	delay := 5 * time.Millisecond
 	var err error
 	for res.Status == Running {
-		left := deadline.Sub(st.m.cfg.now())
+		left := deadline.Sub(st.m.now())
 		if left <= 0 {
 			break
 		}

@@ -75,7 +75,7 @@ func replayWith(t *testing.T, accept string, replay func(*call, echo.Context) er
 	t.Helper()
 	var events []Event
 	m := &idem{cfg: Config{MaxResponseBytes: 1 << 20, OnEvent: func(_ context.Context, e Event) { e.Latency = 0; events = append(events, e) }}}
-	m.cfg.now = func() time.Time { return time.Time{} }
+	m.now = func() time.Time { return time.Time{} }
 	st := &call{m: m, rt: &route{name: "POST /x", kind: "x"}}
 	r := httptest.NewRequest(http.MethodPost, "/x", nil)
 	if accept != "" {

@@ -53,7 +53,7 @@ type Tx interface {
 // and it answered as if it had not (the transaction is aborted), or it
 // ended the transaction itself with a COMMIT or ROLLBACK statement. The
 // middleware answers 500 and releases the claim; nothing is stored.
-var ErrTxAborted = errors.New("middleware: the handler aborted or ended its transaction")
+var ErrTxAborted = errors.New("idemgate: the handler aborted or ended its transaction")
 
 // ErrTxRefused is what Tx.Commit returns (wrapped, with the database's
 // error) when the database refused to commit what the handler wrote and
@@ -61,14 +61,14 @@ var ErrTxAborted = errors.New("middleware: the handler aborted or ended its tran
 // DEFERRED) failed. The middleware answers it as the handler's error
 // (echo's error handler sees the database's error) and releases the
 // claim.
-var ErrTxRefused = errors.New("middleware: the database refused to commit the handler's transaction")
+var ErrTxRefused = errors.New("idemgate: the database refused to commit the handler's transaction")
 
 // ErrTxConflict is what Tx.Commit returns (wrapped, with the database's
 // error) when the database rolled the transaction back for a concurrent
 // one's sake (a serialization failure, a deadlock), which a retry may not
 // meet again. The middleware releases the claim and answers 503 with
 // Retry-After.
-var ErrTxConflict = errors.New("middleware: the handler's transaction conflicted with another and was rolled back")
+var ErrTxConflict = errors.New("idemgate: the handler's transaction conflicted with another and was rolled back")
 
 type txLeaseKey struct{}
 
