@@ -274,8 +274,15 @@ func (p printer) encode(v any) error {
 	return enc.Encode(v)
 }
 
-// StdinIsTerminal reports whether f is a terminal (a character device).
+// StdinIsTerminal reports whether f is a terminal: a character device
+// other than the null device, which a cron job or a CI step gives a
+// command as its stdin (it is a character device too, and a confirmation
+// read from it would read nothing).
 func StdinIsTerminal(f *os.File) bool {
 	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+	if err != nil || st.Mode()&os.ModeCharDevice == 0 {
+		return false
+	}
+	null, err := os.Stat(os.DevNull)
+	return err != nil || !os.SameFile(st, null)
 }
