@@ -292,3 +292,20 @@ func TestReadOnlyCommandsNeverMigrate(t *testing.T) {
 		}
 	}
 }
+
+// A URL's password never shows: not in -h, not in a usage error, not in a
+// connection error.
+func TestPasswordsNeverShow(t *testing.T) {
+	t.Parallel()
+	env := []string{"DATABASE_URL=postgres://u:s3cretpw@127.0.0.1:1/db?connect_timeout=2",
+		"REDIS_URL=redis://:s3cretpw@127.0.0.1:1/0"}
+	for _, args := range [][]string{
+		{"tasks", "list", "-h"}, {"tasks", "list", "-limit", "0"}, {"records", "show", "-h"},
+		{"migrate", "status"}, {"records", "show", "-store", "redis", "-key", "k"}, {"tasks", "list"},
+	} {
+		r := idemgate(t, env, "", args...)
+		if strings.Contains(r.stdout+r.stderr, "s3cretpw") {
+			t.Errorf("idemgate %v shows the password: %s", args, r)
+		}
+	}
+}

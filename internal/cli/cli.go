@@ -137,15 +137,20 @@ type common struct {
 	redisURL    string
 	schema      string
 	json        bool
+	getenv      func(string) string
 }
 
+// The URLs' flags default to nothing and fall back on the environment
+// when used: a default shows in -h, and a URL may hold a password.
 func (c *common) database(fs *flag.FlagSet, getenv func(string) string) {
-	fs.StringVar(&c.databaseURL, "database-url", getenv("DATABASE_URL"), "PostgreSQL URL (env DATABASE_URL)")
+	c.getenv = getenv
+	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL; empty: env DATABASE_URL")
 	fs.StringVar(&c.schema, "schema", "", "PostgreSQL schema of idemgate's tables; empty: the connection's search_path")
 }
 
 func (c *common) redis(fs *flag.FlagSet, getenv func(string) string) {
-	fs.StringVar(&c.redisURL, "redis-url", getenv("REDIS_URL"), "Redis URL (env REDIS_URL): one node, a cluster (several seeds) or Sentinel (master_name=)")
+	c.getenv = getenv
+	fs.StringVar(&c.redisURL, "redis-url", "", "Redis URL: one node, a cluster (several seeds) or Sentinel (master_name=); empty: env REDIS_URL")
 }
 
 func (c *common) jsonFlag(fs *flag.FlagSet) {
@@ -212,6 +217,9 @@ func usageError(fs *flag.FlagSet, format string, args ...any) error {
 // checks that the schema exists. It creates nothing.
 func (c *common) openPool(ctx context.Context) (*pgxpool.Pool, string, error) {
 	if c.databaseURL == "" {
+		c.databaseURL = c.getenv("DATABASE_URL")
+	}
+	if c.databaseURL == "" {
 		return nil, "", errors.New("DATABASE_URL (or -database-url) is required")
 	}
 	cfg, err := pgxpool.ParseConfig(c.databaseURL)
@@ -245,6 +253,9 @@ func (c *common) openPool(ctx context.Context) (*pgxpool.Pool, string, error) {
 
 // openRedis connects to REDIS_URL.
 func (c *common) openRedis(ctx context.Context) (redis.UniversalClient, error) {
+	if c.redisURL == "" {
+		c.redisURL = c.getenv("REDIS_URL")
+	}
 	if c.redisURL == "" {
 		return nil, errors.New("REDIS_URL (or -redis-url) is required for -store redis")
 	}
