@@ -1,5 +1,7 @@
 package pgrecords
 
+import "strings"
+
 // The records table. One row per key; the primary key is the only index,
 // and no update ever changes the key, so every update (extend, complete,
 // the reclaim of an expired record) can be a HOT update that touches no
@@ -90,6 +92,9 @@ $$;
 //
 // With p_key NULL it only checks the transaction: the commit of a request
 // that holds no claim.
+//
+// It also names the records table by its schema in idemgate_records_claim
+// (see queries).
 const sqlV3 = `
 CREATE FUNCTION idemgate_records_commit_tx(p_key text, p_token uuid, p_retention_us bigint, p_response bytea)
 RETURNS void
@@ -115,6 +120,35 @@ BEGIN
 	EXECUTE format('ALTER FUNCTION idemgate_records_commit_tx(text, uuid, bigint, bytea) SET search_path = %I, pg_temp', current_schema());
 END
 $$;
+
+-- idemgate_records_claim as in version 1, its table named by its schema:
+-- a session whose search_path the handler of an Atomic route changed (SET
+-- search_path, committed) claims in the store's table all the same.
+DO $do$
+BEGIN
+	EXECUTE format($f$
+CREATE OR REPLACE FUNCTION %1$I.idemgate_records_claim(p_key text, p_token uuid, p_ident bytea, p_sums bytea, p_lease_us bigint)
+RETURNS smallint
+LANGUAGE plpgsql AS $body$
+BEGIN
+	INSERT INTO %1$I.idemgate_records (key, token, finished, expires_at, ident, sums)
+	VALUES (p_key, p_token, false, now() + p_lease_us * interval '1 microsecond', p_ident, p_sums)
+	ON CONFLICT (key) DO NOTHING;
+	IF FOUND THEN
+		RETURN 1;
+	END IF;
+	UPDATE %1$I.idemgate_records SET token = p_token, finished = false,
+		expires_at = now() + p_lease_us * interval '1 microsecond', ident = p_ident, sums = p_sums, response = NULL
+	WHERE key = p_key AND expires_at <= now();
+	IF FOUND THEN
+		RETURN 1;
+	END IF;
+	RETURN 0;
+END
+$body$
+$f$, current_schema());
+END
+$do$;
 `
 
 const (
@@ -153,12 +187,12 @@ WHERE key = $1 AND token = $2 AND NOT finished AND expires_at > now()`
 	sqlCompleted = `SELECT finished FROM idemgate_records WHERE key = $1 AND token = $2 AND expires_at > now()`
 
 	// sqlCommitTx finishes an Atomic route's record in the handler's
-	// transaction (see sqlV3; %s is the schema, quoted); sqlCommit goes in
+	// transaction (see sqlV3); sqlCommit goes in
 	// the same round trip. sqlResume goes in front of them: a handler's
 	// tiny statement_timeout or lock_timeout (SET LOCAL) would cancel the
 	// completion, so both go back to the session's defaults for the rest
 	// of the transaction, each statement getting its own timer.
-	sqlCommitTx = `SELECT %s.idemgate_records_commit_tx($1, $2, $3, $4)`
+	sqlCommitTx = `SELECT idemgate_records_commit_tx($1, $2, $3, $4)`
 	sqlCommit   = `COMMIT`
 	sqlRollback = `ROLLBACK`
 
@@ -190,3 +224,25 @@ WHERE ctid IN (
 	LIMIT $1 FOR UPDATE SKIP LOCKED
 ) AND expires_at <= now()`
 )
+
+// queries are the statements of a Store whose table lives in one schema,
+// every name of the schema's qualified with it. The handler of an Atomic
+// route may set another search_path, with SET LOCAL for its transaction
+// (the completion runs in it) or with SET for the session, which stays on
+// the pool's connection after its transaction commits: the store's
+// statements on that connection must still find its table and functions,
+// and not another schema's.
+type queries struct {
+	claim, extend, complete, completed, release, sweep, commitTx string
+}
+
+// newQueries returns the queries of the schema whose quoted name is
+// schema. Every name in them that begins with idemgate_records is a table
+// or a function of that schema.
+func newQueries(schema string) queries {
+	q := func(sql string) string {
+		return strings.ReplaceAll(sql, "idemgate_records", schema+".idemgate_records")
+	}
+	return queries{claim: q(sqlClaim), extend: q(sqlExtend), complete: q(sqlComplete), completed: q(sqlCompleted),
+		release: q(sqlRelease), sweep: q(sqlSweep), commitTx: q(sqlCommitTx)}
+}

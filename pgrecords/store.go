@@ -60,9 +60,8 @@ type Store struct {
 	// handler waits for a connection that only another handler's
 	// transaction could give back.
 	slots chan struct{}
-	// commitTx is sqlCommitTx in the schema of the pool's sessions: the
-	// handler may have set another search_path in its transaction.
-	commitTx string
+	// q are the store's statements in the schema of the pool's sessions.
+	q queries
 	// idleLimit is the idle_in_transaction_session_timeout the pool's
 	// sessions start with (0: none), which an Atomic transaction keeps
 	// when it is lower than the route's (see idleLimit).
@@ -95,7 +94,7 @@ func New(ctx context.Context, pool *pgxpool.Pool) (*Store, error) {
 	}
 	return &Store{pool: pool, sweepBatch: 1000,
 		slots:     slotsOf(pool),
-		commitTx:  fmt.Sprintf(sqlCommitTx, pgx.Identifier{*schema}.Sanitize()),
+		q:         newQueries(pgx.Identifier{*schema}.Sanitize()),
 		idleLimit: time.Duration(idleMs) * time.Millisecond}, nil
 }
 
@@ -130,7 +129,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 func (s *Store) Sweep(ctx context.Context) (int64, error) {
 	var total int64
 	for {
-		tag, err := s.pool.Exec(ctx, sqlSweep, s.sweepBatch)
+		tag, err := s.pool.Exec(ctx, s.q.sweep, s.sweepBatch)
 		if err != nil {
 			return total, fmt.Errorf("pgrecords: sweep: %w", err)
 		}
@@ -177,7 +176,7 @@ func (s *Store) Claim(ctx context.Context, key string, req middleware.ClaimReque
 // claim runs sqlClaim once. retry reports a claim that lost a race and
 // must run again.
 func (s *Store) claim(ctx context.Context, key string, req middleware.ClaimRequest, ident, sums []byte) (_ middleware.ClaimResult, retry bool, _ error) {
-	rows, err := s.pool.Query(ctx, sqlClaim, key, uuid(req.Token), ident, sums, micros(req.Lease))
+	rows, err := s.pool.Query(ctx, s.q.claim, key, uuid(req.Token), ident, sums, micros(req.Lease))
 	if err != nil {
 		return claimError(err)
 	}
@@ -354,7 +353,7 @@ func changed(held []byte, fields []fingerprint.FieldSum) []int {
 
 // Extend implements middleware.Store.
 func (s *Store) Extend(ctx context.Context, key string, token middleware.Token, lease time.Duration) error {
-	tag, err := s.pool.Exec(ctx, sqlExtend, key, uuid(token), micros(lease))
+	tag, err := s.pool.Exec(ctx, s.q.extend, key, uuid(token), micros(lease))
 	if err != nil {
 		return fmt.Errorf("pgrecords: extend: %w", err)
 	}
@@ -369,7 +368,7 @@ func (s *Store) Complete(ctx context.Context, key string, token middleware.Token
 	if resp.Status < 100 || resp.Status > 999 {
 		return fmt.Errorf("pgrecords: complete: status %d out of range", resp.Status)
 	}
-	tag, err := s.pool.Exec(ctx, sqlComplete, key, uuid(token), micros(retention), appendResponse(nil, resp))
+	tag, err := s.pool.Exec(ctx, s.q.complete, key, uuid(token), micros(retention), appendResponse(nil, resp))
 	if err != nil {
 		return fmt.Errorf("pgrecords: complete: %w", err)
 	}
@@ -378,7 +377,7 @@ func (s *Store) Complete(ctx context.Context, key string, token middleware.Token
 	}
 	// A resent complete whose first run finished the record succeeds.
 	var finished bool
-	err = s.pool.QueryRow(ctx, sqlCompleted, key, uuid(token)).Scan(&finished)
+	err = s.pool.QueryRow(ctx, s.q.completed, key, uuid(token)).Scan(&finished)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return middleware.ErrLeaseLost
@@ -394,7 +393,7 @@ func (s *Store) Complete(ctx context.Context, key string, token middleware.Token
 
 // Release implements middleware.Store.
 func (s *Store) Release(ctx context.Context, key string, token middleware.Token) error {
-	tag, err := s.pool.Exec(ctx, sqlRelease, key, uuid(token))
+	tag, err := s.pool.Exec(ctx, s.q.release, key, uuid(token))
 	if err != nil {
 		return fmt.Errorf("pgrecords: release: %w", err)
 	}

@@ -169,7 +169,7 @@ func (t *atomicTx) Commit(ctx context.Context, c *middleware.Completion) error {
 		if c == nil {
 			return nil
 		}
-		tag, err := t.tx.s.pool.Exec(ctx, sqlComplete, c.Key, uuid(c.Token), micros(c.Retention), appendResponse(nil, c.Response))
+		tag, err := t.tx.s.pool.Exec(ctx, t.tx.s.q.complete, c.Key, uuid(c.Token), micros(c.Retention), appendResponse(nil, c.Response))
 		switch {
 		case err != nil:
 			return fmt.Errorf("pgrecords: commit: complete: %w", err)
@@ -182,9 +182,9 @@ func (t *atomicTx) Commit(ctx context.Context, c *middleware.Completion) error {
 	b.Queue(sqlResumeStatementTimeout)
 	b.Queue(sqlResumeLockTimeout)
 	if c == nil {
-		b.Queue(t.tx.s.commitTx, nil, nil, nil, nil)
+		b.Queue(t.tx.s.q.commitTx, nil, nil, nil, nil)
 	} else {
-		b.Queue(t.tx.s.commitTx, c.Key, uuid(c.Token), micros(c.Retention), appendResponse(nil, c.Response))
+		b.Queue(t.tx.s.q.commitTx, c.Key, uuid(c.Token), micros(c.Retention), appendResponse(nil, c.Response))
 	}
 	b.Queue(sqlCommit)
 	br := conn.SendBatch(ctx, b)

@@ -2,12 +2,14 @@ package pgrecords_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemgate/idemgate/middleware"
@@ -115,4 +117,105 @@ func atomicSendMode(e *echo.Echo, key, mode string) *httptest.ResponseRecorder {
 	w := httptest.NewRecorder()
 	e.ServeHTTP(w, r)
 	return w
+}
+
+// TestTxHandlerTouchesTheMark: a handler that resets or overwrites the
+// store's mark on its transaction (RESET ALL, its own SET LOCAL of
+// idemgate.tx) cannot have the answer stored: 500 tx_aborted, nothing
+// committed, the retry runs. A savepoint rolled back keeps the mark (it
+// was set before): the answer commits.
+func TestTxHandlerTouchesTheMark(t *testing.T) {
+	t.Parallel()
+	pool, s := atomicDB(t)
+	e := atomicRoute(t, s, func(c echo.Context) error {
+		tx := pgrecords.Tx(c)
+		ctx := c.Request().Context()
+		key := c.Request().Header.Get("Idempotency-Key")
+		if err := ledgerInsert(ctx, tx, key, "h"); err != nil {
+			return err
+		}
+		if c.Request().Header.Get("X-Mode") == "ok" {
+			return c.String(http.StatusCreated, "written")
+		}
+		switch key {
+		case "reset-all":
+			_, err := tx.Exec(ctx, `RESET ALL`)
+			if err != nil {
+				return err
+			}
+		case "overwrite":
+			if _, err := tx.Exec(ctx, `SET LOCAL idemgate.tx = 'mine'`); err != nil {
+				return err
+			}
+		case "savepoint":
+			if _, err := tx.Exec(ctx, `SAVEPOINT s; SET LOCAL idemgate.tx = 'mine'; ROLLBACK TO SAVEPOINT s`); err != nil {
+				return err
+			}
+		}
+		return c.String(http.StatusCreated, "written")
+	}, nil)
+	for _, tt := range []struct {
+		key  string
+		want int
+	}{
+		{"reset-all", 500},
+		{"overwrite", 500},
+		{"savepoint", 201},
+	} {
+		t.Run(tt.key, func(t *testing.T) {
+			if rec := atomicSendMode(e, tt.key, ""); rec.Code != tt.want {
+				t.Errorf("first = %d %q, want %d", rec.Code, rec.Body, tt.want)
+			}
+			wantRows := 0
+			if tt.want == 201 {
+				wantRows = 1
+			}
+			if got := ledgerRows(t, pool, tt.key); got != wantRows {
+				t.Errorf("ledger rows = %d, want %d", got, wantRows)
+			}
+			retry := atomicSendMode(e, tt.key, "ok")
+			if (tt.want == 201) != (retry.Header().Get("Idempotent-Replayed") == "true") || retry.Code != 201 {
+				t.Errorf("retry = %d replayed=%q", retry.Code, retry.Header().Get("Idempotent-Replayed"))
+			}
+		})
+	}
+}
+
+// TestTxHandlerSessionSetOutlivesRequest: a SET without LOCAL in the
+// handler's transaction (search_path) is the session's once the
+// transaction commits, and stays on the pool's connection after the
+// request, as in any pgx pool. The store's own statements on that
+// connection (the next requests' claims, completions and releases) must
+// still find the records table.
+func TestTxHandlerSessionSetOutlivesRequest(t *testing.T) {
+	t.Parallel()
+	pool, _ := atomicDB(t)
+	if _, err := pool.Exec(testCtx(t), `CREATE SCHEMA tenant_a; CREATE TABLE tenant_a.ledger (key text NOT NULL, node text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`); err != nil {
+		t.Fatal(err)
+	}
+	one := poolWith(t, pool.Config().ConnString(), func(c *pgxpool.Config) { c.MaxConns = 1 })
+	s, err := pgrecords.New(testCtx(t), one)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := atomicRoute(t, s, func(c echo.Context) error {
+		tx := pgrecords.Tx(c)
+		ctx := c.Request().Context()
+		if _, err := tx.Exec(ctx, `SET search_path = tenant_a`); err != nil {
+			return err
+		}
+		if err := ledgerInsert(ctx, tx, c.Request().Header.Get("Idempotency-Key"), "h"); err != nil {
+			return err
+		}
+		return c.String(http.StatusCreated, "written")
+	}, nil)
+	for i := range 3 {
+		key := fmt.Sprintf("session-set-%d", i)
+		if rec := atomicSendMode(e, key, ""); rec.Code != http.StatusCreated {
+			t.Errorf("request %d = %d %q, want 201", i, rec.Code, rec.Body)
+		}
+		if again := atomicSendMode(e, key, ""); again.Header().Get("Idempotent-Replayed") != "true" {
+			t.Errorf("retry %d = %d replayed=%q %q", i, again.Code, again.Header().Get("Idempotent-Replayed"), again.Body)
+		}
+	}
 }
