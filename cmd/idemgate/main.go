@@ -18,10 +18,15 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemgate/idemgate/internal/cli"
 )
 
 func main() {
+	// go-redis logs each failed dial to stderr; the command says once
+	// what failed.
+	redis.SetLogger(quiet{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := cli.Main(ctx, os.Args[1:], cli.Env{
 		Prog: "idemgate", Getenv: os.Getenv,
@@ -31,3 +36,8 @@ func main() {
 	stop()
 	os.Exit(code)
 }
+
+// quiet is a go-redis logger that says nothing.
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
