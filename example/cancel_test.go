@@ -182,14 +182,14 @@ func TestReconcileAsksTheUpstream(t *testing.T) {
 	params, _ := json.Marshal(imageParams{Prompt: "a cat", AspectRatio: "1:1", N: 1})
 	task := func(id string) pgstore.Task { return pgstore.Task{ID: id, Kind: kindImages, Params: params} }
 	// done: called, finished.
-	if _, err := up.call(ctx, "done", imageParams{Prompt: "a cat", AspectRatio: "1:1", N: 1}, 0); err != nil {
+	if _, err := up.call(ctx, "done", "", imageParams{Prompt: "a cat", AspectRatio: "1:1", N: 1}, 0); err != nil {
 		t.Fatal(err)
 	}
 	// running: called, the upstream still works on it.
 	slow := upstream{gen: generator{took: time.Hour}, log: n.b.pool}
 	callCtx, cancel := context.WithCancel(ctx)
 	go func() {
-		_, _ = slow.call(callCtx, "running", imageParams{Prompt: "a cat", AspectRatio: "1:1", N: 1}, 0)
+		_, _ = slow.call(callCtx, "running", "", imageParams{Prompt: "a cat", AspectRatio: "1:1", N: 1}, 0)
 	}()
 	wait.For(t, time.Minute, "the slow call at the upstream", func() bool { c, _ := up.calls(ctx, "running"); return c == 1 })
 	cancel()

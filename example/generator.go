@@ -171,6 +171,9 @@ func dataURL(png []byte) string {
 // keeps a log of the requests it received, so that it can say later what
 // became of one (lookup): what a real API's "get job by client reference"
 // endpoint is for, and what makes reconciling an uncertain task real.
+// Like a paid API that takes an Idempotency-Key, it charges once per key:
+// a request under a key it has seen joins that job (same outcome, same
+// images) instead of starting and charging a second one.
 // The log lives in the service's database, standing in for the API's
 // own: every process of the service sees the same upstream.
 type upstream struct {
@@ -190,7 +193,17 @@ CREATE TABLE IF NOT EXISTS idemgate_example_upstream_calls (
 	done_at timestamptz NOT NULL  -- when the upstream is done with it
 );
 ALTER TABLE idemgate_example_upstream_calls ADD COLUMN IF NOT EXISTS caller text; -- the worker that called (WORKER_NAME)
-CREATE INDEX IF NOT EXISTS idemgate_example_upstream_calls_ref ON idemgate_example_upstream_calls (ref, id)`
+CREATE INDEX IF NOT EXISTS idemgate_example_upstream_calls_ref ON idemgate_example_upstream_calls (ref, id);
+ALTER TABLE idemgate_example_upstream_calls ADD COLUMN IF NOT EXISTS idem_key text; -- the request's Idempotency-Key, if any
+-- The jobs the upstream charged for: one per Idempotency-Key, whatever
+-- the number of requests under it; one per request without a key.
+CREATE TABLE IF NOT EXISTS idemgate_example_upstream_jobs (
+	idem_key   text        PRIMARY KEY, -- the request's key, or none:<uuid>
+	ref        text        NOT NULL,
+	outcome    text        NOT NULL,
+	charged_at timestamptz NOT NULL DEFAULT now(),
+	done_at    timestamptz NOT NULL
+)`
 
 // Outcomes of a call, as the stand-in upstream logs them.
 const (
@@ -228,10 +241,13 @@ func sendError(err error) error {
 	return fmt.Errorf("%w: %w", errMaybeSent, err)
 }
 
-// call sends request ref for p, resuming after from images, and waits
-// for the answer as the stand-in generator gives it. Once the request is
-// logged, the upstream does the work whatever becomes of the caller.
-func (u upstream) call(ctx context.Context, ref string, p imageParams, from int) ([][]byte, error) {
+// call sends request ref for p, resuming after from images, under the
+// idempotency key key ("" for none), and waits for the answer as the
+// stand-in generator gives it. Once the request is logged, the upstream
+// does the work whatever becomes of the caller. A key the upstream has
+// seen joins its job: no second charge, and the first request's answer
+// once that job is done.
+func (u upstream) call(ctx context.Context, ref, key string, p imageParams, from int) ([][]byte, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("%w: %w", errNotSent, err) // a cancelled attempt sends nothing
 	}
@@ -247,12 +263,79 @@ func (u upstream) call(ctx context.Context, ref string, p imageParams, from int)
 	case strings.Contains(p.Prompt, markerPartial) && from == 0:
 		outcome = callPartial
 	}
-	if _, err := u.log.Exec(ctx, `INSERT INTO idemgate_example_upstream_calls (ref, outcome, done_at, caller)
-		VALUES (@ref, @outcome, now() + @took_us::bigint * interval '1 microsecond', NULLIF(@caller, ''))`,
-		pgx.NamedArgs{"ref": ref, "outcome": outcome, "took_us": took.Microseconds(), "caller": u.caller}); err != nil {
+	// One statement: the job (new and charged, or the key's earlier one)
+	// and the request's line in the log, which carries the job's outcome.
+	var (
+		charged bool
+		wait    time.Duration
+	)
+	err := u.log.QueryRow(ctx, `WITH job AS (
+		INSERT INTO idemgate_example_upstream_jobs (idem_key, ref, outcome, done_at)
+		VALUES (COALESCE(NULLIF(@key, ''), 'none:' || gen_random_uuid()), @ref, @outcome,
+			now() + @took_us::bigint * interval '1 microsecond')
+		ON CONFLICT (idem_key) DO UPDATE SET idem_key = EXCLUDED.idem_key
+		RETURNING outcome, done_at, xmax = 0 AS charged
+	), logged AS (
+		INSERT INTO idemgate_example_upstream_calls (ref, outcome, done_at, caller, idem_key)
+		SELECT @ref, outcome, done_at, NULLIF(@caller, ''), NULLIF(@key, '') FROM job
+	)
+	SELECT outcome, charged, GREATEST(0, extract(epoch FROM done_at - now()) * 1e6)::bigint FROM job`,
+		pgx.NamedArgs{"ref": ref, "key": key, "outcome": outcome, "took_us": took.Microseconds(), "caller": u.caller}).
+		Scan(&outcome, &charged, &wait)
+	if err != nil {
 		return nil, sendError(err)
 	}
-	return u.gen.generate(ctx, p, from)
+	if charged {
+		return u.gen.generate(ctx, p, from)
+	}
+	// The key's job runs already (or ran): its answer, when it is done.
+	wait *= time.Microsecond
+	if outcome == callLate {
+		wait = min(wait, u.gen.took) // it answers too late, as it did the first time
+	}
+	if err := (generator{took: wait}).wait(ctx); err != nil {
+		return nil, err
+	}
+	if outcome == callLate {
+		return nil, errUpstreamTimeout
+	}
+	return answerOf(outcome, p, from)
+}
+
+// answerOf is what a done request of outcome answers: its images (for ok
+// and late), or its error.
+func answerOf(outcome string, p imageParams, from int) ([][]byte, error) {
+	switch outcome {
+	case callRefused:
+		return nil, errUpstreamRefused
+	case callEmpty:
+		return nil, nil
+	case callPartial:
+		b, err := renderPNG(p, from)
+		if err != nil {
+			return nil, err
+		}
+		return nil, &partialError{made: [][]byte{b}}
+	}
+	out := make([][]byte, 0, p.N)
+	for i := from; i < p.N; i++ {
+		b, err := renderPNG(p, i)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+// charges counts the jobs the upstream charged for request ref: one per
+// idempotency key however often a request under it was sent, one per
+// request without a key.
+func (u upstream) charges(ctx context.Context, ref string) (int, error) {
+	var n int
+	err := u.log.QueryRow(ctx, `SELECT count(*) FROM idemgate_example_upstream_jobs WHERE ref = @ref`,
+		pgx.NamedArgs{"ref": ref}).Scan(&n)
+	return n, err
 }
 
 // callState is what the upstream says of a request.
@@ -281,27 +364,8 @@ func (u upstream) lookup(ctx context.Context, ref string, p imageParams, from in
 	case !done:
 		return callRunning, nil, nil
 	}
-	switch outcome {
-	case callRefused:
-		return callDone, nil, errUpstreamRefused
-	case callEmpty:
-		return callDone, nil, nil
-	case callPartial:
-		b, err := renderPNG(p, from)
-		if err != nil {
-			return callDone, nil, err
-		}
-		return callDone, nil, &partialError{made: [][]byte{b}}
-	}
-	out := make([][]byte, 0, p.N)
-	for i := from; i < p.N; i++ {
-		b, err := renderPNG(p, i)
-		if err != nil {
-			return callDone, nil, err
-		}
-		out = append(out, b)
-	}
-	return callDone, out, nil
+	made, err := answerOf(outcome, p, from)
+	return callDone, made, err
 }
 
 // calls counts the requests the upstream received for ref.

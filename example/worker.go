@@ -236,8 +236,18 @@ func (r runner) images(ctx context.Context, t pgstore.Task) pgstore.Outcome {
 		return pgstore.Failed(fmt.Errorf("bad task params: %w", err))
 	}
 	kept := t.Results
-	made, err := r.up.call(ctx, t.ID, p, len(kept))
+	made, err := r.up.call(ctx, t.ID, upstreamKey(t), p, len(kept))
 	return r.imageOutcome(t, kept, made, err, ctx.Err() != nil)
+}
+
+// upstreamKey is the Idempotency-Key an attempt of t sends the upstream:
+// the same for every attempt of one run of the task, so a second attempt
+// after a lost one (its worker killed mid-call, its lease run out, the
+// task retried) joins the job the first one started instead of paying for
+// another; a new one after Recover, which asks for the images still
+// missing. Not the attempt number: that changes on every attempt.
+func upstreamKey(t pgstore.Task) string {
+	return fmt.Sprintf("%s:%d", t.ID, t.Recoveries)
 }
 
 // imageOutcome turns what the upstream answered into the task's outcome.
