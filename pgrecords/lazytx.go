@@ -276,7 +276,11 @@ func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 func (t *lazyTx) execSimple(ctx context.Context, conn *pgx.Conn, sql string) (pgconn.CommandTag, error) {
 	tag, err := conn.Exec(ctx, t.simpleBegin()+"; "+sql)
 	var pgErr *pgconn.PgError
-	if err == nil || errors.As(err, &pgErr) || conn.IsClosed() || conn.PgConn().TxStatus() != 'I' {
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42601" && conn.PgConn().TxStatus() == 'I':
+		// The server parses the whole string before it runs any of it: a
+		// syntax error ran nothing, BEGIN neither.
+	case err == nil, pgErr != nil, conn.IsClosed(), conn.PgConn().TxStatus() != 'I':
 		// The server ran BEGIN (an error it answered comes after it), or
 		// may have: the connection closed with the string on it.
 		t.begun = true

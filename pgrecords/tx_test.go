@@ -871,11 +871,20 @@ func TestTxMultiStatementFirst(t *testing.T) {
 		ctx := c.Request().Context()
 		key := c.Request().Header.Get("Idempotency-Key")
 		sql := fmt.Sprintf(`INSERT INTO ledger (key, node) VALUES ('%s', 'one'); INSERT INTO ledger (key, node) VALUES ('%s', 'two')`, key, key)
-		if key == "multi-failing" {
+		switch key {
+		case "multi-failing":
 			sql += `; SELECT 1/0`
+		case "multi-syntax":
+			sql += `; SELECT (`
 		}
 		tag, err := pgrecords.Tx(c).Exec(ctx, sql)
-		if err != nil && key != "multi-failing" {
+		switch {
+		case key == "multi-syntax" && err != nil:
+			// Nothing ran: the transaction is as it was, usable.
+			if err := ledgerInsert(ctx, pgrecords.Tx(c), key, "after"); err != nil {
+				return err
+			}
+		case err != nil && key != "multi-failing":
 			return err
 		}
 		return c.String(http.StatusCreated, tag.String())
@@ -892,6 +901,15 @@ func TestTxMultiStatementFirst(t *testing.T) {
 	}
 	if got := ledgerNodes(t, pool, "multi-failing"); got != "" {
 		t.Errorf("committed %q, want nothing", got)
+	}
+	// A syntax error: the server parses the whole string first and runs
+	// none of it, BEGIN neither; the handler's next write commits with
+	// its answer.
+	if rec := atomicSend(e, "multi-syntax"); rec.Code != http.StatusCreated {
+		t.Errorf("a multi-statement first Exec with a syntax error, then a write = %d %q, want 201", rec.Code, rec.Body)
+	}
+	if got := ledgerNodes(t, pool, "multi-syntax"); got != "after" {
+		t.Errorf("committed %q, want %q", got, "after")
 	}
 }
 
