@@ -497,7 +497,10 @@ func pathCases(t testing.TB) (bn *bench, paths []pathCase) {
 		return okHandler(c)
 	}, bn.middleware(t))
 	done := make(chan struct{})
-	go func() { bn.e.ServeHTTP(&discardWriter{h: http.Header{}}, httpRequest(benchBody, bn.id+"in-progress")); close(done) }()
+	go func() {
+		bn.e.ServeHTTP(&discardWriter{h: http.Header{}}, httpRequest(benchBody, bn.id+"in-progress"))
+		close(done)
+	}()
 	<-held
 	t.Cleanup(func() { close(hold); <-done })
 	bn.serve(t, bn.id+"replay", benchBody, http.StatusCreated)
