@@ -42,7 +42,7 @@ release:
 # pooled buffers on purpose.
 unit:
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
-	$(GO) test -count=1 -run 'Allocs' ./fingerprint/
+	$(GO) test -count=1 -run 'Allocs' ./fingerprint/ ./middleware/
 
 # The fault suite: servers killed, flushed, restarted and slowed under load.
 faults:
