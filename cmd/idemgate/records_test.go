@@ -149,41 +149,42 @@ func TestRecords(t *testing.T) {
 	}
 }
 
-// TestRecordsReleaseIsFenced: a release that reads a claim, then finds
-// the key claimed again by a retry, frees nothing. The binary cannot be
-// paused between its read and its write, so the race is the store's
-// (inspecttest); here the stale token the release holds is another
-// claim's.
+// TestRecordsReleaseRefusesAnotherClaim: after a release, the client's
+// retry claims the key; the released request's late answer is not stored
+// over it, and the same release run again frees nothing (its key is
+// another claim's now, and "records show" names the new token).
 func TestRecordsReleaseRefusesAnotherClaim(t *testing.T) {
 	t.Parallel()
 	b := postgresBench(t)
 	ctx := context.Background()
 	tok, key, flags := b.claim(t)
 	b.run(t, 0, "", append([]string{"records", "release", "-yes"}, flags...)...)
-	// The client's retry claims the key; the old handler's late answer
-	// must not be stored over it.
-	retry := middleware.ClaimRequest{Fingerprint: fingerprint.Fingerprint("v1:" + strings.Repeat("ab", 32)), Lease: time.Minute}
-	info := func() middleware.RecordInfo {
-		i, err := b.store.Inspect(ctx, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return i
+	held, err := b.store.Inspect(ctx, key)
+	if !errors.Is(err, middleware.ErrNoRecord) {
+		t.Fatalf("after the release: %+v, %v", held, err)
 	}
-	k := strings.Split(key, ":")
-	retry.Kind = k[2]
+	owner, kind := keyParts(t, key)
+	retry := middleware.ClaimRequest{Fingerprint: fingerprint.Fingerprint("v1:" + strings.Repeat("ab", 32)),
+		Owner: owner, Kind: kind, Lease: time.Minute}
 	_, _ = rand.Read(retry.Token[:])
-	kk, _ := keyspace.Derive("images", keyspace.Scope{Tenant: "Acme Corp", User: "alice@example.com", Request: flags[5]})
-	retry.Owner = kk.Owner()
 	if res, err := b.store.Claim(ctx, key, retry); err != nil || res.Status != middleware.Claimed {
-		t.Fatalf("retry's claim: %v %v", res.Status, err)
+		t.Fatalf("the retry's claim: %v %v", res.Status, err)
 	}
 	if err := b.store.Complete(ctx, key, tok, middleware.Response{Status: 200, Body: []byte("late")}, time.Hour); !errors.Is(err, middleware.ErrLeaseLost) {
-		t.Fatalf("late Complete = %v", err)
+		t.Fatalf("the released request's late Complete = %v, want ErrLeaseLost", err)
 	}
-	if got := info(); got.Finished || got.Token != retry.Token {
-		t.Fatalf("the retry's claim after the late answer: %+v", got)
+	r := b.run(t, 0, "", append([]string{"records", "show"}, flags...)...)
+	contains(t, r, "stdout", "claimed", retry.Token.String())
+}
+
+// keyParts returns the user digest and the kind a keyspace key names.
+func keyParts(t *testing.T, key string) (owner, kind string) {
+	t.Helper()
+	p := strings.Split(key, ":")
+	if len(p) != 5 {
+		t.Fatalf("not a keyspace key: %q", key)
 	}
+	return p[3], p[2]
 }
 
 func itoa(n int) string {

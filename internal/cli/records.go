@@ -125,7 +125,11 @@ func Records(ctx context.Context, args []string, env Env) error {
 
 	info, err := insp.Inspect(ctx, key)
 	if errors.Is(err, middleware.ErrNoRecord) {
-		return fmt.Errorf("no live record under %s (never claimed, expired, or released)", shortKey(key))
+		hint := ""
+		if k.key == "" {
+			hint = "; -tenant, -user, -request-id and -kind must be the values the service's scope and route give, byte for byte"
+		}
+		return fmt.Errorf("no live record under %s (never claimed, expired, or released%s)", shortKey(key), hint)
 	}
 	if err != nil {
 		return err
