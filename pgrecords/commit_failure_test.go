@@ -58,14 +58,14 @@ func TestAtomicCommitFailures(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var events []middleware.Event
-	interfere := map[string]func(ctx context.Context, key string) (after func()){
+	interfere := map[string]func(ctx context.Context, key string){
 		// Another serializable transaction reads what the handler writes
 		// and writes what it read, and commits first.
-		"serialization": func(ctx context.Context, key string) func() {
+		"serialization": func(ctx context.Context, key string) {
 			tx, err := pool.BeginTx(ctx, pgxTxSerializable)
 			if err != nil {
 				t.Error(err)
-				return func() {}
+				return
 			}
 			defer tx.Rollback(ctx)
 			if _, err := tx.Exec(ctx, `SELECT count(*) FROM skew_b`); err != nil {
@@ -77,18 +77,16 @@ func TestAtomicCommitFailures(t *testing.T) {
 			if err := tx.Commit(ctx); err != nil {
 				t.Error(err)
 			}
-			return func() {}
 		},
 		// Another transaction holds the lock the COMMIT's trigger takes,
 		// and waits for one the handler holds (with a long deadlock_timeout,
 		// so that the handler's COMMIT is the one to find the deadlock).
-		"deadlock": func(ctx context.Context, key string) func() {
+		"deadlock": func(ctx context.Context, key string) {
 			conn, err := pool.Acquire(ctx)
 			if err != nil {
 				t.Error(err)
-				return func() {}
+				return
 			}
-			done := make(chan struct{})
 			tx, err := conn.Begin(ctx)
 			if err == nil {
 				_, err = tx.Exec(ctx, `SET LOCAL deadlock_timeout = '60s'; SELECT pg_advisory_xact_lock(2)`)
@@ -96,10 +94,9 @@ func TestAtomicCommitFailures(t *testing.T) {
 			if err != nil {
 				t.Error(err)
 				conn.Release()
-				return func() {}
+				return
 			}
 			go func() {
-				defer close(done)
 				_, _ = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(1)`)
 				_ = tx.Rollback(ctx)
 				conn.Release()
@@ -109,7 +106,6 @@ func TestAtomicCommitFailures(t *testing.T) {
 				_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n)
 				return n > 0
 			})
-			return func() { <-done }
 		},
 	}
 	e := atomicRoute(t, s, func(c echo.Context) error {
