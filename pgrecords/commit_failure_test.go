@@ -20,8 +20,8 @@ import (
 
 // commitFailureDDL: a foreign key checked at COMMIT (what Django creates
 // for every ForeignKey), two tables for a write skew under SERIALIZABLE,
-// and a constraint trigger that takes an advisory lock at COMMIT (to
-// deadlock there).
+// a constraint trigger that takes an advisory lock at COMMIT (to
+// deadlock there), and one that refuses every row at COMMIT.
 const commitFailureDDL = `
 CREATE TABLE parent (id int PRIMARY KEY);
 CREATE TABLE child (key text NOT NULL, parent_id int NOT NULL REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED);
@@ -36,6 +36,14 @@ END
 $$;
 CREATE CONSTRAINT TRIGGER late_lock AFTER INSERT ON late_lock DEFERRABLE INITIALLY DEFERRED
 	FOR EACH ROW EXECUTE FUNCTION late_lock();
+CREATE TABLE late_check (key text NOT NULL);
+CREATE FUNCTION late_check() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	RAISE EXCEPTION 'late_check refuses %', NEW.key;
+END
+$$;
+CREATE CONSTRAINT TRIGGER late_check AFTER INSERT ON late_check DEFERRABLE INITIALLY DEFERRED
+	FOR EACH ROW EXECUTE FUNCTION late_check();
 `
 
 // pgxTxSerializable opens a SERIALIZABLE transaction.
@@ -43,7 +51,8 @@ var pgxTxSerializable = pgx.TxOptions{IsoLevel: pgx.Serializable}
 
 // TestAtomicCommitFailures: the database refuses the COMMIT, or the
 // completion in front of it, with the outcome known (rolled back). An
-// integrity error (a deferred foreign key) is the handler's failure:
+// integrity error (a deferred foreign key), or a deferred constraint
+// trigger that raises, is the handler's failure:
 // echo's error answer, the claim released with reason commit_refused, no
 // store_error. A serialization failure or a deadlock may succeed when
 // retried: 503 with Retry-After, the claim released with reason
@@ -133,6 +142,12 @@ func TestAtomicCommitFailures(t *testing.T) {
 			if _, err := tx.Exec(ctx, `INSERT INTO skew_b VALUES ($1)`, key); err != nil {
 				return err
 			}
+		case strings.HasPrefix(key, "deferred-trigger"):
+			if !retry {
+				if _, err := tx.Exec(ctx, `INSERT INTO late_check VALUES ($1)`, key); err != nil {
+					return err
+				}
+			}
 		case strings.HasPrefix(key, "deadlock"):
 			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(1)`); err != nil {
 				return err
@@ -159,6 +174,7 @@ func TestAtomicCommitFailures(t *testing.T) {
 		wantReason string
 	}{
 		{key: "foreign-key", wantStatus: 500, wantReason: "commit_refused"},
+		{key: "deferred-trigger", wantStatus: 500, wantReason: "commit_refused"},
 		{key: "serialization", wantStatus: 503, wantRetry: "1", wantReason: "commit_conflict"},
 		{key: "deadlock", wantStatus: 503, wantRetry: "1", wantReason: "commit_conflict"},
 	} {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -242,19 +243,22 @@ func completeError(err error) error {
 // commitError is what Commit returns when its COMMIT failed with err. An
 // error the server answered (short of one that ends the session) means
 // that it rolled the transaction back: a serialization failure or a
-// deadlock, which a retry may not meet again, or else a rule the
-// handler's writes broke, checked at COMMIT (a deferred foreign key, a
-// deferred constraint trigger): the handler's failure. Anything else (the
-// connection broke) leaves the outcome unknown.
+// deadlock, which a retry may not meet again; a rule the handler's writes
+// broke, checked at COMMIT (a deferred foreign key or other constraint,
+// class 23; a deferred constraint trigger that raised, class P0): the
+// handler's failure. Anything else (a cancellation, the server's
+// trouble, a connection that broke) is the store's, its outcome possibly
+// unknown.
 func commitError(err error) error {
 	var pgErr *pgconn.PgError
 	switch {
 	case !errors.As(err, &pgErr), pgErr.Severity == "FATAL", pgErr.Severity == "PANIC":
-		return fmt.Errorf("pgrecords: commit: %w", err)
 	case pgErr.Code == "40001", pgErr.Code == "40P01":
 		return fmt.Errorf("pgrecords: commit: %w: %w", middleware.ErrTxConflict, err)
+	case strings.HasPrefix(pgErr.Code, "23"), strings.HasPrefix(pgErr.Code, "P0"):
+		return fmt.Errorf("pgrecords: commit: %w: %w", middleware.ErrTxRefused, err)
 	}
-	return fmt.Errorf("pgrecords: commit: %w: %w", middleware.ErrTxRefused, err)
+	return fmt.Errorf("pgrecords: commit: %w", err)
 }
 
 // Rollback implements middleware.Tx. It asks, in the ROLLBACK's round
