@@ -116,7 +116,7 @@ func verb(args []string, nounUsage string, env Env) (string, []string, []string,
 		case a == "-h" || a == "-help" || a == "--help":
 			fmt.Fprint(env.Stdout, nounUsage)
 			return "", nil, nil, flag.ErrHelp
-		case strings.Contains(a, "=") || a == "-json" || a == "--json" || a == "-yes" || a == "--yes":
+		case strings.Contains(a, "=") || boolFlags[strings.TrimLeft(a, "-")]:
 			pre, args = append(pre, a), args[1:]
 		case len(args) > 1:
 			pre, args = append(pre, a, args[1]), args[2:]
@@ -130,6 +130,10 @@ func verb(args []string, nounUsage string, env Env) (string, []string, []string,
 	}
 	return args[0], pre, args[1:], nil
 }
+
+// boolFlags are the flags that take no value, so that one given before
+// the verb does not take the verb for its value.
+var boolFlags = map[string]bool{"json": true, "yes": true, "check": true, "pending": true, "finished": true, "new-kind": true}
 
 // common are the flags every command takes.
 type common struct {
