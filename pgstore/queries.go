@@ -1107,17 +1107,19 @@ WHERE id = ANY(@ids::uuid[]) AND state = 'uncertain' AND finished_at IS NOT NULL
 	// A task cancelled while its attempt held it ends cancelled once the
 	// attempt's lease (or, for a Reconcile, its claim) has ended: its
 	// worker died before it wrote the end.
-	sqlRescue = `WITH expired AS (
-	(SELECT id FROM idemgate_tasks
+	sqlRescue = `WITH lapsed AS (
+	SELECT id FROM idemgate_tasks
 	WHERE state = 'running' AND lease_until < now()
 	ORDER BY lease_until
 	LIMIT @limit
-	FOR UPDATE SKIP LOCKED)
-	UNION ALL
-	(SELECT id FROM idemgate_tasks
+	FOR UPDATE SKIP LOCKED
+), unclaimed AS (
+	SELECT id FROM idemgate_tasks
 	WHERE state = 'uncertain' AND run_after <= now() AND finished_at IS NOT NULL
 	LIMIT @limit
-	FOR UPDATE SKIP LOCKED)
+	FOR UPDATE SKIP LOCKED
+), expired AS (
+	SELECT id FROM lapsed UNION ALL SELECT id FROM unclaimed
 )
 UPDATE idemgate_tasks t SET
 	state = CASE WHEN t.finished_at IS NOT NULL THEN 'cancelled' WHEN t.lost = 'uncertain' THEN 'uncertain'
