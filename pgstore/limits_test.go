@@ -747,3 +747,38 @@ func TestClaimSkipsCappedTenantsWithoutReadingTheirBacklog(t *testing.T) {
 		t.Fatalf("claimed %v; want the free tenant's task alone", keysOf(got))
 	}
 }
+
+// A worker whose Kinds names a kind twice (a careless configuration)
+// claims each task once and keeps the kind's limits: each name reads the
+// kind's candidates again, in the same statement.
+func TestKindNamedTwiceClaimsEachTaskOnce(t *testing.T) {
+	t.Parallel()
+	for _, l := range []KindLimits{{}, {MaxRunning: 3}, {MaxRunningPerTenant: 1}} {
+		t.Run(fmt.Sprintf("%+v", l), func(t *testing.T) {
+			t.Parallel()
+			s, _ := setup(t)
+			ctx := context.Background()
+			if err := s.SetKindLimits(ctx, "image", l); err != nil {
+				t.Fatal(err)
+			}
+			want := 6
+			switch {
+			case l.MaxRunning > 0:
+				want = l.MaxRunning
+			case l.MaxRunningPerTenant > 0:
+				want = 3 // three tenants
+			}
+			for i := range 6 {
+				mustSubmit(t, s, tenantTask(fmt.Sprintf("t-%d", i%3), fmt.Sprintf("k-%d", i)))
+			}
+			got := claimNow(t, s, []string{"image", "image"}, 16)
+			ids := map[string]bool{}
+			for _, c := range got {
+				ids[c.ID] = true
+			}
+			if len(got) != want || len(ids) != want {
+				t.Fatalf("claimed %d tasks (%d distinct); want %d", len(got), len(ids), want)
+			}
+		})
+	}
+}

@@ -711,6 +711,7 @@ FROM (SELECT kind FROM ranked WHERE NOT ok
 // past), as is every kind when kinds is empty: then a kind with no room
 // is read past too.
 func claimRunnableSQL(kinds []string) string {
+	kinds = distinctKinds(kinds)
 	sh := claimShape{order: runnableOrder, pick: runnablePick, due: runnableDue, set: claimSet}
 	if len(kinds) == 0 || slices.ContainsFunc(kinds, func(k string) bool { return !literalKind(k) }) {
 		sh.limitKinds, sh.candidates = runnableCandidates(kinds, `
@@ -836,6 +837,7 @@ RETURNING ` + tTaskColumns + `, false AS duplicate`
 // claim order, ending in cand. noRoom, if not empty, is a condition added
 // to each read, with %s for the kind.
 func runnableCandidates(kinds []string, noRoom string) (limitKinds, candidates string) {
+	kinds = distinctKinds(kinds)
 	if len(kinds) == 0 || slices.ContainsFunc(kinds, func(k string) bool { return !literalKind(k) }) {
 		if noRoom != "" {
 			noRoom = fmt.Sprintf(noRoom, "t.kind")
@@ -877,6 +879,20 @@ func runnableCandidates(kinds []string, noRoom string) (limitKinds, candidates s
 	}
 	b.WriteString(" UNION ALL " + unplacedArm(noRoom) + ")")
 	return "l.kind IN (" + strings.Join(quoted, ", ") + ")", b.String()
+}
+
+// distinctKinds is kinds with each kind once, in the order of first
+// appearance. A kind named twice would have its candidates read twice in
+// one statement: each copy took a place of the kind's room (MaxRunning 3
+// claimed 2 tasks).
+func distinctKinds(kinds []string) []string {
+	var out []string
+	for _, k := range kinds {
+		if !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // sqlClaimUncertain takes uncertain tasks of @kinds (all when empty) due
