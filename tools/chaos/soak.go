@@ -27,10 +27,9 @@ func soak(ctx context.Context, o options, logf func(string, ...any)) (History, s
 	if err != nil {
 		return History{}, "", err
 	}
-	// Nothing outlives the run: the context bounds every wait.
-	ctx, cancel := context.WithTimeout(ctx, o.duration+o.bound+5*time.Minute)
-	defer cancel()
-
+	// Building and starting are bounded on their own (startSystem): on a
+	// loaded machine a build from a cold directory takes minutes, which
+	// must not eat the run's time.
 	sys, err := startSystem(ctx, systemConfig{root: o.root, plant: o.plant, store: o.store, policy: o.policy,
 		genTime: pl.genTime, lease: pl.lease, exportTime: pl.exportTime, workers: 4, log: logf})
 	if sys != nil {
@@ -43,6 +42,9 @@ func soak(ctx context.Context, o options, logf func(string, ...any)) (History, s
 		}
 		return History{}, dir, err
 	}
+	// Nothing outlives the run: the context bounds every wait.
+	ctx, cancel := context.WithTimeout(ctx, o.duration+o.bound+5*time.Minute)
+	defer cancel()
 	histPath := o.history
 	if histPath == "" {
 		histPath = filepath.Join(sys.dir, "history.jsonl")

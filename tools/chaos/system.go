@@ -77,6 +77,10 @@ type systemConfig struct {
 	log               func(format string, args ...any)
 }
 
+// buildBound bounds building the example: minutes from a cold directory
+// on a loaded machine.
+const buildBound = 20 * time.Minute
+
 // startSystem builds the example and starts everything. On error, what
 // was started is stopped.
 func startSystem(ctx context.Context, cfg systemConfig) (s *system, err error) {
@@ -94,7 +98,10 @@ func startSystem(ctx context.Context, cfg systemConfig) (s *system, err error) {
 	_, _ = rand.Read(b[:])
 	s.secret = hex.EncodeToString(b[:])
 
-	if s.bin, err = buildExample(ctx, cfg.root, cfg.plant != ""); err != nil {
+	bctx, cancel := context.WithTimeout(ctx, buildBound)
+	s.bin, err = buildExample(bctx, cfg.root, cfg.plant != "")
+	cancel()
+	if err != nil {
 		return s, err
 	}
 	s.log("built the example%s", map[bool]string{true: " with the plant " + cfg.plant, false: ""}[cfg.plant != ""])
@@ -294,7 +301,9 @@ func buildExample(ctx context.Context, root string, tagged bool) (string, error)
 		}
 	}
 	defer close(b.done)
-	args := []string{"build", "-o", b.path}
+	// -trimpath: the build cache then serves copies of the tree in other
+	// directories too (tools/mutate runs the soak in scratch copies).
+	args := []string{"build", "-trimpath", "-o", b.path}
 	if tagged {
 		args = append(args, "-tags", plantTag)
 	}

@@ -190,6 +190,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		copies = append(copies, dir)
 	}
+	// Warm the build cache for the example (the soak builds it with
+	// -trimpath, so one build serves every copy): a cold build on a
+	// loaded machine takes minutes.
+	warm := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", os.DevNull, "./example")
+	warm.Dir = copies[0]
+	if out, err := warm.CombinedOutput(); err != nil {
+		fmt.Fprintf(stderr, "mutate: build the unmutated example: %v\n%s", err, out)
+		return 1
+	}
 	chaos := filepath.Join(scratch, "chaos")
 	build := exec.CommandContext(ctx, "go", "build", "-o", chaos, "./tools/chaos")
 	build.Dir = copies[0]
