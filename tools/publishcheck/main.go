@@ -14,12 +14,14 @@
 // runs go install of the CLI at the version. For each it prints the size of
 // the build list and the modules linked into the binary.
 //
-// The consumers use a module cache of their own: the shared one would keep
-// the idemgate modules of an earlier run (a version in the module cache is
-// never fetched again) and check stale code. Third-party modules come from
-// the shared cache's download directory first, then from the configured
-// proxy, and every build uses -trimpath so that the build cache serves
-// what an earlier run compiled.
+// The consumers use a new module cache each run: the go command takes a
+// version in a module cache as immutable, so it never fetches it again, and
+// it keeps an index of its packages' imports in the build cache, keyed by
+// the directory. A cache that held an earlier run's packed modules, even
+// with them deleted and fetched again, would check stale code. Third-party
+// modules come from the shared cache's download directory first (a copy, no
+// network), then from the configured proxy, and every build uses -trimpath
+// so that the build cache serves what an earlier run compiled.
 package main
 
 import (
@@ -229,6 +231,9 @@ func run(version string, keep bool) error {
 			return err
 		}
 		if cmd {
+			if err := checkCommandTidy(root, tmp, env, m); err != nil {
+				return err
+			}
 			if err := install(tmp, env, m, version); err != nil {
 				return err
 			}
@@ -358,6 +363,58 @@ func (c consumer) check(dir string, env []string, sums []byte, version string) e
 	fmt.Printf("consumer %-18s build list: itself and %2d modules; linked (%d): %s\n",
 		c.name, strings.Count(all, "\n")-1, len(deps), strings.Join(deps, " "))
 	return nil
+}
+
+// checkCommandTidy runs go mod tidy on a copy of a command's module,
+// outside the workspace, against the packed siblings: its go.mod must not
+// change, nor its go.sum but for the siblings' hashes, which only a release
+// fixes (they hash the tree at its tag) and which it therefore leaves out.
+func checkCommandTidy(root, tmp string, env []string, m modset.Module) error {
+	src := filepath.Join(root, m.Dir)
+	dir := filepath.Join(tmp, "tidy", filepath.FromSlash(m.Dir))
+	if err := os.CopyFS(dir, os.DirFS(src)); err != nil {
+		return fmt.Errorf("publishcheck: %w", err)
+	}
+	if _, err := goIn(dir, append(env, "GOFLAGS=-mod=mod"), "mod", "tidy"); err != nil {
+		return fmt.Errorf("publishcheck: %s: %w", m.Dir, err)
+	}
+	for _, name := range []string{"go.mod", "go.sum"} {
+		want, err := readSiblingless(filepath.Join(src, name), name == "go.sum")
+		if err != nil {
+			return err
+		}
+		got, err := readSiblingless(filepath.Join(dir, name), name == "go.sum")
+		if err != nil {
+			return err
+		}
+		if got != want {
+			return fmt.Errorf("publishcheck: %s/%s is not tidy: go mod tidy against the packed modules gives\n%s\n(keep no %s lines in go.sum)", m.Dir, name, got, modset.Root)
+		}
+	}
+	return nil
+}
+
+// readSiblingless returns the file, without the go.sum lines of the
+// repository's own modules when sum is set (a missing go.sum is empty).
+func readSiblingless(name string, sum bool) (string, error) {
+	data, err := os.ReadFile(name)
+	if sum && os.IsNotExist(err) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("publishcheck: %w", err)
+	}
+	if !sum {
+		return string(data), nil
+	}
+	var b strings.Builder
+	for line := range strings.Lines(string(data)) {
+		if f := strings.Fields(line); len(f) > 0 && (f[0] == modset.Root || strings.HasPrefix(f[0], modset.Root+"/")) {
+			continue
+		}
+		b.WriteString(line)
+	}
+	return b.String(), nil
 }
 
 // install installs the command m holds at version, as its README says.
