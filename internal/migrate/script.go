@@ -70,13 +70,23 @@ BEGIN
 END $$`
 	sqlScriptTimeouts = `SET statement_timeout = '15min';
 SET lock_timeout = 0`
-	// %[1]s is the version table, %[2]d the version, %[3]s the package.
+	// sqlScriptGuard refuses a version recorded already, then takes Run's
+	// advisory lock without waiting (a session waiting for it would hold
+	// a snapshot that Run's CREATE INDEX CONCURRENTLY waits for), so that
+	// the script and Run never migrate one schema at once. %[1]s is the
+	// version table, %[2]d the version, %[3]s the package, %[4]d the lock
+	// class, %[5]s pg_try_advisory_xact_lock (a transaction version) or
+	// pg_try_advisory_lock (the steps; "record the version" unlocks).
 	sqlScriptGuard = `DO $$
 BEGIN
 	IF EXISTS (SELECT 1 FROM %[1]s WHERE version = %[2]d) THEN
 		RAISE EXCEPTION '%[3]s v%[2]d is applied already: run only the versions after the newest applied one';
 	END IF;
+	IF NOT %[5]s(%[4]d, hashtext(current_schema())) THEN
+		RAISE EXCEPTION 'another migration of %[3]s is running on this schema (idemgate migrate up, or a service''s Migrate): run v%[2]d again once it is done';
+	END IF;
 END $$`
+	sqlScriptUnlock = `SELECT pg_advisory_unlock(%d, hashtext(current_schema()))`
 )
 
 // script is the text a Runner's migrations write in script mode.
@@ -89,8 +99,8 @@ type script struct {
 func (w *script) version(m Migration) (err error) {
 	record := fmt.Sprintf("INSERT INTO %s (version, name) VALUES (%d, %s) ON CONFLICT (version) DO NOTHING",
 		w.table, m.Version, quoteLiteral(m.Name))
-	guard := fmt.Sprintf(sqlScriptGuard, w.table, m.Version, w.r.Package)
 	if m.SQL != "" {
+		guard := fmt.Sprintf(sqlScriptGuard, w.table, m.Version, w.r.Package, w.r.LockClass, "pg_try_advisory_xact_lock")
 		fmt.Fprintf(&w.b, "\n%s%s v%d transaction: %s\n", MarkBegin, w.r.Package, m.Version, m.Name)
 		w.b.WriteString(MarkTransaction + "one transaction, BEGIN to COMMIT\n")
 		w.statement("BEGIN")
@@ -104,18 +114,19 @@ func (w *script) version(m Migration) (err error) {
 	}
 	fmt.Fprintf(&w.b, "\n%s%s v%d no-transaction: %s\n", MarkBegin, w.r.Package, m.Version, m.Name)
 	w.b.WriteString("-- Outside any transaction: run each statement on its own (psql does), in order.\n")
-	w.b.WriteString(MarkStep + "set up the session; refuse an applied version\n")
+	w.b.WriteString(MarkStep + "set up the session; refuse an applied version; lock out other migrations\n")
 	w.statement(sqlScriptPin)
 	w.statement(sqlScriptTimeouts)
-	w.statement(guard)
+	w.statement(fmt.Sprintf(sqlScriptGuard, w.table, m.Version, w.r.Package, w.r.LockClass, "pg_try_advisory_lock"))
 	for _, st := range m.Steps {
 		w.b.WriteString(MarkStep + st.Name + "\n")
 		if err := w.step(st); err != nil {
 			return err
 		}
 	}
-	w.b.WriteString(MarkStep + "record the version\n")
+	w.b.WriteString(MarkStep + "record the version; unlock\n")
 	w.statement(record)
+	w.statement(fmt.Sprintf(sqlScriptUnlock, w.r.LockClass))
 	return nil
 }
 

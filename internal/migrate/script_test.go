@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -151,4 +152,41 @@ func newPoolOn(t *testing.T, dsn string) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// TestScriptRefusesWhileRunHoldsTheLock: while Run (another node's
+// Migrate) holds the schema's migration lock, the script refuses to start
+// a version, transaction or steps, and says why; once the lock is free it
+// runs, lets the lock go, and Run finds its work done.
+func TestScriptRefusesWhileRunHoldsTheLock(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	dsn := testenv.PostgresDSN(t)
+	holder := connect(t, dsn)
+	r := runner("things", 9001)
+	s := script(t, r)
+	for _, v := range []int{1, 2} { // v1 is SQL in a transaction, v2 steps
+		version := migrate.FilterScript(s, func(_ string, got int) bool { return got == v })
+		if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext(current_schema()))`, r.LockClass); err != nil {
+			t.Fatal(err)
+		}
+		err := migratetest.Apply(ctx, connect(t, dsn), version)
+		if err == nil || !strings.Contains(err.Error(), "another migration of test is running on this schema") {
+			t.Fatalf("v%d while Run holds the lock: %v", v, err)
+		}
+		if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock_all()`); err != nil {
+			t.Fatal(err)
+		}
+		if err := migratetest.Apply(ctx, connect(t, dsn), version); err != nil {
+			t.Fatalf("v%d once the lock is free: %v", v, err)
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := r.Run(wctx, newPoolOn(t, dsn)); err != nil {
+		t.Fatalf("Run after the script: %v", err)
+	}
+	if v := versions(t, newPoolOn(t, dsn), "things_migrations"); !slices.Equal(v, []int{1, 2}) {
+		t.Fatalf("versions = %v", v)
+	}
 }
