@@ -118,3 +118,32 @@ func (n *taskNode) raw(t *testing.T, tenant, user, method, path, key string) *ht
 	n.e.ServeHTTP(rec, req)
 	return rec
 }
+
+// Image and music submits share one bucket per tenant; a replay of a
+// stored submit is never limited, and a limited key stores nothing.
+func TestSubmitsPerTenantAreBounded(t *testing.T) {
+	t.Parallel()
+	n, _ := newLimitedNode(t, tenantLimit{}, tenantLimit{PerMinute: 0.1 / 60, Burst: 2})
+	tests := []struct {
+		name  string
+		given string // path
+		key   string
+		want  int
+	}{
+		{name: "first image", given: "/v1/images", key: "s:1", want: http.StatusAccepted},
+		{name: "music", given: "/v1/music", key: "s:2", want: http.StatusAccepted},
+		{name: "over the limit", given: "/v1/images", key: "s:3", want: http.StatusTooManyRequests},
+		{name: "music over the limit", given: "/v1/music", key: "s:4", want: http.StatusTooManyRequests},
+		{name: "replay of the first", given: "/v1/images", key: "s:1", want: http.StatusAccepted},
+		{name: "the limited key again", given: "/v1/images", key: "s:3", want: http.StatusTooManyRequests},
+	}
+	for _, tt := range tests {
+		code, v := n.doAs(t, "acme", "alice", http.MethodPost, tt.given, tt.key, `{"prompt":"a cat"}`)
+		if code != tt.want {
+			t.Errorf("%s: %d %v; want %d", tt.name, code, v, tt.want)
+		}
+	}
+	if code, _ := n.doAs(t, "globex", "gina", http.MethodPost, "/v1/images", "s:1", `{"prompt":"a cat"}`); code != http.StatusAccepted {
+		t.Errorf("another tenant: %d; want 202", code)
+	}
+}
