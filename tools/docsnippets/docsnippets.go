@@ -114,6 +114,7 @@ var imports = map[string]string{
 	"otelidem":    "github.com/idemgate/idemgate/otelidem",
 	"otelpgstore": "github.com/idemgate/idemgate/otelidem/otelpgstore",
 	"client":      "github.com/idemgate/idemgate/client",
+	"rate":        "golang.org/x/time/rate",
 }
 
 // prelude declares the names the docs use without declaring them.
@@ -143,6 +144,11 @@ var prelude = map[string]string{
 	"handle":         "func handle(ctx context.Context, t pgstore.Task) pgstore.Outcome { return pgstore.Outcome{} }",
 	"reconcile":      "func reconcile(ctx context.Context, t pgstore.Task) pgstore.Outcome { return pgstore.Outcome{} }",
 	"askTheUpstream": "func askTheUpstream(ctx context.Context, t pgstore.Task) pgstore.Outcome { return pgstore.Outcome{} }",
+	"export":         "func export(c echo.Context) error { return nil }",
+	// A stand-in for a paid upstream API that takes an idempotency key.
+	"upstream":    "var upstream interface { Generate(ctx context.Context, params json.RawMessage, idempotencyKey string) ([]json.RawMessage, error) }",
+	"params":      "var params json.RawMessage",
+	"isTransient": "func isTransient(err error) bool { return false }",
 }
 
 // Generate returns the Go file that compiles s as package pkg, or an error
