@@ -67,6 +67,10 @@ Environment (a flag, when given, wins):
   GEN_TIME      stand-in generation time per task (-gen-time); default 1.5s
   TASK_POLICY   what a lost attempt becomes (-policy), e.g. images=uncertain,music=retry
   WORKER_NAME   the worker's name (-name); default host:pid
+  EXPORTS_PER_MINUTE, SUBMITS_PER_MINUTE
+                new exports / image and music tasks one tenant may start per
+                minute on one node (-exports-per-minute 6, -submits-per-minute
+                120; a minute's worth at once; 0: no limit); more is 429
   READ_HEADER_TIMEOUT, READ_TIMEOUT, WRITE_TIMEOUT, IDLE_TIMEOUT
                 HTTP server limits (-read-header-timeout 5s, -read-timeout 10s,
                 -write-timeout 30s, -idle-timeout 60s)
