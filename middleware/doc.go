@@ -60,7 +60,17 @@
 //	response_too_large   500  Atomic route: answer over MaxResponseBytes; rolled back
 //
 // The codes are the Code constants (CodeKeyMissing, …): a wire contract
-// that clients may compare against.
+// that clients may compare against. Every problem carries x-should-retry,
+// which generated API clients (Stainless: OpenAI's, Anthropic's SDKs, …)
+// obey over the status code: true, with Retry-After, for
+// request_in_progress, store_unavailable and lease_lost; false for the
+// others, so that such a client never resends a key_reused
+// (Code.Retryable). Config.ErrorHandler renders problems in the
+// application's own error format instead.
+//
+// With the middleware on the whole app (e.Use) or a group, a request that
+// echo matches to no route of its method (a 404, a 405) passes through
+// untouched: no store call.
 //
 // Atomic routes (Config.Atomic, with a Store that implements TxStore such
 // as pgrecords.Store): the handler runs inside a transaction the store
