@@ -115,7 +115,9 @@
 // claim index by kind and the finished-task index, CONCURRENTLY; version 5
 // adds priority, version 6 turns and the kind limits table, each with
 // their claim indexes built CONCURRENTLY and read back before the ones
-// they replace are dropped; version 7 bounds the kind limits' rate. The
+// they replace are dropped; version 7 bounds the kind limits' rate;
+// version 8 rebuilds the claim indexes the same way, so that a task
+// scheduled for later waits outside them until it is due. The
 // migrating session's search_path is pinned to the schema it migrates,
 // and what a step drops is read back from that schema's catalog and named
 // by it, so a migration never touches another schema.
