@@ -36,7 +36,14 @@ func secretOrDev(secret string, w io.Writer) []byte {
 // of value can be reached: every backend a throwaway one this process
 // made, and the API on loopback, where only this machine can call it.
 // Otherwise serving is refused with what to set.
+//
+// JWT_SECRET set to the dev secret itself (the startup warning prints it,
+// so it is easy to copy) is the dev secret under the same rule: it is
+// public whichever variable carries it.
 func serveSecret(s settings, listen net.Addr, w io.Writer) (secret []byte, dev bool, err error) {
+	if s.jwtSecret == devSecret {
+		s.jwtSecret = ""
+	}
 	switch {
 	case s.jwtSecret != "" && s.dev:
 		return nil, false, errors.New("JWT_SECRET and DEV_MODE (-dev) are both set: unset DEV_MODE to verify tokens with JWT_SECRET")
