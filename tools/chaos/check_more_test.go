@@ -189,6 +189,20 @@ func TestCheckMore(t *testing.T) {
 			want: map[int]string{13: "after 19 of the flooding tenant's earlier tasks"},
 		},
 		{
+			name: "13: a task claimed before its first upstream call (an attempt that never reached it) holds",
+			given: func() *fixture {
+				f := newFixture("uncertain")
+				f.h.Meta.Flood, f.h.Meta.GenTime = floodTenant, time.Second
+				for i := range 20 {
+					id := "F" + string(rune('a'+i))
+					f.call(id, floodTenant, "worker0", 1, 2+float64(i), 3+float64(i))
+				}
+				f.call("S", "acme", "worker1", 2.5, 22, 23)
+				f.h.Rows[len(f.h.Rows)-1].Attempt = 3
+				return f
+			},
+		},
+		{
 			name: "13: a small tenant's task served in turn during a flood holds",
 			given: func() *fixture {
 				f := newFixture("uncertain")
