@@ -155,4 +155,18 @@ func TestSumAllocs(t *testing.T) {
 			t.Errorf("%+v: Sum of 1 KB makes %.1f allocations, want at most 8", spec, allocs)
 		}
 	}
+	// docs/performance.md's fingerprint table gives Sum one allocation,
+	// the returned string, at 1 KB and 64 KB (1 MB is left out: the
+	// collector may empty the pool between runs of a buffer that large).
+	for _, size := range []int{1 << 10, 64 << 10} {
+		doc := benchDoc(size)
+		allocs := testing.AllocsPerRun(50, func() {
+			if _, err := (Spec{}).Sum(doc); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if allocs != 1 {
+			t.Errorf("Sum of %d KB makes %.1f allocations, want 1 (docs/performance.md)", size>>10, allocs)
+		}
+	}
 }
