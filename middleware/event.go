@@ -56,7 +56,10 @@ type Event struct {
 	Status int
 	// Reason is a short machine-readable cause, e.g. "not_cacheable",
 	// "handler_error", "panic", "response_too_large", "claim", "complete";
-	// "claim_failed" for the release after a failed claim call; "decoded"
+	// "claim_failed" for the release after a failed claim call; on Atomic
+	// routes "tx_aborted", "commit_refused" (the database refused the
+	// COMMIT) and "commit_conflict" (a serialization failure or deadlock at
+	// COMMIT); "decoded"
 	// and "encoding_not_acceptable" for a replay whose stored encoding the
 	// retry did not accept.
 	Reason string
