@@ -177,6 +177,14 @@ func newFlagSet(env Env, cmd, summary string) *flag.FlagSet {
 // hold operands before, between or after the flags, and returns the
 // operands; want is how many the command takes.
 func parse(fs *flag.FlagSet, pre, args []string, want int) ([]string, error) {
+	return parseOperands(fs, pre, args, want, true)
+}
+
+// parseOperands is parse; without echo, a stray operand is not printed:
+// records takes a user and a request id, and an unquoted one with a space
+// (-request-id my key) leaves a piece of it as an operand, which must not
+// end up in a terminal's scrollback or a CI log.
+func parseOperands(fs *flag.FlagSet, pre, args []string, want int, echo bool) ([]string, error) {
 	if err := fs.Parse(pre); err != nil {
 		return nil, parseErr(err)
 	}
@@ -192,9 +200,12 @@ func parse(fs *flag.FlagSet, pre, args []string, want int) ([]string, error) {
 		args = fs.Args()[1:]
 	}
 	if len(operands) != want {
-		if want == 0 {
+		switch {
+		case want == 0 && !echo:
+			fmt.Fprintf(fs.Output(), "unexpected argument (not shown: it may be a user or request id); quote a value with spaces\n")
+		case want == 0:
 			fmt.Fprintf(fs.Output(), "unexpected argument %q\n", operands[0])
-		} else {
+		default:
 			fmt.Fprintf(fs.Output(), "want %d argument(s), got %d\n", want, len(operands))
 		}
 		fs.Usage()

@@ -88,7 +88,7 @@ func Records(ctx context.Context, args []string, env Env) error {
 		fs.BoolVar(&finished, "finished", false, "also forget a finished record's stored answer (the next request with the key runs again)")
 		fs.BoolVar(&yes, "yes", false, "confirm without asking")
 	}
-	if _, err := parse(fs, pre, args, 0); err != nil {
+	if _, err := parseOperands(fs, pre, args, 0, false); err != nil {
 		return err
 	}
 	if k.store != "redis" && k.store != "postgres" {
