@@ -112,6 +112,11 @@ func TestRun(t *testing.T) {
 	if records != 0 || floorTable != nil {
 		t.Errorf("after the run: %d idemgate-pg records left and the pg-floor's table %v, want neither", records, floorTable)
 	}
+	wantCalls := map[string]map[string]float64{
+		floorName:       {"miss": 2, "replay": 1, "conflict": 1},
+		floorScriptName: {"miss": 4, "replay": 2, "conflict": 2},
+		idemgateName:    {"miss": 4, "replay": 1, "conflict": 1},
+	}
 	for _, res := range rep.Results {
 		if res.Scenario == "miss" && res.HandlerExecutions != res.Requests {
 			t.Errorf("miss/%s: %d executions for %d requests of new keys", res.Stack, res.HandlerExecutions, res.Requests)
@@ -124,6 +129,15 @@ func TestRun(t *testing.T) {
 		}
 		if res.Records == "redis" && res.RedisCPUusPerReq <= 0 {
 			t.Errorf("%s/%s: Redis CPU per request %v, want > 0", res.Scenario, res.Stack, res.RedisCPUusPerReq)
+		}
+		// INFO commandstats' commands per request (a script's inner
+		// commands counted), as docs/performance.md's sample output and
+		// its cluster table give them; at most 2% more for another
+		// client's commands on the same server.
+		if want, ok := wantCalls[res.Stack][res.Scenario]; ok {
+			if got := res.RedisCallsPerReq; got < want-1e-9 || got > want*1.02 {
+				t.Errorf("%s/%s: %.3f Redis commands per request in INFO, want %v", res.Scenario, res.Stack, got, want)
+			}
 		}
 		// Every miss writes to Postgres (the task, and for the Postgres
 		// stacks the record) on this machine's server.
