@@ -77,6 +77,7 @@ type attempts struct {
 
 	claiming  int             // claims in flight
 	reserved  int             // slots the claims in flight may fill
+	squeezed  bool            // a claim got fewer slots for the reservations of others
 	cancelled map[string]bool // tasks cancelled while claims were in flight
 	writing   int             // attempts handed off, waiting for their write
 }
@@ -90,6 +91,7 @@ func (as *attempts) beginClaim(concurrency int) int {
 	as.mu.Lock()
 	defer as.mu.Unlock()
 	n := as.freeLocked(concurrency)
+	as.squeezeLocked(n, concurrency)
 	as.claiming++
 	as.reserved += n
 	return n
@@ -97,8 +99,10 @@ func (as *attempts) beginClaim(concurrency int) int {
 
 // register adds the attempts of a claim that beginClaim announced for n
 // slots, cancels those whose task was cancelled meanwhile, and ends the
-// claim.
-func (as *attempts) register(claimed []*attempt, n int) {
+// claim. It reports whether the claim loop must look at the free slots
+// again: a claim got fewer for the reservations of others, which are
+// all over now (nothing else would wake it).
+func (as *attempts) register(claimed []*attempt, n int) (again bool) {
 	as.mu.Lock()
 	defer as.mu.Unlock()
 	as.reserved -= n
@@ -111,7 +115,9 @@ func (as *attempts) register(claimed []*attempt, n int) {
 	as.claiming--
 	if as.claiming == 0 {
 		clear(as.cancelled)
+		again, as.squeezed = as.squeezed, false
 	}
+	return again
 }
 
 // cancel cancels the attempt of a task that Store.Cancel ended, or, while
@@ -208,7 +214,18 @@ func (as *attempts) count() int {
 func (as *attempts) free(concurrency int) int {
 	as.mu.Lock()
 	defer as.mu.Unlock()
-	return as.freeLocked(concurrency)
+	n := as.freeLocked(concurrency)
+	as.squeezeLocked(n, concurrency)
+	return n
+}
+
+// squeezeLocked records, with as.mu held, that n slots were found free
+// where there were more but for the reservations of claims in flight:
+// when they end, register says to look again.
+func (as *attempts) squeezeLocked(n, concurrency int) {
+	if as.reserved > 0 && n < as.freeLocked(concurrency)+as.reserved {
+		as.squeezed = true
+	}
 }
 
 // freeLocked is free, with as.mu held: slots reserved by claims in flight

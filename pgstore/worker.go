@@ -423,7 +423,9 @@ func (w *Worker) start(base context.Context, claimed []Task, from State, sent ti
 			as[i].cancel(errCancelled)
 		}
 	}
-	w.attempts.register(as, reserved)
+	if w.attempts.register(as, reserved) {
+		w.signal()
+	}
 	if from == StateRunning {
 		for _, t := range claimed {
 			w.emit(WorkerEvent{Type: WorkerClaimed, Kind: t.Kind, TaskID: t.ID, Attempt: t.Attempt, Latency: took})
@@ -632,7 +634,9 @@ func (w *Worker) maintain(ctx, base context.Context) {
 func (w *Worker) reconcile(ctx, base context.Context) error {
 	free := w.attempts.beginClaim(w.cfg.Concurrency) // reserved, as the claim loop's are
 	if free <= 0 {
-		w.attempts.register(nil, 0)
+		if w.attempts.register(nil, 0) {
+			w.signal()
+		}
 		return nil
 	}
 	qctx, cancel := context.WithTimeout(ctx, w.claimTimeout())
