@@ -58,10 +58,11 @@ Environment (a flag, when given, wins):
                 redis://s1:26379,s2:26379?master_name=mymaster
   STORE         where idempotency records live (-store): redis (the default)
                 or postgres (the tasks' database; no Redis at all)
-  JWT_SECRET    HS256 secret for bearer tokens. Unset: the public dev secret
-                (anyone can mint tokens), only on throwaway backends (no
-                DATABASE_URL, no REDIS_URL) and a loopback ADDR; otherwise
-                serve refuses to start unless DEV_MODE=1
+  JWT_SECRET    HS256 secret for bearer tokens. Unset (or set to the public dev
+                secret): the dev secret (anyone can mint tokens), only on
+                throwaway backends (no DATABASE_URL, no REDIS_URL) and a
+                loopback ADDR; otherwise serve refuses to start unless
+                DEV_MODE=1
   DEV_MODE      1: use the public dev secret anyway (-dev); never in production
   WORKERS       in-process workers (-workers); default 2
   GEN_TIME      stand-in generation time per task (-gen-time); default 1.5s
