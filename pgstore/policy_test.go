@@ -97,21 +97,42 @@ func TestLostAttemptFollowsTheKindPolicy(t *testing.T) {
 				}
 				return Succeeded(json.RawMessage(`"ran again"`))
 			}
-			cfg := WorkerConfig{Handler: handler, Lease: 500 * time.Millisecond, Heartbeat: 100 * time.Millisecond,
+			shutdown := 100 * time.Millisecond
+			if !tt.crash {
+				// The handler returns as soon as shutdown cancels it, but
+				// Run's last wait (ShutdownTimeout/2) must also cover that
+				// return and the release's write on a loaded machine:
+				// otherwise Run leaves the task to its lease, which no
+				// worker rescues before the test starts the second one.
+				shutdown = 4 * time.Second
+			}
+			// A lease a loaded machine's claim cannot outlast: a claim
+			// slower than the lease (seen: 530 ms under -race beside the
+			// other cases) rightly never starts its handler ("lease not
+			// confirmed in time"), which is not what this test is about.
+			cfg := WorkerConfig{Handler: handler, Lease: 2 * time.Second, Heartbeat: 400 * time.Millisecond,
 				RescueInterval: 50 * time.Millisecond, ReconcileInterval: 10 * time.Millisecond,
-				BackoffBase: time.Millisecond, BackoffMax: time.Millisecond, ShutdownTimeout: 100 * time.Millisecond,
+				BackoffBase: time.Millisecond, BackoffMax: time.Millisecond, ShutdownTimeout: shutdown,
 				Policies: map[string]KindPolicy{"image": {Lost: tt.lost}},
 				Reconcile: func(ctx context.Context, t Task) Outcome {
 					reconciled.add(t.ID)
 					return Succeeded(json.RawMessage(`"the upstream had it"`))
 				}}
-			a := newWorker(t, s, cfg)
+			var evA events
+			cfgA := cfg
+			cfgA.OnEvent = evA.add
+			a := newWorker(t, s, cfgA)
 			if tt.crash {
 				a.test = &workerTestHooks{crashOnStop: true}
 			}
 			stopA := runWorker(t, a)
 			task := mustSubmit(t, s, newTask("lost"))
-			<-entered
+			select {
+			case <-entered:
+			case <-time.After(patience):
+				g := mustGet(t, s, task)
+				t.Fatalf("task %s: the first worker never started its handler (state %s, attempt %d, err %q, events %+v)", task.ID, g.State, g.Attempt, g.Error, evA.all)
+			}
 			if tt.crash {
 				stopA() // dies: no heartbeats, no release
 			} else {
