@@ -236,9 +236,11 @@ func statementName(sql string) string {
 // idemgate-pg-atomic write one ledger row per new key and nothing for a
 // replay or a conflict, and their records pools send the statements the
 // comparison rests on. A miss is 3 round trips on either: the claim; the
-// INSERT (on the Atomic route with BEGIN and its SET LOCAL in front, in
-// the same round trip: pgrecords' lazy transaction); the completion (on
-// the Atomic route with COMMIT behind it, in the same round trip). A
+// INSERT (on the Atomic route with BEGIN and its two SET LOCALs in front,
+// the idle limit and the store's transaction mark, in the same round
+// trip: pgrecords' lazy transaction); the completion (on the Atomic route
+// with the two SET LOCALs that undo a handler's statement and lock
+// timeouts in front and COMMIT behind it, in the same round trip). A
 // replay or a conflict is the claim alone: no transaction is opened.
 func TestPGStacksLedger(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -246,7 +248,7 @@ func TestPGStacksLedger(t *testing.T) {
 	log := &statementLog{}
 	b := startBench(t, ctx, options{stacks: []string{idemgatePGName, idemgatePGAtomicName}, pgWrite: pgWriteLedger}, log)
 	plainMiss := [][]string{{"records"}, {"ledger insert"}, {"records"}}
-	atomicMiss := [][]string{{"records"}, {"begin", "set local", "ledger insert"}, {"records", "commit"}}
+	atomicMiss := [][]string{{"records"}, {"begin", "set local", "set local", "ledger insert"}, {"set local", "set local", "records", "commit"}}
 	claimOnly := [][]string{{"records"}}
 	type step struct {
 		name       string
