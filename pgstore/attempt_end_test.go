@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -77,8 +78,12 @@ func countOut(ctx context.Context, pool *pgxpool.Pool, t Task) error {
 // countingHandler is the handler (reconcile: the Reconcile) of a counting
 // worker: it is counted in before it does anything and out just before
 // it returns, so that two handlers counted at once certainly ran at once.
-func countingHandler(counter *pgxpool.Pool, reconcile bool) Handler {
+// live counts the handlers running: the process waits for them to count
+// themselves out before it closes counter (see countingWorkerProcess).
+func countingHandler(counter *pgxpool.Pool, live *sync.WaitGroup, reconcile bool) Handler {
 	return func(ctx context.Context, t Task) Outcome {
+		live.Add(1)
+		defer live.Done()
 		var p countingParams
 		if err := json.Unmarshal(t.Params, &p); err != nil {
 			return Failed(err)
@@ -123,6 +128,15 @@ func countingHandler(counter *pgxpool.Pool, reconcile bool) Handler {
 // the worker's pool through the proxy at countingViaEnv and the counter
 // on a pool of its own, straight to the database, so that it counts
 // while the worker's link is cut.
+//
+// Once Run has returned, the process waits for its handlers to count
+// themselves out before it closes the counter and exits. Run may rightly
+// return while a handler still winds down (past its shutdown grace on a
+// loaded machine): the task stays held until its lease ends. Exiting then
+// would kill the handler before it counted out, and the counter would see
+// a handler that no longer runs overlap the next attempt. Waiting keeps
+// a real overlap visible: a handler whose task was handed on too early
+// is still counted in when another worker counts the task in.
 func countingWorkerProcess(dsn string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
@@ -165,17 +179,22 @@ func countingWorkerProcess(dsn string) int {
 		return time.Duration(n) * time.Millisecond
 	}
 	lease := ms(countingLeaseEnv, 3000)
+	var live sync.WaitGroup
 	w, err := NewWorker(s, WorkerConfig{Name: os.Getenv(countingNameEnv), Concurrency: 2, Kinds: []string{countingKind},
 		Lease: lease, Heartbeat: lease / 5, RescueInterval: 100 * time.Millisecond, PollInterval: 100 * time.Millisecond,
 		ReconcileInterval: 50 * time.Millisecond, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond,
 		MaxAttempts: 3, ShutdownTimeout: ms(countingStopEnv, 5000),
 		Policies: map[string]KindPolicy{countingKind: {Timeout: ms(countingTimeoutEnv, 60000)}},
-		Handler:  countingHandler(counter, false), Reconcile: countingHandler(counter, true)})
+		Handler:  countingHandler(counter, &live, false), Reconcile: countingHandler(counter, &live, true)})
 	if err != nil {
 		return fail(err)
 	}
 	fmt.Println("ready")
-	if err := w.Run(ctx); err != nil {
+	err = w.Run(ctx)
+	// No handler starts once Run has returned, so live.Wait may follow
+	// the handlers' live.Add.
+	live.Wait()
+	if err != nil {
 		return fail(err)
 	}
 	return 0
@@ -344,10 +363,13 @@ func TestAttemptEndsFreeTheSlotOnlyWhenTheHandlerStopped(t *testing.T) {
 			c.submit(t, "run", 4, countingParams{MS: 50})
 			wait.For(t, patience, "every task succeeded", func() bool { return c.unfinished(t) == 0 })
 		}},
-		{name: "released at shutdown", env: []string{countingStopEnv + "=2000"}, run: func(t *testing.T, c *countingCluster) {
-			// The handler stops well within the half ShutdownTimeout that
-			// Run waits for cancelled handlers (one that outlived its
-			// process would never count itself out).
+		{name: "released at shutdown", env: []string{countingStopEnv + "=2000", countingLeaseEnv + "=6000"}, run: func(t *testing.T, c *countingCluster) {
+			// The handler is cancelled at shutdown and stops soon after,
+			// mostly within the half ShutdownTimeout that Run waits for
+			// it. On a loaded machine it may stop after Run returned: its
+			// process waits for it to count out, and the long lease keeps
+			// its task held until then (a lease that ended under a running
+			// handler would be a true overlap).
 			c.submit(t, "release", 2, countingParams{MS: 4000, WindDownMS: 200})
 			stopped := map[string]bool{}
 			for range 2 {
