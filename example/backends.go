@@ -136,7 +136,12 @@ func (b *backends) open(ctx context.Context, s settings, withRedis, embedded boo
 		b.redisInfo = fmt.Sprintf("%s (%s)", redactURL(s.redisURL), topology)
 	}
 	b.closers = append(b.closers, func() { _ = b.redis.Close() })
-	if err := b.redis.Ping(pingCtx).Err(); err != nil {
+	// Its own 10 s: Postgres' ping, pgstore.New and Migrate above may
+	// have used up pingCtx on a loaded machine (seen in the chaos soak at
+	// load 20+: "redis …: context deadline exceeded" at start).
+	redisCtx, cancelRedis := context.WithTimeout(ctx, 10*time.Second)
+	defer cancelRedis()
+	if err := b.redis.Ping(redisCtx).Err(); err != nil {
 		return fmt.Errorf("redis %s: %w", b.redisInfo, err)
 	}
 	return nil

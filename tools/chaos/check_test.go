@@ -697,6 +697,24 @@ func TestCheck(t *testing.T) {
 			want: map[int]string{3: "409"},
 		},
 		{
+			name: "3: another tenant's export answered 429 rate_limited holds: the caller's own limit says nothing of the task",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.other("globex", "alice", routeExport, "T1", 429, "rate_limited", 7)
+				f.other("acme", "bob", routeCancel, "T1", 429, "rate_limited", 7)
+				return f
+			},
+		},
+		{
+			name: "3: another tenant's export answered 429 of another code: the task's existence leaks",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.other("globex", "alice", routeExport, "T1", 429, "export_in_progress", 7)
+				return f
+			},
+			want: map[int]string{3: "429"},
+		},
+		{
 			name: "3: other identities' cancel, export, recover and poll answered 404 hold",
 			given: func() *fixture {
 				f := healthy("uncertain")

@@ -123,6 +123,11 @@ func startSystem(ctx context.Context, cfg systemConfig) (s *system, err error) {
 		"JWT_SECRET=" + s.secret,
 		"GEN_TIME=" + cfg.genTime.String(),
 		plantEnv + "=" + cfg.plant,
+		// The example's per-tenant limits would answer the soak's
+		// clients 429 before any handler: the soak tests the
+		// middleware and the queue, not a limit on its own load.
+		"EXPORTS_PER_MINUTE=0",
+		"SUBMITS_PER_MINUTE=0",
 	}
 	if cfg.lease > 0 {
 		s.env = append(s.env, "IDEM_LEASE="+cfg.lease.String(), "TASK_LEASE="+cfg.lease.String())
