@@ -166,7 +166,8 @@ func TestPlants(t *testing.T) {
 			}
 			for _, r := range s.Invariants {
 				if r.N == p.Caught && r.Holds {
-					t.Errorf("invariant %d holds with %s planted: the checker missed the bug", r.N, p.Name)
+					t.Errorf("invariant %d holds with %s planted: the checker missed the bug (faults %v; tasks %v; %d generator calls; %d export runs)",
+						r.N, p.Name, s.Faults, s.Tasks, s.GenCalls, s.Exports)
 				}
 				if !r.Holds {
 					t.Logf("invariant %d violated %d times, e.g. %s", r.N, r.Violations, r.Examples[0])
