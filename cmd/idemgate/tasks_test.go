@@ -34,5 +34,5 @@ func TestTasks(t *testing.T) {
 	contains(t, must(t, 0, env, "tasks", "resume", "images"), "stdout", "false")
 	contains(t, must(t, 2, env, "tasks", "limits", "images", "-max-running", "4x"), "stderr", "not a whole number")
 	contains(t, must(t, 0, env, "tasks", "pause", "video", "-new-kind"), "stdout", "video")
-	contains(t, must(t, 0, env, "tasks", "cancel", task.ID), "stdout", "cancelled")
+	contains(t, must(t, 0, env, "tasks", "cancel", task.ID, "-yes"), "stdout", "cancelled")
 }

@@ -10,6 +10,7 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -311,4 +312,20 @@ func StdinIsTerminal(f *os.File) bool {
 	}
 	null, err := os.Stat(os.DevNull)
 	return err != nil || !os.SameFile(st, null)
+}
+
+// confirm asks the person at the terminal to type yes before what (a
+// phrase such as "cancel task X (...)") is done, after show has printed
+// what it acts on. Without a terminal it refuses: a script says -yes.
+func confirm(env Env, what string, show func()) error {
+	if !env.StdinIsTerminal {
+		return fmt.Errorf("refusing to %s without a confirmation: pass -yes", strings.SplitN(what, " (", 2)[0])
+	}
+	show()
+	fmt.Fprintf(env.Stderr, "About to %s.\nType yes to go on: ", what)
+	answer, _ := bufio.NewReader(env.Stdin).ReadString('\n')
+	if strings.TrimSpace(answer) != "yes" {
+		return errors.New("not confirmed: nothing changed")
+	}
+	return nil
 }

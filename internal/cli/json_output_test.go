@@ -18,7 +18,7 @@ func TestJSONFlagGivesJSONOnEveryPrintingCommand(t *testing.T) {
 		{"tasks", "list", "-json"},
 		{"tasks", "-json", "list"},
 		{"tasks", "show", o.ids[0], "-json"},
-		{"tasks", "cancel", "-json", o.ids[1]},
+		{"tasks", "cancel", "-json", "-yes", o.ids[1]},
 		{"tasks", "limits", "images", "-json"},
 		{"tasks", "limits", "images", "-max-running", "3", "-json"},
 		{"tasks", "pause", "images", "-json"},

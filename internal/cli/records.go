@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -150,16 +149,12 @@ func Records(ctx context.Context, args []string, env Env) error {
 		what = fmt.Sprintf("forget the stored answer (status %d, %d bytes; the next request with this key runs again)", info.Status, info.BodySize)
 	}
 	if !yes {
-		if !env.StdinIsTerminal {
-			return fmt.Errorf("refusing to %s without a confirmation: pass -yes", strings.SplitN(what, " (", 2)[0])
-		}
-		if !c.json {
-			out.record(row) //nolint:errcheck
-		}
-		fmt.Fprintf(env.Stderr, "About to %s.\nType yes to go on: ", what)
-		answer, _ := bufio.NewReader(env.Stdin).ReadString('\n')
-		if strings.TrimSpace(answer) != "yes" {
-			return errors.New("not confirmed: nothing changed")
+		if err := confirm(env, what, func() {
+			if !c.json {
+				out.record(row) //nolint:errcheck
+			}
+		}); err != nil {
+			return err
 		}
 	}
 	if err := insp.Forget(ctx, key, info.Token, info.Finished); err != nil {

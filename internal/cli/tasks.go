@@ -22,8 +22,8 @@ Operator tools on the task queue in DATABASE_URL (every tenant's tasks).
 
   tasks list [-state S] [-tenant T] [-kind K] [-limit N]   newest first
   tasks show ID
-  tasks retry ID        a failed task runs again on the same ID, attempts reset
-  tasks cancel ID
+  tasks retry ID [-yes] a failed task runs again on the same ID, attempts reset
+  tasks cancel ID [-yes]
   tasks limits KIND [-max-running N] [-max-running-per-tenant N] [-starts-per-second R]
                         with no limit flag: print the kind's limits; a flag sets that
                         limit (0: none) and keeps the others
@@ -33,6 +33,8 @@ Operator tools on the task queue in DATABASE_URL (every tenant's tasks).
 A KIND that no task or limit has named is refused (a typo would pause
 nothing) unless -new-kind. Each prints a table, or JSON with -json.
 Read-only commands (list, show, limits without a flag) write nothing.
+retry and cancel show the task and ask for yes at a terminal; without
+one they need -yes.
 `
 
 // Tasks runs "tasks list|show|retry|cancel|limits|pause|resume":
@@ -52,6 +54,7 @@ func Tasks(ctx context.Context, args []string, env Env) error {
 		state   string
 		limits  limitFlags
 		newKind bool
+		yes     bool
 	)
 	operands := 1
 	switch sub {
@@ -68,7 +71,9 @@ func Tasks(ctx context.Context, args []string, env Env) error {
 		fs.BoolVar(&newKind, "new-kind", false, "allow a kind that no task or limit has named yet")
 	case "pause", "resume":
 		fs.BoolVar(&newKind, "new-kind", false, "allow a kind that no task or limit has named yet")
-	case "show", "retry", "cancel":
+	case "retry", "cancel":
+		fs.BoolVar(&yes, "yes", false, "confirm without asking")
+	case "show":
 	default:
 		fmt.Fprintf(env.Stderr, "tasks: unknown command %q\n\n%s", sub, help)
 		return ErrUsage
@@ -127,14 +132,17 @@ func Tasks(ctx context.Context, args []string, env Env) error {
 			return notFound(err, operand)
 		}
 		return out.task(t)
-	case "retry":
-		t, err := op.Retry(ctx, operand)
-		if err != nil {
-			return notFound(err, operand)
+	case "retry", "cancel":
+		if !yes {
+			if err := confirmTask(ctx, op, env, out, sub, operand); err != nil {
+				return err
+			}
 		}
-		return out.task(t)
-	case "cancel":
-		t, err := op.Cancel(ctx, operand)
+		act := op.Cancel
+		if sub == "retry" {
+			act = op.Retry
+		}
+		t, err := act(ctx, operand)
 		if err != nil {
 			return notFound(err, operand)
 		}
@@ -155,6 +163,32 @@ func Tasks(ctx context.Context, args []string, env Env) error {
 		return err
 	}
 	return out.limits(ctx, store, operand, l)
+}
+
+// confirmTask asks before "retry" or "cancel" changes task id. A task the
+// command would refuse anyway (retry of a task that has not failed,
+// cancel of a finished one) needs no confirmation: the command says why
+// it refuses. What was read can change before the command acts; the
+// Operator's own checks decide then.
+func confirmTask(ctx context.Context, op pgstore.Operator, env Env, out printer, sub, id string) error {
+	t, err := op.Get(ctx, id)
+	if err != nil {
+		return notFound(err, id)
+	}
+	var what string
+	switch {
+	case sub == "retry" && t.State == pgstore.StateFailed:
+		what = fmt.Sprintf("retry task %s (a new attempt calls its upstream again; attempts reset)", t.ID)
+	case sub == "cancel" && t.State != pgstore.StateSucceeded && t.State != pgstore.StateFailed && t.State != pgstore.StateCancelled:
+		what = fmt.Sprintf("cancel task %s (%s; it never runs again, and a running attempt is told to stop)", t.ID, t.State)
+	default:
+		return nil
+	}
+	return confirm(env, what, func() {
+		if !out.json {
+			out.task(t) //nolint:errcheck // the answer below matters more
+		}
+	})
 }
 
 // notFound says which ID was not found.

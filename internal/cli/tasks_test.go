@@ -129,7 +129,7 @@ func TestTasksShowCancelRetry(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "state:") || !strings.Contains(out, "pending") || !strings.Contains(out, `"prompt"`) {
 		t.Fatalf("show (exit %d):\n%s", code, out)
 	}
-	if rows := o.rows(t, "cancel", id); rows[0].State != string(pgstore.StateCancelled) {
+	if rows := o.rows(t, "cancel", id, "-yes"); rows[0].State != string(pgstore.StateCancelled) {
 		t.Fatalf("cancel: state %s", rows[0].State)
 	}
 	// Only a failed task can be retried.
@@ -139,7 +139,7 @@ func TestTasksShowCancelRetry(t *testing.T) {
 	if _, err := o.pool.Exec(ctx, `UPDATE idemgate_tasks SET state = 'failed', attempt = 3, error = 'upstream refused' WHERE id = $1`, o.ids[1]); err != nil {
 		t.Fatal(err)
 	}
-	r := o.rows(t, "retry", o.ids[1])[0]
+	r := o.rows(t, "retry", o.ids[1], "-yes")[0]
 	if r.ID != o.ids[1] || (r.State != string(pgstore.StatePending) && r.State != string(pgstore.StateRetrying)) || r.Error != "" {
 		t.Fatalf("retry: %+v, want the same task runnable again with its error cleared", r)
 	}
@@ -348,7 +348,7 @@ func TestTasksJSONOutputIsValid(t *testing.T) {
 	for _, args := range [][]string{
 		{"list", "-json"}, {"show", o.ids[0], "-json"}, {"show", "-json", o.ids[0]},
 		{"limits", "images", "-json"}, {"limits", "-json", "images", "-max-running", "3"},
-		{"pause", "images", "-json"}, {"resume", "-json", "images"}, {"cancel", o.ids[2], "-json"},
+		{"pause", "images", "-json"}, {"resume", "-json", "images"}, {"cancel", o.ids[2], "-json", "-yes"},
 	} {
 		code, out, errOut := o.run(t, args...)
 		if code != 0 {
