@@ -24,7 +24,7 @@ func TestQueueRouteNeedsAuth(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
 	t.Cleanup(func() { rdb.Close() })
 	secret := []byte("s3cret")
-	a := &api{store: o.store, pool: o.pool, redis: rdb, secret: secret, logger: slog.New(slog.DiscardHandler)}
+	a := &api{store: o.Store, pool: o.Pool, redis: rdb, secret: secret, logger: slog.New(slog.DiscardHandler)}
 	e := a.handler()
 	other, err := mintToken([]byte("not-the-secret"), "acme", "mallory", time.Now(), time.Hour)
 	if err != nil {
@@ -57,9 +57,9 @@ func TestQueueRoute(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
 	t.Cleanup(func() { rdb.Close() })
 	secret := []byte("s3cret")
-	a := &api{store: o.store, pool: o.pool, redis: rdb, secret: secret, logger: slog.New(slog.DiscardHandler)}
-	n := &taskNode{b: &backends{pool: o.pool, store: o.store}, e: a.handler(), secret: secret}
-	if err := o.store.SetKindLimits(context.Background(), kindMusic, pgstore.KindLimits{MaxRunning: 2, Paused: true}); err != nil {
+	a := &api{store: o.Store, pool: o.Pool, redis: rdb, secret: secret, logger: slog.New(slog.DiscardHandler)}
+	n := &taskNode{b: &backends{pool: o.Pool, store: o.Store}, e: a.handler(), secret: secret}
+	if err := o.Store.SetKindLimits(context.Background(), kindMusic, pgstore.KindLimits{MaxRunning: 2, Paused: true}); err != nil {
 		t.Fatal(err)
 	}
 	code, v := n.do(t, "alice", http.MethodGet, "/v1/queue", "", "")

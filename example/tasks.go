@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
-	"strings"
+	"os"
 
 	"github.com/idemgate/idemgate/internal/cli"
 )
@@ -14,8 +14,9 @@ import (
 // CLI never drift apart. Like them it never migrates: run "migrate" (or
 // serve) first.
 func cmdTasks(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	// retry and cancel ask the person at the terminal for a typed yes.
 	err := cli.Tasks(ctx, args, cli.Env{Prog: "go run ./example", Getenv: getenv,
-		Stdin: strings.NewReader(""), Stdout: stdout, Stderr: stderr})
+		Stdin: os.Stdin, StdinIsTerminal: cli.StdinIsTerminal(os.Stdin), Stdout: stdout, Stderr: stderr})
 	if errors.Is(err, cli.ErrUsage) {
 		return errUsage
 	}

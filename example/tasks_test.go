@@ -4,14 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate/internal/opsbench"
 	"github.com/idemgate/idemgate/internal/testenv"
-	"github.com/idemgate/idemgate/pgstore"
 )
 
 // The example's tasks commands are the idemgate command's (internal/cli
@@ -36,24 +34,8 @@ func TestTasksRunsTheSharedCommands(t *testing.T) {
 	if code, _, errOut := tasks("list"); code != 1 || !strings.Contains(errOut, "no pgstore tables") {
 		t.Fatalf("tasks list on an empty database: exit %d, %q", code, errOut)
 	}
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	store, err := pgstore.New(ctx, pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	task, err := store.Submit(ctx, pgstore.NewTask{Tenant: "acme", Owner: "owner", Kind: kindImages,
-		Runtime: taskRuntime, Network: taskNetwork, IdempotencyKey: "k", Fingerprint: "v1:fp", Params: json.RawMessage(`{}`)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if code, out, errOut := tasks("-json", "show", task.ID); code != 0 || !strings.Contains(out, task.ID) || !json.Valid([]byte(out)) {
+	task := opsbench.Seed(t, dsn, taskRuntime, taskNetwork).IDs[0]
+	if code, out, errOut := tasks("-json", "show", task); code != 0 || !strings.Contains(out, task) || !json.Valid([]byte(out)) {
 		t.Fatalf("tasks -json show: exit %d\n%s%s", code, out, errOut)
 	}
 	if code, _, errOut := tasks("pause", "imgaes"); code != 1 || !strings.Contains(errOut, "-new-kind") {
@@ -64,40 +46,9 @@ func TestTasksRunsTheSharedCommands(t *testing.T) {
 	}
 }
 
-// opsBench is a migrated database with tasks of two tenants (the queue
-// route's tests use it).
-type opsBench struct {
-	dsn   string
-	pool  *pgxpool.Pool
-	store *pgstore.Store
-	ids   []string // acme's images task, acme's music task, globex's images task
-}
-
-func newOpsBench(t *testing.T) *opsBench {
+// newOpsBench is a migrated database with tasks of two tenants (the
+// queue route's tests use it).
+func newOpsBench(t *testing.T) *opsbench.Bench {
 	t.Helper()
-	ctx := context.Background()
-	dsn := testenv.PostgresDSN(t)
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	store, err := pgstore.New(ctx, pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	o := &opsBench{dsn: dsn, pool: pool, store: store}
-	for i, nt := range []struct{ tenant, kind string }{{"acme", kindImages}, {"acme", kindMusic}, {"globex", kindImages}} {
-		task, err := store.Submit(ctx, pgstore.NewTask{Tenant: nt.tenant, Owner: "owner", Kind: nt.kind,
-			Runtime: taskRuntime, Network: taskNetwork, IdempotencyKey: fmt.Sprintf("key-%d", i),
-			Fingerprint: "v1:fp", Params: json.RawMessage(`{"prompt":"p"}`)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		o.ids = append(o.ids, task.ID)
-	}
-	return o
+	return opsbench.Seed(t, testenv.PostgresDSN(t), taskRuntime, taskNetwork)
 }

@@ -17,8 +17,8 @@ func TestJSONFlagGivesJSONOnEveryPrintingCommand(t *testing.T) {
 	tests := [][]string{
 		{"tasks", "list", "-json"},
 		{"tasks", "-json", "list"},
-		{"tasks", "show", o.ids[0], "-json"},
-		{"tasks", "cancel", "-json", "-yes", o.ids[1]},
+		{"tasks", "show", o.IDs[0], "-json"},
+		{"tasks", "cancel", "-json", "-yes", o.IDs[1]},
 		{"tasks", "limits", "images", "-json"},
 		{"tasks", "limits", "images", "-max-running", "3", "-json"},
 		{"tasks", "pause", "images", "-json"},
@@ -34,7 +34,7 @@ func TestJSONFlagGivesJSONOnEveryPrintingCommand(t *testing.T) {
 			var stdout, stderr bytes.Buffer
 			getenv := func(k string) string {
 				if k == "DATABASE_URL" {
-					return o.dsn
+					return o.DSN
 				}
 				return ""
 			}

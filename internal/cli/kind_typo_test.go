@@ -31,7 +31,7 @@ func TestTasksRefuseAKindThatIsAlmostKnown(t *testing.T) {
 			}
 		})
 	}
-	l, err := o.store.KindLimits(context.Background(), "Images")
+	l, err := o.Store.KindLimits(context.Background(), "Images")
 	if err != nil || l != (pgstore.KindLimits{}) {
 		t.Errorf("limits of Images after the refusals: %+v, %v; want none", l, err)
 	}

@@ -21,7 +21,7 @@ func TestReadOnlyCommandsRunAsAReadOnlyUser(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	o := newOpsBench(t)
-	records, err := pgrecords.New(ctx, o.pool)
+	records, err := pgrecords.New(ctx, o.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func TestReadOnlyCommandsRunAsAReadOnlyUser(t *testing.T) {
 	}
 	role := fmt.Sprintf("idemgate_ro_%d", time.Now().UnixNano())
 	var schema string
-	if err := o.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+	if err := o.Pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
 		t.Fatal(err)
 	}
 	for _, q := range []string{
@@ -38,18 +38,18 @@ func TestReadOnlyCommandsRunAsAReadOnlyUser(t *testing.T) {
 		"GRANT USAGE ON SCHEMA " + pgx.Identifier{schema}.Sanitize() + " TO " + role,
 		"GRANT SELECT ON ALL TABLES IN SCHEMA " + pgx.Identifier{schema}.Sanitize() + " TO " + role,
 	} {
-		if _, err := o.pool.Exec(ctx, q); err != nil {
+		if _, err := o.Pool.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
 	t.Cleanup(func() {
-		_, _ = o.pool.Exec(context.Background(), "REASSIGN OWNED BY "+role+" TO CURRENT_USER")
-		_, _ = o.pool.Exec(context.Background(), "DROP OWNED BY "+role)
-		_, _ = o.pool.Exec(context.Background(), "DROP ROLE "+role)
+		_, _ = o.Pool.Exec(context.Background(), "REASSIGN OWNED BY "+role+" TO CURRENT_USER")
+		_, _ = o.Pool.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = o.Pool.Exec(context.Background(), "DROP ROLE "+role)
 	})
-	u, err := url.Parse(o.dsn)
+	u, err := url.Parse(o.DSN)
 	if err != nil || u.Scheme == "" {
-		t.Skipf("the test DSN is not a URL (%v): %s", err, o.dsn)
+		t.Skipf("the test DSN is not a URL (%v): %s", err, o.DSN)
 	}
 	u.User = url.UserPassword(role, "ro")
 	dsn := u.String()
@@ -60,7 +60,7 @@ func TestReadOnlyCommandsRunAsAReadOnlyUser(t *testing.T) {
 	}{
 		{given: []string{"tasks", "list"}},
 		{given: []string{"tasks", "list", "-json", "-tenant", "acme"}},
-		{given: []string{"tasks", "show", o.ids[0]}},
+		{given: []string{"tasks", "show", o.IDs[0]}},
 		{given: []string{"tasks", "show", "00000000-0000-0000-0000-000000000000"}, wantCode: ExitError},
 		{given: []string{"tasks", "limits", "images"}},
 		{given: []string{"migrate", "status"}},

@@ -48,9 +48,9 @@ func TestTasksCancelAndRetryAskFirst(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			o := newOpsBench(t)
-			id := o.ids[0]
+			id := o.IDs[0]
 			if tt.failed {
-				if _, err := o.pool.Exec(ctx, `UPDATE idemgate_tasks SET state = 'failed', error = 'upstream refused' WHERE id = $1`, id); err != nil {
+				if _, err := o.Pool.Exec(ctx, `UPDATE idemgate_tasks SET state = 'failed', error = 'upstream refused' WHERE id = $1`, id); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -64,11 +64,11 @@ func TestTasksCancelAndRetryAskFirst(t *testing.T) {
 			var stdout, stderr bytes.Buffer
 			code := Main(ctx, args, Env{Prog: "idemgate", Getenv: func(k string) string {
 				if k == "DATABASE_URL" {
-					return o.dsn
+					return o.DSN
 				}
 				return ""
 			}, Stdin: strings.NewReader(tt.stdin), Stdout: &stdout, Stderr: &stderr, StdinIsTerminal: tt.terminal})
-			task, err := o.store.Operator().Get(ctx, id)
+			task, err := o.Store.Operator().Get(ctx, id)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -9,8 +9,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate/internal/opsbench"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/keyspace"
 	"github.com/idemgate/idemgate/pgstore"
@@ -18,40 +18,11 @@ import (
 
 // opsBench is a database with tasks of two tenants, and the operator
 // tools pointed at it.
-type opsBench struct {
-	dsn   string
-	pool  *pgxpool.Pool
-	store *pgstore.Store
-	ids   []string // acme's images task, acme's music task, globex's images task
-}
+type opsBench struct{ *opsbench.Bench }
 
 func newOpsBench(t *testing.T) *opsBench {
 	t.Helper()
-	ctx := context.Background()
-	dsn := testenv.PostgresDSN(t)
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	store, err := pgstore.New(ctx, pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	o := &opsBench{dsn: dsn, pool: pool, store: store}
-	for i, nt := range []struct{ tenant, kind string }{{"acme", "images"}, {"acme", "music"}, {"globex", "images"}} {
-		task, err := store.Submit(ctx, pgstore.NewTask{Tenant: nt.tenant, Owner: "owner", Kind: nt.kind,
-			Runtime: "runtime", Network: "network", IdempotencyKey: fmt.Sprintf("key-%d", i),
-			Fingerprint: "v1:fp", Params: json.RawMessage(`{"prompt":"p"}`)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		o.ids = append(o.ids, task.ID)
-	}
-	return o
+	return &opsBench{opsbench.Seed(t, testenv.PostgresDSN(t), "runtime", "network")}
 }
 
 // run runs "idemgate tasks args..." and returns its exit code and output.
@@ -60,7 +31,7 @@ func (o *opsBench) run(t *testing.T, args ...string) (int, string, string) {
 	var stdout, stderr bytes.Buffer
 	getenv := func(k string) string {
 		if k == "DATABASE_URL" {
-			return o.dsn
+			return o.DSN
 		}
 		return ""
 	}
@@ -95,11 +66,11 @@ func TestTasksList(t *testing.T) {
 		given []string
 		want  []string // task IDs, newest first
 	}{
-		{"all", []string{"list"}, []string{o.ids[2], o.ids[1], o.ids[0]}},
-		{"one tenant", []string{"list", "-tenant", "acme"}, []string{o.ids[1], o.ids[0]}},
-		{"one kind", []string{"list", "-kind", "images"}, []string{o.ids[2], o.ids[0]}},
+		{"all", []string{"list"}, []string{o.IDs[2], o.IDs[1], o.IDs[0]}},
+		{"one tenant", []string{"list", "-tenant", "acme"}, []string{o.IDs[1], o.IDs[0]}},
+		{"one kind", []string{"list", "-kind", "images"}, []string{o.IDs[2], o.IDs[0]}},
 		{"a state none is in", []string{"list", "-state", "failed"}, nil},
-		{"limit", []string{"list", "-limit", "1"}, []string{o.ids[2]}},
+		{"limit", []string{"list", "-limit", "1"}, []string{o.IDs[2]}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -123,7 +94,7 @@ func TestTasksShowCancelRetry(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	o := newOpsBench(t)
-	id := o.ids[0]
+	id := o.IDs[0]
 
 	code, out, _ := o.run(t, "show", id)
 	if code != 0 || !strings.Contains(out, "state:") || !strings.Contains(out, "pending") || !strings.Contains(out, `"prompt"`) {
@@ -133,14 +104,14 @@ func TestTasksShowCancelRetry(t *testing.T) {
 		t.Fatalf("cancel: state %s", rows[0].State)
 	}
 	// Only a failed task can be retried.
-	if code, _, errOut := o.run(t, "retry", o.ids[1]); code != 1 || !strings.Contains(errOut, "not failed") {
+	if code, _, errOut := o.run(t, "retry", o.IDs[1]); code != 1 || !strings.Contains(errOut, "not failed") {
 		t.Fatalf("retry of a pending task: exit %d, %q", code, errOut)
 	}
-	if _, err := o.pool.Exec(ctx, `UPDATE idemgate_tasks SET state = 'failed', attempt = 3, error = 'upstream refused' WHERE id = $1`, o.ids[1]); err != nil {
+	if _, err := o.Pool.Exec(ctx, `UPDATE idemgate_tasks SET state = 'failed', attempt = 3, error = 'upstream refused' WHERE id = $1`, o.IDs[1]); err != nil {
 		t.Fatal(err)
 	}
-	r := o.rows(t, "retry", o.ids[1], "-yes")[0]
-	if r.ID != o.ids[1] || (r.State != string(pgstore.StatePending) && r.State != string(pgstore.StateRetrying)) || r.Error != "" {
+	r := o.rows(t, "retry", o.IDs[1], "-yes")[0]
+	if r.ID != o.IDs[1] || (r.State != string(pgstore.StatePending) && r.State != string(pgstore.StateRetrying)) || r.Error != "" {
 		t.Fatalf("retry: %+v, want the same task runnable again with its error cleared", r)
 	}
 	if code, _, errOut := o.run(t, "show", "00000000-0000-0000-0000-000000000000"); code != 1 || !strings.Contains(errOut, "not found") {
@@ -174,14 +145,14 @@ func TestTasksLimitsPauseResume(t *testing.T) {
 	if r := limits("pause", "images"); !r.Paused || r.MaxRunning != 8 {
 		t.Fatalf("pause: %+v", r)
 	}
-	stored, err := o.store.KindLimits(ctx, "images")
+	stored, err := o.Store.KindLimits(ctx, "images")
 	if err != nil || stored != (pgstore.KindLimits{MaxRunning: 8, StartsPerSecond: 2.5, Paused: true}) {
 		t.Fatalf("stored limits %+v, %v", stored, err)
 	}
 	if r := limits("resume", "images"); r.Paused || r.MaxRunning != 8 {
 		t.Fatalf("resume: %+v", r)
 	}
-	if l, _ := o.store.KindLimits(ctx, "music"); l != (pgstore.KindLimits{}) {
+	if l, _ := o.Store.KindLimits(ctx, "music"); l != (pgstore.KindLimits{}) {
 		t.Fatalf("another kind changed: %+v", l)
 	}
 	code, out, _ := o.run(t, "limits", "images")
@@ -225,7 +196,7 @@ func TestTasksConcurrentLimitChangesAreKept(t *testing.T) {
 			<-start
 			for i := range rounds {
 				sub, f := op(i)
-				if _, err := changeLimits(ctx, o.store, sub, "images", f); err != nil {
+				if _, err := changeLimits(ctx, o.Store, sub, "images", f); err != nil {
 					t.Errorf("tasks %s: %v", sub, err)
 					return
 				}
@@ -236,7 +207,7 @@ func TestTasksConcurrentLimitChangesAreKept(t *testing.T) {
 	wg.Wait()
 	want := pgstore.KindLimits{Paused: (rounds-1)%2 == 0, MaxRunning: rounds, MaxRunningPerTenant: 100 + rounds - 1,
 		StartsPerSecond: float64(rounds-1) + 0.5}
-	if got, err := o.store.KindLimits(ctx, "images"); err != nil || got != want {
+	if got, err := o.Store.KindLimits(ctx, "images"); err != nil || got != want {
 		t.Fatalf("limits after concurrent operators = %+v, %v; want %+v", got, err, want)
 	}
 }
@@ -276,11 +247,11 @@ func TestTasksBadInput(t *testing.T) {
 			}
 		})
 	}
-	if l, _ := o.store.KindLimits(ctx, "images"); l != (pgstore.KindLimits{}) {
+	if l, _ := o.Store.KindLimits(ctx, "images"); l != (pgstore.KindLimits{}) {
 		t.Fatalf("a refused command stored limits %+v", l)
 	}
 	var n int
-	if err := o.pool.QueryRow(ctx, `SELECT count(*) FROM idemgate_kind_limits WHERE kind = 'imgaes'`).Scan(&n); err != nil || n != 0 {
+	if err := o.Pool.QueryRow(ctx, `SELECT count(*) FROM idemgate_kind_limits WHERE kind = 'imgaes'`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("a refused kind has %d limit rows (%v)", n, err)
 	}
 	// -new-kind sets a kind before its first task; from then on it is known.
@@ -306,11 +277,11 @@ func TestTasksLimitFlagsRefuseTrailingGarbage(t *testing.T) {
 		{"limits", "images", "-max-running", "1e3"},
 		{"limits", "images", "-max-running-per-tenant", "2 3"},
 	} {
-		if err := o.store.SetKindLimits(ctx, "images", set); err != nil {
+		if err := o.Store.SetKindLimits(ctx, "images", set); err != nil {
 			t.Fatal(err)
 		}
 		code, out, errOut := o.run(t, args...)
-		got, _ := o.store.KindLimits(ctx, "images")
+		got, _ := o.Store.KindLimits(ctx, "images")
 		if code == 0 || got != set {
 			t.Errorf("tasks %q: exit %d, limits now %+v (were %+v)\nstdout %s\nstderr %s", args, code, got, set, out, errOut)
 		}
@@ -326,7 +297,7 @@ func TestTasksListTenantAsSpelled(t *testing.T) {
 	o := newOpsBench(t)
 	raw := "Acme Corp"
 	seg := keyspace.NormalizeSegment(raw)
-	if _, err := o.store.Submit(ctx, pgstore.NewTask{Tenant: seg, Owner: "owner", Kind: "images",
+	if _, err := o.Store.Submit(ctx, pgstore.NewTask{Tenant: seg, Owner: "owner", Kind: "images",
 		Runtime: "runtime", Network: "network", IdempotencyKey: "raw-seg", Fingerprint: "v1:fp",
 		Params: json.RawMessage(`{}`)}); err != nil {
 		t.Fatal(err)
@@ -346,9 +317,9 @@ func TestTasksJSONOutputIsValid(t *testing.T) {
 	t.Parallel()
 	o := newOpsBench(t)
 	for _, args := range [][]string{
-		{"list", "-json"}, {"show", o.ids[0], "-json"}, {"show", "-json", o.ids[0]},
+		{"list", "-json"}, {"show", o.IDs[0], "-json"}, {"show", "-json", o.IDs[0]},
 		{"limits", "images", "-json"}, {"limits", "-json", "images", "-max-running", "3"},
-		{"pause", "images", "-json"}, {"resume", "-json", "images"}, {"cancel", o.ids[2], "-json", "-yes"},
+		{"pause", "images", "-json"}, {"resume", "-json", "images"}, {"cancel", o.IDs[2], "-json", "-yes"},
 	} {
 		code, out, errOut := o.run(t, args...)
 		if code != 0 {
