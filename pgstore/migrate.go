@@ -74,6 +74,9 @@ var migrations = []migrate.Migration{
 		{Name: "drop v6's claim index concurrently", Run: migrate.DropIndex(tasksTable, indexClaimV6)},
 		{Name: "drop v6's runnable index concurrently", Run: migrate.DropIndex(tasksTable, indexRunnableV6)},
 	}},
+	{Version: 9, Name: "the lines with waiting tasks, for the claim's walk of capped tenants", Steps: []migrate.Step{
+		{Name: "create the waiting-tenants table and its triggers, and fill it", Run: migrate.TxExec(sqlV9Waiting)},
+	}},
 }
 
 // Migrate brings the schema to the newest version. It is idempotent and

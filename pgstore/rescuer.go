@@ -25,7 +25,22 @@ type rescuer struct {
 	pool *pgxpool.Pool
 	cfg  *WorkerConfig
 	emit func(WorkerEvent)
+	// after is the line the next sweep of idemgate_waiting_tenants
+	// starts after (the zero line: the first); only maintain's goroutine
+	// uses it.
+	after waitingLine
 }
+
+// waitingLine is a row of idemgate_waiting_tenants.
+type waitingLine struct {
+	Kind     string
+	Priority int16
+	Tenant   string
+}
+
+// sweepBatch bounds the lines one sweep examines, and so the advisory
+// locks its transaction takes.
+const sweepBatch = 256
 
 // rescue takes back expired tasks in batches and returns how many.
 func (r *rescuer) rescue(ctx context.Context) (int64, error) {
@@ -53,4 +68,41 @@ func (r *rescuer) rescue(ctx context.Context) (int64, error) {
 			return total, nil
 		}
 	}
+}
+
+// sweepWaiting removes from idemgate_waiting_tenants up to a batch of
+// lines that have no task waiting, starting after the last line it
+// examined (from the first line again once it reached the end), and
+// returns how many it removed. A line left behind costs a claim's walk a
+// short row and, if its tenant is not capped, one index descent.
+func (r *rescuer) sweepWaiting(ctx context.Context) (int64, error) {
+	var removed int64
+	err := pgx.BeginTxFunc(ctx, r.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		var examined int
+		var last waitingLine
+		var kinds, tenants []string
+		var priorities []int16
+		err := tx.QueryRow(ctx, sqlSweepLock, pgx.NamedArgs{"kind": r.after.Kind, "priority": r.after.Priority,
+			"tenant": r.after.Tenant, "limit": sweepBatch}).Scan(&examined, &last.Kind, &last.Priority, &last.Tenant,
+			&kinds, &priorities, &tenants)
+		if err != nil {
+			return err
+		}
+		r.after = last
+		if examined < sweepBatch {
+			r.after = waitingLine{}
+		}
+		if len(kinds) == 0 {
+			return nil
+		}
+		// A statement of its own: its snapshot sees every task committed
+		// by a writer that held a line's lock before the locks above.
+		tag, err := tx.Exec(ctx, sqlSweepDelete, pgx.NamedArgs{"kinds": kinds, "priorities": priorities, "tenants": tenants})
+		removed = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, interpretError("sweep waiting tenants", err)
+	}
+	return removed, nil
 }
