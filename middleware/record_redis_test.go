@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -127,8 +128,8 @@ func TestRedisV1Records(t *testing.T) {
 // TestRedisRecordBytes measures what a record costs a real redis-server
 // (used_memory delta over the keys added) for a small JSON response with
 // two headers, in version 2 and, for comparison, as version 1 stored it
-// (the same keyspace key in hex, the version 1 record). Run with -v to see
-// the figures.
+// (the same keyspace key in hex, the version 1 record), and holds version
+// 2 to the bytes the docs state. Run with -v to see the figures.
 func TestRedisRecordBytes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts its own redis-server")
@@ -201,13 +202,32 @@ func TestRedisRecordBytes(t *testing.T) {
 			req := ClaimRequest{Fingerprint: fp, Owner: k.Owner(), Kind: k.Kind()}
 			return client.Set(ctx, k.String(), v1Finished(newToken(), req, resp), time.Hour).Err()
 		})
-		if name == "short id" && v2 > 300 {
-			t.Errorf("%s: a version 2 record costs %.0f bytes, want at most 300", name, v2)
+		// docs/performance.md and docs/stores.md state these figures
+		// (redis-server 7.0.15): a change to the record's layout moves
+		// them by whole bytes, while the used_memory deltas of repeated
+		// runs differ by a small fraction of one byte per record.
+		if want := map[string]float64{"short id": 288, "uuid": 349}[name]; math.Round(v2) != want {
+			t.Errorf("%s: a version 2 record costs %.0f bytes on redis-server %s, the docs say %.0f", name, v2, redisVersion(t, client), want)
 		}
 		if v2 > v1*0.65 {
 			t.Errorf("%s: a version 2 record costs %.0f bytes, version 1 %.0f: want at most 65%%", name, v2, v1)
 		}
 	}
+}
+
+// redisVersion returns the server's redis_version, for messages.
+func redisVersion(t *testing.T, c *redis.Client) string {
+	t.Helper()
+	info, err := c.Info(context.Background(), "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+			return v
+		}
+	}
+	return "(unknown version)"
 }
 
 func usedMemory(t *testing.T, c *redis.Client) int64 {
