@@ -1,0 +1,381 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemgate/idemgate/pgstore"
+)
+
+// queueCase is one queue the command builds and measures: Tasks
+// waiting tasks of kind image, spread over Tenants tenants in turn.
+type queueCase struct {
+	name    string
+	tasks   int
+	tenants int
+	// perTenant sets MaxRunningPerTenant 1 on the kind; capped of the
+	// tenants (the first ones) then run one attempt each already, held
+	// by another worker, so their waiting tasks cannot be claimed.
+	perTenant bool
+	capped    int
+	// probe: every task the measuring worker runs is replaced by one of
+	// a new tenant (not of the same one), so with every tenant capped
+	// each claim takes that one task past all the capped tenants.
+	probe bool
+	// scheduled tasks of the tenant "planner" wait for tomorrow; its
+	// Submits are the timed ones (due tasks, beside its own backlog).
+	scheduled int
+	large     bool // the 2× target
+	base      int  // index of the case it is compared with
+}
+
+// queueCases are the rows of the queue's table, built from sz.
+func queueCases(sz sizes) []queueCase {
+	cs := []queueCase{{name: fmt.Sprintf("small queue (baseline): %d tasks, %d tenants", sz.Small, sz.SmallTenants),
+		tasks: sz.Small, tenants: sz.SmallTenants}}
+	for i, n := range sz.Backlogs {
+		cs = append(cs, queueCase{name: fmt.Sprintf("backlog %s, %s", count(n), tenants(sz.BacklogTenants)),
+			tasks: n, tenants: sz.BacklogTenants, large: i == len(sz.Backlogs)-1 && n >= 1_000_000})
+	}
+	for _, tn := range sz.Tenants {
+		if tn == sz.BacklogTenants && slices.Contains(sz.Backlogs, sz.TenantsBacklog) {
+			continue // that row is above
+		}
+		cs = append(cs, queueCase{name: fmt.Sprintf("backlog %s, %s", count(sz.TenantsBacklog), tenants(tn)),
+			tasks: sz.TenantsBacklog, tenants: tn})
+	}
+	limitedBase := len(cs)
+	cs = append(cs, queueCase{name: "small queue, per-tenant limit 1 (baseline of the limited rows)",
+		tasks: sz.Small, tenants: sz.SmallTenants, perTenant: true, base: limitedBase})
+	for _, pct := range sz.Capped {
+		c := queueCase{name: fmt.Sprintf("%s tenants × %d, per-tenant limit 1, %d %% capped", count(sz.CappedTenants), sz.CappedEach, pct),
+			tasks: sz.CappedTenants * sz.CappedEach, tenants: sz.CappedTenants, perTenant: true,
+			capped: sz.CappedTenants * pct / 100, base: limitedBase}
+		if c.capped == c.tenants {
+			c.probe = true
+			c.name += ": each claim takes a new tenant's one task"
+		}
+		cs = append(cs, c)
+	}
+	cs = append(cs, queueCase{name: fmt.Sprintf("small queue beside %s tasks a tenant scheduled for tomorrow (Submit: that tenant's)", count(sz.Scheduled)),
+		tasks: sz.Small, tenants: sz.SmallTenants, scheduled: sz.Scheduled})
+	return cs
+}
+
+// queueResult is what one queue measured.
+type queueResult struct {
+	claims, submits latencies
+	load            string
+}
+
+// measureQueue builds each queue case and writes its table.
+func measureQueue(ctx context.Context, out, log io.Writer, pg *postgres, sz sizes) error {
+	cases := queueCases(sz)
+	fmt.Fprintf(out, "pgstore: claims of a worker of 16 slots (WorkerClaimed's Latency; a no-op handler replaces each task it runs) and Submits of a new task of a tenant with a backlog, %d of each; ratios against the small queue (the limited rows: against the small queue with the limit)\n\n", sz.Samples)
+	fmt.Fprintln(out, "| queue | claim p50 / p99 ms | ratio | Submit p50 / p99 ms | ratio | target (p50s) | load |")
+	fmt.Fprintln(out, "|---|---|---|---|---|---|---|")
+	res := make([]queueResult, len(cases))
+	var uncapped, capped time.Duration
+	for i, c := range cases {
+		start := time.Now()
+		r, err := measureQueueCase(ctx, log, pg, c, sz.Samples)
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.name, err)
+		}
+		fmt.Fprintf(log, "scale: %s measured in %v\n", c.name, time.Since(start).Round(time.Second))
+		res[i] = r
+		b := res[c.base]
+		c50, s50 := r.claims.p(0.5), r.submits.p(0.5)
+		target := 1.5
+		if c.large {
+			target = 2
+		}
+		fmt.Fprintf(out, "| %s | %s / %s | %.2f× | %s / %s | %.2f× | %s | %s |\n", c.name,
+			ms(c50), ms(r.claims.p(0.99)), ratio(c50, b.claims.p(0.5)),
+			ms(s50), ms(r.submits.p(0.99)), ratio(s50, b.submits.p(0.5)),
+			verdict(max(ratio(c50, b.claims.p(0.5)), ratio(s50, b.submits.p(0.5))), target), r.load)
+		switch {
+		case c.perTenant && c.capped == 0 && c.tasks > sz.Small:
+			uncapped = c50
+		case c.probe:
+			capped = c50
+		}
+	}
+	if uncapped > 0 && capped > 0 {
+		fmt.Fprintf(out, "\ncapped claim against the uncapped one (p50, every tenant capped vs none): %.2f×, %s\n",
+			ratio(capped, uncapped), verdict(ratio(capped, uncapped), 2))
+	}
+	fmt.Fprintln(out)
+	return nil
+}
+
+// measureQueueCase builds c's queue in a database of its own, times the
+// claims of a worker on it, then Submits.
+func measureQueueCase(ctx context.Context, log io.Writer, pg *postgres, c queueCase, samples int) (queueResult, error) {
+	var r queueResult
+	pool, drop, err := pg.database(ctx)
+	if err != nil {
+		return r, err
+	}
+	defer drop()
+	s, err := pgstore.New(ctx, pool)
+	if err != nil {
+		return r, err
+	}
+	if c.perTenant {
+		if err := s.SetKindLimits(ctx, "image", pgstore.KindLimits{MaxRunningPerTenant: 1}); err != nil {
+			return r, err
+		}
+	}
+	if c.capped > 0 {
+		stopHolder, err := holdTenants(ctx, s, c.capped)
+		if err != nil {
+			return r, fmt.Errorf("hold the capped tenants: %w", err)
+		}
+		defer stopHolder()
+	}
+	began := time.Now()
+	if err := submitAll(ctx, s, c.tasks, func(g int) pgstore.NewTask {
+		return newTask(fmt.Sprintf("tenant-%d", g%c.tenants), fmt.Sprintf("b-%d", g))
+	}); err != nil {
+		return r, err
+	}
+	later := time.Now().Add(24 * time.Hour)
+	if err := submitAll(ctx, s, c.scheduled, func(g int) pgstore.NewTask {
+		t := newTask("planner", fmt.Sprintf("s-%d", g))
+		t.RunAfter = later
+		return t
+	}); err != nil {
+		return r, err
+	}
+	// As autovacuum would leave a queue this size: statistics gathered.
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE"); err != nil {
+		return r, err
+	}
+	fmt.Fprintf(log, "scale: %d tasks (%d scheduled) submitted in %v (load %s)\n", c.tasks+c.scheduled, c.scheduled,
+		time.Since(began).Round(time.Second), loadAvg())
+	if r.claims, err = timeClaims(ctx, s, c, samples); err != nil {
+		return r, err
+	}
+	submitter := "tenant-0"
+	if c.scheduled > 0 {
+		submitter = "planner"
+	}
+	for i := range warmup(samples) + samples {
+		begin := time.Now()
+		if _, err := s.Submit(ctx, newTask(submitter, fmt.Sprintf("probe-%d", i))); err != nil {
+			return r, err
+		}
+		if i >= warmup(samples) {
+			r.submits = append(r.submits, time.Since(begin))
+		}
+	}
+	r.load = loadAvg()
+	return r, nil
+}
+
+func newTask(tenant, key string) pgstore.NewTask {
+	return pgstore.NewTask{Tenant: tenant, Owner: "o", Kind: "image", Runtime: "gpu", Network: "main",
+		IdempotencyKey: key, Fingerprint: "f"}
+}
+
+// submitAll stores n tasks made by task with SubmitMany, in batches, on
+// two connections.
+func submitAll(ctx context.Context, s *pgstore.Store, n int, task func(g int) pgstore.NewTask) error {
+	const batch = 2000
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg       sync.WaitGroup
+		once     sync.Once
+		firstErr error
+	)
+	next := make(chan int)
+	for range 2 {
+		wg.Go(func() {
+			for from := range next {
+				if err := submitBatch(ctx, s, from, min(n, from+batch), task); err != nil {
+					once.Do(func() { firstErr = err; cancel() })
+				}
+			}
+		})
+	}
+	for from := 0; from < n && ctx.Err() == nil; from += batch {
+		next <- from
+	}
+	close(next)
+	wg.Wait()
+	return firstErr
+}
+
+func submitBatch(ctx context.Context, s *pgstore.Store, from, to int, task func(g int) pgstore.NewTask) error {
+	ts := make([]pgstore.NewTask, 0, to-from)
+	for i := from; i < to; i++ {
+		ts = append(ts, task(i))
+	}
+	res, err := s.SubmitMany(ctx, ts)
+	if err != nil {
+		return err
+	}
+	for _, r := range res {
+		if r.Err != nil || r.Task.Duplicate {
+			return fmt.Errorf("submit: %v (duplicate %t)", r.Err, r.Task.Duplicate)
+		}
+	}
+	return nil
+}
+
+// holdTenants makes tenants tenant-0 … tenant-(n-1) each run one attempt,
+// held by a worker of its own until the returned stop: one task each,
+// claimed before anything else is submitted.
+func holdTenants(ctx context.Context, s *pgstore.Store, n int) (stop func(), err error) {
+	if err := submitAll(ctx, s, n, func(g int) pgstore.NewTask {
+		return newTask(fmt.Sprintf("tenant-%d", g), fmt.Sprintf("held-%d", g))
+	}); err != nil {
+		return nil, err
+	}
+	var claimed atomic.Int64
+	all := make(chan struct{})
+	w, err := pgstore.NewWorker(s, pgstore.WorkerConfig{
+		Name: "holder", Kinds: []string{"image"}, Concurrency: n, Lease: 10 * time.Minute,
+		ShutdownTimeout: time.Second,
+		Handler: func(ctx context.Context, _ pgstore.Task) pgstore.Outcome {
+			<-ctx.Done()
+			return pgstore.Retry(0, ctx.Err())
+		},
+		OnEvent: func(ev pgstore.WorkerEvent) {
+			if ev.Type == pgstore.WorkerClaimed && claimed.Add(1) == int64(n) {
+				close(all)
+			}
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	wctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	stop = func() { cancel(); <-done }
+	select {
+	case <-all:
+		return stop, nil
+	case err := <-done:
+		cancel()
+		return nil, fmt.Errorf("holder stopped: %w", err)
+	case <-time.After(2 * time.Minute):
+		stop()
+		return nil, fmt.Errorf("the holder claimed %d of %d tasks in 2 minutes", claimed.Load(), n)
+	case <-ctx.Done():
+		stop()
+		return nil, ctx.Err()
+	}
+}
+
+// timeClaims runs a worker of 16 slots on c's queue until it has made
+// samples claims (after a warm-up) and returns their latencies as the
+// worker measured them. Its handler submits a replacement for each task,
+// so the queue keeps its size.
+func timeClaims(ctx context.Context, s *pgstore.Store, c queueCase, samples int) (latencies, error) {
+	want := warmup(samples) + samples
+	var (
+		mu     sync.Mutex
+		claims latencies
+		last   time.Duration
+		subErr error
+	)
+	enough := make(chan struct{})
+	var n atomic.Int64
+	w, err := pgstore.NewWorker(s, pgstore.WorkerConfig{
+		Name: "scale", Kinds: []string{"image"}, Concurrency: 16, PollInterval: 100 * time.Millisecond,
+		ShutdownTimeout: 2 * time.Second,
+		Handler: func(ctx context.Context, t pgstore.Task) pgstore.Outcome {
+			tenant := t.Tenant
+			if c.probe {
+				tenant = fmt.Sprintf("new-%d", n.Add(1))
+			}
+			if _, err := s.Submit(ctx, newTask(tenant, fmt.Sprintf("r-%d", n.Add(1)))); err != nil && ctx.Err() == nil {
+				mu.Lock()
+				subErr = err
+				mu.Unlock()
+			}
+			return pgstore.Succeeded(json.RawMessage(`1`))
+		},
+		OnEvent: func(ev pgstore.WorkerEvent) {
+			if ev.Type != pgstore.WorkerClaimed {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			// A claim of k tasks emits k events in a row, each with the
+			// claim's latency.
+			if ev.Latency == last {
+				return
+			}
+			last = ev.Latency
+			claims = append(claims, ev.Latency)
+			if len(claims) == want {
+				close(enough)
+			}
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	if c.probe {
+		if _, err := s.Submit(ctx, newTask("new-0", "r-0")); err != nil {
+			return nil, err
+		}
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	timeout := time.After(2*time.Minute + time.Duration(want)*100*time.Millisecond)
+	select {
+	case <-enough:
+	case err := <-done:
+		cancel()
+		return nil, fmt.Errorf("worker stopped: %w", err)
+	case <-timeout:
+	case <-ctx.Done():
+	}
+	cancel()
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		return nil, err
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if subErr != nil {
+		return nil, fmt.Errorf("a replacement's submit: %w", subErr)
+	}
+	if len(claims) < want {
+		return nil, fmt.Errorf("the worker made %d claims, want %d", len(claims), want)
+	}
+	return claims[warmup(samples):want], ctx.Err()
+}
+
+// count writes n as 10k, 1M, or in full with thousands separated.
+func count(n int) string {
+	switch {
+	case n >= 1_000_000 && n%1_000_000 == 0:
+		return fmt.Sprintf("%dM", n/1_000_000)
+	case n >= 10_000 && n%1000 == 0:
+		return fmt.Sprintf("%dk", n/1000)
+	case n >= 1000:
+		return fmt.Sprintf("%d,%03d", n/1000, n%1000)
+	}
+	return fmt.Sprint(n)
+}
+
+func tenants(n int) string {
+	if n == 1 {
+		return "1 tenant"
+	}
+	return count(n) + " tenants"
+}
