@@ -334,7 +334,7 @@ type limitsRow struct {
 	MaxRunning          int     `json:"max_running"`
 	MaxRunningPerTenant int     `json:"max_running_per_tenant"`
 	StartsPerSecond     float64 `json:"starts_per_second"`
-	Running             int     `json:"running"`
+	Running             int     `json:"running"`  // attempts counting against the limits (Stats.Attempts)
 	Runnable            int     `json:"runnable"` // pending and retrying
 }
 
@@ -384,7 +384,7 @@ func (p printer) limits(ctx context.Context, store *pgstore.Store, kind string, 
 	}
 	c := st.Counts[kind]
 	r := limitsRow{Kind: kind, Paused: l.Paused, MaxRunning: l.MaxRunning, MaxRunningPerTenant: l.MaxRunningPerTenant,
-		StartsPerSecond: l.StartsPerSecond, Running: c[pgstore.StateRunning],
+		StartsPerSecond: l.StartsPerSecond, Running: st.Attempts[kind],
 		Runnable: c[pgstore.StatePending] + c[pgstore.StateRetrying]}
 	if p.json {
 		return p.encode(r)

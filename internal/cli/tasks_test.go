@@ -9,7 +9,6 @@ import (
 	"sync"
 	"testing"
 
-
 	"github.com/idemgate/idemgate/internal/opsbench"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/keyspace"
@@ -339,5 +338,39 @@ func TestTasksJSONBeforeCommand(t *testing.T) {
 	code, out, errOut := o.run(t, "-json", "list")
 	if code != 0 || !json.Valid([]byte(out)) {
 		t.Errorf("tasks -json list: exit %d: %s", code, strings.SplitN(errOut, "\n", 2)[0])
+	}
+}
+
+// tasks limits' RUNNING (JSON "running") is what the limits count, the
+// attempts holding a slot (pgstore.Stats.Attempts), not the tasks stored
+// as running: an expired lease no rescue has taken back yet frees its
+// slot, and a cancelled attempt holds its slot until its handler stopped.
+func TestTasksLimitsRunningIsTheAttemptsTheLimitsCount(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	o := newOpsBench(t)
+	// acme's images task: a lease that ended; globex's images task: a live
+	// attempt, then cancelled while its handler still runs.
+	if _, err := o.Pool.Exec(ctx, `UPDATE idemgate_tasks SET state = 'running', attempt = 1,
+	lease_until = now() - interval '1 minute' WHERE id = $1::uuid`, o.IDs[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.Pool.Exec(ctx, `UPDATE idemgate_tasks SET state = 'running', attempt = 1,
+	lease_until = now() + interval '1 minute' WHERE id = $1::uuid`, o.IDs[2]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.Store.Operator().Cancel(ctx, o.IDs[2]); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := o.run(t, "limits", "images", "-json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var row limitsRow
+	if err := json.Unmarshal([]byte(out), &row); err != nil {
+		t.Fatal(err)
+	}
+	if row.Running != 1 {
+		t.Errorf("running = %d, want 1: the cancelled attempt still holds its slot, the expired lease does not", row.Running)
 	}
 }

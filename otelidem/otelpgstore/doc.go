@@ -44,14 +44,19 @@
 //	idemgate.task.limit.max_running            idemgate_task_limit_max_running            {attempt}: the kind's MaxRunning, while set
 //	idemgate.task.limit.max_running_per_tenant idemgate_task_limit_max_running_per_tenant {attempt}: the kind's MaxRunningPerTenant, while set
 //	idemgate.task.limit.starts                 idemgate_task_limit_starts_per_second      {start}/s: the kind's StartsPerSecond, while set
+//	idemgate.task.limit.usage                  idemgate_task_limit_usage                  {attempt}: attempts of the kind that count against its limits now
 //	idemgate.task.paused                       idemgate_task_paused                       1 while the kind is paused, else 0
 //	idemgate.task.held_back                    idemgate_task_held_back_total              {claim}: claims that left a due task of the kind waiting for its limits
 //
 // The limits and paused (pgstore.KindLimits) are read by ObserveTasks with
 // the task counts; a kind reports paused always, and each limit only while
-// it is set, so that idemgate_tasks{idemgate_task_state="running"} /
+// it is set, so that idemgate_task_limit_usage /
 // idemgate_task_limit_max_running is a kind's use of its limit and is
-// absent for a kind without one. idemgate.task.held_back counts the
+// absent for a kind without one. Usage is pgstore.Stats.Attempts, what a
+// claim counts, not idemgate_tasks{idemgate_task_state="running"}: a
+// task cancelled while its handler winds down is no longer running but
+// still holds its slot, and a dead worker's task holds it until its
+// lease ends. idemgate.task.held_back counts the
 // WorkerHeldBack events: one per kind per claim that found the kind (or a
 // tenant of it) out of room, so a rising count says the limits, not the
 // workers, are what holds the queue.

@@ -22,6 +22,9 @@ func (r *Recorder) newLimitInstruments(m metric.Meter) error {
 	r.startsPerSecond, e = m.Float64ObservableGauge("idemgate.task.limit.starts", metric.WithUnit("{start}/s"),
 		metric.WithDescription("The kind's StartsPerSecond: attempt starts per second across all workers. No point while unset."))
 	err = errors.Join(err, e)
+	r.limitUsage, e = m.Int64ObservableGauge("idemgate.task.limit.usage", metric.WithUnit("{attempt}"),
+		metric.WithDescription("Attempts of the kind that count against its limits now, as a claim counts them (pgstore.Stats.Attempts): a dead worker's until its lease ends, a cancelled one until its handler stopped."))
+	err = errors.Join(err, e)
 	r.paused, e = m.Int64ObservableGauge("idemgate.task.paused",
 		metric.WithDescription("1 while the kind is paused (no attempt starts), 0 otherwise."))
 	err = errors.Join(err, e)
@@ -31,12 +34,13 @@ func (r *Recorder) newLimitInstruments(m metric.Meter) error {
 	return err
 }
 
-// observeLimits reports kind's limits: paused always (0 or 1), each limit
-// while it is set. An unset limit has no point rather than 0, so that
-// running / limit on a dashboard is absent for an unlimited kind, not
-// infinite.
-func (r *Recorder) observeLimits(o metric.Observer, kind string, l pgstore.KindLimits) {
+// observeLimits reports kind's limits and their use: paused and usage
+// always (0 included), each limit while it is set. An unset limit has no
+// point rather than 0, so that usage / limit on a dashboard is absent for
+// an unlimited kind, not infinite.
+func (r *Recorder) observeLimits(o metric.Observer, kind string, l pgstore.KindLimits, attempts int) {
 	attrs := metric.WithAttributes(keyTaskKind.String(kind))
+	o.ObserveInt64(r.limitUsage, int64(attempts), attrs)
 	var paused int64
 	if l.Paused {
 		paused = 1

@@ -68,6 +68,7 @@ type Recorder struct {
 	maxRunning          metric.Int64ObservableGauge
 	maxRunningPerTenant metric.Int64ObservableGauge
 	startsPerSecond     metric.Float64ObservableGauge
+	limitUsage          metric.Int64ObservableGauge
 	paused              metric.Int64ObservableGauge
 	heldBack            metric.Int64Counter
 }

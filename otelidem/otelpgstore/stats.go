@@ -21,7 +21,7 @@ var unfinished = []pgstore.State{pgstore.StatePending, pgstore.StateRunning, pgs
 
 // ObserveTasks reports s's task counts (idemgate.tasks), the age of its
 // oldest runnable and uncertain task (idemgate.task.oldest.age) and the
-// kinds' limits (idemgate.task.limit.*, idemgate.task.paused), read with
+// kinds' limits and their use (idemgate.task.limit.*, idemgate.task.paused), read with
 // one Stats call per collection. Each of kinds, and every kind seen
 // since, reports all its unfinished states and whether it is paused,
 // zeros included; a limit is reported while it is set. Call the returned
@@ -45,6 +45,9 @@ func (r *Recorder) ObserveTasks(s StatsReader, kinds ...string) (unregister func
 		for kind := range st.Limits {
 			known[kind] = true
 		}
+		for kind := range st.Attempts {
+			known[kind] = true
+		}
 		for kind := range known {
 			for _, state := range unfinished {
 				o.ObserveInt64(r.tasks, int64(st.Counts[kind][state]), metric.WithAttributes(
@@ -54,10 +57,10 @@ func (r *Recorder) ObserveTasks(s StatsReader, kinds ...string) (unregister func
 		o.ObserveFloat64(r.oldest, st.OldestRunnable.Seconds(), metric.WithAttributes(keyTaskQueue.String("runnable")))
 		o.ObserveFloat64(r.oldest, st.OldestUncertain.Seconds(), metric.WithAttributes(keyTaskQueue.String("uncertain")))
 		for kind := range known {
-			r.observeLimits(o, kind, st.Limits[kind])
+			r.observeLimits(o, kind, st.Limits[kind], st.Attempts[kind])
 		}
 		return nil
-	}, r.tasks, r.oldest, r.maxRunning, r.maxRunningPerTenant, r.startsPerSecond, r.paused)
+	}, r.tasks, r.oldest, r.maxRunning, r.maxRunningPerTenant, r.startsPerSecond, r.limitUsage, r.paused)
 	if err != nil {
 		return nil, fmt.Errorf("otelpgstore: observe tasks: %w", err)
 	}

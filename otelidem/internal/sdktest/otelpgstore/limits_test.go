@@ -50,6 +50,8 @@ func TestLimitMetrics(t *testing.T) {
 		{"idemgate.task.paused", "image", 0},
 		{"idemgate.task.paused", "music", 1},
 		{"idemgate.task.paused", "video", 0},
+		{"idemgate.task.limit.usage", "image", 0},
+		{"idemgate.task.limit.usage", "video", 0},
 	} {
 		if got := oteltest.Value(t, rm, c.name, kind(c.kind)); got != c.want {
 			t.Errorf("%s{%s} = %v, want %v", c.name, c.kind, got, c.want)
@@ -121,6 +123,11 @@ func TestLimitMetrics(t *testing.T) {
 	wait.For(t, 30*time.Second, "claims of both kinds held back", func() bool {
 		return heldImage.Load() >= 2 && heldMusic.Load() >= 2
 	})
+	// One image attempt holds its slot while its handler blocks: the usage
+	// beside MaxRunning 1.
+	if got := oteltest.Value(t, b.Collect(t), "idemgate.task.limit.usage", kind("image")); got != 1 {
+		t.Errorf("idemgate.task.limit.usage{image} = %v while one attempt runs, want 1", got)
+	}
 	unblock()
 	wait.For(t, 30*time.Second, "the image tasks finish", func() bool {
 		rm := b.Collect(t)
