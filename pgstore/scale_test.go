@@ -33,7 +33,10 @@ type scaleCase struct {
 // each claim's buffers and rows (stable figures). The scheduled tasks are
 // loaded as Submit stores them since v8 (no turn). Not part of
 // make test: it takes minutes (PGSTORE_SCALE=quick, without the 1M
-// backlog) to most of an hour.
+// backlog) to most of an hour. The scale command (tools/scale, make
+// scale) times the same queues through a real worker; this test is for
+// the claim's plan (buffers and rows), which only the package can
+// EXPLAIN.
 //
 //	PGSTORE_SCALE=1 go test -count=1 -v -timeout 2h -run TestScale ./pgstore/
 //	PGSTORE_SCALE=quick go test -count=1 -v -timeout 1h -run TestScale ./pgstore/

@@ -108,8 +108,17 @@ func measureQueue(ctx context.Context, out, log io.Writer, pg *postgres, sz size
 			capped = c50
 		}
 	}
+	// The baseline once more: how far it drifted over the run says how
+	// much of a ratio is the machine's load rather than the queue.
+	again, err := measureQueueCase(ctx, log, pg, cases[0], sz.Samples)
+	if err != nil {
+		return fmt.Errorf("%s, again: %w", cases[0].name, err)
+	}
+	fmt.Fprintf(out, "\nthe baseline measured again at the end (load %s): claim p50 %s ms (%.2f× of the first), Submit p50 %s ms (%.2f×)\n",
+		again.load, ms(again.claims.p(0.5)), ratio(again.claims.p(0.5), res[0].claims.p(0.5)),
+		ms(again.submits.p(0.5)), ratio(again.submits.p(0.5), res[0].submits.p(0.5)))
 	if uncapped > 0 && capped > 0 {
-		fmt.Fprintf(out, "\ncapped claim against the uncapped one (p50, every tenant capped vs none): %.2f×, %s\n",
+		fmt.Fprintf(out, "capped claim against the uncapped one (p50, every tenant capped vs none): %.2f×, %s\n",
 			ratio(capped, uncapped), verdict(ratio(capped, uncapped), 2))
 	}
 	fmt.Fprintln(out)
