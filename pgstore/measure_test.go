@@ -507,3 +507,106 @@ func submitPlan(t testing.TB, s *Store, nt NewTask) planFigures {
 	}
 	return pf
 }
+
+// limitedWorkFigures are the plan figures of claims that pass limited
+// work by, as docs/queue.md's table "Claims beside limited work" has them.
+type limitedWorkFigures struct {
+	small, uncapped, capped, paused, scheduled planFigures
+}
+
+// docLimitedWork is docs/queue.md's table "Claims beside limited work".
+var docLimitedWork = limitedWorkFigures{
+	small:     planFigures{Buffers: 163, Rows: 16},
+	uncapped:  planFigures{Buffers: 325, Rows: 16},
+	capped:    planFigures{Buffers: 65, Rows: 0},
+	paused:    planFigures{Buffers: 302, Rows: 17},
+	scheduled: planFigures{Buffers: 328, Rows: 16},
+}
+
+// TestExplainClaimPassesLimitedWorkBy checks the plans of claims beside
+// work that limits keep waiting, against a claim of the same batch on a
+// small queue: a kind whose 1,000 tenants with work (50 waiting tasks
+// each) are all at MaxRunningPerTenant 1, against the same backlog under
+// MaxRunning alone; a worker of a paused kind with 20k waiting tasks and
+// of another kind with 16; and the claim of 16 due tasks beside another
+// tenant's 100k tasks scheduled for tomorrow. Buffers and rows are stable
+// figures: rows exactly, buffers within 15 % of docs/queue.md, and the
+// capped claim at most twice the uncapped one (it read 4,365 buffers,
+// 13x, walking the capped tenants on the tenant_turn index).
+//
+//	go test -count=1 -v -run TestExplainClaimPassesLimitedWorkBy ./pgstore/
+func TestExplainClaimPassesLimitedWorkBy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	small, _ := setup(t)
+	for i := range 16 {
+		nt := tenantTask(fmt.Sprintf("other-%d", i%4), fmt.Sprintf("audio-%d", i))
+		nt.Kind = "audio"
+		mustSubmit(t, small, nt)
+	}
+	// plan returns the figures of the claim of 16 of kinds (and prints
+
+	// it with PGSTORE_MEASURE=1, after: a claim run under EXPLAIN ANALYZE
+	// and rolled back leaves row versions that the next one reads).
+	plan := func(s *Store, title string, kinds ...string) planFigures {
+		pf := claimPlan(t, s, kinds, 16)
+		if os.Getenv("PGSTORE_MEASURE") != "" {
+			w := newWorker(t, s, WorkerConfig{Kinds: kinds, Handler: func(context.Context, Task) Outcome { return Outcome{} }})
+			sql, args := w.claimStatement(16)
+			explain(t, s, title, sql, args)
+		}
+		return pf
+	}
+	var got limitedWorkFigures
+	got.small = plan(small, "small queue", "audio")
+
+	s, _ := setup(t)
+	cappedBacklog(t, s, 1000, 0, 50)
+	for i := range 16 {
+		nt := tenantTask(fmt.Sprintf("other-%d", i%4), fmt.Sprintf("audio-%d", i))
+		nt.Kind = "audio"
+		mustSubmit(t, s, nt)
+	}
+	if _, err := s.pool.Exec(ctx, `INSERT INTO idemgate_tasks
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, run_after, turn)
+		SELECT 'planner', 'o', 'audio', 'gpu', 'main', 's-' || g, 'f', now() + interval '1 day', `+unplaced+`
+		FROM generate_series(1, 100000) g;
+		INSERT INTO idemgate_tasks (tenant, owner, kind, runtime, network, idempotency_key, fingerprint, turn)
+		SELECT 'v-' || g % 100, 'o', 'video', 'gpu', 'main', 'v-' || g, 'f', g / 100 FROM generate_series(0, 19999) g;
+		ANALYZE idemgate_tasks; ANALYZE idemgate_waiting_tenants`); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetKindLimits(ctx, "image", KindLimits{MaxRunning: 100_000}); err != nil {
+		t.Fatal(err)
+	}
+	got.uncapped = plan(s, "1,000 tenants x 50, MaxRunning", "image")
+	if err := s.SetKindLimits(ctx, "image", KindLimits{MaxRunningPerTenant: 1}); err != nil {
+		t.Fatal(err)
+	}
+	got.capped = plan(s, "1,000 tenants x 50, all capped", "image")
+	if err := s.SetKindLimits(ctx, "video", KindLimits{Paused: true}); err != nil {
+		t.Fatal(err)
+	}
+	got.paused = plan(s, "a paused kind's 20k beside 16", "video", "audio")
+	got.scheduled = plan(s, "16 beside 100k scheduled", "audio")
+	t.Logf("claims of 16: small queue %+v; 1,000 tenants x 50 under MaxRunning %+v, all capped %+v; "+
+		"paused kind beside %+v; beside 100k scheduled %+v", got.small, got.uncapped, got.capped, got.paused, got.scheduled)
+	if got.capped.Buffers > 2*got.uncapped.Buffers {
+		t.Errorf("the claim beside 1,000 capped tenants read %d buffers, more than twice the uncapped claim's %d",
+			got.capped.Buffers, got.uncapped.Buffers)
+	}
+	for _, c := range []struct {
+		name      string
+		got, want planFigures
+	}{
+		{"small queue", got.small, docLimitedWork.small},
+		{"1,000 tenants x 50, MaxRunning", got.uncapped, docLimitedWork.uncapped},
+		{"1,000 tenants x 50, all capped", got.capped, docLimitedWork.capped},
+		{"a paused kind's 20k beside 16", got.paused, docLimitedWork.paused},
+		{"16 beside 100k scheduled", got.scheduled, docLimitedWork.scheduled},
+	} {
+		if c.got.Rows != c.want.Rows || c.got.Buffers < c.want.Buffers*85/100 || c.got.Buffers > c.want.Buffers*115/100 {
+			t.Errorf("%s: %+v; docs/queue.md says %+v (buffers within 15%%): fix the plan or the doc", c.name, c.got, c.want)
+		}
+	}
+}
