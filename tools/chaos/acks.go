@@ -53,3 +53,88 @@ func (a *acks) got(node, what string) {
 		ch <- what
 	}
 }
+
+// aims tells the nemesis's aimed faults about what clients are doing
+// that no log shows in time: an export request sent to an API node (an
+// export-pause stops that node while the export renders), and a cancel a
+// client is about to send near the end of a generation (a cancel-slow
+// slows the workers' Postgres links around it).
+type aims struct {
+	mu      sync.Mutex
+	export  chan string    // nil unless an export-pause waits: the node an export was sent to
+	cancels chan time.Time // nil unless a cancel-slow waits: when a client will cancel
+}
+
+// nextExport waits until a client sends an export request, or until
+// deadline; it returns the node's address ("" when none was sent).
+func (a *aims) nextExport(ctx context.Context, deadline time.Time) string {
+	ch := make(chan string, 1)
+	a.mu.Lock()
+	a.export = ch
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.export = nil
+		a.mu.Unlock()
+	}()
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case node := <-ch:
+		return node
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return ""
+}
+
+// exportSent reports an export request sent to node.
+func (a *aims) exportSent(node string) {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	ch := a.export
+	a.export = nil
+	a.mu.Unlock()
+	if ch != nil {
+		ch <- node
+	}
+}
+
+// nextCancel waits until a client says when it will cancel a running
+// task, or until deadline; the zero time when none did.
+func (a *aims) nextCancel(ctx context.Context, deadline time.Time) time.Time {
+	ch := make(chan time.Time, 1)
+	a.mu.Lock()
+	a.cancels = ch
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.cancels = nil
+		a.mu.Unlock()
+	}()
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case at := <-ch:
+		return at
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return time.Time{}
+}
+
+// cancelAt reports that a client will cancel a running task at at.
+func (a *aims) cancelAt(at time.Time) {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	ch := a.cancels
+	a.cancels = nil
+	a.mu.Unlock()
+	if ch != nil {
+		ch <- at
+	}
+}

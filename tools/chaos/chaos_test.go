@@ -95,7 +95,7 @@ func TestSoak(t *testing.T) {
 	modes := map[string]string{"redis": "none", "postgres": "short-lease"}
 	runs := map[string]<-chan toolRun{}
 	for _, store := range stores {
-		runs[store] = startTool("-seed", soakSeed, "-duration", "45s", "-bound", "60s", "-store", store, "-modes", modes[store])
+		runs[store] = startTool("-seed", soakSeed, "-duration", "60s", "-bound", "60s", "-store", store, "-modes", modes[store])
 	}
 	for _, store := range stores {
 		t.Run(store, func(t *testing.T) {
@@ -109,7 +109,7 @@ func TestSoak(t *testing.T) {
 				t.Errorf("exit code %d, want 0", code)
 			}
 			// A soak that injected nothing or accepted nothing proves
-			// nothing: the nemesis deals every kind in each round, so 45 s
+			// nothing: the nemesis deals every kind in each round, so 60 s
 			// meets them all.
 			kinds, err := parseKinds("all", store)
 			if err != nil {

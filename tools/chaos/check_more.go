@@ -13,6 +13,29 @@ import (
 // upstream through its own (maybe slowed) Postgres link.
 const limitSlack = 3 * time.Second
 
+// readFrom returns the earliest time the claim of a call that started at
+// start can have read the kind's limits: limitSlack before it, and
+// limitSlack before any fault that held its worker (or every worker)
+// within that window, since a worker stopped, or whose link was cut or
+// slowed, between its claim and its call starts the call late. Redis's
+// faults do not touch the workers.
+func (c *checker) readFrom(proc string, start time.Time) time.Time {
+	from := start.Add(-limitSlack)
+	for moved := true; moved; {
+		moved = false
+		for _, f := range c.h.Faults {
+			held := f.Target == "" && !redisKinds[f.Kind] || f.Target == proc || proc == "" && isWorker(f.Target)
+			if !held || f.Start.After(start) || f.End.Before(from) {
+				continue
+			}
+			if early := f.Start.Add(-limitSlack); early.Before(from) {
+				from, moved = early, true
+			}
+		}
+	}
+	return from
+}
+
 // fairOvertakes is how many of the flooding tenant's tasks, waiting when
 // another tenant's task was submitted, may start before it. Claims serve
 // the tenants with waiting work in turn, and a task's turn comes after
@@ -183,7 +206,7 @@ func (c *checker) twelve() Result {
 	sort.Slice(limits, func(i, j int) bool { return limits[i].Asked.Before(limits[j].Asked) })
 	calls := c.calls()
 	for i, cl := range calls {
-		maxRun, perTenant, paused := c.loosest(limits, cl.start.Add(-limitSlack), cl.start)
+		maxRun, perTenant, paused := c.loosest(limits, c.readFrom(cl.proc, cl.start), cl.start)
 		if paused {
 			r.violate("task %s: a generator call (%s) started at %s while the kind was paused", cl.task, procName(GenCall{Proc: cl.proc}), cl.start.Format(timeFmt))
 			continue

@@ -155,6 +155,29 @@ func TestCheckMore(t *testing.T) {
 			want: map[int]string{12: "paused"},
 		},
 		{
+			name: "12: a call starts 4 s into a pause while another worker was stopped across its start",
+			given: func() *fixture {
+				f := newFixture("uncertain")
+				f.limit(0, 0, true, 5)
+				f.h.Faults = append(f.h.Faults, Fault{Kind: "pause", Target: "worker1", Start: at(4.5), End: at(8.5)})
+				f.call("A", "acme", "worker0", 4, 9, 11)
+				return f
+			},
+			want: map[int]string{12: "paused"},
+		},
+		{
+			name: "12: a call starts 4 s into a pause, its own worker stopped from just before the pause until then: holds",
+			given: func() *fixture {
+				f := newFixture("uncertain")
+				f.limit(0, 0, true, 5)
+				// Its claim read the limits before the pause, at 4.4; the
+				// worker stopped at 4.5 and logged the call once it woke.
+				f.h.Faults = append(f.h.Faults, Fault{Kind: "pause", Target: "worker0", Start: at(4.5), End: at(8.5)})
+				f.call("A", "acme", "worker0", 4, 9, 11)
+				return f
+			},
+		},
+		{
 			name: "12: limits lowered while calls run, a killed caller's call, a claim that read the old limits: holds",
 			given: func() *fixture {
 				f := newFixture("uncertain")

@@ -44,6 +44,9 @@ type workload struct {
 	// (for the nemesis's ack-kill).
 	plan plan
 	acks *acks
+	// aims hears exports sent and cancels to come (for the nemesis's
+	// export-pause and cancel-slow).
+	aims *aims
 
 	transport *http.Transport
 
@@ -130,7 +133,7 @@ func (w *workload) newPlayer(n int) (*player, error) {
 		return nil, fmt.Errorf("chaos: token for client %d: %w", n, err)
 	}
 	p.token = tok
-	p.http = &http.Client{Timeout: w.patience, Transport: &recording{rec: w.rec, base: w.transport, acks: w.acks}}
+	p.http = &http.Client{Timeout: w.patience, Transport: &recording{rec: w.rec, base: w.transport, acks: w.acks, aims: w.aims}}
 	for _, u := range w.nodes {
 		p.cl = append(p.cl, imageclient.New(imageclient.Config{
 			BaseURL: u, Token: tok, HTTPClient: p.http,
@@ -189,9 +192,9 @@ func (p *player) play(ctx context.Context) {
 		// The upstream answers late: the task becomes uncertain and is
 		// reconciled; the client cancels it then.
 		scenario, req.Prompt = "cancel-uncertain", req.Prompt+" #timeout"
-	case r < 50:
+	case r < 52:
 		scenario = "cancel-late"
-	case r < 55:
+	case r < 57:
 		// The upstream fails after the first image: the task fails
 		// keeping it; its owner recovers it, others try to.
 		scenario, req.Prompt, req.N = "partial", req.Prompt+" #partial", 2
@@ -230,15 +233,23 @@ func (p *player) play(ctx context.Context) {
 			p.cancel(actx, sub.TaskID)
 		}
 	case "cancel-late":
-		// Cancel near the end of the generation: the attempt's outcome
-		// and the cancel race.
+		// Cancel near the end of the generation, from a little before
+		// to a little after it: the attempt's outcome and the cancel
+		// race. A cancel-slow hears of it and slows the workers'
+		// writes around it, so that a cancel can land between the
+		// generator's return and the attempt's finish.
 		if p.waitFor(actx, sub.TaskID, "running") {
-			sleep(actx, p.w.plan.genTime-time.Duration(p.rng.IntN(400))*time.Millisecond)
+			at := time.Now().Add(p.w.plan.genTime + time.Duration(p.rng.IntN(700)-400)*time.Millisecond)
+			p.w.aims.cancelAt(at)
+			sleep(actx, time.Until(at))
 			p.cancel(actx, sub.TaskID)
 		}
 	case "partial":
 		if outcome, _ := p.poll(actx, sub.TaskID); outcome == "failed" {
+			// The owner takes its time: meanwhile the failed task is
+			// there for a colleague's snoop to try to recover.
 			p.addPartial(sub.TaskID)
+			sleep(actx, time.Second+time.Duration(p.rng.IntN(3000))*time.Millisecond)
 			p.recover(actx, sub.TaskID)
 		}
 	case "reworded":
@@ -307,7 +318,10 @@ func (p *player) export(ctx context.Context, taskID string) {
 			last = err.Error()
 		case status == http.StatusOK:
 			p.end(a, "exported", "")
-			if len(p.succeeded) > 1 && p.rng.IntN(3) == 0 {
+			// Every export whose client has another succeeded task
+			// reuses its id once on it: a fingerprint that confused
+			// the two tasks would answer the first's sheet.
+			if len(p.succeeded) > 1 {
 				p.reuseExportKey(ctx, key, taskID)
 			}
 			return
@@ -535,13 +549,25 @@ func (p *player) snoop(ctx context.Context) {
 	id := ids[p.rng.IntN(len(ids))]
 	base := p.w.nodes[p.rng.IntN(len(p.w.nodes))]
 	p.w.mu.Lock()
-	var partials []string
+	var partials, colleagues []string
 	for ident, got := range p.w.partials {
-		if ident != p.tenant+"\x00"+p.user {
-			partials = append(partials, got...)
+		if ident == p.tenant+"\x00"+p.user {
+			continue
+		}
+		partials = append(partials, got...)
+		if t, _, _ := strings.Cut(ident, "\x00"); t == p.tenant {
+			// The newest of a colleague's: most likely still failed.
+			colleagues = append(colleagues, got[max(0, len(got)-2):]...)
 		}
 	}
 	p.w.mu.Unlock()
+	if len(colleagues) > 0 && p.rng.IntN(4) != 0 {
+		// A colleague's (same tenant, another user) task that kept
+		// partial results: a Recover that checked the tenant alone
+		// would put it back in line.
+		_, _ = p.post(ctx, base, "/v1/tasks/"+colleagues[p.rng.IntN(len(colleagues))]+"/recover", "")
+		return
+	}
 	if len(partials) > 0 && p.rng.IntN(2) == 0 {
 		// A task that kept partial results: a recover that reached it
 		// would succeed, so this is the one that must find nothing.
@@ -595,6 +621,7 @@ type recording struct {
 	rec  *recorder
 	base http.RoundTripper
 	acks *acks
+	aims *aims
 }
 
 func (t *recording) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -606,6 +633,7 @@ func (t *recording) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	if q.Route == routeExport {
 		q.Key = req.Header.Get("Idempotency-Key")
+		t.aims.exportSent(req.URL.Host)
 	}
 	if q.Route == routeSubmit {
 		q.Key = req.Header.Get("Idempotency-Key")

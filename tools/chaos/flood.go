@@ -27,7 +27,7 @@ func (w *workload) newFlooder() (*flooder, error) {
 		return nil, fmt.Errorf("chaos: token for the flooder: %w", err)
 	}
 	p.token = tok
-	p.http = &http.Client{Timeout: w.patience, Transport: &recording{rec: w.rec, base: w.transport, acks: w.acks}}
+	p.http = &http.Client{Timeout: w.patience, Transport: &recording{rec: w.rec, base: w.transport, acks: w.acks, aims: w.aims}}
 	for _, u := range w.nodes {
 		p.cl = append(p.cl, imageclient.New(imageclient.Config{
 			BaseURL: u, Token: tok, HTTPClient: p.http,

@@ -25,7 +25,8 @@ type limiter struct {
 	log func(format string, args ...any)
 }
 
-// run changes the limits every 2-6 s until until, then removes them, so
+// run changes the limits every 2-6 s, a quarter of the times pausing the
+// kind for 5-10 s after, until until; then it removes them, so
 // that the backlog drains while the clients finish.
 func (l *limiter) run(ctx context.Context, until time.Time) {
 	pool, err := pgxpool.New(ctx, l.sys.pg.DSN("postgres"))
@@ -55,7 +56,10 @@ func (l *limiter) run(ctx context.Context, until time.Time) {
 		if l.rng.IntN(4) == 0 && time.Now().Before(until) {
 			k.Paused = true
 			l.set(ctx, store, k)
-			sleep(ctx, min(time.Until(until), time.Second+time.Duration(l.rng.Int64N(int64(2*time.Second)))))
+			// 5-10 s: longer than the checker's limitSlack (a claim may
+			// read the limits that long before its call is logged) by
+			// enough for claims that ignore the pause to show.
+			sleep(ctx, min(time.Until(until), 5*time.Second+time.Duration(l.rng.Int64N(int64(5*time.Second)))))
 			k.Paused = false
 			l.set(ctx, store, k)
 		}

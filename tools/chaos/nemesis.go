@@ -30,7 +30,13 @@ var faultKinds = []string{
 	"latency",       // delay every chunk on one link
 	"commit-kill",   // slow the API nodes' Postgres links, SIGKILL the node whose export commits its ledger row first
 	"ack-kill",      // slow one API node's Postgres link, SIGKILL it right after a client got a 2xx to a POST from it
+	"export-pause",  // SIGSTOP the API node an export was just sent to, for one to three leases, while it renders
+	"cancel-slow",   // slow both workers' Postgres links around a cancel sent near the end of a generation
 }
+
+// aimWait bounds how long an export-pause or a cancel-slow waits for
+// what it aims at.
+const aimWait = 6 * time.Second
 
 // ackKillWait bounds how long an ack-kill waits for a 2xx from its node.
 const ackKillWait = 6 * time.Second
@@ -51,6 +57,7 @@ type nemesis struct {
 	pg    *pgx.Conn     // direct (unproxied) connection that watches the export ledger
 	plan  plan          // the run's modes: how long the longer faults last
 	acks  *acks         // the 2xx answers clients get, for ack-kill
+	aims  *aims         // exports sent and cancels to come, for export-pause and cancel-slow
 }
 
 // close releases the nemesis's own connection.
@@ -132,6 +139,7 @@ func (n *nemesis) inject(ctx context.Context, kind string, until time.Time) {
 		return
 	}
 	capped := func(d time.Duration) time.Duration { return min(d, left) }
+	stopBy := time.Now().Add(left)
 	f := Fault{Kind: kind, Start: time.Now()}
 	switch kind {
 	case "kill":
@@ -218,6 +226,65 @@ func (n *nemesis) inject(ctx context.Context, kind string, until time.Time) {
 		sleep(ctx, capped(n.dur(200*time.Millisecond, 1500*time.Millisecond)))
 		if err := p.start(n.sys.bin); err != nil {
 			n.log("restart %s: %v", p.name, err)
+		}
+	case "export-pause":
+		// The node that holds an export's claim stops past its lease
+		// while it renders: a retry on the other node takes the key
+		// over, then the node wakes and finishes its run. Its commit or
+		// completion must be refused (its lease is gone), and the
+		// client must see one answer.
+		node := n.aims.nextExport(ctx, time.Now().Add(capped(aimWait)))
+		var p *proc
+		for _, q := range n.sys.api() {
+			if q.addr == node {
+				p = q
+			}
+		}
+		if p == nil {
+			f.Target = n.sys.api()[0].name
+			f.Detail = fmt.Sprintf("no export sent within %v", aimWait)
+			break
+		}
+		// Let the claim be taken and the render begin.
+		sleep(ctx, min(max(n.plan.exportTime, 300*time.Millisecond)/3, time.Until(stopBy)))
+		lo, hi := 300*time.Millisecond, n.plan.longest()
+		if n.plan.lease > 0 {
+			lo = n.plan.lease
+		}
+		d := min(n.dur(lo, hi), time.Until(stopBy))
+		f.Target = p.name
+		f.Detail = fmt.Sprintf("%s stopped for %v while an export renders", p.name, d.Round(time.Millisecond))
+		p.signal(sigStop)
+		sleep(ctx, d)
+		p.signal(sigCont)
+	case "cancel-slow":
+		// A client cancels a running task near the end of its
+		// generation; both workers' Postgres links are slow from just
+		// before until after, so that an attempt whose generator has
+		// returned is still writing its outcome when the cancel lands.
+		// The finish must keep the cancel.
+		workers := n.sys.procs[2:]
+		at := n.aims.nextCancel(ctx, time.Now().Add(capped(aimWait)))
+		f.Target = workers[0].name
+		if at.IsZero() {
+			f.Detail = fmt.Sprintf("no cancel near a generation's end within %v", aimWait)
+			break
+		}
+		sleep(ctx, time.Until(at.Add(-600*time.Millisecond)))
+		f.Start = time.Now()
+		delay := n.dur(60*time.Millisecond, 200*time.Millisecond)
+		for _, p := range workers {
+			p.links["pg"].Set(proxy.Delay, delay)
+		}
+		sleep(ctx, min(time.Until(at.Add(1500*time.Millisecond)), time.Until(stopBy)))
+		for _, p := range workers {
+			p.links["pg"].Heal()
+		}
+		slow := fmt.Sprintf("→pg +%v per chunk around a cancel at %s", delay.Round(time.Millisecond), at.Format(timeFmt))
+		f.Detail = workers[0].name + slow
+		for _, q := range workers[1:] {
+			n.rec.fault(Fault{Kind: "latency", Target: q.name, Start: f.Start, End: time.Now(),
+				Detail: q.name + slow + " during a cancel-slow"})
 		}
 	case "flushall":
 		if err := n.flush.FlushAll(ctx).Err(); err != nil {

@@ -71,11 +71,11 @@ func soak(ctx context.Context, o options, logf func(string, ...any)) (History, s
 	for _, p := range sys.api() {
 		nodes = append(nodes, p.url())
 	}
-	ack := &acks{}
+	ack, aim := &acks{}, &aims{}
 	w := &workload{rec: rec, nodes: nodes, secret: []byte(sys.secret), clients: o.clients, seed: o.seed,
-		stopNew: heal, deadline: heal.Add(o.bound), patience: 2*time.Second + pl.exportTime, plan: pl, acks: ack}
+		stopNew: heal, deadline: heal.Add(o.bound), patience: 2*time.Second + pl.exportTime, plan: pl, acks: ack, aims: aim}
 	nem := &nemesis{sys: sys, rec: rec, rng: rand.New(rand.NewPCG(uint64(o.seed), 0x6e656d)), kinds: kinds, log: logf,
-		plan: pl, acks: ack}
+		plan: pl, acks: ack, aims: aim}
 	if sys.redis != nil {
 		nem.flush = redis.NewClient(&redis.Options{Addr: sys.redis.Addr, MaxRetries: -1, DialTimeout: time.Second})
 		defer nem.flush.Close()

@@ -32,6 +32,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -113,6 +114,7 @@ func find(name string) (mutation, bool) {
 type result struct {
 	Mutation string   `json:"mutation"` // "" for the baseline
 	Seed     int64    `json:"seed"`
+	Store    string   `json:"store"`
 	Verdict  string   `json:"verdict"` // caught, missed, error
 	Violated []int    `json:"violated,omitempty"`
 	Examples []string `json:"examples,omitempty"`
@@ -209,16 +211,28 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	logf("copied %s to %d scratch copies in %s; %d mutations × %d seeds of %v", o.src, len(copies), scratch, len(ms), len(o.seeds), o.duration)
 
 	type job struct {
-		m    *mutation // nil: the baseline
-		seed int64
+		m     *mutation // nil: the baseline
+		seed  int64
+		store string
+	}
+	// A baseline per seed and per store the mutations run with: the
+	// soak in Postgres mode (an Atomic export, invariant 7 strict) is
+	// not the soak in Redis mode.
+	var stores []string
+	for _, m := range ms {
+		if !slices.Contains(stores, m.Store) {
+			stores = append(stores, m.Store)
+		}
 	}
 	var jobs []job
 	for _, s := range o.seeds {
-		jobs = append(jobs, job{nil, s})
+		for _, st := range stores {
+			jobs = append(jobs, job{nil, s, st})
+		}
 	}
 	for _, s := range o.seeds {
 		for i := range ms {
-			jobs = append(jobs, job{&ms[i], s})
+			jobs = append(jobs, job{&ms[i], s, ms[i].Store})
 		}
 	}
 	queue := make(chan job)
@@ -232,8 +246,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		go func() {
 			defer wg.Done()
 			for j := range queue {
-				r := runOne(ctx, chaos, dir, j.m, j.seed, o)
-				logf("%s seed %d: %s %v (%s) %s", nameOf(j.m), j.seed, r.Verdict, r.Violated, r.Took, r.Detail)
+				r := runOne(ctx, chaos, dir, j.m, j.seed, j.store, o)
+				if r.Verdict == "error" && ctx.Err() == nil {
+					// A run that could not start (a free port taken
+					// meanwhile, a build beside other builds) gets one
+					// more try; a run that could not be judged is no
+					// verdict either way.
+					logf("%s seed %d: %s; once more", nameOf(j.m), j.seed, r.Detail)
+					r = runOne(ctx, chaos, dir, j.m, j.seed, j.store, o)
+				}
+				logf("%s seed %d %s: %s %v (%s) %s", nameOf(j.m), j.seed, j.store, r.Verdict, r.Violated, r.Took, r.Detail)
 				mu.Lock()
 				results = append(results, r)
 				mu.Unlock()
@@ -259,14 +281,12 @@ func nameOf(m *mutation) string {
 }
 
 // runOne applies m (nil: none) in dir, runs the soak, and takes m back.
-func runOne(ctx context.Context, chaos, dir string, m *mutation, seed int64, o options) result {
-	r := result{Mutation: nameOf(m), Seed: seed}
+func runOne(ctx context.Context, chaos, dir string, m *mutation, seed int64, store string, o options) result {
+	r := result{Mutation: nameOf(m), Seed: seed, Store: store}
 	if m == nil {
 		r.Mutation = ""
 	}
-	store := "redis"
 	if m != nil {
-		store = m.Store
 		restore, err := m.apply(dir)
 		if err != nil {
 			r.Verdict, r.Detail = "error", "does not apply: "+err.Error()
@@ -353,19 +373,34 @@ func printScore(w io.Writer, ms []mutation, o options, results []result) int {
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(results)
 	}
+	type baseKey struct {
+		seed  int64
+		store string
+	}
 	at := map[string]map[int64]result{}
+	bases := map[baseKey]result{}
 	for _, r := range results {
+		if r.Mutation == "" {
+			bases[baseKey{r.Seed, r.Store}] = r
+			continue
+		}
 		if at[r.Mutation] == nil {
 			at[r.Mutation] = map[int64]result{}
 		}
 		at[r.Mutation][r.Seed] = r
 	}
-	for name, bySeed := range at {
-		if name == "" {
-			continue
-		}
+	for _, bySeed := range at {
 		for s, r := range bySeed {
-			bySeed[s] = judge(r, at[""][s])
+			base, ok := bases[baseKey{s, r.Store}]
+			switch {
+			case !ok:
+				r.Verdict, r.Detail = "error", "no baseline run at this seed and store"
+			case base.Verdict == "error":
+				r.Verdict, r.Detail = "error", "the baseline at this seed and store could not run: "+base.Detail
+			default:
+				r = judge(r, base)
+			}
+			bySeed[s] = r
 		}
 	}
 	cell := func(r result, ok bool) string {
@@ -386,12 +421,20 @@ func printScore(w io.Writer, ms []mutation, o options, results []result) int {
 		fmt.Fprintf(tw, "\tseed %d", s)
 	}
 	fmt.Fprintln(tw)
-	fmt.Fprintf(tw, "(baseline, no mutation)\t\t\t")
-	for _, s := range o.seeds {
-		r, ok := at[""][s]
-		fmt.Fprintf(tw, "%s\t", cell(r, ok))
+	var stores []string
+	for _, m := range ms {
+		if !slices.Contains(stores, m.Store) {
+			stores = append(stores, m.Store)
+		}
 	}
-	fmt.Fprintln(tw)
+	for _, st := range stores {
+		fmt.Fprintf(tw, "(baseline, no mutation)\t\t%s", st)
+		for _, s := range o.seeds {
+			r, ok := bases[baseKey{s, st}]
+			fmt.Fprintf(tw, "\t%s", cell(r, ok))
+		}
+		fmt.Fprintln(tw)
+	}
 	caught := map[int64]int{}
 	for _, m := range ms {
 		fmt.Fprintf(tw, "%s\t%s\t%s", m.Name, m.Pkg, m.Store)
@@ -410,16 +453,17 @@ func printScore(w io.Writer, ms []mutation, o options, results []result) int {
 	tw.Flush()
 	fmt.Fprintln(w)
 	for _, s := range o.seeds {
-		base := at[""][s]
 		note := ""
-		if base.Verdict != "holds" {
-			note = fmt.Sprintf(" (the baseline violated %v at this seed: those invariants count for no mutation)", base.Violated)
+		for _, st := range stores {
+			if base := bases[baseKey{s, st}]; base.Verdict != "holds" {
+				note += fmt.Sprintf(" (the %s baseline %s %v at this seed: those invariants count for none of its mutations)", st, base.Verdict, base.Violated)
+			}
 		}
 		fmt.Fprintf(w, "seed %d: caught %d of %d in %v runs%s\n", s, caught[s], len(ms), o.duration, note)
 	}
 	for _, r := range results {
 		for _, e := range r.Examples {
-			fmt.Fprintf(w, "  %s seed %d: invariant %s\n", nameOf0(r.Mutation), r.Seed, e)
+			fmt.Fprintf(w, "  %s seed %d (%s): invariant %s\n", nameOf0(r.Mutation), r.Seed, r.Store, e)
 		}
 	}
 	return code
