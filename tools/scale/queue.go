@@ -38,7 +38,7 @@ type queueCase struct {
 
 // queueCases are the rows of the queue's table, built from sz.
 func queueCases(sz sizes) []queueCase {
-	cs := []queueCase{{name: fmt.Sprintf("small queue (baseline): %d tasks, %d tenants", sz.Small, sz.SmallTenants),
+	cs := []queueCase{{name: fmt.Sprintf("small queue (the baseline, beside a copy of itself): %d tasks, %d tenants", sz.Small, sz.SmallTenants),
 		tasks: sz.Small, tenants: sz.SmallTenants}}
 	for i, n := range sz.Backlogs {
 		cs = append(cs, queueCase{name: fmt.Sprintf("backlog %s, %s", count(n), tenants(sz.BacklogTenants)),
@@ -52,7 +52,7 @@ func queueCases(sz sizes) []queueCase {
 			tasks: sz.TenantsBacklog, tenants: tn})
 	}
 	limitedBase := len(cs)
-	cs = append(cs, queueCase{name: "small queue, per-tenant limit 1 (baseline of the limited rows)",
+	cs = append(cs, queueCase{name: "small queue, per-tenant limit 1 (the limited rows' baseline, beside a copy of itself)",
 		tasks: sz.Small, tenants: sz.SmallTenants, perTenant: true, base: limitedBase})
 	for _, pct := range sz.Capped {
 		c := queueCase{name: fmt.Sprintf("%s tenants × %d, per-tenant limit 1, %d %% capped", count(sz.CappedTenants), sz.CappedEach, pct),
@@ -72,122 +72,167 @@ func queueCases(sz sizes) []queueCase {
 // queueResult is what one queue measured.
 type queueResult struct {
 	claims, submits latencies
-	load            string
 }
 
-// measureQueue builds each queue case and writes its table.
+// measureQueue builds each queue case and writes its table. Each case is
+// measured beside a fresh copy of its baseline, at the same time: their
+// workers claim side by side and their Submits alternate, so both see
+// the same load, and the ratio is the queue's, not the minute's (on a
+// shared machine the load moves by several times within a run).
 func measureQueue(ctx context.Context, out, log io.Writer, pg *postgres, sz sizes) error {
 	cases := queueCases(sz)
-	fmt.Fprintf(out, "pgstore: claims of a worker of 16 slots (WorkerClaimed's Latency; a no-op handler replaces each task it runs) and Submits of a new task of a tenant with a backlog, %d of each; ratios against the small queue (the limited rows: against the small queue with the limit)\n\n", sz.Samples)
-	fmt.Fprintln(out, "| queue | claim p50 / p99 ms | ratio | Submit p50 / p99 ms | ratio | target (p50s) | load |")
-	fmt.Fprintln(out, "|---|---|---|---|---|---|---|")
-	res := make([]queueResult, len(cases))
-	var uncapped, capped time.Duration
-	for i, c := range cases {
+	fmt.Fprintf(out, "pgstore: claims of a worker of 16 slots (WorkerClaimed's Latency; a no-op handler replaces each task it runs) and Submits of a new task of a tenant with a backlog, %d of each; each queue beside a copy of its baseline (the small queue; for the limited rows the small queue with the limit), measured at the same time\n\n", sz.Samples)
+	fmt.Fprintln(out, "| queue | claim p50 / p99 ms | baseline's | ratio (p50) | Submit p50 / p99 ms | baseline's | ratio (p50) | target | load |")
+	fmt.Fprintln(out, "|---|---|---|---|---|---|---|---|---|")
+	var uncapped, capped float64
+	for _, c := range cases {
 		start := time.Now()
-		r, err := measureQueueCase(ctx, log, pg, c, sz.Samples)
+		r, b, err := measurePair(ctx, log, pg, c, cases[c.base], sz.Samples)
 		if err != nil {
 			return fmt.Errorf("%s: %w", c.name, err)
 		}
 		fmt.Fprintf(log, "scale: %s measured in %v\n", c.name, time.Since(start).Round(time.Second))
-		res[i] = r
-		b := res[c.base]
 		c50, s50 := r.claims.p(0.5), r.submits.p(0.5)
+		cr, sr := ratio(c50, b.claims.p(0.5)), ratio(s50, b.submits.p(0.5))
 		target := 1.5
 		if c.large {
 			target = 2
 		}
-		fmt.Fprintf(out, "| %s | %s / %s | %.2f× | %s / %s | %.2f× | %s | %s |\n", c.name,
-			ms(c50), ms(r.claims.p(0.99)), ratio(c50, b.claims.p(0.5)),
-			ms(s50), ms(r.submits.p(0.99)), ratio(s50, b.submits.p(0.5)),
-			verdict(max(ratio(c50, b.claims.p(0.5)), ratio(s50, b.submits.p(0.5))), target), r.load)
+		fmt.Fprintf(out, "| %s | %s / %s | %s / %s | %.2f× | %s / %s | %s / %s | %.2f× | %s | %s |\n", c.name,
+			ms(c50), ms(r.claims.p(0.99)), ms(b.claims.p(0.5)), ms(b.claims.p(0.99)), cr,
+			ms(s50), ms(r.submits.p(0.99)), ms(b.submits.p(0.5)), ms(b.submits.p(0.99)), sr,
+			verdict(max(cr, sr), target), loadAvg())
 		switch {
 		case c.perTenant && c.capped == 0 && c.tasks > sz.Small:
-			uncapped = c50
+			uncapped = cr
 		case c.probe:
-			capped = c50
+			capped = cr
 		}
 	}
-	// The baseline once more: how far it drifted over the run says how
-	// much of a ratio is the machine's load rather than the queue.
-	again, err := measureQueueCase(ctx, log, pg, cases[0], sz.Samples)
-	if err != nil {
-		return fmt.Errorf("%s, again: %w", cases[0].name, err)
-	}
-	fmt.Fprintf(out, "\nthe baseline measured again at the end (load %s): claim p50 %s ms (%.2f× of the first), Submit p50 %s ms (%.2f×)\n",
-		again.load, ms(again.claims.p(0.5)), ratio(again.claims.p(0.5), res[0].claims.p(0.5)),
-		ms(again.submits.p(0.5)), ratio(again.submits.p(0.5), res[0].submits.p(0.5)))
 	if uncapped > 0 && capped > 0 {
-		fmt.Fprintf(out, "capped claim against the uncapped one (p50, every tenant capped vs none): %.2f×, %s\n",
-			ratio(capped, uncapped), verdict(ratio(capped, uncapped), 2))
+		fmt.Fprintf(out, "\ncapped claim against the uncapped one (their ratios to the limited baseline, every tenant capped vs none): %.2f×, %s\n",
+			capped/uncapped, verdict(capped/uncapped, 2))
 	}
 	fmt.Fprintln(out)
 	return nil
 }
 
-// measureQueueCase builds c's queue in a database of its own, times the
-// claims of a worker on it, then Submits.
-func measureQueueCase(ctx context.Context, log io.Writer, pg *postgres, c queueCase, samples int) (queueResult, error) {
-	var r queueResult
+// measurePair builds c's queue and base's, each in a database of its
+// own, times the claims of a worker on each (both at once), then their
+// Submits, alternately.
+func measurePair(ctx context.Context, log io.Writer, pg *postgres, c, base queueCase, samples int) (r, b queueResult, err error) {
+	q, err := buildQueue(ctx, log, pg, c)
+	if err != nil {
+		return r, b, err
+	}
+	defer q.close()
+	bq, err := buildQueue(ctx, log, pg, base)
+	if err != nil {
+		return r, b, fmt.Errorf("its baseline: %w", err)
+	}
+	defer bq.close()
+	var berr error
+	var wg, reached sync.WaitGroup
+	reached.Add(2)
+	stop := make(chan struct{})
+	go func() { reached.Wait(); close(stop) }()
+	wg.Go(func() { b.claims, berr = timeClaims(ctx, bq.s, base, samples, reached.Done, stop) })
+	r.claims, err = timeClaims(ctx, q.s, c, samples, reached.Done, stop)
+	wg.Wait()
+	if err == nil && berr != nil {
+		err = fmt.Errorf("its baseline: %w", berr)
+	}
+	if err != nil {
+		return r, b, err
+	}
+	for i := range warmup(samples) + samples {
+		for _, side := range []struct {
+			q   *queue
+			res *queueResult
+		}{{q, &r}, {bq, &b}} {
+			begin := time.Now()
+			if _, err := side.q.s.Submit(ctx, newTask(side.q.submitter(), fmt.Sprintf("probe-%d", i))); err != nil {
+				return r, b, err
+			}
+			if i >= warmup(samples) {
+				side.res.submits = append(side.res.submits, time.Since(begin))
+			}
+		}
+	}
+	return r, b, nil
+}
+
+// queue is a built queue case.
+type queue struct {
+	c      queueCase
+	s      *pgstore.Store
+	closes []func()
+}
+
+func (q *queue) close() {
+	for _, f := range slices.Backward(q.closes) {
+		f()
+	}
+}
+
+// submitter is the tenant whose Submits are timed: one with a backlog.
+func (q *queue) submitter() string {
+	if q.c.scheduled > 0 {
+		return "planner"
+	}
+	return "tenant-0"
+}
+
+// buildQueue builds c's queue in a database of its own.
+func buildQueue(ctx context.Context, log io.Writer, pg *postgres, c queueCase) (_ *queue, err error) {
 	pool, drop, err := pg.database(ctx)
 	if err != nil {
-		return r, err
+		return nil, err
 	}
-	defer drop()
-	s, err := pgstore.New(ctx, pool)
-	if err != nil {
-		return r, err
+	q := &queue{c: c, closes: []func(){drop}}
+	defer func() {
+		if err != nil {
+			q.close()
+		}
+	}()
+	if q.s, err = pgstore.New(ctx, pool); err != nil {
+		return nil, err
 	}
 	if c.perTenant {
-		if err := s.SetKindLimits(ctx, "image", pgstore.KindLimits{MaxRunningPerTenant: 1}); err != nil {
-			return r, err
+		if err := q.s.SetKindLimits(ctx, "image", pgstore.KindLimits{MaxRunningPerTenant: 1}); err != nil {
+			return nil, err
 		}
 	}
 	if c.capped > 0 {
-		stopHolder, err := holdTenants(ctx, s, c.capped)
+		stopHolder, err := holdTenants(ctx, q.s, c.capped)
 		if err != nil {
-			return r, fmt.Errorf("hold the capped tenants: %w", err)
+			return nil, fmt.Errorf("hold the capped tenants: %w", err)
 		}
-		defer stopHolder()
+		q.closes = append(q.closes, stopHolder)
 	}
 	began := time.Now()
-	if err := submitAll(ctx, s, c.tasks, func(g int) pgstore.NewTask {
+	if err := submitAll(ctx, q.s, c.tasks, func(g int) pgstore.NewTask {
 		return newTask(fmt.Sprintf("tenant-%d", g%c.tenants), fmt.Sprintf("b-%d", g))
 	}); err != nil {
-		return r, err
+		return nil, err
 	}
 	later := time.Now().Add(24 * time.Hour)
-	if err := submitAll(ctx, s, c.scheduled, func(g int) pgstore.NewTask {
+	if err := submitAll(ctx, q.s, c.scheduled, func(g int) pgstore.NewTask {
 		t := newTask("planner", fmt.Sprintf("s-%d", g))
 		t.RunAfter = later
 		return t
 	}); err != nil {
-		return r, err
+		return nil, err
 	}
 	// As autovacuum would leave a queue this size: statistics gathered.
 	if _, err := pool.Exec(ctx, "VACUUM ANALYZE"); err != nil {
-		return r, err
+		return nil, err
 	}
-	fmt.Fprintf(log, "scale: %d tasks (%d scheduled) submitted in %v (load %s)\n", c.tasks+c.scheduled, c.scheduled,
-		time.Since(began).Round(time.Second), loadAvg())
-	if r.claims, err = timeClaims(ctx, s, c, samples); err != nil {
-		return r, err
+	if c.tasks+c.scheduled >= 10_000 {
+		fmt.Fprintf(log, "scale: %d tasks (%d scheduled) submitted in %v (load %s)\n", c.tasks+c.scheduled, c.scheduled,
+			time.Since(began).Round(time.Second), loadAvg())
 	}
-	submitter := "tenant-0"
-	if c.scheduled > 0 {
-		submitter = "planner"
-	}
-	for i := range warmup(samples) + samples {
-		begin := time.Now()
-		if _, err := s.Submit(ctx, newTask(submitter, fmt.Sprintf("probe-%d", i))); err != nil {
-			return r, err
-		}
-		if i >= warmup(samples) {
-			r.submits = append(r.submits, time.Since(begin))
-		}
-	}
-	r.load = loadAvg()
-	return r, nil
+	return q, nil
 }
 
 func newTask(tenant, key string) pgstore.NewTask {
@@ -287,11 +332,17 @@ func holdTenants(ctx context.Context, s *pgstore.Store, n int) (stop func(), err
 	}
 }
 
-// timeClaims runs a worker of 16 slots on c's queue until it has made
-// samples claims (after a warm-up) and returns their latencies as the
-// worker measured them. Its handler submits a replacement for each task,
-// so the queue keeps its size.
-func timeClaims(ctx context.Context, s *pgstore.Store, c queueCase, samples int) (latencies, error) {
+// timeClaims runs a worker of 16 slots on c's queue and returns the
+// latencies of its first samples claims (after a warm-up) as the worker
+// measured them. It calls enough once it has them (or has failed), and
+// keeps the worker running until stop is closed, so that the queue
+// measured beside it has its own samples taken beside a running worker
+// too. Its handler submits a replacement for each task, so the queue
+// keeps its size.
+func timeClaims(ctx context.Context, s *pgstore.Store, c queueCase, samples int, enough func(), stop <-chan struct{}) (latencies, error) {
+	var once sync.Once
+	reached := func() { once.Do(enough) }
+	defer reached()
 	want := warmup(samples) + samples
 	var (
 		mu     sync.Mutex
@@ -299,7 +350,6 @@ func timeClaims(ctx context.Context, s *pgstore.Store, c queueCase, samples int)
 		last   time.Duration
 		subErr error
 	)
-	enough := make(chan struct{})
 	var n atomic.Int64
 	w, err := pgstore.NewWorker(s, pgstore.WorkerConfig{
 		Name: "scale", Kinds: []string{"image"}, Concurrency: 16, PollInterval: 100 * time.Millisecond,
@@ -330,7 +380,7 @@ func timeClaims(ctx context.Context, s *pgstore.Store, c queueCase, samples int)
 			last = ev.Latency
 			claims = append(claims, ev.Latency)
 			if len(claims) == want {
-				close(enough)
+				reached()
 			}
 		},
 	})
@@ -347,7 +397,7 @@ func timeClaims(ctx context.Context, s *pgstore.Store, c queueCase, samples int)
 	go func() { done <- w.Run(wctx) }()
 	timeout := time.After(2*time.Minute + time.Duration(want)*100*time.Millisecond)
 	select {
-	case <-enough:
+	case <-stop:
 	case err := <-done:
 		cancel()
 		return nil, fmt.Errorf("worker stopped: %w", err)
