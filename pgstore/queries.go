@@ -268,6 +268,10 @@ ALTER TABLE idemgate_kind_limits DROP CONSTRAINT IF EXISTS idemgate_kind_limits_
 	// sweep skips the line) or waits until the sweep has committed, then
 	// adds the row again.
 	//
+	// The function keeps the migration's search_path, so that a writer
+	// whose search_path differs lists its lines in the table beside the
+	// tasks it wrote.
+	//
 	// The step runs in one transaction: CREATE TRIGGER locks the tasks
 	// table against writes until it commits, so the backfill sees every
 	// waiting task and none is written without the trigger.
@@ -277,7 +281,8 @@ ALTER TABLE idemgate_kind_limits DROP CONSTRAINT IF EXISTS idemgate_kind_limits_
 	tenant   text     NOT NULL,
 	PRIMARY KEY (kind, priority, tenant)
 );
-CREATE OR REPLACE FUNCTION idemgate_tasks_waiting() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION idemgate_tasks_waiting() RETURNS trigger LANGUAGE plpgsql
+	SET search_path FROM CURRENT AS $$
 BEGIN
 	PERFORM pg_advisory_xact_lock_shared(8193, hashtext(w.kind || '/' || w.priority || '/' || w.tenant))
 	FROM (SELECT DISTINCT n.kind, n.priority, n.tenant FROM idemgate_new_tasks n

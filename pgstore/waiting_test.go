@@ -1,0 +1,212 @@
+package pgstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// orphanLines counts the lines (kind, priority, tenant) with a placed
+// waiting task that idemgate_waiting_tenants does not list, on one
+// snapshot: a claim's walk would never find their tenants.
+func orphanLines(t testing.TB, s *Store) int {
+	t.Helper()
+	var n int
+	if err := s.pool.QueryRow(context.Background(), `SELECT count(*) FROM (
+		SELECT DISTINCT kind, priority, tenant FROM idemgate_tasks t
+		WHERE state IN ('pending', 'retrying') AND (turn IS NULL OR turn >= 0)
+			AND NOT EXISTS (SELECT FROM idemgate_waiting_tenants w
+				WHERE w.kind = t.kind AND w.priority = t.priority AND w.tenant = t.tenant)) o`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waitingLines lists idemgate_waiting_tenants as "kind/priority/tenant".
+func waitingLines(t testing.TB, s *Store) []string {
+	t.Helper()
+	rows, _ := s.pool.Query(context.Background(), `SELECT kind || '/' || priority || '/' || tenant
+		FROM idemgate_waiting_tenants ORDER BY 1`)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lines
+}
+
+// sweepAll sweeps idemgate_waiting_tenants from its first line to its
+// last.
+func sweepAll(t testing.TB, s *Store) {
+	t.Helper()
+	r := &rescuer{pool: s.pool}
+	for first := true; first || r.after != (waitingLine{}); first = false {
+		if _, err := r.sweepWaiting(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Every way a task comes to wait lists its line, and a sweep removes a
+// line only once no task of it waits: a due task, a task scheduled for
+// later (listed once a claim gives it its turn), a retry waiting for its
+// backoff, a task whose line was swept while it was empty, a finished one.
+func TestWaitingTenantsListTheLinesWithWork(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	mustSubmit(t, s, tenantTask("due", "d-1"))
+	later := tenantTask("later", "l-1")
+	later.RunAfter = time.Now().Add(time.Hour)
+	mustSubmit(t, s, later)
+	done := mustSubmit(t, s, tenantTask("done", "x-1"))
+	retry := mustSubmit(t, s, tenantTask("retry", "r-1"))
+	hi := tenantTask("due", "d-hi")
+	hi.Priority = 5
+	mustSubmit(t, s, hi)
+	if want := []string{"image/0/done", "image/0/due", "image/0/retry", "image/5/due"}; !slices.Equal(waitingLines(t, s), want) {
+		t.Fatalf("after Submits: %v; want %v (a scheduled task takes no turn: not listed)", waitingLines(t, s), want)
+	}
+	// done's task ends; retry's waits for a backoff.
+	for _, sql := range []string{
+		`UPDATE idemgate_tasks SET state = 'succeeded', finished_at = now() WHERE id = $1::uuid`,
+		`UPDATE idemgate_tasks SET state = 'retrying', run_after = now() + interval '1 hour' WHERE id = $1::uuid`,
+	} {
+		id := done.ID
+		if strings.Contains(sql, "retrying") {
+			id = retry.ID
+		}
+		if _, err := s.pool.Exec(ctx, sql, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sweepAll(t, s)
+	if want := []string{"image/0/due", "image/0/retry", "image/5/due"}; !slices.Equal(waitingLines(t, s), want) {
+		t.Fatalf("after a sweep: %v; want %v", waitingLines(t, s), want)
+	}
+	// later's task comes due: a claim gives it its turn (and may take it).
+	if _, err := s.pool.Exec(ctx, `UPDATE idemgate_tasks SET run_after = now() - interval '1 second' WHERE tenant = 'later'`); err != nil {
+		t.Fatal(err)
+	}
+	claimNow(t, s, []string{"other-kind"}, 1) // places every due scheduled task, claims none of image
+	if got := waitingLines(t, s); !slices.Contains(got, "image/0/later") {
+		t.Fatalf("after its task was placed: %v; want later listed", got)
+	}
+	// done's line comes back with a new task.
+	mustSubmit(t, s, tenantTask("done", "x-2"))
+	if n := orphanLines(t, s); n != 0 {
+		t.Fatalf("%d lines with waiting tasks are not listed: %v", n, waitingLines(t, s))
+	}
+}
+
+// Writers and sweeps race: each writer submits a task of its line in a
+// transaction it holds open a moment (the task inserted, its line found
+// listed, the commit not yet made) and then ends the task, so that its
+// line is empty in between and the sweep keeps trying to remove it. A
+// sweep that read the line empty on a snapshot taken before the writer's
+// commit, without the writer's lock, would remove the row of a line
+// whose task then commits: a tenant the claim's walk never finds.
+func TestWaitingTenantsSurviveSweepsRacingWriters(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	const writers, rounds = 4, 60
+	var wg sync.WaitGroup
+	var stop atomic.Bool
+	var sweeps atomic.Int64
+	sweepErr := make(chan error, 1)
+	go func() {
+		r := &rescuer{pool: s.pool}
+		for !stop.Load() {
+			if _, err := r.sweepWaiting(ctx); err != nil {
+				sweepErr <- err
+				return
+			}
+			sweeps.Add(1)
+		}
+		sweepErr <- nil
+	}()
+	var orphans atomic.Int64
+	for g := range writers {
+		wg.Go(func() {
+			for i := range rounds {
+				nt := tenantTask(fmt.Sprintf("w-%d", g), fmt.Sprintf("k-%d-%d", g, i))
+				var id string
+				err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+					task, err := s.SubmitTx(ctx, tx, nt)
+					id = task.ID
+					time.Sleep(time.Duration(i%4) * time.Millisecond)
+					return err
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if n := orphanLines(t, s); n != 0 {
+					orphans.Add(int64(n))
+				}
+				if _, err := s.pool.Exec(ctx, `UPDATE idemgate_tasks SET state = 'succeeded', finished_at = now()
+					WHERE id = $1::uuid`, id); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	stop.Store(true)
+	if err := <-sweepErr; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d sweeps beside %d writers x %d rounds", sweeps.Load(), writers, rounds)
+	if n := orphans.Load(); n != 0 {
+		t.Fatalf("%d times a line with a committed waiting task was not listed", n)
+	}
+	sweepAll(t, s)
+	if got := waitingLines(t, s); len(got) != 0 {
+		t.Fatalf("lines left after every task ended and a full sweep: %v", got)
+	}
+}
+
+// Migrating a v8 database lists the lines that already have waiting
+// tasks, and only those: placed due tasks, tasks from before v6 (no
+// turn), retries; not scheduled tasks (turn -1), running or finished ones.
+func TestMigrateToV9ListsTheLinesWithWork(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	ctx := context.Background()
+	s := newStore(db.pool(t))
+	s.test = &storeTestHooks{migrateSkip: []int{9}}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(ctx, `INSERT INTO idemgate_tasks
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, state, priority, turn, run_after)
+		VALUES ('due', 'o', 'image', 'r', 'n', 'k1', 'f', 'pending', 0, 3, now()),
+			('due', 'o', 'image', 'r', 'n', 'k2', 'f', 'pending', 0, 4, now()),
+			('old', 'o', 'image', 'r', 'n', 'k3', 'f', 'pending', 2, NULL, now()),
+			('retry', 'o', 'audio', 'r', 'n', 'k4', 'f', 'retrying', 0, 1, now() + interval '1 hour'),
+			('later', 'o', 'image', 'r', 'n', 'k5', 'f', 'pending', 0, -1, now() + interval '1 day'),
+			('busy', 'o', 'image', 'r', 'n', 'k6', 'f', 'running', 0, 0, now()),
+			('gone', 'o', 'image', 'r', 'n', 'k7', 'f', 'succeeded', 0, 0, now())`); err != nil {
+		t.Fatal(err)
+	}
+	s.test = nil
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"audio/0/retry", "image/0/due", "image/2/old"}
+	if got := waitingLines(t, s); !slices.Equal(got, want) {
+		t.Fatalf("after v9: %v; want %v", got, want)
+	}
+	mustSubmit(t, s, tenantTask("new", "k8"))
+	if got := waitingLines(t, s); !slices.Contains(got, "image/0/new") {
+		t.Fatalf("a Submit after v9 is not listed: %v", got)
+	}
+}
