@@ -2,7 +2,9 @@ package pgstore
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -209,4 +211,106 @@ func TestMigrateToV9ListsTheLinesWithWork(t *testing.T) {
 	if got := waitingLines(t, s); !slices.Contains(got, "image/0/new") {
 		t.Fatalf("a Submit after v9 is not listed: %v", got)
 	}
+}
+
+// Another tenant's work beside work that limits keep waiting, black box:
+// the time from submitting 16 tasks of 16 tenants to the start of the
+// last of them by a running worker (16 slots; kinds image at
+// MaxRunningPerTenant 1 and video, paused), median of rounds, as a ratio
+// of the same on a queue with nothing else in it, measured in the same
+// run: beside 1,000 tenants x 50 tasks of image each at its limit, beside
+// 20k tasks of the paused kind, and beside another tenant's 100k image
+// tasks scheduled for tomorrow. Fails above 2x (issue #30's target).
+//
+//	PGSTORE_MEASURE=1 go test -count=1 -v -run TestMeasureOtherTenantsBesideLimitedWork ./pgstore/
+func TestMeasureOtherTenantsBesideLimitedWork(t *testing.T) {
+	measuring(t)
+	ctx := context.Background()
+	const rounds = 7
+	cases := []struct {
+		name  string
+		build func(*Store)
+	}{
+		{"small queue (baseline)", func(*Store) {}},
+		{"1,000 tenants x 50 at MaxRunningPerTenant", func(s *Store) { cappedBacklog(t, s, 1000, 0, 50) }},
+		{"paused kind's 20k tasks", func(s *Store) {
+			if _, err := s.pool.Exec(ctx, `INSERT INTO idemgate_tasks
+				(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, turn)
+				SELECT 'v-' || g % 100, 'o', 'video', 'gpu', 'main', 'v-' || g, 'f', g / 100 FROM generate_series(0, 19999) g`); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"100k scheduled tasks", func(s *Store) {
+			if _, err := s.pool.Exec(ctx, `INSERT INTO idemgate_tasks
+				(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, run_after, turn)
+				SELECT 'planner', 'o', 'image', 'gpu', 'main', 's-' || g, 'f', now() + interval '1 day', `+unplaced+`
+				FROM generate_series(1, 100000) g`); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	var base time.Duration
+	for _, c := range cases {
+		s, _ := setup(t)
+		c.build(s)
+		if _, err := s.pool.Exec(ctx, "ANALYZE idemgate_tasks"); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.SetKindLimits(ctx, "image", KindLimits{MaxRunningPerTenant: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.SetKindLimits(ctx, "video", KindLimits{Paused: true}); err != nil {
+			t.Fatal(err)
+		}
+		var started atomic.Int64
+		all := make(chan struct{}, 1)
+		w := newWorker(t, s, WorkerConfig{Kinds: []string{"image", "video"}, Concurrency: 16, PollInterval: time.Second,
+			Handler: func(_ context.Context, task Task) Outcome {
+				if strings.HasPrefix(task.Tenant, "free-") && started.Add(1) == 16 {
+					all <- struct{}{}
+				}
+				return Succeeded(json.RawMessage(`1`))
+			}})
+		stop := runWorker(t, w)
+		var took []time.Duration
+		for r := range rounds {
+			started.Store(0)
+			begin := time.Now()
+			batch := make([]NewTask, 16)
+			for i := range batch {
+				batch[i] = tenantTask(fmt.Sprintf("free-%d", i), fmt.Sprintf("free-%d-%d", r, i))
+			}
+			if _, err := s.SubmitMany(ctx, batch); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-all:
+			case <-time.After(patience):
+				t.Fatalf("%s: %d of 16 started", c.name, started.Load())
+			}
+			took = append(took, time.Since(begin))
+			time.Sleep(50 * time.Millisecond) // the round's outcomes written
+		}
+		stop()
+		slices.Sort(took)
+		med := took[len(took)/2]
+		if base == 0 {
+			base = med
+		}
+		ratio := float64(med) / float64(base)
+		t.Logf("%-42s median %7v of %d rounds: %.2fx (load %s)", c.name+":", med.Round(10*time.Microsecond), rounds, ratio, loadavg())
+		if ratio > 2 {
+			t.Errorf("%s: another tenant's 16 tasks took %.2fx the small queue's time (target <= 2x)", c.name, ratio)
+		}
+	}
+}
+
+// loadavg is the machine's load average over 1, 5 and 15 minutes, as
+// /proc/loadavg has it ("?" where there is none).
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Join(strings.Fields(string(b))[:3], " ")
 }
