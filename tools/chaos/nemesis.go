@@ -36,7 +36,7 @@ var faultKinds = []string{
 
 // aimWait bounds how long an export-pause or a cancel-slow waits for
 // what it aims at.
-const aimWait = 6 * time.Second
+const aimWait = 4 * time.Second
 
 // ackKillWait bounds how long an ack-kill waits for a 2xx from its node.
 const ackKillWait = 6 * time.Second
