@@ -261,7 +261,12 @@ ALTER TABLE idemgate_kind_limits DROP CONSTRAINT IF EXISTS idemgate_kind_limits_
 	// (Submit, SubmitMany, a claim placing a due scheduled task, retries,
 	// releases, rescues, an operator's retry, hand-written SQL) adds its
 	// lines without a statement of its own; a line already listed costs
-	// an index probe, no write. Each line is locked shared (advisory, the
+	// an index probe, no write. Inserts list their lines once a statement
+	// (a batch's lines together); updates once a row, and only a row that
+	// comes to wait or changes its turn or line (a WHEN clause, evaluated
+	// without calling the function): the claims, heartbeats and
+	// completions of a busy worker, which update many rows that do not
+	// wait, neither call it nor collect their rows for it. Each line is locked shared (advisory, the
 	// class 8193) before its row is added: the sweep takes the exclusive
 	// lock before it reads whether a line is empty, so a writer that has
 	// inserted a task but not yet its line either holds the lock (the
@@ -297,9 +302,20 @@ END $$;
 DROP TRIGGER IF EXISTS idemgate_tasks_waiting_insert ON idemgate_tasks;
 CREATE TRIGGER idemgate_tasks_waiting_insert AFTER INSERT ON idemgate_tasks
 	REFERENCING NEW TABLE AS idemgate_new_tasks FOR EACH STATEMENT EXECUTE FUNCTION idemgate_tasks_waiting();
+CREATE OR REPLACE FUNCTION idemgate_tasks_waiting_row() RETURNS trigger LANGUAGE plpgsql
+	SET search_path FROM CURRENT AS $$
+BEGIN
+	PERFORM pg_advisory_xact_lock_shared(8193, hashtext(NEW.kind || '/' || NEW.priority || '/' || NEW.tenant));
+	INSERT INTO idemgate_waiting_tenants (kind, priority, tenant) VALUES (NEW.kind, NEW.priority, NEW.tenant)
+	ON CONFLICT DO NOTHING;
+	RETURN NULL;
+END $$;
 DROP TRIGGER IF EXISTS idemgate_tasks_waiting_update ON idemgate_tasks;
-CREATE TRIGGER idemgate_tasks_waiting_update AFTER UPDATE ON idemgate_tasks
-	REFERENCING NEW TABLE AS idemgate_new_tasks FOR EACH STATEMENT EXECUTE FUNCTION idemgate_tasks_waiting();
+CREATE TRIGGER idemgate_tasks_waiting_update AFTER UPDATE ON idemgate_tasks FOR EACH ROW
+	WHEN (NEW.state IN ('pending', 'retrying') AND (NEW.turn IS NULL OR NEW.turn >= 0)
+		AND (OLD.state NOT IN ('pending', 'retrying') OR OLD.turn IS DISTINCT FROM NEW.turn
+			OR OLD.kind <> NEW.kind OR OLD.priority <> NEW.priority OR OLD.tenant <> NEW.tenant))
+	EXECUTE FUNCTION idemgate_tasks_waiting_row();
 INSERT INTO idemgate_waiting_tenants (kind, priority, tenant)
 SELECT DISTINCT kind, priority, tenant FROM idemgate_tasks
 WHERE state IN ('pending', 'retrying') AND (turn IS NULL OR turn >= 0)
