@@ -25,16 +25,21 @@ type queueCase struct {
 	// by another worker, so their waiting tasks cannot be claimed.
 	perTenant bool
 	capped    int
-	// probe: every task the measuring worker runs is replaced by one of
-	// a new tenant (not of the same one), so with every tenant capped
-	// each claim takes that one task past all the capped tenants.
-	probe bool
+	// others: with every tenant capped, otherTenants more tenants have
+	// one task each waiting, so that a claim has something to take past
+	// the capped tenants (as many tenants as two claims take).
+	others bool
 	// scheduled tasks of the tenant "planner" wait for tomorrow; its
 	// Submits are the timed ones (due tasks, beside its own backlog).
 	scheduled int
 	large     bool // the 2× target
 	base      int  // index of the case it is compared with
 }
+
+// otherTenants are the tenants beside the capped ones whose tasks the
+// claims take when every other tenant is capped: twice a claim's 16, so
+// that a claim finds 16 whose last task has finished.
+const otherTenants = 32
 
 // queueCases are the rows of the queue's table, built from sz.
 func queueCases(sz sizes) []queueCase {
@@ -59,8 +64,8 @@ func queueCases(sz sizes) []queueCase {
 			tasks: sz.CappedTenants * sz.CappedEach, tenants: sz.CappedTenants, perTenant: true,
 			capped: sz.CappedTenants * pct / 100, base: limitedBase}
 		if c.capped == c.tenants {
-			c.probe = true
-			c.name += ": each claim takes a new tenant's one task"
+			c.others = true
+			c.name += fmt.Sprintf(": claims take the tasks of %d other tenants, one task each", otherTenants)
 		}
 		cs = append(cs, c)
 	}
@@ -105,7 +110,7 @@ func measureQueue(ctx context.Context, out, log io.Writer, pg *postgres, sz size
 		switch {
 		case c.perTenant && c.capped == 0 && c.tasks > sz.Small:
 			uncapped = cr
-		case c.probe:
+		case c.others:
 			capped = cr
 		}
 	}
@@ -215,6 +220,13 @@ func buildQueue(ctx context.Context, log io.Writer, pg *postgres, c queueCase) (
 		return newTask(fmt.Sprintf("tenant-%d", g%c.tenants), fmt.Sprintf("b-%d", g))
 	}); err != nil {
 		return nil, err
+	}
+	if c.others {
+		if err := submitAll(ctx, q.s, otherTenants, func(g int) pgstore.NewTask {
+			return newTask(fmt.Sprintf("other-%d", g), fmt.Sprintf("o-%d", g))
+		}); err != nil {
+			return nil, err
+		}
 	}
 	later := time.Now().Add(24 * time.Hour)
 	if err := submitAll(ctx, q.s, c.scheduled, func(g int) pgstore.NewTask {
@@ -355,11 +367,7 @@ func timeClaims(ctx context.Context, s *pgstore.Store, c queueCase, samples int,
 		Name: "scale", Kinds: []string{"image"}, Concurrency: 16, PollInterval: 100 * time.Millisecond,
 		ShutdownTimeout: 2 * time.Second,
 		Handler: func(ctx context.Context, t pgstore.Task) pgstore.Outcome {
-			tenant := t.Tenant
-			if c.probe {
-				tenant = fmt.Sprintf("new-%d", n.Add(1))
-			}
-			if _, err := s.Submit(ctx, newTask(tenant, fmt.Sprintf("r-%d", n.Add(1)))); err != nil && ctx.Err() == nil {
+			if _, err := s.Submit(ctx, newTask(t.Tenant, fmt.Sprintf("r-%d", n.Add(1)))); err != nil && ctx.Err() == nil {
 				mu.Lock()
 				subErr = err
 				mu.Unlock()
@@ -386,11 +394,6 @@ func timeClaims(ctx context.Context, s *pgstore.Store, c queueCase, samples int,
 	})
 	if err != nil {
 		return nil, err
-	}
-	if c.probe {
-		if _, err := s.Submit(ctx, newTask("new-0", "r-0")); err != nil {
-			return nil, err
-		}
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)

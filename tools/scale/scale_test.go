@@ -82,11 +82,11 @@ func TestQueueCases(t *testing.T) {
 		{"backlog 100k, 1 tenant", func(c queueCase) bool { return c.tenants == 1 }},
 		{"backlog 100k, 10k tenants", func(c queueCase) bool { return c.tenants == 10_000 }},
 		{"1,000 tenants × 50, per-tenant limit 1, 0 % capped", func(c queueCase) bool {
-			return c.perTenant && c.capped == 0 && !c.probe && cs[c.base] == limitedBase
+			return c.perTenant && c.capped == 0 && !c.others && cs[c.base] == limitedBase
 		}},
-		{"1,000 tenants × 50, per-tenant limit 1, 50 % capped", func(c queueCase) bool { return c.capped == 500 && !c.probe }},
-		{"1,000 tenants × 50, per-tenant limit 1, 100 % capped: each claim takes a new tenant's one task", func(c queueCase) bool {
-			return c.capped == 1000 && c.probe && c.tasks == 50_000
+		{"1,000 tenants × 50, per-tenant limit 1, 50 % capped", func(c queueCase) bool { return c.capped == 500 && !c.others }},
+		{"1,000 tenants × 50, per-tenant limit 1, 100 % capped: claims take the tasks of 32 other tenants, one task each", func(c queueCase) bool {
+			return c.capped == 1000 && c.others && c.tasks == 50_000
 		}},
 		{"small queue beside 100k tasks a tenant scheduled for tomorrow (Submit: that tenant's)", func(c queueCase) bool {
 			return c.scheduled == 100_000 && c.tasks == 100 && c.base == 0
