@@ -456,13 +456,18 @@ const storeGrace = time.Second
 // until: a fault on the run's node, or a Postgres restart, active between
 // the run's start and its answer being stored (the ledger insert's reply
 // and the completion in Redis are all that can be lost); or Redis
-// restarted or flushed between the run's start and until.
+// restarted or flushed between the run's claim and until. The claim comes
+// before the handler's start, which is all the ledger says: a Redis fault
+// that ended up to storeGrace before the run started may have wiped it.
 func (c *checker) answerLost(earlier []Export, until time.Time) bool {
 	for _, f := range c.h.Faults {
 		if f.Start.After(until) {
 			continue
 		}
 		for _, e := range earlier {
+			if redisKinds[f.Kind] && f.Target == "" && !f.End.Before(e.Started.Add(-storeGrace)) {
+				return true
+			}
 			if f.End.Before(e.Started) {
 				continue
 			}

@@ -110,6 +110,27 @@ func TestCheckMore(t *testing.T) {
 			},
 		},
 		{
+			name: "10: two 200s under one export key, Redis flushed 2 s before the first run (Redis)",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.h.Faults = append(f.h.Faults, Fault{Kind: "flushall", Start: at(3.5), End: at(4)})
+				f.exportRun(2, "acme", "alice", "export:1", "T1", "api1", 8)
+				f.export("acme", "alice", "export:1", "T1", 200, 2, false, 9)
+				return f
+			},
+			want: map[int]string{7: "nor Redis lost since", 10: "ledger row 2, earlier with row 1"},
+		},
+		{
+			name: "10: two 200s under one export key, Redis flushed as the first run's handler began: its claim was wiped (Redis)",
+			given: func() *fixture {
+				f := healthy("uncertain")
+				f.h.Faults = append(f.h.Faults, Fault{Kind: "flushall", Start: at(5.7), End: at(5.9)})
+				f.exportRun(2, "acme", "alice", "export:1", "T1", "api1", 8)
+				f.export("acme", "alice", "export:1", "T1", 200, 2, false, 9)
+				return f
+			},
+		},
+		{
 			name: "11: an export key reused on another task is answered with the first task's export",
 			given: func() *fixture {
 				f := healthy("uncertain")
