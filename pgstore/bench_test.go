@@ -394,3 +394,48 @@ RETURNING ` + tTaskColumns + `, false AS duplicate`
 	b.ReportMetric(tasks/many.Seconds(), "tasks/s")
 	b.ReportMetric(floor.Seconds()/many.Seconds(), "many/floor")
 }
+
+// The server's time for BenchmarkSubmitNewKey's two statements, without
+// the round trips and client work that dilute it: the median Execution
+// Time of EXPLAIN ANALYZE over 400 new keys of Submit's statement (and of
+// its v9 trigger, which lists the tenant's line) and of the floor's plain
+// INSERT of the same row, alternating. On a busy machine the benchmark's
+// ratio tends to this one.
+//
+//	PGSTORE_MEASURE=1 go test -count=1 -v -run TestMeasureSubmitServerTime ./pgstore/
+func TestMeasureSubmitServerTime(t *testing.T) {
+	measuring(t)
+	ctx := context.Background()
+	s, _ := setup(t)
+	if _, err := s.pool.Exec(ctx, "CREATE TABLE bench_floor (LIKE idemgate_tasks INCLUDING ALL)"); err != nil {
+		t.Fatal(err)
+	}
+	// execution returns the Execution Time of sql and its triggers' time,
+	// in ms.
+	execution := func(sql string, args ...any) (total, triggers float64) {
+		var plan []map[string]any
+		if err := s.pool.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+sql, args...).Scan(&plan); err != nil {
+			t.Fatal(err)
+		}
+		if trs, ok := plan[0]["Triggers"].([]any); ok {
+			for _, tr := range trs {
+				triggers += tr.(map[string]any)["Time"].(float64)
+			}
+		}
+		return plan[0]["Execution Time"].(float64), triggers
+	}
+	var submit, trigger, floor []float64
+	for i := range 400 {
+		nt := newTask(fmt.Sprintf("server-%d", i))
+		total, trig := execution(sqlSubmit, pgx.NamedArgs{"tenant": nt.Tenant, "owner": nt.Owner, "kind": nt.Kind,
+			"runtime": nt.Runtime, "network": nt.Network, "key": nt.IdempotencyKey, "fingerprint": nt.Fingerprint,
+			"params": nil, "trace": "", "run_after": runAfterArg(nt.RunAfter), "priority": 0, "notify": false})
+		submit, trigger = append(submit, total), append(trigger, trig)
+		total, _ = execution(`INSERT INTO bench_floor (tenant, owner, kind, runtime, network, idempotency_key, fingerprint, turn)
+			VALUES ('acme', 'owner', 'image', 'gpu', 'main', $1, 'v1:fp', $2)`, fmt.Sprintf("floor-%d", i), i)
+		floor = append(floor, total)
+	}
+	median := func(x []float64) float64 { slices.Sort(x); return x[len(x)/2] }
+	t.Logf("server time, median of 400: Submit %.3f ms (its trigger %.3f), floor INSERT %.3f ms: floor/Submit %.2f (load %s)",
+		median(submit), median(trigger), median(floor), median(floor)/median(submit), loadavg())
+}

@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,6 +30,25 @@ type rescuer struct {
 	// starts after (the zero line: the first); only maintain's goroutine
 	// uses it.
 	after waitingLine
+	// swept is when maintain last swept (see sweepEvery).
+	swept time.Time
+}
+
+// sweepEvery is how often, at most, a worker's maintenance sweeps
+// idemgate_waiting_tenants: a line left over costs a walking claim a
+// short row, and a sweep at every RescueInterval (50 ms in some
+// deployments' tests) would take pool connections from the claims for
+// nothing.
+const sweepEvery = 5 * time.Second
+
+// maybeSweepWaiting sweeps if sweepEvery has passed since the last sweep.
+func (r *rescuer) maybeSweepWaiting(ctx context.Context) error {
+	if !r.swept.IsZero() && time.Since(r.swept) < sweepEvery {
+		return nil
+	}
+	r.swept = time.Now()
+	_, err := r.sweepWaiting(ctx)
+	return err
 }
 
 // waitingLine is a row of idemgate_waiting_tenants.

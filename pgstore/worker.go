@@ -615,7 +615,7 @@ func (w *Worker) maintain(ctx, base context.Context) {
 		if _, err := w.rescuer.rescue(ctx); err != nil && ctx.Err() == nil {
 			w.cfg.Logger.Error("pgstore: worker: rescue", "err", err)
 		}
-		if _, err := w.rescuer.sweepWaiting(ctx); err != nil && ctx.Err() == nil {
+		if err := w.rescuer.maybeSweepWaiting(ctx); err != nil && ctx.Err() == nil {
 			w.cfg.Logger.Error("pgstore: worker: sweep waiting tenants", "err", err)
 		}
 		if w.cfg.Reconcile != nil {
