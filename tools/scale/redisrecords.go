@@ -53,7 +53,16 @@ func measureRedis(ctx context.Context, out, log io.Writer, url string, sz sizes)
 	fmt.Fprintln(out, "| records | bytes a record (used_memory) | replay p50 / p99 ms | ratio | target (p50) | load |")
 	fmt.Fprintln(out, "|---|---|---|---|---|---|")
 	var base time.Duration
-	loaded := 0
+	loaded, written := 0, 0
+	if url != "" {
+		// A server of the user's: the copies go once measured (a
+		// throwaway server goes whole).
+		defer func() {
+			if err := unlinkCopies(context.WithoutCancel(ctx), client, prefix, written); err != nil {
+				fmt.Fprintln(log, "scale: remove the Redis records it wrote:", err)
+			}
+		}()
+	}
 	for i, n := range sz.RedisRecords {
 		before, err := usedMemory(ctx, client)
 		if err != nil {
@@ -68,6 +77,7 @@ func measureRedis(ctx context.Context, out, log io.Writer, url string, sz sizes)
 			if _, err := pipe.Exec(ctx); err != nil {
 				return err
 			}
+			written = min(n, from+10_000)
 		}
 		after, err := usedMemory(ctx, client)
 		if err != nil {
@@ -115,4 +125,19 @@ func usedMemory(ctx context.Context, c *redis.Client) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no used_memory in INFO memory")
+}
+
+// unlinkCopies removes the n copies and the template written under
+// prefix.
+func unlinkCopies(ctx context.Context, c *redis.Client, prefix string, n int) error {
+	for from := 0; from < n; from += 10_000 {
+		pipe := c.Pipeline()
+		for k := from; k < min(n, from+10_000); k++ {
+			pipe.Unlink(ctx, prefix+"k-"+strconv.Itoa(k))
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return err
+		}
+	}
+	return c.Unlink(ctx, prefix+"template").Err()
 }

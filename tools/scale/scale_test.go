@@ -7,6 +7,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate/internal/devserver"
 )
 
 // TestRunTiny runs every part of the command on tiny queues and tables
@@ -60,6 +64,33 @@ func TestRunTiny(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %q", want)
 		}
+	}
+}
+
+// TestRedisPartLeavesAUsersServerAsFound: with REDIS_URL the records go
+// to a server the user runs; the copies must not stay there.
+func TestRedisPartLeavesAUsersServerAsFound(t *testing.T) {
+	ctx := context.Background()
+	srv, err := devserver.StartRedis(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.Set(ctx, "users-own", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	sz := tinySizes()
+	if err := run(ctx, io.Discard, environment{redisURL: "redis://" + srv.Addr, log: io.Discard}, sz, []string{"redis"}); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := c.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 1 || keys[0] != "users-own" {
+		t.Errorf("keys left: %d (%q …), want only users-own", len(keys), keys[:min(3, len(keys))])
 	}
 }
 
