@@ -275,7 +275,12 @@ ALTER TABLE idemgate_kind_limits DROP CONSTRAINT IF EXISTS idemgate_kind_limits_
 	// lock before it reads whether a line is empty, so a writer that has
 	// inserted a task but not yet its line either holds the lock (the
 	// sweep skips the line) or waits until the sweep has committed, then
-	// adds the row again.
+	// adds the row again. The locks are 64, each line's the hash of the
+	// line modulo 64: a statement that writes the tasks of 10,000 tenants
+	// holds at most 64 (one lock a line would fill the server's lock
+	// table, sized by max_locks_per_transaction, and fail with "out of
+	// shared memory"), at the price of a sweep skipping or delaying the
+	// writers of other lines that share a lock.
 	//
 	// The function keeps the migration's search_path, so that a writer
 	// whose search_path differs lists its lines in the table beside the
@@ -297,7 +302,7 @@ BEGIN
 	SELECT w.kind, w.priority, w.tenant
 	FROM (SELECT DISTINCT n.kind, n.priority, n.tenant FROM idemgate_new_tasks n
 		WHERE n.state IN ('pending', 'retrying') AND (n.turn IS NULL OR n.turn >= 0) ORDER BY 1, 2, 3) w
-	CROSS JOIN LATERAL pg_advisory_xact_lock_shared(8193, hashtext(w.kind || '/' || w.priority || '/' || w.tenant)) l
+	CROSS JOIN LATERAL pg_advisory_xact_lock_shared(8193, hashtext(w.kind || '/' || w.priority || '/' || w.tenant) & 63) l
 	ON CONFLICT DO NOTHING;
 	RETURN NULL;
 END $$;
@@ -307,7 +312,7 @@ CREATE TRIGGER idemgate_tasks_waiting_insert AFTER INSERT ON idemgate_tasks
 CREATE OR REPLACE FUNCTION idemgate_tasks_waiting_row() RETURNS trigger LANGUAGE plpgsql
 	SET search_path FROM CURRENT AS $$
 BEGIN
-	PERFORM pg_advisory_xact_lock_shared(8193, hashtext(NEW.kind || '/' || NEW.priority || '/' || NEW.tenant));
+	PERFORM pg_advisory_xact_lock_shared(8193, hashtext(NEW.kind || '/' || NEW.priority || '/' || NEW.tenant) & 63);
 	INSERT INTO idemgate_waiting_tenants (kind, priority, tenant) VALUES (NEW.kind, NEW.priority, NEW.tenant)
 	ON CONFLICT DO NOTHING;
 	RETURN NULL;
@@ -1035,7 +1040,7 @@ const (
 	LIMIT @limit
 ), e AS (
 	SELECT w.kind, w.priority, w.tenant FROM (SELECT * FROM b w WHERE ` + waitingEmpty + ` OFFSET 0) w
-	WHERE pg_try_advisory_xact_lock(8193, hashtext(w.kind || '/' || w.priority || '/' || w.tenant))
+	WHERE pg_try_advisory_xact_lock(8193, hashtext(w.kind || '/' || w.priority || '/' || w.tenant) & 63)
 )
 SELECT (SELECT count(*) FROM b) AS examined, coalesce(l.kind, '') AS last_kind,
 	coalesce(l.priority, 0) AS last_priority, coalesce(l.tenant, '') AS last_tenant,
