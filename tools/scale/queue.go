@@ -126,18 +126,27 @@ func measureQueue(ctx context.Context, out, log io.Writer, pg *postgres, sz size
 // own, times the claims of a worker on each (both at once), then their
 // Submits, alternately.
 func measurePair(ctx context.Context, log io.Writer, pg *postgres, c, base queueCase, samples int) (r, b queueResult, err error) {
+	var (
+		bq   *queue
+		berr error
+		wg   sync.WaitGroup
+	)
+	wg.Go(func() { bq, berr = buildQueue(ctx, log, pg, base) })
 	q, err := buildQueue(ctx, log, pg, c)
+	wg.Wait()
+	if q != nil {
+		defer q.close()
+	}
+	if bq != nil {
+		defer bq.close()
+	}
+	if err == nil && berr != nil {
+		err = fmt.Errorf("its baseline: %w", berr)
+	}
 	if err != nil {
 		return r, b, err
 	}
-	defer q.close()
-	bq, err := buildQueue(ctx, log, pg, base)
-	if err != nil {
-		return r, b, fmt.Errorf("its baseline: %w", err)
-	}
-	defer bq.close()
-	var berr error
-	var wg, reached sync.WaitGroup
+	var reached sync.WaitGroup
 	reached.Add(2)
 	stop := make(chan struct{})
 	go func() { reached.Wait(); close(stop) }()
@@ -237,7 +246,7 @@ func buildQueue(ctx context.Context, log io.Writer, pg *postgres, c queueCase) (
 		return nil, err
 	}
 	// As autovacuum would leave a queue this size: statistics gathered.
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE"); err != nil {
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE idemgate_tasks"); err != nil {
 		return nil, err
 	}
 	if c.tasks+c.scheduled >= 10_000 {

@@ -61,7 +61,7 @@ func quickSizes() sizes {
 // tinySizes build every row in seconds, for the command's own test.
 func tinySizes() sizes {
 	return sizes{
-		Samples: 8, Small: 20, SmallTenants: 4,
+		Samples: 5, Small: 20, SmallTenants: 4,
 		Backlogs: []int{200}, BacklogTenants: 10,
 		Tenants: []int{1}, TenantsBacklog: 200,
 		CappedTenants: 8, CappedEach: 5, Capped: []int{0, 50, 100},
