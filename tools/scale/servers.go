@@ -173,6 +173,17 @@ func describeMachine() string {
 		if len(changed) > 0 {
 			commit += " with uncommitted " + strings.Join(changed, ", ")
 		}
+		// The last commit of each store's code (tests aside), which a
+		// figure is of.
+		var last []string
+		for _, dir := range []string{"pgstore", "pgrecords", "middleware"} {
+			if out, err := exec.Command("git", "log", "-1", "--format=%h", "--", ":(top)"+dir, ":(top,exclude)"+dir+"/**/*_test.go", ":(top,exclude)"+dir+"/*_test.go").Output(); err == nil {
+				last = append(last, dir+" "+strings.TrimSpace(string(out)))
+			}
+		}
+		if len(last) > 0 {
+			commit += " (last changed: " + strings.Join(last, ", ") + ")"
+		}
 	}
 	return fmt.Sprintf("%s UTC, %s, %d cores, load %s", time.Now().UTC().Format("2006-01-02 15:04"), commit,
 		runtime.NumCPU(), loadAvg())
