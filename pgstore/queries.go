@@ -56,9 +56,6 @@ const (
 	// indexScheduled finds the tasks waiting for their RunAfter to be
 	// given a turn, by RunAfter (v8).
 	indexScheduled = "idemgate_tasks_scheduled"
-	// waitingTable lists the lines (kind, priority, tenant) that may have
-	// tasks waiting (v9): a claim walks it to pass capped tenants by.
-	waitingTable = "idemgate_waiting_tenants"
 	// notifyChannel carries a task's kind whenever it becomes runnable.
 	notifyChannel = "idemgate_tasks"
 	// cancelChannel carries a task's ID when it is cancelled.
