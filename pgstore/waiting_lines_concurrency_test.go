@@ -1,0 +1,185 @@
+package pgstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Scheduled tasks of many tenants come due at once and several workers'
+// claims place them (the promoted CTE), each on its own set of rows
+// (SKIP LOCKED), the lines not yet listed. Each placed row lists its
+// line; claims racing must neither deadlock nor leave a line unlisted.
+func TestClaimsPlacingDueTasksOfNewLinesConcurrently(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	for round := range 3 {
+		var batch []NewTask
+		for i := range 1200 {
+			nt := tenantTask(fmt.Sprintf("r%d-t%03d", round, i%150), fmt.Sprintf("r%d-k%d", round, i))
+			nt.RunAfter = time.Now().Add(time.Hour)
+			batch = append(batch, nt)
+		}
+		if _, err := s.SubmitMany(ctx, batch); err != nil {
+			t.Fatal(err)
+		}
+		// Due now, in an order that mixes the lines.
+		if _, err := s.pool.Exec(ctx, `UPDATE idemgate_tasks SET run_after = now() - random() * interval '10 seconds'
+			WHERE turn = -1`); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, 8)
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				w := newWorker(t, s, WorkerConfig{Kinds: []string{"other-kind"}, Handler: func(context.Context, Task) Outcome { return Outcome{} }})
+				sql, args := w.claimStatement(1)
+				if _, err := w.runClaim(ctx, sql, args); err != nil {
+					errs <- err
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Errorf("round %d: claim: %v", round, err)
+		}
+		if t.Failed() {
+			return
+		}
+	}
+	if n := orphanLines(t, s); n != 0 {
+		t.Fatalf("%d lines unlisted", n)
+	}
+}
+
+// capTenants makes n tenants of kind image capped at MaxRunningPerTenant
+// 1 (one attempt each holding a lease) with a backlog of 20 due tasks
+// each, all at turn 0, so that a claim's window of candidates is full of
+// capped tenants' tasks and the claim walks idemgate_waiting_tenants to
+// find any other tenant.
+func capTenants(t *testing.T, s *Store, n int) {
+	t.Helper()
+	ctx := context.Background()
+	if err := s.SetKindLimits(ctx, "image", KindLimits{MaxRunningPerTenant: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var batch []NewTask
+	for i := range n {
+		for j := range 21 {
+			batch = append(batch, tenantTask(fmt.Sprintf("capped-%02d", i), fmt.Sprintf("c-%d-%d", i, j)))
+		}
+	}
+	if _, err := s.SubmitMany(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(ctx, `UPDATE idemgate_tasks SET turn = 0, run_after = now() - interval '1 hour'
+		WHERE tenant LIKE 'capped-%'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(ctx, `UPDATE idemgate_tasks SET state = 'running', attempt = 1, tries = 1,
+		lease_until = now() + interval '1 hour', locked_by = 'elsewhere'
+		WHERE id IN (SELECT DISTINCT ON (tenant) id FROM idemgate_tasks WHERE tenant LIKE 'capped-%' ORDER BY tenant, id)`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Every way a finished or running task comes back to wait, with its
+// line swept while it had no waiting task: the line is listed again, and
+// a claim that must walk the lines past capped tenants (the window of
+// candidates is full of their backlog) finds the task and takes it. A
+// line left unlisted would keep its task waiting for as long as the
+// other tenants stay capped.
+func TestEveryWayBackToWaitingIsClaimedPastCappedTenants(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		given string // SQL SET clause that ends or starts the task
+		when  func(t *testing.T, s *Store, task Task)
+	}{
+		{name: "Recover", given: `state = 'failed', results = '[1]', finished_at = now()`,
+			when: func(t *testing.T, s *Store, task Task) {
+				if _, err := s.Recover(context.Background(), task.Tenant, task.Owner, task.ID); err != nil {
+					t.Fatal(err)
+				}
+			}},
+		{name: "Operator.Retry", given: `state = 'failed', finished_at = now()`,
+			when: func(t *testing.T, s *Store, task Task) {
+				if _, err := s.Operator().Retry(context.Background(), task.ID); err != nil {
+					t.Fatal(err)
+				}
+			}},
+		{name: "rescue of an expired lease", given: `state = 'running', attempt = 1, tries = 1, lost = 'retry',
+			locked_by = 'dead', lease_until = now() - interval '1 second'`,
+			when: func(t *testing.T, s *Store, task Task) {
+				w := newWorker(t, s, WorkerConfig{BackoffBase: 1, BackoffMax: 1,
+					Handler: func(context.Context, Task) Outcome { return Outcome{} }})
+				if n, err := w.rescuer.rescue(context.Background()); err != nil || n != 1 {
+					t.Fatalf("rescue = %d, %v; want 1", n, err)
+				}
+			}},
+		{name: "SubmitTx committed after another rolled back", given: `state = 'succeeded', finished_at = now()`,
+			when: func(t *testing.T, s *Store, task Task) {
+				ctx := context.Background()
+				tx, err := s.pool.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := s.SubmitTx(ctx, tx, tenantTask(task.Tenant, "rolled-back")); err != nil {
+					t.Fatal(err)
+				}
+				if err := tx.Rollback(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+					_, err := s.SubmitTx(ctx, tx, tenantTask(task.Tenant, "committed"))
+					return err
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, _ := setup(t)
+			ctx := context.Background()
+			capTenants(t, s, 6)
+			task := mustSubmit(t, s, tenantTask("victim", "v-1"))
+			if _, err := s.pool.Exec(ctx, "UPDATE idemgate_tasks SET "+tt.given+" WHERE id = $1::uuid", task.ID); err != nil {
+				t.Fatal(err)
+			}
+			sweepAll(t, s)
+			if slices.Contains(waitingLines(t, s), "image/0/victim") {
+				t.Fatal("the sweep left the victim's empty line")
+			}
+			tt.when(t, s, task)
+			if n := orphanLines(t, s); n != 0 {
+				t.Fatalf("%d lines with waiting tasks unlisted: %v", n, waitingLines(t, s))
+			}
+			sweepAll(t, s) // a sweep now keeps the line
+			var got []string
+			for range 3 {
+				for _, c := range claimNow(t, s, []string{"image"}, 1) {
+					got = append(got, c.Tenant)
+				}
+			}
+			if !slices.Contains(got, "victim") {
+				t.Fatalf("claims past capped tenants took %v; want the victim's task", got)
+			}
+			for _, tenant := range got {
+				if tenant != "victim" {
+					t.Fatalf("a claim took a task of capped tenant %s (MaxRunningPerTenant 1)", tenant)
+				}
+			}
+		})
+	}
+}
