@@ -258,16 +258,18 @@ ALTER TABLE idemgate_kind_limits DROP CONSTRAINT IF EXISTS idemgate_kind_limits_
 	// (Submit, SubmitMany, a claim placing a due scheduled task, retries,
 	// releases, rescues, an operator's retry, hand-written SQL) adds its
 	// lines without a statement of its own; a line already listed costs
-	// an index probe, no write. Inserts list their lines once a statement
-	// (a batch's lines together); updates once a row, and only a row that
-	// comes to wait or changes its turn or line (a WHEN clause, evaluated
-	// without calling the function): the claims, heartbeats and
-	// completions of a busy worker, which update many rows that do not
-	// wait, neither call it nor collect their rows for it. The insert
-	// trigger is one statement, each line locked (the lateral call) just
+	// an index probe, no write. Every statement lists its lines once, in
+	// key order: two statements that each list new lines (a SubmitMany, a
+	// rescue of many tenants' tasks, claims placing due tasks) wait for
+	// each other's new rows in one order and never deadlock. (Updates were
+	// listed a row at a time, in the order the rows were updated: a rescue
+	// and a SubmitMany of the same new lines could deadlock.) The
+	// function is one statement, each line locked (the lateral call) just
 	// before its row is inserted: 39 µs a Submit, against 118 µs for a
 	// lock statement and an insert statement (EXPLAIN ANALYZE, median of
-	// 400, load 20). Each line is locked shared (advisory, the
+	// 400, load 20). Two transactions that list new lines in several
+	// statements each (SubmitTx) can still deadlock; and a transaction
+	// that lists a new line holds its row until it commits. Each line is locked shared (advisory, the
 	// class 8193) before its row is added: the sweep takes the exclusive
 	// lock before it reads whether a line is empty, so a writer that has
 	// inserted a task but not yet its line either holds the lock (the
@@ -306,20 +308,43 @@ END $$;
 DROP TRIGGER IF EXISTS idemgate_tasks_waiting_insert ON idemgate_tasks;
 CREATE TRIGGER idemgate_tasks_waiting_insert AFTER INSERT ON idemgate_tasks
 	REFERENCING NEW TABLE AS idemgate_new_tasks FOR EACH STATEMENT EXECUTE FUNCTION idemgate_tasks_waiting();
-CREATE OR REPLACE FUNCTION idemgate_tasks_waiting_row() RETURNS trigger LANGUAGE plpgsql
-	SET search_path FROM CURRENT AS $$
-BEGIN
-	PERFORM pg_advisory_xact_lock_shared(8193, hashtext(NEW.kind || '/' || NEW.priority || '/' || NEW.tenant) & 63);
-	INSERT INTO idemgate_waiting_tenants (kind, priority, tenant) VALUES (NEW.kind, NEW.priority, NEW.tenant)
-	ON CONFLICT DO NOTHING;
-	RETURN NULL;
-END $$;
 DROP TRIGGER IF EXISTS idemgate_tasks_waiting_update ON idemgate_tasks;
-CREATE TRIGGER idemgate_tasks_waiting_update AFTER UPDATE ON idemgate_tasks FOR EACH ROW
-	WHEN (NEW.state IN ('pending', 'retrying') AND (NEW.turn IS NULL OR NEW.turn >= 0)
-		AND (OLD.state NOT IN ('pending', 'retrying') OR OLD.turn IS DISTINCT FROM NEW.turn
-			OR OLD.kind <> NEW.kind OR OLD.priority <> NEW.priority OR OLD.tenant <> NEW.tenant))
-	EXECUTE FUNCTION idemgate_tasks_waiting_row();
+DROP FUNCTION IF EXISTS idemgate_tasks_waiting_row();
+CREATE TRIGGER idemgate_tasks_waiting_update AFTER UPDATE ON idemgate_tasks
+	REFERENCING NEW TABLE AS idemgate_new_tasks FOR EACH STATEMENT EXECUTE FUNCTION idemgate_tasks_waiting();
+CREATE OR REPLACE FUNCTION idemgate_sweep_waiting(after_kind text, after_priority smallint, after_tenant text,
+	batch integer, OUT examined bigint, OUT last_kind text, OUT last_priority smallint, OUT last_tenant text,
+	OUT removed bigint) LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+	ks text[];
+	ps smallint[];
+	ts text[];
+BEGIN
+	removed := 0;
+	WITH b AS (
+		SELECT w.kind, w.priority, w.tenant FROM idemgate_waiting_tenants w
+		WHERE (w.kind, w.priority, w.tenant) > (after_kind, after_priority, after_tenant)
+		ORDER BY w.kind, w.priority, w.tenant
+		LIMIT batch
+	), e AS (
+		SELECT w.kind, w.priority, w.tenant FROM (SELECT * FROM b w WHERE ` + waitingEmpty + ` OFFSET 0) w
+		WHERE pg_try_advisory_xact_lock(8193, hashtext(w.kind || '/' || w.priority || '/' || w.tenant) & 63)
+	)
+	SELECT (SELECT count(*) FROM b), l.kind, l.priority, l.tenant, a.ks, a.ps, a.ts
+	INTO examined, last_kind, last_priority, last_tenant, ks, ps, ts
+	FROM (SELECT array_agg(kind) AS ks, array_agg(priority) AS ps, array_agg(tenant) AS ts FROM e) a
+	LEFT JOIN LATERAL (SELECT * FROM b ORDER BY kind DESC, priority DESC, tenant DESC LIMIT 1) l ON true;
+	-- Only READ COMMITTED gives the next statement a snapshot newer than
+	-- the locks; under another isolation the lines are left for a sweep
+	-- that runs under it.
+	IF ks IS NULL OR current_setting('transaction_isolation') <> 'read committed' THEN
+		RETURN;
+	END IF;
+	DELETE FROM idemgate_waiting_tenants w
+	USING unnest(ks, ps, ts) AS e(kind, priority, tenant)
+	WHERE w.kind = e.kind AND w.priority = e.priority AND w.tenant = e.tenant AND ` + waitingEmpty + `;
+	GET DIAGNOSTICS removed = ROW_COUNT;
+END $$;
 INSERT INTO idemgate_waiting_tenants (kind, priority, tenant)
 SELECT DISTINCT kind, priority, tenant FROM idemgate_tasks
 WHERE state IN ('pending', 'retrying') AND (turn IS NULL OR turn >= 0)
@@ -1017,38 +1042,26 @@ func literalKind(kind string) bool {
 
 // Sweeping idemgate_waiting_tenants (see sqlV9Waiting): a line whose
 // tasks have all started or ended keeps its row until a sweep removes it.
-// The sweep reads a batch of lines after @after, in key order, and locks
-// (exclusive, try: never waiting) those that look empty on its snapshot
-// (sqlSweepLock); then, on a newer snapshot, deletes those still empty
-// (sqlSweepDelete), in the same transaction. A writer whose task is not
-// yet committed holds its line's shared lock (the line is skipped) or
-// takes it after the sweep commits, and adds the row again.
+// The sweep (the function idemgate_sweep_waiting, v9) reads a batch of
+// lines after a given one, in key order, locks (exclusive, try: never
+// waiting) those that look empty on its snapshot, then, in a statement of
+// its own and so on a newer snapshot, deletes those still empty. A writer
+// whose task is not yet committed holds its line's shared lock (the line
+// is skipped) or takes it after the sweep, and adds the row again. It is
+// one call, committed at once: a sweep's locks are never held while its
+// client is away (a paused process, a cut network would hold up every
+// writer of those lines until the server ended the transaction).
 const (
 	// waitingEmpty is true of a line w without a placed waiting task.
 	waitingEmpty = `NOT EXISTS (SELECT FROM idemgate_tasks t WHERE t.kind = w.kind AND t.priority = w.priority
 		AND t.tenant = w.tenant AND t.state IN ('pending', 'retrying') AND (t.turn IS NULL OR t.turn >= 0))`
 
-	// sqlSweepLock returns the lines examined (their count and the last
-	// one, where the next sweep starts) and those it locked.
-	sqlSweepLock = `WITH b AS (
-	SELECT w.kind, w.priority, w.tenant FROM idemgate_waiting_tenants w
-	WHERE (w.kind, w.priority, w.tenant) > (@kind::text, @priority::smallint, @tenant::text)
-	ORDER BY w.kind, w.priority, w.tenant
-	LIMIT @limit
-), e AS (
-	SELECT w.kind, w.priority, w.tenant FROM (SELECT * FROM b w WHERE ` + waitingEmpty + ` OFFSET 0) w
-	WHERE pg_try_advisory_xact_lock(8193, hashtext(w.kind || '/' || w.priority || '/' || w.tenant) & 63)
-)
-SELECT (SELECT count(*) FROM b) AS examined, coalesce(l.kind, '') AS last_kind,
-	coalesce(l.priority, 0) AS last_priority, coalesce(l.tenant, '') AS last_tenant,
-	coalesce(a.kinds, '{}') AS kinds, coalesce(a.priorities, '{}') AS priorities, coalesce(a.tenants, '{}') AS tenants
-FROM (SELECT array_agg(kind) AS kinds, array_agg(priority) AS priorities, array_agg(tenant) AS tenants FROM e) a
-LEFT JOIN LATERAL (SELECT * FROM b ORDER BY kind DESC, priority DESC, tenant DESC LIMIT 1) l ON true`
-
-	// sqlSweepDelete deletes the locked lines still empty.
-	sqlSweepDelete = `DELETE FROM idemgate_waiting_tenants w
-USING unnest(@kinds::text[], @priorities::smallint[], @tenants::text[]) AS e(kind, priority, tenant)
-WHERE w.kind = e.kind AND w.priority = e.priority AND w.tenant = e.tenant AND ` + waitingEmpty
+	// sqlSweepWaiting sweeps a batch of lines after @kind, @priority,
+	// @tenant, and returns how many it examined, the last one (where the
+	// next sweep starts) and how many it removed.
+	sqlSweepWaiting = `SELECT examined, coalesce(last_kind, '') AS last_kind, coalesce(last_priority, 0) AS last_priority,
+	coalesce(last_tenant, '') AS last_tenant, removed
+FROM idemgate_sweep_waiting(@kind::text, @priority::smallint, @tenant::text, @limit::int)`
 )
 
 // Kind limits.

@@ -96,33 +96,16 @@ func (r *rescuer) rescue(ctx context.Context) (int64, error) {
 // returns how many it removed. A line left behind costs a claim's walk a
 // short row and, if its tenant is not capped, one index descent.
 func (r *rescuer) sweepWaiting(ctx context.Context) (int64, error) {
-	var removed int64
-	err := pgx.BeginTxFunc(ctx, r.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		var examined int
-		var last waitingLine
-		var kinds, tenants []string
-		var priorities []int16
-		err := tx.QueryRow(ctx, sqlSweepLock, pgx.NamedArgs{"kind": r.after.Kind, "priority": r.after.Priority,
-			"tenant": r.after.Tenant, "limit": sweepBatch}).Scan(&examined, &last.Kind, &last.Priority, &last.Tenant,
-			&kinds, &priorities, &tenants)
-		if err != nil {
-			return err
-		}
-		r.after = last
-		if examined < sweepBatch {
-			r.after = waitingLine{}
-		}
-		if len(kinds) == 0 {
-			return nil
-		}
-		// A statement of its own: its snapshot sees every task committed
-		// by a writer that held a line's lock before the locks above.
-		tag, err := tx.Exec(ctx, sqlSweepDelete, pgx.NamedArgs{"kinds": kinds, "priorities": priorities, "tenants": tenants})
-		removed = tag.RowsAffected()
-		return err
-	})
+	var examined, removed int64
+	var last waitingLine
+	err := r.pool.QueryRow(ctx, sqlSweepWaiting, pgx.NamedArgs{"kind": r.after.Kind, "priority": r.after.Priority,
+		"tenant": r.after.Tenant, "limit": sweepBatch}).Scan(&examined, &last.Kind, &last.Priority, &last.Tenant, &removed)
 	if err != nil {
 		return 0, interpretError("sweep waiting tenants", err)
+	}
+	r.after = last
+	if examined < sweepBatch {
+		r.after = waitingLine{}
 	}
 	return removed, nil
 }
