@@ -11,6 +11,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -56,7 +57,14 @@ type workload struct {
 	// partials are tasks that failed keeping partial results, by identity:
 	// a recover by anyone else must find nothing.
 	partials map[string][]string
+	// failing are the tasks that failed keeping partial results and
+	// whose owner has not recovered them yet, by tenant: the window in
+	// which a colleague's recover could succeed.
+	failing map[string][]failed
 }
+
+// failed is a task failed with partial results, and its owner.
+type failed struct{ id, user string }
 
 // actionCtx travels in a request's context to the recording transport.
 type actionCtx struct {
@@ -70,6 +78,7 @@ type actionKey struct{}
 func (w *workload) run(ctx context.Context) error {
 	w.created = map[string][]string{}
 	w.partials = map[string][]string{}
+	w.failing = map[string][]failed{}
 	// One connection pool for every client, loopback only, sized so that
 	// keep-alive connections are reused (and meet restarted nodes).
 	w.transport = &http.Transport{MaxIdleConnsPerHost: w.clients, IdleConnTimeout: 30 * time.Second}
@@ -202,6 +211,7 @@ func (p *player) play(ctx context.Context) {
 	// Rule 1: the id names the business action; clients share ids by slot.
 	key := fmt.Sprintf("poster:%d:%d", p.round, p.slot)
 	actx, a := p.newAction(ctx, key, scenario)
+	p.recoverColleagues(actx)
 	sub, outcome, detail := p.submit(actx, key, req)
 	if outcome != "" {
 		p.end(a, outcome, detail)
@@ -249,7 +259,9 @@ func (p *player) play(ctx context.Context) {
 			// The owner takes its time: meanwhile the failed task is
 			// there for a colleague's snoop to try to recover.
 			p.addPartial(sub.TaskID)
+			p.setFailing(sub.TaskID, true)
 			sleep(actx, time.Second+time.Duration(p.rng.IntN(3000))*time.Millisecond)
+			p.setFailing(sub.TaskID, false)
 			p.recover(actx, sub.TaskID)
 		}
 	case "reworded":
@@ -396,6 +408,37 @@ func (p *player) recover(ctx context.Context, id string) {
 		node = (node + 1) % len(p.w.nodes)
 		sleep(ctx, 100*time.Millisecond+time.Duration(p.rng.IntN(200))*time.Millisecond)
 	}
+}
+
+// setFailing adds the client's failed task to the ones its colleagues'
+// recovers aim at (on), or takes it out (!on) before its owner recovers it.
+func (p *player) setFailing(id string, on bool) {
+	p.w.mu.Lock()
+	defer p.w.mu.Unlock()
+	if on {
+		p.w.failing[p.tenant] = append(p.w.failing[p.tenant], failed{id, p.user})
+		return
+	}
+	p.w.failing[p.tenant] = slices.DeleteFunc(p.w.failing[p.tenant], func(f failed) bool { return f.id == id })
+}
+
+// recoverColleagues tries, half the time, to recover a colleague's task
+// (same tenant, another user) that failed keeping partial results and
+// that its owner has not recovered yet: a Recover that checked the tenant
+// alone would put it back in line. It must find nothing (invariant 3).
+func (p *player) recoverColleagues(ctx context.Context) {
+	p.w.mu.Lock()
+	var ids []string
+	for _, f := range p.w.failing[p.tenant] {
+		if f.user != p.user {
+			ids = append(ids, f.id)
+		}
+	}
+	p.w.mu.Unlock()
+	if len(ids) == 0 || p.rng.IntN(2) == 0 {
+		return
+	}
+	_, _ = p.post(ctx, p.w.nodes[p.rng.IntN(len(p.w.nodes))], "/v1/tasks/"+ids[p.rng.IntN(len(ids))]+"/recover", "")
 }
 
 func (p *player) addPartial(id string) {
