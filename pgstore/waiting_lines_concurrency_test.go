@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemgate/idemgate/internal/wait"
 )
 
 // Scheduled tasks of many tenants come due at once and several workers'
@@ -181,5 +183,93 @@ func TestEveryWayBackToWaitingIsClaimedPastCappedTenants(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A rolling upgrade: v8 nodes keep submitting (single tasks and batches,
+// new tenants and known ones) while one node migrates to v9. Every line
+// with a waiting task ends up listed, whether its task was committed
+// before the migration's lock, waited for it, or came after; a rerun of
+// Migrate does nothing.
+func TestMigrateToV9BesideSubmits(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	ctx := context.Background()
+	s := newStore(db.pool(t))
+	s.test = &storeTestHooks{migrateSkip: []int{9}}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	writers := newStore(db.pool(t))
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var written sync.Map
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				var err error
+				if g%2 == 0 {
+					_, err = writers.Submit(ctx, tenantTask(fmt.Sprintf("g%d-t%d", g, i%40), fmt.Sprintf("g%d-%d", g, i)))
+				} else {
+					var batch []NewTask
+					for j := range 5 {
+						batch = append(batch, tenantTask(fmt.Sprintf("g%d-t%d", g, (i*5+j)%60), fmt.Sprintf("g%d-%d-%d", g, i, j)))
+					}
+					_, err = writers.SubmitMany(ctx, batch)
+				}
+				if err != nil {
+					t.Errorf("writer %d: %v", g, err)
+					return
+				}
+				written.Store(g, i)
+			}
+		}()
+	}
+	// Some tasks before the migration, the migration among the writes.
+	if !wait.Until(patience, func() bool { _, ok := written.Load(3); return ok }) {
+		t.Fatal("no batch was written before the migration")
+	}
+	s.test = nil
+	err := s.Migrate(ctx)
+	// Writes after v9 too.
+	after := 0
+	if v, ok := written.Load(0); ok {
+		after = v.(int) + 20
+	}
+	if !wait.Until(patience, func() bool { v, ok := written.Load(0); return ok && v.(int) >= after }) {
+		t.Error("no writes after v9")
+	}
+	close(stop)
+	wg.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := orphanLines(t, s); n != 0 {
+		t.Fatalf("%d lines with waiting tasks unlisted after v9 beside writers", n)
+	}
+	var lines, tasks int
+	if err := s.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM idemgate_waiting_tenants), (SELECT count(*) FROM idemgate_tasks)`).
+		Scan(&lines, &tasks); err != nil {
+		t.Fatal(err)
+	}
+	if lines == 0 || tasks < 20 {
+		t.Fatalf("%d lines of %d tasks: the writers wrote too little for the test to mean anything", lines, tasks)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate again: %v", err)
+	}
+	vs, err := s.MigrationStatus(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := vs[len(vs)-1]; last.Version != 9 || !last.Applied {
+		t.Fatalf("last version %+v; want 9 applied", last)
 	}
 }
