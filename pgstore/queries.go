@@ -292,6 +292,7 @@ ALTER TABLE idemgate_kind_limits DROP CONSTRAINT IF EXISTS idemgate_kind_limits_
 	kind     text     NOT NULL,
 	priority smallint NOT NULL,
 	tenant   text     NOT NULL,
+	listed_at timestamptz NOT NULL DEFAULT now(),
 	PRIMARY KEY (kind, priority, tenant)
 );
 CREATE OR REPLACE FUNCTION idemgate_tasks_waiting() RETURNS trigger LANGUAGE plpgsql
@@ -313,7 +314,7 @@ DROP FUNCTION IF EXISTS idemgate_tasks_waiting_row();
 CREATE TRIGGER idemgate_tasks_waiting_update AFTER UPDATE ON idemgate_tasks
 	REFERENCING NEW TABLE AS idemgate_new_tasks FOR EACH STATEMENT EXECUTE FUNCTION idemgate_tasks_waiting();
 CREATE OR REPLACE FUNCTION idemgate_sweep_waiting(after_kind text, after_priority smallint, after_tenant text,
-	batch integer, OUT examined bigint, OUT last_kind text, OUT last_priority smallint, OUT last_tenant text,
+	batch integer, min_age_us bigint, OUT examined bigint, OUT last_kind text, OUT last_priority smallint, OUT last_tenant text,
 	OUT removed bigint) LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
 	ks text[];
@@ -322,12 +323,13 @@ DECLARE
 BEGIN
 	removed := 0;
 	WITH b AS (
-		SELECT w.kind, w.priority, w.tenant FROM idemgate_waiting_tenants w
+		SELECT w.kind, w.priority, w.tenant, w.listed_at FROM idemgate_waiting_tenants w
 		WHERE (w.kind, w.priority, w.tenant) > (after_kind, after_priority, after_tenant)
 		ORDER BY w.kind, w.priority, w.tenant
 		LIMIT batch
 	), e AS (
-		SELECT w.kind, w.priority, w.tenant FROM (SELECT * FROM b w WHERE ` + waitingEmpty + ` OFFSET 0) w
+		SELECT w.kind, w.priority, w.tenant FROM (SELECT * FROM b w
+			WHERE w.listed_at <= now() - min_age_us * interval '1 microsecond' AND ` + waitingEmpty + ` OFFSET 0) w
 		WHERE pg_try_advisory_xact_lock(8193, hashtext(w.kind || '/' || w.priority || '/' || w.tenant) & 63)
 	)
 	SELECT (SELECT count(*) FROM b), l.kind, l.priority, l.tenant, a.ks, a.ps, a.ts
@@ -1056,12 +1058,27 @@ const (
 	waitingEmpty = `NOT EXISTS (SELECT FROM idemgate_tasks t WHERE t.kind = w.kind AND t.priority = w.priority
 		AND t.tenant = w.tenant AND t.state IN ('pending', 'retrying') AND (t.turn IS NULL OR t.turn >= 0))`
 
+	// sqlListLine lists the line of a task that SubmitTx is about to
+	// write in the caller's transaction, committed at once (on the
+	// store's pool), so that the transaction's trigger finds the line
+	// listed: a transaction that listed a new line itself would hold the
+	// row until it commits, and another transaction listing the same line
+	// would wait for it (or, each holding a line the other wants,
+	// deadlock). The sweep leaves a line listed in the last minute
+	// (sweepMinAge), so
+	// the caller's transaction has that long to write its task before the
+	// line may be swept; a line is stamped again at most every 30 s.
+	sqlListLine = `INSERT INTO idemgate_waiting_tenants AS w (kind, priority, tenant)
+VALUES (@kind, @priority, @tenant)
+ON CONFLICT (kind, priority, tenant) DO UPDATE SET listed_at = now()
+	WHERE w.listed_at < now() - interval '30 seconds'`
+
 	// sqlSweepWaiting sweeps a batch of lines after @kind, @priority,
-	// @tenant, and returns how many it examined, the last one (where the
+	// @tenant, leaving those listed less than @min_age_us ago, and returns how many it examined, the last one (where the
 	// next sweep starts) and how many it removed.
 	sqlSweepWaiting = `SELECT examined, coalesce(last_kind, '') AS last_kind, coalesce(last_priority, 0) AS last_priority,
 	coalesce(last_tenant, '') AS last_tenant, removed
-FROM idemgate_sweep_waiting(@kind::text, @priority::smallint, @tenant::text, @limit::int)`
+FROM idemgate_sweep_waiting(@kind::text, @priority::smallint, @tenant::text, @limit::int, @min_age_us::bigint)`
 )
 
 // Kind limits.

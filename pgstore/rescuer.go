@@ -32,7 +32,15 @@ type rescuer struct {
 	after waitingLine
 	// swept is when maintain last swept (see sweepEvery).
 	swept time.Time
+	// minAge is how long a line stays listed at least (sweepMinAge; 0 in
+	// tests that sweep at once).
+	minAge time.Duration
 }
+
+// sweepMinAge is how long a line stays listed at least, even empty: the
+// time a SubmitTx's transaction has between listing its line and writing
+// its task (see sqlListLine).
+const sweepMinAge = time.Minute
 
 // sweepEvery is how often, at most, a worker's maintenance sweeps
 // idemgate_waiting_tenants: a line left over costs a walking claim a
@@ -99,7 +107,7 @@ func (r *rescuer) sweepWaiting(ctx context.Context) (int64, error) {
 	var examined, removed int64
 	var last waitingLine
 	err := r.pool.QueryRow(ctx, sqlSweepWaiting, pgx.NamedArgs{"kind": r.after.Kind, "priority": r.after.Priority,
-		"tenant": r.after.Tenant, "limit": sweepBatch}).Scan(&examined, &last.Kind, &last.Priority, &last.Tenant, &removed)
+		"tenant": r.after.Tenant, "limit": sweepBatch, "min_age_us": r.minAge.Microseconds()}).Scan(&examined, &last.Kind, &last.Priority, &last.Tenant, &removed)
 	if err != nil {
 		return 0, interpretError("sweep waiting tenants", err)
 	}

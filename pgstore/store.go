@@ -248,7 +248,20 @@ func (s *Store) Submit(ctx context.Context, t NewTask) (Task, error) {
 // abort tx. Use it under READ COMMITTED: under REPEATABLE READ or
 // SERIALIZABLE a concurrent duplicate surfaces as a serialization failure
 // the caller must retry.
+//
+// Before the task, it lists the task's line (kind, priority, tenant) for
+// the claim of capped tenants (schema v9) in a statement of its own on
+// the store's pool, committed at once: one round trip more, so that tx
+// never holds a new line's row, which other transactions listing the same
+// line would wait for (see sqlListLine).
 func (s *Store) SubmitTx(ctx context.Context, tx pgx.Tx, t NewTask) (Task, error) {
+	if err := t.validate(); err != nil {
+		return Task{}, err
+	}
+	if _, err := s.pool.Exec(ctx, sqlListLine, pgx.NamedArgs{"kind": t.Kind, "priority": t.Priority,
+		"tenant": t.Tenant}); err != nil {
+		return Task{}, interpretError("submit", err)
+	}
 	return submit(ctx, tx, t, true, true)
 }
 

@@ -96,7 +96,7 @@ func NewWorker(s *Store, cfg WorkerConfig) (*Worker, error) {
 	}
 	w.completer = newCompleter(s.pool, &w.cfg, w.emit, w.busy)
 	w.heartbeat = &heartbeat{pool: s.pool, attempts: &w.attempts, lease: cfg.Lease, every: cfg.Heartbeat, logger: cfg.Logger}
-	w.rescuer = &rescuer{pool: s.pool, cfg: &w.cfg, emit: w.emit}
+	w.rescuer = &rescuer{pool: s.pool, cfg: &w.cfg, emit: w.emit, minAge: sweepMinAge}
 	w.listener = &listener{pool: s.pool, kinds: cfg.Kinds, wake: w.signal, cancel: w.cancelTask, limits: w.limitsSet,
 		recheck: notifyRecheck, logger: cfg.Logger}
 	return w, nil
