@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"sync"
@@ -272,4 +273,98 @@ func TestMigrateToV9BesideSubmits(t *testing.T) {
 	if last := vs[len(vs)-1]; last.Version != 9 || !last.Applied {
 		t.Fatalf("last version %+v; want 9 applied", last)
 	}
+}
+
+// Three workers drain a kind whose tenants with the most work are nearly
+// all at MaxRunningPerTenant, so that claims walk idemgate_waiting_tenants
+// past them, while other tenants' tasks keep arriving (new lines) and
+// sweeps run all along: MaxRunning and MaxRunningPerTenant hold exactly,
+// and every task runs (a line swept while its task was being written
+// would leave that task waiting for ever).
+func TestKindLimitsHoldWhileClaimsWalkPastCappedTenants(t *testing.T) {
+	t.Parallel()
+	s, db := setup(t)
+	ctx := context.Background()
+	attemptLog(t, s.pool)
+	const maxRunning, perTenant = 24, 1
+	if err := s.SetKindLimits(ctx, "image", KindLimits{MaxRunning: maxRunning, MaxRunningPerTenant: perTenant}); err != nil {
+		t.Fatal(err)
+	}
+	var heavy []NewTask
+	for i := range 30 {
+		for j := range 12 {
+			heavy = append(heavy, tenantTask(fmt.Sprintf("heavy-%02d", i), fmt.Sprintf("h-%d-%d", i, j)))
+		}
+	}
+	if _, err := s.SubmitMany(ctx, heavy); err != nil {
+		t.Fatal(err)
+	}
+	// All at turn 0: a claim's window of candidates is the heavy
+	// tenants' backlog, and the light tenants are found by the walk.
+	if _, err := s.pool.Exec(ctx, `UPDATE idemgate_tasks SET turn = 0`); err != nil {
+		t.Fatal(err)
+	}
+	cfg := WorkerConfig{Concurrency: 16, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond,
+		Handler: func(ctx context.Context, _ Task) Outcome {
+			select {
+			case <-ctx.Done():
+			case <-time.After(5 * time.Millisecond):
+			}
+			return Succeeded(json.RawMessage(`1`))
+		}}
+	for range 3 {
+		runWorker(t, newWorker(t, newStore(db.pool(t)), cfg))
+	}
+	const light, each = 40, 3
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for i := range light {
+			for j := range each {
+				if _, err := s.Submit(ctx, tenantTask(fmt.Sprintf("light-%02d", i), fmt.Sprintf("l-%d-%d", i, j))); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		r := &rescuer{pool: s.pool}
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := r.sweepWaiting(ctx); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	total := len(heavy) + light*each
+	ok := wait.Until(patience, func() bool { return countRows(t, s.pool, "state = 'succeeded'") == total })
+	close(stop)
+	wg.Wait()
+	if !ok {
+		t.Fatalf("%d of %d tasks succeeded; %d lines with waiting tasks unlisted", countRows(t, s.pool, "state = 'succeeded'"),
+			total, orphanLines(t, s))
+	}
+	ivs := attemptIntervals(t, s.pool)
+	if got := maxOverlap(ivs, ""); got > maxRunning {
+		t.Fatalf("%d attempts held a lease at once; want ≤ MaxRunning %d", got, maxRunning)
+	}
+	tenants := map[string]bool{}
+	for _, iv := range ivs {
+		tenants[iv.tenant] = true
+	}
+	for tenant := range tenants {
+		if got := maxOverlap(ivs, tenant); got > perTenant {
+			t.Fatalf("%s had %d attempts at once; want ≤ MaxRunningPerTenant %d", tenant, got, perTenant)
+		}
+	}
+	t.Logf("%d attempts of %d tenants; at most %d at once", len(ivs), len(tenants), maxOverlap(ivs, ""))
 }
