@@ -334,3 +334,44 @@ func TestWaitingTenantsOfAHugeStatement(t *testing.T) {
 		t.Fatalf("%d lines listed (%v); want 20000", n, err)
 	}
 }
+
+// Two handlers' transactions each submit tasks of two tenants new to the
+// queue, in opposite orders, and commit: both commit. When a transaction
+// listed a new line itself, each held a line the other wanted: one got
+// deadlock_detected.
+func TestSubmitTxOfNewLinesInOppositeOrders(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for round := range 3 {
+		a, b := fmt.Sprintf("a-%d", round), fmt.Sprintf("b-%d", round)
+		var first sync.WaitGroup
+		first.Add(2)
+		errs := make([]error, 2)
+		var wg sync.WaitGroup
+		for i, order := range [][2]string{{a, b}, {b, a}} {
+			wg.Go(func() {
+				errs[i] = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+					_, err := s.SubmitTx(ctx, tx, tenantTask(order[0], fmt.Sprintf("first-%d", i)))
+					first.Done()
+					if err != nil {
+						return err
+					}
+					first.Wait() // both hold their first line before either takes its second
+					_, err = s.SubmitTx(ctx, tx, tenantTask(order[1], fmt.Sprintf("second-%d", i)))
+					return err
+				})
+			})
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d, transaction %d: %v", round, i, err)
+			}
+		}
+	}
+	if n := orphanLines(t, s); n != 0 {
+		t.Fatalf("%d lines with waiting tasks are not listed", n)
+	}
+}
