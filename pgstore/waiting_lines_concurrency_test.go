@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemgate/idemgate/internal/wait"
 )
@@ -22,9 +24,9 @@ func TestClaimsPlacingDueTasksOfNewLinesConcurrently(t *testing.T) {
 	t.Parallel()
 	s, _ := setup(t)
 	ctx := context.Background()
-	for round := range 3 {
+	for round := range 2 {
 		var batch []NewTask
-		for i := range 1200 {
+		for i := range 800 {
 			nt := tenantTask(fmt.Sprintf("r%d-t%03d", round, i%150), fmt.Sprintf("r%d-k%d", round, i))
 			nt.RunAfter = time.Now().Add(time.Hour)
 			batch = append(batch, nt)
@@ -367,4 +369,168 @@ func TestKindLimitsHoldWhileClaimsWalkPastCappedTenants(t *testing.T) {
 		}
 	}
 	t.Logf("%d attempts of %d tenants; at most %d at once", len(ivs), len(tenants), maxOverlap(ivs, ""))
+}
+
+// Two handlers' transactions each submit a task of two tenants whose
+// lines are not yet listed, in opposite orders, and commit. Their tasks
+// have distinct keys: before v9 neither waited for the other. Both must
+// commit, neither get deadlock_detected (40P01).
+func TestSubmitTxOfNewLinesInOppositeOrdersCommit(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	for round := range 5 {
+		a, b := "a-"+string(rune('0'+round)), "b-"+string(rune('0'+round))
+		orders := [][2]string{{a, b}, {b, a}}
+		var firstDone sync.WaitGroup
+		firstDone.Add(2)
+		errs := make([]error, 2)
+		var wg sync.WaitGroup
+		for i, order := range orders {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+					if _, err := s.SubmitTx(ctx, tx, tenantTask(order[0], "first-"+order[0]+"-"+string(rune('0'+i)))); err != nil {
+						firstDone.Done()
+						return err
+					}
+					// Both have written their first task before either
+					// writes its second.
+					firstDone.Done()
+					firstDone.Wait()
+					_, err := s.SubmitTx(ctx, tx, tenantTask(order[1], "second-"+order[1]+"-"+string(rune('0'+i))))
+					return err
+				})
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "40P01" {
+				t.Fatalf("round %d: transaction %d: deadlock: %v", round, i, err)
+			}
+			if err != nil {
+				t.Fatalf("round %d: transaction %d: %v", round, i, err)
+			}
+		}
+	}
+	if n := orphanLines(t, s); n != 0 {
+		t.Fatalf("%d lines unlisted", n)
+	}
+}
+
+// A handler's transaction that submits a task of a new line and stays
+// open (its own slow writes) must not hold up other Submits of that
+// line: before v9, Submits of distinct keys never waited for each other.
+func TestSubmitBesideAnOpenTransactionOfItsNewLine(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := s.SubmitTx(ctx, tx, tenantTask("fresh", "held-1")); err != nil {
+		t.Fatal(err)
+	}
+	// A bound, not a timing: the Submit needs no wait at all; 5 s is
+	// only so that a blocked Submit fails instead of hanging the test.
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := s.Submit(sctx, tenantTask("fresh", "other-1")); err != nil {
+		t.Fatalf("Submit of a line another transaction holds open: %v", err)
+	}
+}
+
+// A worker died holding one task of each of many tenants; their lines,
+// empty while the tasks ran, were swept. Its rescue (one statement, rows
+// in lease order) runs while clients submit batches for the same tenants
+// (lines listed in sorted order). Neither may get deadlock_detected.
+func TestRescueBesideSubmitManyOfSweptLines(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	w := newWorker(t, s, WorkerConfig{BackoffBase: 1, BackoffMax: 1, Handler: func(context.Context, Task) Outcome { return Outcome{} }})
+	for round := range 5 {
+		var batch []NewTask
+		for i := range 200 {
+			batch = append(batch, tenantTask(fmt.Sprintf("r%d-t%03d", round, i), fmt.Sprintf("r%d-held-%d", round, i)))
+		}
+		if _, err := s.SubmitMany(ctx, batch); err != nil {
+			t.Fatal(err)
+		}
+		// Running, the leases of the tenants named last lapsed first: the
+		// rescue lists their lines in the opposite order to a batch's.
+		if _, err := s.pool.Exec(ctx, `UPDATE idemgate_tasks SET state = 'running', attempt = 1, tries = 1, lost = 'retry',
+			locked_by = 'dead', lease_until = now() - right(tenant, 3)::int * interval '1 second' WHERE state = 'pending'`); err != nil {
+			t.Fatal(err)
+		}
+		sweepAll(t, s)
+		var more []NewTask
+		for i := range 200 {
+			more = append(more, tenantTask(fmt.Sprintf("r%d-t%03d", round, i), fmt.Sprintf("r%d-new-%d", round, i)))
+		}
+		var wg sync.WaitGroup
+		var rerr, serr error
+		wg.Add(2)
+		go func() { defer wg.Done(); _, rerr = w.rescuer.rescue(ctx) }()
+		go func() { defer wg.Done(); _, serr = s.SubmitMany(ctx, more) }()
+		wg.Wait()
+		if rerr != nil || serr != nil {
+			t.Fatalf("round %d: rescue: %v; SubmitMany: %v", round, rerr, serr)
+		}
+		if _, err := s.pool.Exec(ctx, `UPDATE idemgate_tasks SET state = 'succeeded', finished_at = now()`); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A handler's transaction submits the first task of a tenant's line and
+// stays open (its own slow writes). Meanwhile a scheduled task of that
+// tenant comes due and a worker's claim places it, which lists the same
+// line. The claim must not wait for the handler's transaction: it holds
+// the kind's lock, so every claim of the kind would wait with it.
+func TestClaimBesideAnOpenTransactionOfANewLine(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t)
+	ctx := context.Background()
+	if err := s.SetKindLimits(ctx, "image", KindLimits{MaxRunning: 100}); err != nil {
+		t.Fatal(err)
+	}
+	later := tenantTask("fresh", "scheduled")
+	later.RunAfter = time.Now().Add(time.Hour)
+	mustSubmit(t, s, later)
+	if _, err := s.pool.Exec(ctx, `UPDATE idemgate_tasks SET run_after = now() - interval '1 second' WHERE tenant = 'fresh'`); err != nil {
+		t.Fatal(err)
+	}
+	// The claim takes another tenant's task of a higher priority, and
+	// places the due one.
+	first := tenantTask("other", "o-1")
+	first.Priority = 5
+	mustSubmit(t, s, first)
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := s.SubmitTx(ctx, tx, tenantTask("fresh", "in-handler")); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(t, s, WorkerConfig{Kinds: []string{"image"}, Handler: func(context.Context, Task) Outcome { return Outcome{} }})
+	w.limited.Store(true)
+	// A bound, not a timing: the claim needs no wait at all.
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	sql, args := w.claimStatement(1)
+	got, err := w.runClaim(cctx, sql, args)
+	if err != nil {
+		t.Fatalf("a claim of image beside a handler's open transaction: %v", err)
+	}
+	if len(got) != 1 {
+		t.Fatalf("claimed %d tasks; want 1", len(got))
+	}
 }
