@@ -13,8 +13,9 @@
 // build cache serves the unchanged packages. The soak's own binary is
 // built once from the unmutated copy: its checker uses the keyspace, which
 // a mutation may break. Before the mutations, each seed gets a baseline
-// run on the unmutated copy; a mutation counts as caught at a seed only
-// when it violates an invariant that the seed's baseline did not.
+// run on the unmutated copy per records store the mutations use; a
+// mutation counts as caught at a seed only when it violates an invariant
+// that its store's baseline at that seed did not.
 //
 // Exit status: 0 when the runs were made, 1 when a mutation does not
 // apply or a run could not be made, 2 on bad flags.
