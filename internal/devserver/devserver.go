@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -177,14 +178,49 @@ func sweep() {
 	}
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago,
+// below the kernel's ephemeral range when there is room there. A server
+// that is killed and started again on its port (the fault tests, the
+// chaos soak) must find it free: a port of the ephemeral range (what
+// listening on port 0 gives) can meanwhile be the local end of any
+// outgoing connection on the machine, and the restart then fails with
+// "address already in use".
 func FreePort() (int, error) {
+	if lo := ephemeralLow(); lo > 2048 {
+		base := max(1024, lo-16384)
+		for range 64 {
+			port := base + rand.IntN(lo-base)
+			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+			if err == nil {
+				l.Close()
+				return port, nil
+			}
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("devserver: free port: %w", err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ephemeralLow returns the first port of the kernel's ephemeral range
+// (Linux), 0 when unknown.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0
+	}
+	lo, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 0
+	}
+	return lo
 }
 
 // waitTCP dials addr until it answers, the server exits or ctx ends.
