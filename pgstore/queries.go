@@ -1068,8 +1068,13 @@ const (
 	// (sweepMinAge), so
 	// the caller's transaction has that long to write its task before the
 	// line may be swept; a line is stamped again at most every 30 s.
+	// A line stamped in the last 30 s is left alone without a write: the
+	// upsert alone would lock its row, take a transaction ID and flush a
+	// commit at every SubmitTx.
 	sqlListLine = `INSERT INTO idemgate_waiting_tenants AS w (kind, priority, tenant)
-VALUES (@kind, @priority, @tenant)
+SELECT @kind, @priority, @tenant
+WHERE NOT EXISTS (SELECT FROM idemgate_waiting_tenants l WHERE l.kind = @kind AND l.priority = @priority
+	AND l.tenant = @tenant AND l.listed_at >= now() - interval '30 seconds')
 ON CONFLICT (kind, priority, tenant) DO UPDATE SET listed_at = now()
 	WHERE w.listed_at < now() - interval '30 seconds'`
 

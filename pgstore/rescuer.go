@@ -106,9 +106,18 @@ func (r *rescuer) rescue(ctx context.Context) (int64, error) {
 func (r *rescuer) sweepWaiting(ctx context.Context) (int64, error) {
 	var examined, removed int64
 	var last waitingLine
-	err := r.pool.QueryRow(ctx, sqlSweepWaiting, pgx.NamedArgs{"kind": r.after.Kind, "priority": r.after.Priority,
-		"tenant": r.after.Tenant, "limit": sweepBatch, "min_age_us": r.minAge.Microseconds()}).Scan(&examined, &last.Kind, &last.Priority, &last.Tenant, &removed)
-	if err != nil {
+	// The sweep needs READ COMMITTED (its second step reads a newer
+	// snapshot; under another isolation it removes nothing), whatever the
+	// database's default_transaction_isolation. The three statements go in
+	// one batch: the sweep's locks are not held across a round trip.
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN ISOLATION LEVEL READ COMMITTED`)
+	b.Queue(sqlSweepWaiting, pgx.NamedArgs{"kind": r.after.Kind, "priority": r.after.Priority,
+		"tenant": r.after.Tenant, "limit": sweepBatch, "min_age_us": r.minAge.Microseconds()}).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&examined, &last.Kind, &last.Priority, &last.Tenant, &removed)
+	})
+	b.Queue(`COMMIT`)
+	if err := r.pool.SendBatch(ctx, b).Close(); err != nil {
 		return 0, interpretError("sweep waiting tenants", err)
 	}
 	r.after = last

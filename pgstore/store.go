@@ -250,19 +250,58 @@ func (s *Store) Submit(ctx context.Context, t NewTask) (Task, error) {
 // the caller must retry.
 //
 // Before the task, it lists the task's line (kind, priority, tenant) for
-// the claim of capped tenants (schema v9) in a statement of its own on
-// the store's pool, committed at once: one round trip more, so that tx
-// never holds a new line's row, which other transactions listing the same
-// line would wait for (see sqlListLine).
+// the claim of capped tenants (schema v9) in a statement of its own,
+// committed at once, so that tx does not hold a new line's row, which
+// other transactions listing the same line would wait for (see
+// sqlListLine). That listing never makes SubmitTx wait: when the pool has
+// no connection to spare (every one may be held by a handler's
+// transaction, tx included) or the line's row is held by an open
+// transaction (tx itself, when its own SQL listed the line), it is
+// skipped and tx lists the line, as every writer's trigger does.
 func (s *Store) SubmitTx(ctx context.Context, tx pgx.Tx, t NewTask) (Task, error) {
 	if err := t.validate(); err != nil {
 		return Task{}, err
 	}
-	if _, err := s.pool.Exec(ctx, sqlListLine, pgx.NamedArgs{"kind": t.Kind, "priority": t.Priority,
-		"tenant": t.Tenant}); err != nil {
-		return Task{}, interpretError("submit", err)
-	}
+	s.listLine(ctx, t)
 	return submit(ctx, tx, t, true, true)
+}
+
+// SubmitTx's listing of a line waits at most listLineConnWait for a
+// connection of the pool (a pool with room may have to dial one; one
+// without room is not asked) and listLineLockWait for the line's row;
+// past either, the caller's transaction lists the line itself.
+const (
+	listLineConnWait = 2 * time.Second
+	listLineLockWait = 100 * time.Millisecond
+)
+
+// listLine lists t's line outside the caller's transaction when it can
+// do so at once. It only spares other transactions a wait: the trigger
+// of the caller's transaction lists the line whatever happens here, so
+// an error is not the caller's.
+func (s *Store) listLine(ctx context.Context, t NewTask) {
+	if st := s.pool.Stat(); st.AcquiredConns() >= st.MaxConns() {
+		return // the caller's own transaction may hold the last one
+	}
+	actx, cancel := context.WithTimeout(ctx, listLineConnWait)
+	conn, err := s.pool.Acquire(actx)
+	cancel()
+	if err != nil {
+		return
+	}
+	defer conn.Release()
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN`)
+	b.Queue(fmt.Sprintf(`SET LOCAL lock_timeout = %d`, listLineLockWait.Milliseconds()))
+	b.Queue(sqlListLine, pgx.NamedArgs{"kind": t.Kind, "priority": t.Priority, "tenant": t.Tenant})
+	b.Queue(`COMMIT`)
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		// A lock timeout aborted the transaction and its COMMIT rolled
+		// it back; a cancel may have left the connection in any state.
+		if !conn.Conn().PgConn().IsClosed() && conn.Conn().PgConn().TxStatus() != 'I' {
+			conn.Conn().Close(context.Background()) //nolint:errcheck // the pool replaces it
+		}
+	}
 }
 
 func submit(ctx context.Context, q querier, t NewTask, notify, savepoints bool) (Task, error) {
