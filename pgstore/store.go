@@ -134,6 +134,8 @@ type Store struct {
 	elapsed func() time.Duration
 	// announce limits Submit's NOTIFYs to one per kind per notifyEvery.
 	announce notifyLimiter
+	// listed remembers the lines SubmitTx listed lately (see listLine).
+	listed listedLines
 
 	test *storeTestHooks // nil except in this package's tests
 }
@@ -280,6 +282,11 @@ const (
 // of the caller's transaction lists the line whatever happens here, so
 // an error is not the caller's.
 func (s *Store) listLine(ctx context.Context, t NewTask) {
+	line := waitingLine{Kind: t.Kind, Priority: int16(t.Priority), Tenant: t.Tenant}
+	start := s.elapsed()
+	if s.listed.recent(line, start) {
+		return
+	}
 	if st := s.pool.Stat(); st.AcquiredConns() >= st.MaxConns() {
 		return // the caller's own transaction may hold the last one
 	}
@@ -301,7 +308,45 @@ func (s *Store) listLine(ctx context.Context, t NewTask) {
 		if !conn.Conn().PgConn().IsClosed() && conn.Conn().PgConn().TxStatus() != 'I' {
 			conn.Conn().Close(context.Background()) //nolint:errcheck // the pool replaces it
 		}
+		return
 	}
+	s.listed.add(line, start)
+}
+
+// A line SubmitTx listed is stamped at most 30 s before the listing, and
+// the sweep leaves a line stamped in the last minute (sweepMinAge): for
+// listedFor after its listing was sent, the line's row exists and SubmitTx
+// need not list it again, which spares every SubmitTx of a busy line a
+// round trip. Nothing depends on it for correctness: were the row gone,
+// the caller's transaction would list the line itself.
+const (
+	listedFor = 20 * time.Second
+	listedMax = 4096 // lines remembered; past it, the memory starts over
+)
+
+// listedLines is the set of lines a Store listed lately, by the Store's
+// monotonic clock.
+type listedLines struct {
+	mu   sync.Mutex
+	seen map[waitingLine]time.Duration
+}
+
+// recent reports whether line was listed less than listedFor before now.
+func (l *listedLines) recent(line waitingLine, now time.Duration) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	at, ok := l.seen[line]
+	return ok && now-at < listedFor
+}
+
+// add records that line's listing was sent at at.
+func (l *listedLines) add(line waitingLine, at time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.seen == nil || len(l.seen) >= listedMax {
+		l.seen = make(map[waitingLine]time.Duration)
+	}
+	l.seen[line] = at
 }
 
 func submit(ctx context.Context, q querier, t NewTask, notify, savepoints bool) (Task, error) {

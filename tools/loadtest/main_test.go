@@ -51,7 +51,10 @@ func TestRun(t *testing.T) {
 	// The Atomic stack's records pool carries its task statements too: a
 	// miss is the claim; BEGIN with its SET LOCAL; SAVEPOINT (SubmitTx's);
 	// the task's INSERT; RELEASE; the completion with COMMIT. A replay or
-	// a conflict opens no transaction.
+	// a conflict opens no transaction. SubmitTx also lists its task's line
+	// (pgstore v9) once a line every 20 s: one round trip more for the
+	// scenario's one tenant, once for each of the 4 clients that race to
+	// its first listing in a run this short.
 	wantAtomicRT := map[string]float64{"miss": 6, "replay": 1, "conflict": 1}
 	if len(rep.Results) != 4*len(stackOrder) {
 		t.Fatalf("%d results, want 4 scenarios × %d stacks %v", len(rep.Results), len(stackOrder), stackOrder)
@@ -69,12 +72,16 @@ func TestRun(t *testing.T) {
 			redisRT, pgRT = pgRT, redisRT
 		}
 		want, ok := wantRT[res.Scenario]
+		extra := 0.0 // round trips allowed beyond want, per request
 		if res.Stack == idemgatePGAtomicName {
 			want, ok = wantAtomicRT[res.Scenario]
+			if res.Scenario == "miss" && res.Requests > 0 {
+				extra = 4 / float64(res.Requests)
+			}
 		}
-		if ok && (math.Abs(redisRT-want) > 1e-9 || pgRT != 0) {
-			t.Errorf("%s: %.3f round trips per request to its %s records store (want %v), %.3f to the other (want 0)",
-				name, redisRT, res.Records, want, pgRT)
+		if ok && (redisRT < want-1e-9 || redisRT > want+extra+1e-9 || pgRT != 0) {
+			t.Errorf("%s: %.3f round trips per request to its %s records store (want %v, %d requests), %.3f to the other (want 0)",
+				name, redisRT, res.Records, want, res.Requests, pgRT)
 		}
 		if res.Requests == 0 || res.TransportErrors != 0 {
 			t.Errorf("%s: %d requests, %d transport errors", name, res.Requests, res.TransportErrors)
