@@ -12,12 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
+	"github.com/idemgate/idemgate/internal/opsbench"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
-	"github.com/idemgate/idemgate/pgstore"
 )
 
 // dyingCommit is a TxStore whose commits fail while fail is set, the way a
@@ -59,18 +57,7 @@ type atomicNode struct {
 func newAtomicNode(t *testing.T) *atomicNode {
 	t.Helper()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	store, err := pgstore.New(ctx, pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	pool, store := opsbench.Migrated(t, testenv.PostgresDSN(t))
 	recs, err := pgrecords.New(ctx, pool)
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -11,30 +10,17 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate/internal/opsbench"
 	"github.com/idemgate/idemgate/internal/testenv"
-	"github.com/idemgate/idemgate/pgstore"
 )
 
 // newLimitedNode is newTaskNode with per-tenant limits, and the miniredis
 // that holds its idempotency records.
 func newLimitedNode(t *testing.T, exports, submits tenantLimit) (*taskNode, *miniredis.Miniredis) {
 	t.Helper()
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	store, err := pgstore.New(ctx, pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	pool, store := opsbench.Migrated(t, testenv.PostgresDSN(t))
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { rdb.Close() })

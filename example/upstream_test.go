@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate/internal/opsbench"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/internal/wait"
 	"github.com/idemgate/idemgate/pgstore"
@@ -265,18 +266,7 @@ func TestKilledWorkerIsChargedOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn := testenv.PostgresDSN(t)
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	store, err := pgstore.New(ctx, pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	pool, store := opsbench.Migrated(t, dsn)
 	// A long call to kill in the middle of; a short lease, so the next
 	// worker takes the task over soon; a lost attempt retried, not
 	// reconciled.

@@ -1,5 +1,5 @@
-// Package opsbench gives tests of the operator tools and of the routes
-// that read the queue a migrated pgstore database with a few tasks of two
+// Package opsbench gives tests a migrated pgstore database, and the
+// operator tools' and queue routes' tests one with a few tasks of two
 // tenants.
 package opsbench
 
@@ -29,6 +29,25 @@ type Bench struct {
 func Seed(t testing.TB, dsn, runtime, network string) *Bench {
 	t.Helper()
 	ctx := context.Background()
+	pool, store := Migrated(t, dsn)
+	b := &Bench{DSN: dsn, Pool: pool, Store: store}
+	for i, nt := range []struct{ tenant, kind string }{{"acme", "images"}, {"acme", "music"}, {"globex", "images"}} {
+		task, err := store.Submit(ctx, pgstore.NewTask{Tenant: nt.tenant, Owner: "owner", Kind: nt.kind,
+			Runtime: runtime, Network: network, IdempotencyKey: fmt.Sprintf("key-%d", i),
+			Fingerprint: "v1:fp", Params: json.RawMessage(`{"prompt":"p"}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.IDs = append(b.IDs, task.ID)
+	}
+	return b
+}
+
+// Migrated returns a pool on the database at dsn, closed when t ends, and
+// a pgstore.Store on it whose schema is migrated.
+func Migrated(t testing.TB, dsn string) (*pgxpool.Pool, *pgstore.Store) {
+	t.Helper()
+	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -41,15 +60,5 @@ func Seed(t testing.TB, dsn, runtime, network string) *Bench {
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	b := &Bench{DSN: dsn, Pool: pool, Store: store}
-	for i, nt := range []struct{ tenant, kind string }{{"acme", "images"}, {"acme", "music"}, {"globex", "images"}} {
-		task, err := store.Submit(ctx, pgstore.NewTask{Tenant: nt.tenant, Owner: "owner", Kind: nt.kind,
-			Runtime: runtime, Network: network, IdempotencyKey: fmt.Sprintf("key-%d", i),
-			Fingerprint: "v1:fp", Params: json.RawMessage(`{"prompt":"p"}`)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b.IDs = append(b.IDs, task.ID)
-	}
-	return b
+	return pool, store
 }
