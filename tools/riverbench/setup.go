@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/idemgate/idemgate/tools/internal/pgdsn"
+
 	"context"
 	"fmt"
 	"os"
@@ -70,7 +72,7 @@ func startDatabases(ctx context.Context, adminURL string, statements bool, conns
 			d.close()
 			return nil, fmt.Errorf("create database: %w", err)
 		}
-		d.dsns[sys] = withDatabase(d.admin, name)
+		d.dsns[sys] = pgdsn.WithDatabase(d.admin, name)
 	}
 	return d, nil
 }
@@ -112,19 +114,4 @@ func (d *databases) close() {
 			fmt.Fprintln(os.Stderr, "riverbench: drop database:", err)
 		}
 	}
-}
-
-// withDatabase swaps the database of a postgres:// URL or key=value DSN.
-func withDatabase(dsn, name string) string {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		head, query, _ := strings.Cut(dsn, "?")
-		scheme, rest, _ := strings.Cut(head, "://")
-		host, _, _ := strings.Cut(rest, "/")
-		out := scheme + "://" + host + "/" + name
-		if query != "" {
-			out += "?" + query
-		}
-		return out
-	}
-	return dsn + " dbname=" + name
 }

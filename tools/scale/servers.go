@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/idemgate/idemgate/tools/internal/pgdsn"
+
 	"context"
 	"fmt"
 	"os"
@@ -68,7 +70,7 @@ func (p *postgres) database(ctx context.Context) (*pgxpool.Pool, func(), error) 
 	if err := p.admExec(ctx, "CREATE DATABASE "+name+" TEMPLATE "+p.template()); err != nil {
 		return nil, nil, fmt.Errorf("create database: %w", err)
 	}
-	cfg, err := pgxpool.ParseConfig(withDatabase(p.admin, name))
+	cfg, err := pgxpool.ParseConfig(pgdsn.WithDatabase(p.admin, name))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -98,7 +100,7 @@ func (p *postgres) migrateTemplate(ctx context.Context) error {
 	if err := p.admExec(ctx, "CREATE DATABASE "+p.template()); err != nil {
 		return fmt.Errorf("create template database: %w", err)
 	}
-	pool, err := pgxpool.New(ctx, withDatabase(p.admin, p.template()))
+	pool, err := pgxpool.New(ctx, pgdsn.WithDatabase(p.admin, p.template()))
 	if err != nil {
 		return err
 	}
@@ -128,21 +130,6 @@ func (p *postgres) admExec(ctx context.Context, sql string) error {
 	defer conn.Close(ctx)
 	_, err = conn.Exec(ctx, sql)
 	return err
-}
-
-// withDatabase is dsn (a URL or key=value string) naming database name.
-func withDatabase(dsn, name string) string {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		head, query, _ := strings.Cut(dsn, "?")
-		scheme, rest, _ := strings.Cut(head, "://")
-		host, _, _ := strings.Cut(rest, "/")
-		out := scheme + "://" + host + "/" + name
-		if query != "" {
-			out += "?" + query
-		}
-		return out
-	}
-	return dsn + " dbname=" + name
 }
 
 // loadAvg is the machine's one-minute load average.
