@@ -1,8 +1,6 @@
 package main
 
 import (
-	"github.com/idemgate/idemgate/tools/internal/pgdsn"
-
 	"context"
 	"fmt"
 	"os"
@@ -13,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemgate/idemgate/internal/devserver"
+	"github.com/idemgate/idemgate/tools/internal/pgdsn"
 )
 
 // databases are the run's databases, one per system, on one server.

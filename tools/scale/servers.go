@@ -1,8 +1,6 @@
 package main
 
 import (
-	"github.com/idemgate/idemgate/tools/internal/pgdsn"
-
 	"context"
 	"fmt"
 	"os"
@@ -19,6 +17,7 @@ import (
 	"github.com/idemgate/idemgate/internal/devserver"
 	"github.com/idemgate/idemgate/pgrecords"
 	"github.com/idemgate/idemgate/pgstore"
+	"github.com/idemgate/idemgate/tools/internal/pgdsn"
 )
 
 // postgres is the run's server: each measured queue or table gets a
