@@ -117,7 +117,12 @@
 // their claim indexes built CONCURRENTLY and read back before the ones
 // they replace are dropped; version 7 bounds the kind limits' rate;
 // version 8 rebuilds the claim indexes the same way, so that a task
-// scheduled for later waits outside them until it is due. The
+// scheduled for later waits outside them until it is due; version 9 adds
+// idemgate_waiting_tenants, the lines with waiting tasks, kept by
+// statement triggers, which a claim walks past capped tenants; version 10
+// drops the index of every kind's waiting tasks (a worker of any kind
+// reads each kind's line on the claim index), so that an insert writes
+// four indexes, not five. The
 // migrating session's search_path is pinned to the schema it migrates,
 // and what a step drops is read back from that schema's catalog and named
 // by it, so a migration never touches another schema.

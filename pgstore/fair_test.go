@@ -202,38 +202,51 @@ func TestScheduledBacklogCostsOthersNothing(t *testing.T) {
 // A worker of several kinds takes the kinds in turn within a priority:
 // a tenant's fresh backlog of a new kind (turns from 0) does not go ahead
 // of another tenant's next task of an older kind (turn 5,000), with or
-// without limits. By raw turn it did: the first claims took the new
-// kind's backlog only. A worker of every kind (no Kinds) still orders
-// by turn across kinds (docs/queue.md).
+// without limits, and whether the worker names its kinds as literals, has
+// a kind that cannot be one, or serves every kind (no Kinds). By raw turn
+// it did: the first claims took the new kind's backlog only (a worker of
+// every kind did so until schema v10, reading one index of all kinds).
 func TestKindsTakeTurnsForAWorkerOfSeveralKinds(t *testing.T) {
 	t.Parallel()
-	for _, limited := range []bool{false, true} {
-		t.Run(fmt.Sprintf("limited=%v", limited), func(t *testing.T) {
-			t.Parallel()
-			s, _ := setup(t)
-			ctx := context.Background()
-			if limited {
-				if err := s.SetKindLimits(ctx, "audio", KindLimits{MaxRunning: 1000}); err != nil {
+	shapes := []struct {
+		name    string
+		kinds   []string
+		newKind string
+	}{
+		{"any kind", nil, "image"},
+		{"literal kinds", []string{"audio", "image"}, "image"},
+		{"non-literal kind", []string{"audio", "an image's kind"}, "an image's kind"},
+	}
+	for _, shape := range shapes {
+		for _, limited := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/limited=%v", shape.name, limited), func(t *testing.T) {
+				t.Parallel()
+				s, _ := setup(t)
+				ctx := context.Background()
+				if limited {
+					if err := s.SetKindLimits(ctx, "audio", KindLimits{MaxRunning: 1000}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				old := tenantTask("a", "old-kind")
+				old.Kind = "audio"
+				oldTask := mustSubmit(t, s, old)
+				if _, err := s.pool.Exec(ctx, `UPDATE idemgate_tasks SET turn = 5000 WHERE id = $1::uuid`, oldTask.ID); err != nil {
 					t.Fatal(err)
 				}
-			}
-			old := tenantTask("a", "old-kind")
-			old.Kind = "audio"
-			oldTask := mustSubmit(t, s, old)
-			if _, err := s.pool.Exec(ctx, `UPDATE idemgate_tasks SET turn = 5000 WHERE id = $1::uuid`, oldTask.ID); err != nil {
-				t.Fatal(err)
-			}
-			batch := make([]NewTask, 100)
-			for i := range batch {
-				batch[i] = tenantTask("b", fmt.Sprintf("new-%d", i))
-			}
-			if _, err := s.SubmitMany(ctx, batch); err != nil {
-				t.Fatal(err)
-			}
-			got := claimNow(t, s, []string{"audio", "image"}, 2)
-			if !slices.ContainsFunc(got, func(c Task) bool { return c.ID == oldTask.ID }) {
-				t.Fatalf("a claim of 2 took %v; want the older kind's task beside the new kind's first", keysOf(got))
-			}
-		})
+				batch := make([]NewTask, 100)
+				for i := range batch {
+					batch[i] = tenantTask("b", fmt.Sprintf("new-%d", i))
+					batch[i].Kind = shape.newKind
+				}
+				if _, err := s.SubmitMany(ctx, batch); err != nil {
+					t.Fatal(err)
+				}
+				got := claimNow(t, s, shape.kinds, 2)
+				if !slices.ContainsFunc(got, func(c Task) bool { return c.ID == oldTask.ID }) {
+					t.Fatalf("a claim of 2 took %v; want the older kind's task beside the new kind's first", keysOf(got))
+				}
+			})
+		}
 	}
 }

@@ -77,6 +77,17 @@ var migrations = []migrate.Migration{
 	{Version: 9, Name: "the lines with waiting tasks, for the claim's walk of capped tenants", Steps: []migrate.Step{
 		{Name: "create the waiting-tenants table and its triggers, and fill it", Run: migrate.TxExec(sqlV9Waiting)},
 	}},
+	// v10 builds nothing: the claim of any kind reads each kind's line on
+	// the claim index, so the index of every kind's waiting tasks goes,
+	// and each insert writes four indexes instead of five (two of them
+	// carrying the turn instead of three). Run it once no worker of an
+	// earlier version claims "any kind": such a claim still works, but
+	// without its index it reads every waiting task. Killed during the
+	// drop, the index is left invalid (no reader uses it, writers still
+	// keep it) and the rerun drops it.
+	{Version: 10, Name: "drop the any-kind runnable index", Steps: []migrate.Step{
+		{Name: "drop v8's runnable index concurrently", Run: migrate.DropIndex(tasksTable, indexRunnableV8)},
+	}},
 }
 
 // Migrate brings the schema to the newest version. It is idempotent and

@@ -111,6 +111,20 @@ func assertFinalSchema(t testing.TB, pool *pgxpool.Pool) {
 	if invalid != 0 {
 		t.Fatalf("%d invalid indexes left on the table", invalid)
 	}
+	// The indexes every insert writes, and those of other states: v10
+	// dropped the any-kind runnable index.
+	rows, _ = pool.Query(context.Background(), `SELECT indexrelid::regclass::text FROM pg_index
+		WHERE indrelid = to_regclass('idemgate_tasks') ORDER BY 1`)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantNames := []string{"idemgate_tasks_claim_v8", "idemgate_tasks_done", indexKeyWide, "idemgate_tasks_leased",
+		"idemgate_tasks_pkey", indexScheduled, indexTenantTurn, "idemgate_tasks_uncertain"}
+	slices.Sort(wantNames)
+	if !slices.Equal(names, wantNames) {
+		t.Fatalf("indexes on the tasks = %v; want %v", names, wantNames)
+	}
 }
 
 func slicesEqualFunc(a, b []keyIndex) bool {

@@ -50,8 +50,10 @@ const (
 	// the tasks waiting for their RunAfter to be given a turn (v8); it
 	// replaces indexClaimV6.
 	indexClaimV8 = "idemgate_tasks_claim_v8"
-	// indexRunnableV8 serves the claim of any kind the same way (v8); it
-	// replaces indexRunnableV6.
+	// indexRunnableV8 served the claim of any kind the same way (v8); it
+	// replaced indexRunnableV6. v10 drops it: the claim of any kind reads
+	// each kind on indexClaimV8 (waitingKinds), and every insert writes
+	// one index fewer.
 	indexRunnableV8 = "idemgate_tasks_runnable_v8"
 	// indexScheduled finds the tasks waiting for their RunAfter to be
 	// given a turn, by RunAfter (v8).
@@ -230,9 +232,9 @@ ALTER TABLE idemgate_kind_limits DROP CONSTRAINT IF EXISTS idemgate_kind_limits_
 	ON idemgate_tasks (kind, priority DESC, turn NULLS FIRST, run_after)
 	WHERE state IN ('pending', 'retrying') AND (turn IS NULL OR turn >= 0)`
 	//
-	// The runnable index also says attempt >= 0, true of every row, which
-	// only the claim of any kind states (anyKindIndex): so no lookup of
-	// one kind's line can use it. The planner estimates a kind's share of
+	// The runnable index also said attempt >= 0, true of every row, which
+	// only the claim of any kind stated: so no lookup of one kind's line
+	// could use it. The planner estimates a kind's share of
 	// the index from the whole table, and chose it for a kind whose tasks
 	// are all scheduled (absent from the index), reading past every other
 	// kind's backlog (1,151 buffers at 50k) in Submit and the claim.
@@ -387,9 +389,18 @@ func turnOf(kind, priority, tenant string) string {
 // turn when due (v8).
 const unplaced = `-1`
 
-// anyKindIndex is the condition that lets a statement use the runnable
-// index (see sqlCreateRunnableIndexV8): only the claim of any kind.
-const anyKindIndex = `attempt >= 0`
+// waitingKinds are the kinds listed in idemgate_waiting_tenants, each
+// once, in order: a superset of the kinds with placed waiting tasks, read
+// by skipping from one kind to the next on the table's key (one descent a
+// kind, never a read of the kind's lines). The claim of any kind reads
+// each kind's candidates on the claim index (v10: there is no index of
+// every kind's waiting tasks).
+const waitingKinds = `WITH RECURSIVE k AS (
+	(SELECT w.kind FROM idemgate_waiting_tenants w ORDER BY w.kind LIMIT 1)
+	UNION ALL
+	SELECT (SELECT w.kind FROM idemgate_waiting_tenants w WHERE w.kind > k.kind ORDER BY w.kind LIMIT 1)
+	FROM k WHERE k.kind IS NOT NULL
+) SELECT k.kind FROM k WHERE k.kind IS NOT NULL`
 
 // placed is true of a task that has its turn (or a task from before v6,
 // which has none and goes first): the claim indexes' condition (v8).
@@ -821,10 +832,10 @@ FROM (SELECT kind FROM ranked WHERE NOT ok
 // tasks past another kind's backlog (with a parameter, a generic plan
 // may), and so that a kind with MaxRunningPerTenant passes its capped
 // tenants by without reading their backlog (perTenantCandidates). Kinds
-// that cannot be literals are read together (correct, but the planner
-// may scan other kinds' backlog, and a capped tenant's backlog is read
-// past), as is every kind when kinds is empty: then a kind with no room
-// is read past too.
+// that cannot be literals, and every kind when kinds is empty, are read
+// kind by kind on the claim index, the kinds taken from
+// idemgate_waiting_tenants (waitingKinds): a kind with no room is not
+// read, but a capped tenant's backlog is read past.
 func claimRunnableSQL(kinds []string) string {
 	kinds = distinctKinds(kinds)
 	sh := claimShape{order: runnableOrder, pick: runnablePick, due: runnableDue, set: claimSet}
@@ -949,16 +960,22 @@ RETURNING ` + tTaskColumns + `, false AS duplicate`
 func runnableCandidates(kinds []string, noRoom string) (limitKinds, candidates string) {
 	kinds = distinctKinds(kinds)
 	if len(kinds) == 0 || slices.ContainsFunc(kinds, func(k string) bool { return !literalKind(k) }) {
+		// Formatted with k.kind, noRoom's test of the kind's room is a
+		// condition on the lateral's parameter alone: a kind without room
+		// is not read.
+		kindRoom := noRoom
 		if noRoom != "" {
-			noRoom = fmt.Sprintf(noRoom, "t.kind")
+			noRoom, kindRoom = fmt.Sprintf(noRoom, "t.kind"), fmt.Sprintf(noRoom, "k.kind")
 		}
 		return fmt.Sprintf(anyOfKinds, "l.kind"), `c0 AS (
-	SELECT id, kind, tenant, priority, turn, run_after FROM idemgate_tasks t
-	WHERE state IN ('pending', 'retrying') AND run_after <= now() AND ` + placed + ` AND ` + anyKindIndex + `
-		AND ` + fmt.Sprintf(anyOfKinds, "kind") + ` AND ` + notHeld + noRoom + `
-	ORDER BY ` + runnableOrder + `
-	LIMIT @limit
-	FOR UPDATE SKIP LOCKED
+	SELECT c.* FROM (` + waitingKinds + `) k CROSS JOIN LATERAL (
+		SELECT id, kind, tenant, priority, turn, run_after FROM idemgate_tasks t
+		WHERE t.kind = k.kind AND state IN ('pending', 'retrying') AND run_after <= now() AND ` + placed + `
+			AND ` + notHeld + kindRoom + `
+		ORDER BY ` + runnableOrder + `
+		LIMIT @limit
+		FOR UPDATE SKIP LOCKED) c
+	WHERE ` + fmt.Sprintf(anyOfKinds, "k.kind") + `
 ), cand AS (SELECT * FROM c0 UNION ALL ` + unplacedArm(noRoom) + `)`
 	}
 	var b strings.Builder

@@ -272,8 +272,13 @@ func TestMigrateToV9BesideSubmits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if last := vs[len(vs)-1]; last.Version != 9 || !last.Applied {
-		t.Fatalf("last version %+v; want 9 applied", last)
+	for _, v := range vs {
+		if !v.Applied {
+			t.Fatalf("version %+v not applied", v)
+		}
+	}
+	if last := vs[len(vs)-1]; last.Version < 9 {
+		t.Fatalf("last version %+v; want 9 or later", last)
 	}
 }
 
