@@ -389,22 +389,29 @@ func turnOf(kind, priority, tenant string) string {
 // turn when due (v8).
 const unplaced = `-1`
 
-// waitingKinds are the kinds listed in idemgate_waiting_tenants, each
-// once, in order: a superset of the kinds with placed waiting tasks, read
-// by skipping from one kind to the next on the table's key (one descent a
-// kind, never a read of the kind's lines). The claim of any kind reads
-// each kind's candidates on the claim index (v10: there is no index of
-// every kind's waiting tasks).
+// waitingKinds are the kinds with placed waiting tasks, each once, in
+// order, found by skipping from one kind to the next on the claim index
+// (one descent a kind, never a read of the kind's line). The claim of any
+// kind reads each kind's candidates on the claim index (v10: there is no
+// index of every kind's waiting tasks). The kinds come from the index,
+// not from idemgate_waiting_tenants: a task whose line is missing there
+// (written with triggers off, as a data-only restore may) is still
+// claimed.
 const waitingKinds = `WITH RECURSIVE k AS (
-	(SELECT w.kind FROM idemgate_waiting_tenants w ORDER BY w.kind LIMIT 1)
+	(SELECT t.kind FROM idemgate_tasks t WHERE t.state IN ('pending', 'retrying') AND ` + placedT + `
+		ORDER BY t.kind LIMIT 1)
 	UNION ALL
-	SELECT (SELECT w.kind FROM idemgate_waiting_tenants w WHERE w.kind > k.kind ORDER BY w.kind LIMIT 1)
+	SELECT (SELECT t.kind FROM idemgate_tasks t WHERE t.kind > k.kind AND t.state IN ('pending', 'retrying') AND ` + placedT + `
+		ORDER BY t.kind LIMIT 1)
 	FROM k WHERE k.kind IS NOT NULL
 ) SELECT k.kind FROM k WHERE k.kind IS NOT NULL`
 
 // placed is true of a task that has its turn (or a task from before v6,
 // which has none and goes first): the claim indexes' condition (v8).
 const placed = `(turn IS NULL OR turn >= 0)`
+
+// placedT is placed, on t.
+const placedT = `(t.turn IS NULL OR t.turn >= 0)`
 
 // newTurn is the turn of a new task due at runAfter (SQL, NULL: now) of
 // (kind, priority, tenant): unplaced if it is not due yet, else turnOf.
@@ -833,9 +840,8 @@ FROM (SELECT kind FROM ranked WHERE NOT ok
 // may), and so that a kind with MaxRunningPerTenant passes its capped
 // tenants by without reading their backlog (perTenantCandidates). Kinds
 // that cannot be literals, and every kind when kinds is empty, are read
-// kind by kind on the claim index, the kinds taken from
-// idemgate_waiting_tenants (waitingKinds): a kind with no room is not
-// read, but a capped tenant's backlog is read past.
+// kind by kind on the claim index (waitingKinds): a kind with no room is
+// not read, but a capped tenant's backlog is read past.
 func claimRunnableSQL(kinds []string) string {
 	kinds = distinctKinds(kinds)
 	sh := claimShape{order: runnableOrder, pick: runnablePick, due: runnableDue, set: claimSet}
