@@ -444,7 +444,8 @@ var dueUnplaced = `u AS (
 // (picked) their turn.
 const promoted = `promoted AS (
 	UPDATE idemgate_tasks t SET turn = u.turn
-	FROM u WHERE t.id = u.id AND NOT EXISTS (SELECT FROM picked WHERE picked.id = u.id)
+	FROM u WHERE t.id = u.id AND t.id = ANY(ARRAY(SELECT u.id FROM u))
+		AND NOT EXISTS (SELECT FROM picked WHERE picked.id = u.id)
 )`
 
 // unplacedArm is the candidates among u of the claim's kinds; cond, if not
@@ -685,12 +686,12 @@ FROM idemgate_tasks WHERE state = 'uncertain' AND locked_by IS NOT NULL AND run_
 // lockedKinds): limits set between this statement and the claim (a kind
 // paused here may have MaxRunning there) give no room to a kind it did
 // not lock, so that two claims never count one kind's room at once.
-// It also turns JIT off for the claim: the claim reads a few rows, but
-// its estimates (CTEs, window functions) can pass jit_above_cost, and
-// compiling it would cost far more than running it.
+// It also sets claimSettings, JIT off among them: the claim reads a few
+// rows, but its estimates (CTEs, window functions) can pass
+// jit_above_cost, and compiling it would cost far more than running it.
 // limited says whether any of @kinds (all when empty) has limits or is
 // paused: while none has, workers claim with claimFreeSQL.
-const sqlLockLimitedKinds = `SELECT set_config('jit', 'off', true) AS jit,
+const sqlLockLimitedKinds = `SELECT ` + claimSettings + ` AS settings,
 	(SELECT cardinality(set_config('idemgate.locked_kinds', coalesce(array_agg(k.kind), '{}')::text, true)::text[])
 	FROM (SELECT l.kind, pg_advisory_xact_lock(8192, hashtext(l.kind)) FROM idemgate_kind_limits l
 		WHERE ` + hasLimits + `
@@ -698,6 +699,25 @@ const sqlLockLimitedKinds = `SELECT set_config('jit', 'off', true) AS jit,
 		ORDER BY hashtext(l.kind), l.kind) k) AS locked,
 	EXISTS (SELECT FROM idemgate_kind_limits l WHERE ` + hasLimits + `
 		AND (cardinality(coalesce(@kinds::text[], '{}')) = 0 OR l.kind = ANY(@kinds::text[]))) AS limited`
+
+// claimSettings are the settings of a claim's transaction: JIT off (see
+// sqlLockLimitedKinds) and the claim's generic plan. A claim's LIMIT is a
+// parameter (@limit), which a generic plan estimates at a tenth of the
+// rows: beside a backlog of 100k the generic plan looks ten times the
+// custom one, Postgres never switches to it, and every claim was planned
+// again (2–3 ms a claim at 100k, more than it takes to run; half the
+// claim's latency, its growth from the small queue to 100k). The generic
+// plan has the custom plan's shape at any backlog (the claim index read
+// in order under the limit: TestClaimGenericPlanReadsTheIndex), so the
+// claim is planned once per connection. Its UPDATEs find their rows by
+// id = ANY(ARRAY(…)) beside the join: by the join alone, the generic
+// plan took the picked rows for a tenth of the table and hashed it whole
+// (a sequential scan of every task at every claim).
+const claimSettings = `set_config('jit', 'off', true) || ' ' || set_config('plan_cache_mode', 'force_generic_plan', true)`
+
+// sqlClaimSettings sets claimSettings in the transaction of a claim of
+// kinds without limits, which has no lock statement to carry them.
+const sqlClaimSettings = `SELECT ` + claimSettings
 
 // hasLimits is true of a limits row l that limits or pauses its kind.
 const hasLimits = `(l.max_running > 0 OR l.max_running_per_tenant > 0 OR l.starts_per_second > 0 OR l.paused)`
@@ -815,7 +835,7 @@ func claimSQL(sh claimShape) string {
 	SELECT id, turn FROM ranked WHERE ok ORDER BY ` + sh.pick + ` LIMIT @limit
 ), ` + promoted + `, claimed AS (
 	UPDATE idemgate_tasks t SET ` + sh.set + `, turn = picked.turn
-	FROM picked WHERE t.id = picked.id
+	FROM picked WHERE t.id = picked.id AND t.id = ANY(ARRAY(SELECT picked.id FROM picked))
 	RETURNING ` + tTaskColumns + `
 ), spent AS (
 	UPDATE idemgate_kind_limits l SET tokens = lim.tokens - c.n, refilled_at = statement_timestamp()
@@ -955,7 +975,7 @@ func claimFreeSQL(kinds []string) string {
 	LIMIT @limit
 ), ` + promoted + `
 UPDATE idemgate_tasks t SET ` + claimSet + `, turn = picked.turn
-FROM picked WHERE t.id = picked.id
+FROM picked WHERE t.id = picked.id AND t.id = ANY(ARRAY(SELECT picked.id FROM picked))
 RETURNING ` + tTaskColumns + `, false AS duplicate`
 }
 

@@ -330,11 +330,11 @@ func (w *Worker) claimStatement(n int) (string, pgx.NamedArgs) {
 		"held": w.attempts.ids(), "uncertain_kinds": w.uncertainKinds, "kinds": w.cfg.Kinds}
 }
 
-// runClaim runs a claim statement and returns the claimed tasks. The
-// claim of kinds without limits (claimFreeSQL) runs alone. A claim with
-// limits runs in a transaction of its own after
-// sqlLockLimitedKinds, all in one round trip: its snapshot is taken after
-// the locks are granted, so it sees every claim of a limited kind
+// runClaim runs a claim statement and returns the claimed tasks, in a
+// transaction of its own, in one round trip. The claim of kinds without
+// limits (claimFreeSQL) runs after sqlClaimSettings; a claim with limits
+// after sqlLockLimitedKinds, which sets them too: its snapshot is taken
+// after the locks are granted, so it sees every claim of a limited kind
 // committed before. A kind it reports held back by its limits is emitted
 // as WorkerHeldBack.
 func (w *Worker) runClaim(ctx context.Context, sql string, args pgx.NamedArgs) ([]Task, error) {
@@ -342,22 +342,25 @@ func (w *Worker) runClaim(ctx context.Context, sql string, args pgx.NamedArgs) (
 		rows, _ := w.store.pool.Query(ctx, w.test.plainClaim, args)
 		return pgx.CollectRows(rows, pgx.RowToStructByName[Task])
 	}
-	if sql == w.claimFreeSQL {
-		rows, _ := w.store.pool.Query(ctx, sql, args)
-		return pgx.CollectRows(rows, pgx.RowToStructByName[Task])
-	}
+	free := sql == w.claimFreeSQL
 	var b pgx.Batch
 	b.Queue("BEGIN")
-	b.Queue(sqlLockLimitedKinds, pgx.NamedArgs{"kinds": w.cfg.Kinds})
+	if free {
+		b.Queue(sqlClaimSettings)
+	} else {
+		b.Queue(sqlLockLimitedKinds, pgx.NamedArgs{"kinds": w.cfg.Kinds})
+	}
 	b.Queue(sql, args)
 	b.Queue("COMMIT")
 	br := w.store.pool.SendBatch(ctx, &b)
 	_, err := br.Exec()
-	if err == nil {
-		var jit string
+	if err == nil && free {
+		_, err = br.Exec()
+	} else if err == nil {
+		var settings string
 		var locked int
 		var limited bool
-		if err = br.QueryRow().Scan(&jit, &locked, &limited); err == nil {
+		if err = br.QueryRow().Scan(&settings, &locked, &limited); err == nil {
 			w.limited.Store(limited)
 		}
 	}

@@ -1,0 +1,175 @@
+package pgstore
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// claimBacklog stores n due tasks of kind image, of 100 tenants, with
+// turns as Submit gives them, and analyzes the table.
+func claimBacklog(t testing.TB, s *Store, n int) {
+	t.Helper()
+	if _, err := s.pool.Exec(context.Background(), `INSERT INTO idemgate_tasks
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, run_after, turn)
+		SELECT 'tenant-' || (g % 100), 'o', 'image', 'gpu', 'main', 'backlog-' || g, 'f', now() - interval '1 hour', g / 100
+		FROM generate_series(1, $1::int) g`, n); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(context.Background(), "VACUUM ANALYZE idemgate_tasks"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A worker's claim is planned once per connection, not at every claim.
+// Its LIMIT is a parameter, which a generic plan estimates at a tenth of
+// the rows: beside a backlog the generic plan looked far costlier than a
+// custom one, so Postgres planned every claim again (custom_plans grew
+// by one a claim; 2–3 ms a claim at 100k, half its latency).
+func TestClaimIsPlannedOnce(t *testing.T) {
+	t.Parallel()
+	for _, limited := range []bool{false, true} {
+		for _, shape := range claimShapes[:2] {
+			t.Run(fmt.Sprintf("%s/limited=%v", shape.name, limited), func(t *testing.T) {
+				t.Parallel()
+				db := newTestDB(t)
+				db.store(t) // migrated
+				cfg, err := pgxpool.ParseConfig(db.dsn)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cfg.MaxConns = 1 // one session: its prepared statements are the claims'
+				pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(pool.Close)
+				s, err := New(context.Background(), pool)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx := context.Background()
+				if limited {
+					if err := s.SetKindLimits(ctx, "image", KindLimits{MaxRunning: 1000}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				claimBacklog(t, s, 20000)
+				w := newWorker(t, s, WorkerConfig{Kinds: shape.kinds, Lease: time.Hour,
+					Handler: func(context.Context, Task) Outcome { return Outcome{} }})
+				w.limited.Store(limited)
+				const claims = 8
+				taken := 0
+				for range claims {
+					sql, args := w.claimStatement(4)
+					got, err := w.runClaim(ctx, sql, args)
+					if err != nil {
+						t.Fatal(err)
+					}
+					taken += len(got)
+				}
+				if taken != 4*claims {
+					t.Fatalf("%d claims took %d tasks; want %d", claims, taken, 4*claims)
+				}
+				var custom, generic int
+				if err := pool.QueryRow(ctx, `SELECT coalesce(sum(custom_plans), 0), coalesce(sum(generic_plans), 0)
+					FROM pg_prepared_statements WHERE statement LIKE '%FOR UPDATE SKIP LOCKED%'`).Scan(&custom, &generic); err != nil {
+					t.Fatal(err)
+				}
+				if custom != 0 || generic < claims {
+					t.Fatalf("%d claims were planned %d times (custom plans) and ran a generic plan %d times; want 0 and %d",
+						claims, custom, generic, claims)
+				}
+			})
+		}
+	}
+}
+
+// The generic plan of every claim shape, with and without limits, reads
+// the claim index in order under the limit, as the custom plan does: no
+// sequential scan of the tasks, and a few rows read for a claim of 16
+// beside a backlog of 50k.
+func TestClaimGenericPlanReadsTheIndex(t *testing.T) {
+	t.Parallel()
+	for _, limits := range []struct {
+		name string
+		kl   *KindLimits
+	}{{"no limits", nil}, {"MaxRunning", &KindLimits{MaxRunning: 1000}}, {"MaxRunningPerTenant", &KindLimits{MaxRunningPerTenant: 5}}} {
+		for _, shape := range claimShapes {
+			t.Run(shape.name+"/"+limits.name, func(t *testing.T) {
+				t.Parallel()
+				s, _ := setup(t)
+				ctx := context.Background()
+				claimBacklog(t, s, 50000)
+				if _, err := s.pool.Exec(ctx, `UPDATE idemgate_tasks SET kind = $1`, shape.kind); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := s.pool.Exec(ctx, "VACUUM ANALYZE idemgate_tasks"); err != nil {
+					t.Fatal(err)
+				}
+				if limits.kl != nil {
+					if err := s.SetKindLimits(ctx, shape.kind, *limits.kl); err != nil {
+						t.Fatal(err)
+					}
+				}
+				w := newWorker(t, s, WorkerConfig{Kinds: shape.kinds, Handler: func(context.Context, Task) Outcome { return Outcome{} }})
+				w.limited.Store(limits.kl != nil)
+				sql, args := w.claimStatement(16)
+				err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+					if limits.kl != nil {
+						if _, err := tx.Exec(ctx, sqlLockLimitedKinds, pgx.NamedArgs{"kinds": shape.kinds}); err != nil {
+							return err
+						}
+					} else if _, err := tx.Exec(ctx, sqlClaimSettings); err != nil {
+						return err
+					}
+					var mode string
+					if err := tx.QueryRow(ctx, "SHOW plan_cache_mode").Scan(&mode); err != nil {
+						return err
+					}
+					if mode != "force_generic_plan" {
+						t.Errorf("plan_cache_mode %q in the claim's transaction; want force_generic_plan", mode)
+					}
+					// Postgres 15 keeps the counts of earlier transactions of
+					// the session in pg_stat_xact_user_tables until it flushes
+					// them (at most once a second): only the claim's share counts.
+					counts := func() (seq, fetched int64, err error) {
+						err = tx.QueryRow(ctx, `SELECT seq_scan, coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables
+							WHERE relid = 'idemgate_tasks'::regclass`).Scan(&seq, &fetched)
+						return seq, fetched, err
+					}
+					seq0, fetched0, err := counts()
+					if err != nil {
+						return err
+					}
+					rows, _ := tx.Query(ctx, sql, args)
+					got, err := pgx.CollectRows(rows, pgx.RowToStructByName[Task])
+					if err != nil {
+						return err
+					}
+					if len(got) != 16 {
+						t.Errorf("the claim took %d tasks; want 16", len(got))
+					}
+					seq, fetched, err := counts()
+					if err != nil {
+						return err
+					}
+					seq, fetched = seq-seq0, fetched-fetched0
+					t.Logf("generic plan: %d sequential scans, %d rows fetched by index", seq, fetched)
+					if seq != 0 || fetched > 2000 {
+						t.Errorf("the claim's generic plan ran %d sequential scans and fetched %d rows by index; want none and a few",
+							seq, fetched)
+					}
+					return errRollback
+				})
+				if err != errRollback {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
+}
