@@ -993,15 +993,29 @@ func runnableCandidates(kinds []string, noRoom string) (limitKinds, candidates s
 		if noRoom != "" {
 			noRoom, kindRoom = fmt.Sprintf(noRoom, "t.kind"), fmt.Sprintf(noRoom, "k.kind")
 		}
-		return fmt.Sprintf(anyOfKinds, "l.kind"), `c0 AS (
-	SELECT c.* FROM (` + waitingKinds + `) k CROSS JOIN LATERAL (
+		// Each kind's line is read without locks (c0w), and only the
+		// @limit best of them, kinds in turn, are locked (c0), rereading
+		// each row's state (SKIP LOCKED: a row another claim holds is
+		// left, and the next in order taken). Locked in each kind's read,
+		// a claim of 1 beside 200 kinds locked 200 rows (one WAL record
+		// each) and hid them from every other claim while it ran.
+		return fmt.Sprintf(anyOfKinds, "l.kind"), `c0w AS (
+	SELECT c.*, row_number() OVER (PARTITION BY c.kind, c.priority ORDER BY c.turn NULLS FIRST, c.run_after) AS kind_rank
+	FROM (` + waitingKinds + `) k CROSS JOIN LATERAL (
 		SELECT id, kind, tenant, priority, turn, run_after FROM idemgate_tasks t
 		WHERE t.kind = k.kind AND state IN ('pending', 'retrying') AND run_after <= now() AND ` + placed + `
 			AND ` + notHeld + kindRoom + `
 		ORDER BY ` + runnableOrder + `
-		LIMIT @limit
-		FOR UPDATE SKIP LOCKED) c
+		LIMIT @limit) c
 	WHERE ` + fmt.Sprintf(anyOfKinds, "k.kind") + `
+), c0 AS (
+	SELECT t.id, t.kind, t.tenant, t.priority, t.turn, t.run_after
+	FROM c0w w JOIN idemgate_tasks t ON t.id = w.id
+	WHERE t.id = ANY(ARRAY(SELECT c0w.id FROM c0w))
+		AND t.state IN ('pending', 'retrying') AND t.run_after <= now() AND ` + placedT + `
+	ORDER BY w.priority DESC, w.kind_rank, w.turn NULLS FIRST, w.run_after
+	LIMIT @limit
+	FOR UPDATE OF t SKIP LOCKED
 ), cand AS (SELECT * FROM c0 UNION ALL ` + unplacedArm(noRoom) + `)`
 	}
 	var b strings.Builder
