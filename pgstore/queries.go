@@ -993,12 +993,14 @@ func runnableCandidates(kinds []string, noRoom string) (limitKinds, candidates s
 		if noRoom != "" {
 			noRoom, kindRoom = fmt.Sprintf(noRoom, "t.kind"), fmt.Sprintf(noRoom, "k.kind")
 		}
-		// Each kind's line is read without locks (c0w), and only the
-		// @limit best of them, kinds in turn, are locked (c0), rereading
-		// each row's state (SKIP LOCKED: a row another claim holds is
-		// left, and the next in order taken). Locked in each kind's read,
-		// a claim of 1 beside 200 kinds locked 200 rows (one WAL record
-		// each) and hid them from every other claim while it ran.
+		// Each kind's line is read without locks (c0w), twice the batch
+		// of it, and only the @limit best of them, kinds in turn, are
+		// locked (c0), rereading each row's state (SKIP LOCKED: a row
+		// another claim holds is left, and the next in order taken; the
+		// window's second half is for a claim racing this one, which
+		// reads the same heads). Locked in each kind's read, a claim of 1
+		// beside 200 kinds locked 200 rows (one WAL record each) and hid
+		// them from every other claim while it ran.
 		return fmt.Sprintf(anyOfKinds, "l.kind"), `c0w AS (
 	SELECT c.*, row_number() OVER (PARTITION BY c.kind, c.priority ORDER BY c.turn NULLS FIRST, c.run_after) AS kind_rank
 	FROM (` + waitingKinds + `) k CROSS JOIN LATERAL (
@@ -1006,7 +1008,7 @@ func runnableCandidates(kinds []string, noRoom string) (limitKinds, candidates s
 		WHERE t.kind = k.kind AND state IN ('pending', 'retrying') AND run_after <= now() AND ` + placed + `
 			AND ` + notHeld + kindRoom + `
 		ORDER BY ` + runnableOrder + `
-		LIMIT @limit) c
+		LIMIT 2 * @limit) c
 	WHERE ` + fmt.Sprintf(anyOfKinds, "k.kind") + `
 ), c0 AS (
 	SELECT t.id, t.kind, t.tenant, t.priority, t.turn, t.run_after
