@@ -96,7 +96,7 @@ func TestExplainClaimAtABacklog(t *testing.T) {
 			t.Errorf("%s: %+v; docs/queue.md says %+v (buffers within 30%%): fix the plan or the doc", title, got, want)
 		}
 	}
-	want := []planFigures{{Buffers: 400, Rows: 16}, {Buffers: 317, Rows: 16}}
+	want := []planFigures{{Buffers: 300, Rows: 16}, {Buffers: 317, Rows: 16}}
 	for i, shape := range claimShapes[:2] {
 		w := newWorker(t, s, WorkerConfig{Kinds: shape.kinds, Handler: func(context.Context, Task) Outcome { return Outcome{} }})
 		w.limited.Store(false) // as after a claim that found no limits
