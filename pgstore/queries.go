@@ -1008,8 +1008,8 @@ func runnableCandidates(kinds []string, noRoom string) (limitKinds, candidates s
 		// heads). Locked in each kind's read, a claim of 1 beside 200
 		// kinds locked 200 rows (one WAL record each) and hid them from
 		// every other claim while it ran; read twice and locked by
-		// primary key, the claim of a lone kind cost the server a fifth
-		// more a task than one locking scan (riverbench's drain).
+		// primary key, the claim of a lone kind cost the server more a
+		// task than one locking scan (riverbench's drain rows).
 		line := `SELECT id, kind, tenant, priority, turn, run_after FROM idemgate_tasks t
 		WHERE t.kind = k.kind AND state IN ('pending', 'retrying') AND run_after <= now() AND ` + placed + `
 			AND ` + notHeld + kindRoom + `
