@@ -36,22 +36,9 @@ func TestClaimIsPlannedOnce(t *testing.T) {
 		for _, shape := range claimShapes[:2] {
 			t.Run(fmt.Sprintf("%s/limited=%v", shape.name, limited), func(t *testing.T) {
 				t.Parallel()
-				db := newTestDB(t)
-				db.store(t) // migrated
-				cfg, err := pgxpool.ParseConfig(db.dsn)
-				if err != nil {
-					t.Fatal(err)
-				}
-				cfg.MaxConns = 1 // one session: its prepared statements are the claims'
-				pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(pool.Close)
-				s, err := New(context.Background(), pool)
-				if err != nil {
-					t.Fatal(err)
-				}
+				// One session: its prepared statements are the claims'.
+				s := newTestDB(t).storeWith(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
+				pool := s.pool
 				ctx := context.Background()
 				if limited {
 					if err := s.SetKindLimits(ctx, "image", KindLimits{MaxRunning: 1000}); err != nil {

@@ -67,6 +67,29 @@ func (d testDB) store(t testing.TB) *Store {
 	return s
 }
 
+// storeWith returns a Store on a new pool of the database, whose config
+// configure changes first, closed when the test ends; the schema is
+// migrated on a pool of its own.
+func (d testDB) storeWith(t testing.TB, configure func(*pgxpool.Config)) *Store {
+	t.Helper()
+	d.store(t) // migrated
+	cfg, err := pgxpool.ParseConfig(d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	configure(cfg)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s, err := New(context.Background(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // setup gives a test a migrated Store on a database of its own.
 func setup(t testing.TB) (*Store, testDB) {
 	t.Helper()

@@ -261,23 +261,8 @@ func keysOf(ts []Task) []string {
 // statement each, a batch once).
 func countingStore(t testing.TB) (*Store, *pgtrace.RoundTrips) {
 	t.Helper()
-	db := newTestDB(t)
-	db.store(t) // migrate
-	cfg, err := pgxpool.ParseConfig(db.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
 	counter := &pgtrace.RoundTrips{}
-	cfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	s, err := New(context.Background(), pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := newTestDB(t).storeWith(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = counter })
 	return s, counter
 }
 
