@@ -164,15 +164,20 @@ func TestFairnessAcrossWorkerProcesses(t *testing.T) {
 	attemptLog(t, s.pool)
 	const processes, slots, backlog = 3, 16, 2000
 	const handler = 10 * time.Millisecond
+	// The processes run before the backlog comes, so that all of them
+	// race for it: started one after another beside it, the first could
+	// drain much of it before a loaded machine had started the others
+	// (the test then failed its own precondition, "1 processes started
+	// tasks").
+	for range processes {
+		startWorkerProcess(t, db.dsn, handler)
+	}
 	batch := make([]NewTask, backlog)
 	for i := range batch {
 		batch[i] = tenantTask("acme", fmt.Sprintf("a-%d", i))
 	}
 	if _, err := s.SubmitMany(ctx, batch); err != nil {
 		t.Fatal(err)
-	}
-	for range processes {
-		startWorkerProcess(t, db.dsn, handler)
 	}
 	// Every process claims by now: B comes into a drain in full swing.
 	wait.For(t, patience, "A's backlog drains", func() bool { return countRows(t, s.pool, "state = 'succeeded'") >= 2*processes*slots })
