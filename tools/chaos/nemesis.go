@@ -115,29 +115,58 @@ func (n *nemesis) dur(lo, hi time.Duration) time.Duration {
 	return lo + time.Duration(n.rng.Int64N(int64(hi-lo)))
 }
 
+// minFault is the shortest window a fault is given.
+const minFault = 300 * time.Millisecond
+
 // run injects one fault after another, each healed before the next, until
-// until; then it heals everything.
+// until; then it heals everything. The caller reads the heal time when run
+// returns: see deal.
 func (n *nemesis) run(ctx context.Context, until time.Time) {
 	defer n.healAll(ctx)
 	if len(n.kinds) == 0 {
 		sleep(ctx, time.Until(until))
 		return
 	}
-	for ctx.Err() == nil {
-		sleep(ctx, n.dur(200*time.Millisecond, time.Second))
-		if !time.Now().Before(until) {
+	n.deal(ctx, until, n.inject)
+}
+
+// overdueWindow is the window of a kind of the first round dealt after
+// until.
+const overdueWindow = time.Second
+
+// deal calls inject with one kind after another, a short random gap
+// between them, until until. The first round is always dealt in full, so
+// that a short run meets every kind: inject gives each fault its share of
+// the time left over the kinds left in the round, and a kind the window
+// did not reach (on a loaded machine a restart takes seconds) is dealt
+// after until, overdue, with a window of overdueWindow.
+func (n *nemesis) deal(ctx context.Context, until time.Time, inject func(ctx context.Context, kind string, until time.Time)) {
+	for dealt := 0; ctx.Err() == nil; dealt++ {
+		if time.Now().Before(until) {
+			sleep(ctx, min(n.dur(200*time.Millisecond, time.Second), time.Until(until)))
+		}
+		switch {
+		case time.Now().Before(until):
+			inject(ctx, n.pick(), until)
+		case dealt < len(n.kinds):
+			kind := n.pick()
+			n.log("fault %s overdue: the window closed before the first round was dealt", kind)
+			inject(ctx, kind, time.Now().Add(overdueWindow))
+		default:
 			return
 		}
-		n.inject(ctx, n.pick(), until)
 	}
 }
 
-// inject runs one fault to its end. Durations never reach past until.
+// inject runs one fault to its end. Durations never reach past until, nor
+// past the fault's share of the round: what is left until until over the
+// kinds left in the round, this one included, but never under minFault.
 func (n *nemesis) inject(ctx context.Context, kind string, until time.Time) {
 	left := time.Until(until)
-	if left < 300*time.Millisecond {
+	if left < minFault {
 		return
 	}
+	left = max(left/time.Duration(len(n.deck)+1), minFault)
 	capped := func(d time.Duration) time.Duration { return min(d, left) }
 	stopBy := time.Now().Add(left)
 	f := Fault{Kind: kind, Start: time.Now()}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -146,6 +147,54 @@ func TestDeck(t *testing.T) {
 	}
 	if got := deal(1, []string{"flushall"}, 3); !slices.Equal(got, []string{"flushall", "flushall", "flushall"}) {
 		t.Errorf("one allowed kind dealt %v", got)
+	}
+}
+
+// TestDealMeetsEveryKindWhenTheWindowIsShort: faults that outlast the
+// window (a loaded machine's slow restarts) still leave every kind of the
+// first round dealt, the late ones after the window with a short one of
+// their own; a window that fits more than a round deals on until it closes.
+func TestDealMeetsEveryKindWhenTheWindowIsShort(t *testing.T) {
+	t.Parallel()
+	var log []string
+	nem := &nemesis{rng: rand.New(rand.NewPCG(1, 1)), kinds: faultKinds, log: func(string, ...any) { log = append(log, "") }}
+	var got []string
+	var windows []time.Duration
+	start := time.Now()
+	until := start.Add(time.Second)
+	nem.deal(t.Context(), until, func(_ context.Context, kind string, u time.Time) {
+		got = append(got, kind)
+		windows = append(windows, time.Until(u))
+		time.Sleep(300 * time.Millisecond) // each fault takes longer than its share
+	})
+	slices.Sort(got)
+	want := slices.Clone(faultKinds)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("dealt %v, want each kind once", got)
+	}
+	if len(log) == 0 {
+		t.Errorf("no kind dealt overdue: the test did not outlast the window")
+	}
+	for i, w := range windows {
+		if w <= 0 || w > overdueWindow {
+			t.Errorf("fault %d was given a window of %v, want (0, %v]", i, w, overdueWindow)
+		}
+	}
+
+	// A quick fault: the window holds more than a round, and nothing is
+	// dealt after it.
+	nem = &nemesis{rng: rand.New(rand.NewPCG(2, 1)), kinds: []string{"kill", "pause"}, log: func(string, ...any) {}}
+	n, late := 0, 0
+	until = time.Now().Add(3 * time.Second)
+	nem.deal(t.Context(), until, func(_ context.Context, _ string, u time.Time) {
+		n++
+		if !u.Equal(until) {
+			late++
+		}
+	})
+	if n <= 2 || late != 0 {
+		t.Errorf("a 3 s window of instant faults dealt %d kinds, %d of them late; want more than a round, none late", n, late)
 	}
 }
 
