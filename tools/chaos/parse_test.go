@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -390,6 +391,52 @@ func TestWorkerRunning(t *testing.T) {
 	} {
 		if got := workerRunning.MatchString(line); got != want {
 			t.Errorf("workerRunning on %q = %v, want %v", line, got, want)
+		}
+	}
+}
+
+// TestReadyStartsAgainAProcessThatExitsBeforeItIsReady: a process whose
+// first run exits before it is ready (the example's first connection timed
+// out on a loaded machine) is run again, and one that never gets ready
+// ends the start with errExited after startAttempts runs.
+func TestReadyStartsAgainAProcessThatExitsBeforeItIsReady(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	script := filepath.Join(dir, "worker.sh")
+	// Each run counts itself; the run numbered $1 and later get ready.
+	body := `#!/bin/sh
+n=$(cat "` + dir + `/runs" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "` + dir + `/runs"
+if [ "$n" -lt "$1" ]; then echo "failed to connect"; exit 1; fi
+echo "idemgate example worker running (test)"; exec sleep 30
+`
+	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	runs := func() string {
+		b, _ := os.ReadFile(filepath.Join(dir, "runs"))
+		return string(bytes.TrimSpace(b))
+	}
+	for _, tt := range []struct {
+		readyAt  string
+		wantErr  bool
+		wantRuns string
+	}{
+		{readyAt: "2", wantRuns: "2"},
+		{readyAt: "9", wantErr: true, wantRuns: "3"},
+	} {
+		os.Remove(filepath.Join(dir, "runs"))
+		p := &proc{name: "worker0", kind: workerProc, args: []string{tt.readyAt}, logf: filepath.Join(dir, "worker0-"+tt.readyAt+".log")}
+		s := &system{bin: script, procs: []*proc{p}}
+		if err := p.start(s.bin); err != nil {
+			t.Fatal(err)
+		}
+		err := s.ready(t.Context(), p)
+		p.kill()
+		if (err != nil) != tt.wantErr || (err != nil && !errors.Is(err, errExited)) {
+			t.Errorf("ready at run %s: err %v, want error %v (errExited)", tt.readyAt, err, tt.wantErr)
+		}
+		if got := runs(); got != tt.wantRuns {
+			t.Errorf("ready at run %s: %s runs, want %s", tt.readyAt, got, tt.wantRuns)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -180,7 +181,7 @@ func startSystem(ctx context.Context, cfg systemConfig) (s *system, err error) {
 	if err := s.procs[0].start(s.bin); err != nil {
 		return s, err
 	}
-	if err := s.waitReady(ctx, s.procs[0], 60*time.Second); err != nil {
+	if err := s.ready(ctx, s.procs[0]); err != nil {
 		return s, err
 	}
 	for _, p := range s.procs[1:] {
@@ -189,12 +190,35 @@ func startSystem(ctx context.Context, cfg systemConfig) (s *system, err error) {
 		}
 	}
 	for _, p := range s.procs {
-		if err := s.waitReady(ctx, p, 60*time.Second); err != nil {
+		if err := s.ready(ctx, p); err != nil {
 			return s, err
 		}
 	}
 	return s, nil
 }
+
+// startAttempts bounds how often a process that exits before it is ready
+// is run: on a loaded machine the example's first connection can time out
+// (connect_timeout=3 on every link), which is no fault of the run's.
+const startAttempts = 3
+
+// ready waits until the started process p is ready, starting it again if
+// it exits first, at most startAttempts runs in all.
+func (s *system) ready(ctx context.Context, p *proc) error {
+	err := s.waitReady(ctx, p, 60*time.Second)
+	for run := 1; errors.Is(err, errExited) && run < startAttempts; run++ {
+		// Its log keeps the failed run, and start marks the new one.
+		if err := p.start(s.bin); err != nil {
+			return err
+		}
+		err = s.waitReady(ctx, p, 60*time.Second)
+	}
+	return err
+}
+
+// errExited is waitReady's error for a process that exited before it was
+// ready.
+var errExited = errors.New("exited before it was ready")
 
 // workerPolicy returns the policy the workers say they run (a startup
 // line "policy: kind=…,…"), checked against asked. An example that does
@@ -379,7 +403,7 @@ func (s *system) waitReady(ctx context.Context, p *proc, within time.Duration) e
 			return fmt.Errorf("chaos: %s not ready within %v:\n%s", p.name, within, tailFile(p.logf, 20))
 		}
 		if !p.running() {
-			return fmt.Errorf("chaos: %s exited:\n%s", p.name, tailFile(p.logf, 20))
+			return fmt.Errorf("chaos: %s %w:\n%s", p.name, errExited, tailFile(p.logf, 20))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
