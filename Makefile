@@ -40,10 +40,12 @@ release:
 
 # Allocation budgets run once more without -race: the race detector drops
 # pooled buffers on purpose, so the budget tests skip under it. Every one
-# that docs/performance.md cites is named here (TestNumberCost too).
+# that docs/performance.md cites is named here (TestNumberCost too). So do
+# the measurements of redis-server (bytes and CPU per record), which the
+# detector would only slow down.
 unit:
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
-	$(GO) test -count=1 -run 'Allocs|NumberCost' ./fingerprint/ ./middleware/ ./pgrecords/
+	$(GO) test -count=1 -run 'Allocs|NumberCost|TestRedisRecordBytes|TestRedisReplayCPU|TestRedisCompleteCPU' ./fingerprint/ ./middleware/ ./pgrecords/
 
 # The fault suite: servers killed, flushed, restarted and slowed under load.
 faults:

@@ -134,6 +134,7 @@ func TestRedisRecordBytes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts its own redis-server")
 	}
+	skipMeasureUnderRace(t)
 	ctx := context.Background()
 	srv, err := devserver.StartRedis(ctx, 1)
 	if err != nil {
@@ -266,6 +267,7 @@ func TestRedisReplayCPU(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts its own redis-server")
 	}
+	skipMeasureUnderRace(t)
 	ctx := context.Background()
 	const workers, perRound, rounds = 8, 4000, 4
 	client := dedicatedRedis(t, workers)
@@ -379,6 +381,7 @@ func TestRedisCompleteCPU(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts its own redis-server")
 	}
+	skipMeasureUnderRace(t)
 	ctx := context.Background()
 	const workers, perRound, rounds = 8, 4000, 4
 	client := dedicatedRedis(t, workers)
@@ -469,4 +472,15 @@ func parseCmdStat(t *testing.T, c *redis.Client, cmd string) [2]float64 {
 		}
 	}
 	return out
+}
+
+// skipMeasureUnderRace skips a measurement of redis-server under the race
+// detector: the figure is the server's, the detector only slows the client
+// that drives it, several times over. make test runs these tests again
+// without it, beside the allocation budgets.
+func skipMeasureUnderRace(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("a measurement of redis-server: make test runs it without -race")
+	}
 }
