@@ -90,11 +90,26 @@ func (d testDB) storeWith(t testing.TB, configure func(*pgxpool.Config)) *Store 
 	return s
 }
 
-// setup gives a test a migrated Store on a database of its own.
+// setup gives a test a migrated Store on a database of its own: a copy
+// of a database migrated once per test binary (the tests of Migrate itself
+// start from newTestDB's empty one).
 func setup(t testing.TB) (*Store, testDB) {
 	t.Helper()
-	db := newTestDB(t)
+	db := newMigratedDB(t)
 	return db.store(t), db
+}
+
+// newMigratedDB is a fresh database of one test, its schema migrated.
+func newMigratedDB(t testing.TB) testDB {
+	t.Helper()
+	return testDB{dsn: testenv.PostgresDSNFrom(t, "pgstore", func(ctx context.Context, dsn string) error {
+		pool, err := pgxpool.New(ctx, dsn)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		return newStore(pool).Migrate(ctx)
+	})}
 }
 
 // poolVia opens a pool on db whose connections all go through a new

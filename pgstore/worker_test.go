@@ -178,7 +178,12 @@ func TestKilledWorkerIsRescuedAndItsCompletionRejected(t *testing.T) {
 	<-entered
 	stopA() // dies: no more heartbeats, no release
 
-	b := newWorker(t, s, cfg)
+	// b's own attempt has a long lease: with a's 500 ms, a heartbeat
+	// late on a loaded machine let b's attempt be rescued too, and the
+	// task ended at attempt 3.
+	cfgB := cfg
+	cfgB.Lease, cfgB.Heartbeat = time.Minute, time.Second
+	b := newWorker(t, s, cfgB)
 	runWorker(t, b)
 	waitState(t, s, task.ID, StateSucceeded)
 	close(unblock)
@@ -698,7 +703,10 @@ func TestShutdown(t *testing.T) {
 				<-finish // returns after shutdown began
 				return Succeeded(json.RawMessage(`"finished"`))
 			}},
-		{name: "work past the deadline is released", wantState: StateRetrying, shutdown: 200 * time.Millisecond,
+		// 2 s, not less: the handler must return within the half of it
+		// that Run grants after the cancel, or (by design) its task stays
+		// held; 100 ms of it was missed on a loaded machine.
+		{name: "work past the deadline is released", wantState: StateRetrying, shutdown: 2 * time.Second,
 			handler: func(ctx context.Context, finish <-chan struct{}) Outcome {
 				<-ctx.Done()
 				return Succeeded(json.RawMessage(`"too late"`))
@@ -744,8 +752,9 @@ func TestReleasedTaskEndsAfterMaxAttempts(t *testing.T) {
 	for i := 1; i <= maxAttempts; i++ {
 		entered := make(chan struct{})
 		// The release is written once the handler returned, within the
-		// half ShutdownTimeout Run waits for it.
-		w := newWorker(t, s, WorkerConfig{MaxAttempts: maxAttempts, ShutdownTimeout: 400 * time.Millisecond,
+		// half ShutdownTimeout Run waits for it: 1 s, as 200 ms was
+		// missed on a loaded machine.
+		w := newWorker(t, s, WorkerConfig{MaxAttempts: maxAttempts, ShutdownTimeout: 2 * time.Second,
 			Handler: func(ctx context.Context, t Task) Outcome {
 				close(entered)
 				<-ctx.Done()

@@ -42,6 +42,8 @@ type env struct {
 	clAddrs []string
 	clErr   error
 
+	templates map[string]*template // PostgresDSNFrom's, by key
+
 	nextDB atomic.Int64
 	nextRD atomic.Int64
 }
@@ -87,6 +89,69 @@ func unavailable(t testing.TB, what string, err error) {
 // is dropped when the test ends.
 func PostgresDSN(t testing.TB) string {
 	t.Helper()
+	return createDB(t, "")
+}
+
+// PostgresDSNFrom returns the connection string of a new database that is
+// a copy of a template, dropped when the test ends. The template is made
+// once per test binary and key: a new database on which prepare runs (to
+// migrate a schema once instead of in every test). prepare must close its
+// connections before it returns: a database cannot be copied while anyone
+// is connected to it. If prepare fails, every test that asks for the key
+// fails with its error.
+func PostgresDSNFrom(t testing.TB, key string, prepare func(ctx context.Context, dsn string) error) string {
+	t.Helper()
+	admin := postgresAdminURL(t)
+	servers.mu.Lock()
+	if servers.templates == nil {
+		servers.templates = map[string]*template{}
+	}
+	tm := servers.templates[key]
+	if tm == nil {
+		tm = &template{}
+		servers.templates[key] = tm
+	}
+	servers.mu.Unlock()
+	tm.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		tm.name = fmt.Sprintf("idemgate_template_%d_%d", os.Getpid(), servers.nextDB.Add(1))
+		conn, err := pgx.Connect(ctx, admin)
+		if err != nil {
+			tm.err = fmt.Errorf("connect to postgres: %w", err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "CREATE DATABASE "+tm.name); err != nil {
+			tm.err = fmt.Errorf("create template database: %w", err)
+			return
+		}
+		cfg, err := pgx.ParseConfig(admin)
+		if err != nil {
+			tm.err = err
+			return
+		}
+		if err := prepare(ctx, replaceDatabase(admin, cfg.Database, tm.name)); err != nil {
+			tm.err = fmt.Errorf("prepare template %s: %w", key, err)
+		}
+	})
+	if tm.err != nil {
+		t.Fatalf("testenv: %v", tm.err)
+	}
+	return createDB(t, tm.name)
+}
+
+// template is a database made once per test binary to be copied.
+type template struct {
+	once sync.Once
+	name string
+	err  error
+}
+
+// createDB creates a database, empty or a copy of from, dropped when the
+// test ends, and returns its connection string.
+func createDB(t testing.TB, from string) string {
+	t.Helper()
 	admin := postgresAdminURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -96,7 +161,11 @@ func PostgresDSN(t testing.TB) string {
 	}
 	defer conn.Close(ctx)
 	name := fmt.Sprintf("idemgate_test_%d_%d", os.Getpid(), servers.nextDB.Add(1))
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+	create := "CREATE DATABASE " + name
+	if from != "" {
+		create += " TEMPLATE " + from
+	}
+	if _, err := conn.Exec(ctx, create); err != nil {
 		t.Fatalf("testenv: create database: %v", err)
 	}
 	t.Cleanup(func() {
