@@ -146,7 +146,7 @@ func (n *nemesis) deal(ctx context.Context, until time.Time, inject func(ctx con
 			sleep(ctx, min(n.dur(200*time.Millisecond, time.Second), time.Until(until)))
 		}
 		switch {
-		case time.Now().Before(until):
+		case time.Until(until) >= minFault: // inject skips a shorter window
 			inject(ctx, n.pick(), until)
 		case dealt < len(n.kinds):
 			kind := n.pick()
