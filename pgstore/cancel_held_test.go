@@ -98,7 +98,9 @@ func TestCancelledTaskOfADeadWorkerEndsAtItsLease(t *testing.T) {
 	ctx := context.Background()
 	entered, hung := make(chan struct{}, 1), make(chan struct{})
 	t.Cleanup(func() { close(hung) })
-	dead := newWorker(t, s, WorkerConfig{Name: "dead", Lease: time.Second, Heartbeat: 200 * time.Millisecond,
+	// 5 s: the lease must outlast the steps up to the check below on a
+	// loaded machine.
+	dead := newWorker(t, s, WorkerConfig{Name: "dead", Lease: 5 * time.Second, Heartbeat: time.Second,
 		Handler: func(context.Context, Task) Outcome {
 			entered <- struct{}{}
 			<-hung // a dead process's handler never returns, nor writes
@@ -108,7 +110,7 @@ func TestCancelledTaskOfADeadWorkerEndsAtItsLease(t *testing.T) {
 	dead.listener.cancel = func(string) {} // the crash comes before the notification
 	stop := runWorker(t, dead)
 	task := mustSubmit(t, s, newTask("dead"))
-	<-entered
+	waitEntered(t, s, entered)
 	stop() // crashOnStop: nothing more is written
 	if _, err := s.Cancel(ctx, task.Tenant, task.Owner, task.ID); err != nil {
 		t.Fatal(err)

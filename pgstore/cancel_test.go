@@ -91,7 +91,7 @@ func TestCancelStopsTheRunningAttempt(t *testing.T) {
 	runWorker(t, w)
 	wait.For(t, patience, "the worker listens", func() bool { return countActivity(t, s.pool, listening) == 1 })
 	task := mustSubmit(t, s, newTask("cancel-running"))
-	<-entered
+	waitEntered(t, s, entered)
 	if _, err := s.Cancel(context.Background(), task.Tenant, task.Owner, task.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -188,10 +188,12 @@ func TestCancelWhileListenIsDown(t *testing.T) {
 	runWorker(t, w)
 	wait.For(t, patience, "the worker listens", func() bool { return countActivity(t, s.pool, listening) == 1 })
 	task := mustSubmit(t, s, newTask("cancel-unheard"))
-	<-entered
+	waitEntered(t, s, entered)
 	// Cut the listener off and cancel before it can listen again (it
 	// waits at least 100ms before reconnecting).
-	if _, err := s.pool.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "+listening); err != nil {
+	// This database's listener only: every test's database shares the
+	// server, and another test's worker would lose its listener too.
+	if _, err := s.pool.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND "+listening); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Cancel(context.Background(), task.Tenant, task.Owner, task.ID); err != nil {

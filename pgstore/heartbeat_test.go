@@ -17,7 +17,11 @@ func TestHeartbeatHeldUpPastTheLease(t *testing.T) {
 	var c calls
 	cause := make(chan error, 1)
 	entered := make(chan struct{})
-	w := newWorker(t, s, WorkerConfig{Lease: time.Second, Heartbeat: 100 * time.Millisecond, RescueInterval: 50 * time.Millisecond,
+	// A lease of 5 s, not 1: with 1 s, a claim whose handler started more
+	// than a second late on a loaded machine lost its lease before the
+	// handler ran, the task went uncertain, and the test waited for ever
+	// for a handler (make test's 20-minute timeout, in a clean-clone run).
+	w := newWorker(t, s, WorkerConfig{Lease: 5 * time.Second, Heartbeat: 200 * time.Millisecond, RescueInterval: 50 * time.Millisecond,
 		Policies: map[string]KindPolicy{"image": {Lost: LostUncertain}},
 		Handler: func(ctx context.Context, t Task) Outcome {
 			if c.add(t.ID) == 1 {
@@ -29,7 +33,7 @@ func TestHeartbeatHeldUpPastTheLease(t *testing.T) {
 		}})
 	runWorker(t, w)
 	task := mustSubmit(t, s, newTask("held-heartbeat"))
-	<-entered
+	waitEntered(t, s, entered)
 	ctx := context.Background()
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {

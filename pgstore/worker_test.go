@@ -88,6 +88,37 @@ func waitState(t testing.TB, s *Store, id string, want State) {
 	}
 }
 
+// waitEntered waits until entered is closed by a handler; if none runs
+// within patience, it fails with the tasks' rows and the waiting lines,
+// to tell a claim that misses a task from a worker that does not claim.
+func waitEntered(t testing.TB, s *Store, entered <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-entered:
+		return
+	case <-time.After(patience):
+	}
+	ctx := context.Background()
+	var dump []string
+	for _, q := range []string{
+		`SELECT format('task %s kind %s tenant %s state %s priority %s turn %s run_after %s (now %s) attempt %s', id, kind, tenant, state, priority, turn, run_after, now(), attempt) FROM idemgate_tasks`,
+		`SELECT format('line %s', w) FROM idemgate_waiting_tenants w`,
+		`SELECT format('backend %s %s %s', pid, state, left(query, 60)) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`,
+	} {
+		rows, err := s.pool.Query(ctx, q)
+		if err != nil {
+			dump = append(dump, err.Error())
+			continue
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			got = append(got, err.Error())
+		}
+		dump = append(dump, got...)
+	}
+	t.Fatalf("no handler ran within %v:\n%s", patience, strings.Join(dump, "\n"))
+}
+
 func mustSubmit(t testing.TB, s *Store, nt NewTask) Task {
 	t.Helper()
 	got, err := s.Submit(context.Background(), nt)
@@ -166,7 +197,8 @@ func TestKilledWorkerIsRescuedAndItsCompletionRejected(t *testing.T) {
 		}
 		return Succeeded(json.RawMessage(`"second"`))
 	}
-	cfg := WorkerConfig{Handler: handler, Lease: 500 * time.Millisecond, Heartbeat: 100 * time.Millisecond,
+	// 2 s: a's handler must start within its lease on a loaded machine.
+	cfg := WorkerConfig{Handler: handler, Lease: 2 * time.Second, Heartbeat: 200 * time.Millisecond,
 		RescueInterval: 50 * time.Millisecond, BackoffBase: time.Millisecond}
 	a := newWorker(t, s, cfg)
 	a.test = &workerTestHooks{crashOnStop: true, onFinish: func(_ Task, o Outcome, applied bool, _ error) {
@@ -175,7 +207,7 @@ func TestKilledWorkerIsRescuedAndItsCompletionRejected(t *testing.T) {
 		}
 	}}
 	stopA := runWorker(t, a)
-	<-entered
+	waitEntered(t, s, entered)
 	stopA() // dies: no more heartbeats, no release
 
 	// b's own attempt has a long lease: with a's 500 ms, a heartbeat
@@ -394,7 +426,7 @@ func TestLostLeaseCancelsTheHandler(t *testing.T) {
 			return Succeeded(json.RawMessage(`"late"`))
 		}})
 	runWorker(t, w)
-	<-entered
+	waitEntered(t, s, entered)
 	if _, err := s.pool.Exec(context.Background(), "UPDATE idemgate_tasks SET attempt = attempt + 1 WHERE id = $1::uuid", task.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -427,7 +459,7 @@ func TestHeartbeatKeepsTheLease(t *testing.T) {
 		}}
 	w := newWorker(t, s, cfg)
 	runWorker(t, w)
-	<-entered
+	waitEntered(t, s, entered)
 	var first time.Time
 	if err := s.pool.QueryRow(context.Background(), "SELECT lease_until FROM idemgate_tasks WHERE id = $1::uuid", task.ID).Scan(&first); err != nil {
 		t.Fatal(err)
@@ -1034,7 +1066,7 @@ func TestWorkerDoesNotReclaimATaskItStillRuns(t *testing.T) {
 		}})
 	runWorker(t, w)
 	task := mustSubmit(t, s, newTask("reclaimed"))
-	<-entered
+	waitEntered(t, s, entered)
 	ctx1 := <-firstCtx
 	// Another worker's rescuer requeued the task (the lease looked expired).
 	if _, err := s.pool.Exec(context.Background(), `UPDATE idemgate_tasks SET state = 'retrying', run_after = now(),
