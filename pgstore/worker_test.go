@@ -249,7 +249,9 @@ func TestFailedOutcomeWriteIsRetried(t *testing.T) {
 		tries      atomic.Int64
 		firstLease time.Time // lease_until when the write first failed
 	)
-	cfg := WorkerConfig{Lease: 2 * time.Second, Heartbeat: 100 * time.Millisecond,
+	// 4 s: heartbeats 100 ms apart kept a 2 s lease until a run beside
+	// another full pgstore suite stalled them longer.
+	cfg := WorkerConfig{Lease: 4 * time.Second, Heartbeat: 100 * time.Millisecond,
 		RescueInterval: 20 * time.Millisecond, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond,
 		Handler: func(ctx context.Context, t Task) Outcome {
 			c.add(t.ID)
