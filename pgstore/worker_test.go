@@ -210,9 +210,9 @@ func TestKilledWorkerIsRescuedAndItsCompletionRejected(t *testing.T) {
 	waitEntered(t, s, entered)
 	stopA() // dies: no more heartbeats, no release
 
-	// b's own attempt has a long lease: with a's 500 ms, a heartbeat
-	// late on a loaded machine let b's attempt be rescued too, and the
-	// task ended at attempt 3.
+	// b's own attempt has a long lease: with a's short one (then 500 ms),
+	// a heartbeat late on a loaded machine let b's attempt be rescued
+	// too, and the task ended at attempt 3.
 	cfgB := cfg
 	cfgB.Lease, cfgB.Heartbeat = time.Minute, time.Second
 	b := newWorker(t, s, cfgB)
