@@ -12,9 +12,8 @@ GO ?= go
 export GOTOOLCHAIN ?= local
 PKGS = ./... ./client/... ./cmd/idemgate/... ./example/... ./otelidem/... ./otelidem/internal/sdktest/... ./tools/...
 # The packages whose tests take longest, named first so that go test starts
-# them first (it runs the listed packages' tests in their order, two at a
-# time on two cores): started last, pgstore and the chaos soak ran on alone
-# for minutes after everything else had finished.
+# them first (it starts the listed packages' tests in their order, two at a
+# time on two cores) and the short ones fill in beside them.
 SLOW = ./pgstore/ ./tools/chaos/ ./example/ ./pgrecords/ ./middleware/
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
