@@ -178,7 +178,11 @@ func TestCancelWhileListenIsDown(t *testing.T) {
 	cause := make(chan error, 1)
 	entered := make(chan struct{})
 	var reconnects atomic.Int64
-	w := newWorker(t, s, WorkerConfig{Lease: 3 * time.Second, Heartbeat: 200 * time.Millisecond, PollInterval: 20 * time.Millisecond,
+	// Only a heartbeat sees the cancel, and each waits at most Heartbeat
+	// for the database: with 200 ms beats and a 3 s lease, beats timing
+	// out one after another on a loaded machine (see lossHeartbeat) would
+	// let the lease expire first, a cause this test refuses.
+	w := newWorker(t, s, WorkerConfig{Lease: 10 * time.Second, Heartbeat: lossHeartbeat, PollInterval: 20 * time.Millisecond,
 		Handler: func(ctx context.Context, t Task) Outcome {
 			close(entered)
 			<-ctx.Done()
@@ -204,7 +208,7 @@ func TestCancelWhileListenIsDown(t *testing.T) {
 		if !errors.Is(err, errLeaseLost) && !errors.Is(err, errCancelled) {
 			t.Fatalf("handler's context ended by %v; want the lost lease (or the cancel)", err)
 		}
-	case <-time.After(30 * time.Second):
+	case <-time.After(patience):
 		t.Fatal("the running attempt was not stopped")
 	}
 	wait.For(t, patience, "the listener reconnected", func() bool {

@@ -290,6 +290,17 @@ func TestFailedOutcomeWriteIsRetried(t *testing.T) {
 	}
 }
 
+// lossHeartbeat is the Heartbeat of tests in which a worker must see that
+// another attempt took its task while its own lease (an hour) still runs:
+// only a heartbeat sees that, and each beat waits at most Heartbeat for
+// the database. At 20 ms, beats on a loaded machine timed out one after
+// another (dozens in a row at load 10–15 on 2 cores; a timed-out query
+// costs its connection, so the next beat dials too), and in CI, at load
+// 19, TestOutcomeWriteRetriesStopWhenTheLeaseIsLost gave up after 30 s
+// with the loss unseen. A second is room for a beat there; the loss is
+// seen a beat later.
+const lossHeartbeat = time.Second
+
 // TestOutcomeWriteRetriesStopWhenTheLeaseIsLost: a write that keeps
 // failing is retried only while the attempt holds its lease.
 func TestOutcomeWriteRetriesStopWhenTheLeaseIsLost(t *testing.T) {
@@ -297,7 +308,7 @@ func TestOutcomeWriteRetriesStopWhenTheLeaseIsLost(t *testing.T) {
 	s, _ := setup(t)
 	task := mustSubmit(t, s, newTask("write-never-lands"))
 	returned, finished := make(chan struct{}), make(chan error, 1)
-	w := newWorker(t, s, WorkerConfig{Lease: time.Hour, Heartbeat: 20 * time.Millisecond,
+	w := newWorker(t, s, WorkerConfig{Lease: time.Hour, Heartbeat: lossHeartbeat,
 		Handler: func(ctx context.Context, t Task) Outcome {
 			defer close(returned)
 			return Succeeded(json.RawMessage(`1`))
@@ -307,7 +318,7 @@ func TestOutcomeWriteRetriesStopWhenTheLeaseIsLost(t *testing.T) {
 		onFinish:  func(_ Task, _ Outcome, _ bool, err error) { finished <- err },
 	}
 	runWorker(t, w)
-	<-returned
+	waitEntered(t, s, returned)
 	if _, err := s.pool.Exec(context.Background(), "UPDATE idemgate_tasks SET attempt = attempt + 1 WHERE id = $1::uuid", task.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +327,7 @@ func TestOutcomeWriteRetriesStopWhenTheLeaseIsLost(t *testing.T) {
 		if err == nil {
 			t.Fatal("the write reported success although it always failed")
 		}
-	case <-time.After(30 * time.Second):
+	case <-time.After(patience):
 		t.Fatal("the write was still retried after the lease was lost")
 	}
 	if n := w.count(); n != 0 {
@@ -420,7 +431,7 @@ func TestLostLeaseCancelsTheHandler(t *testing.T) {
 	task := mustSubmit(t, s, newTask("stolen"))
 	cause := make(chan error, 1)
 	var entered = make(chan struct{})
-	w := newWorker(t, s, WorkerConfig{Lease: time.Hour, Heartbeat: 20 * time.Millisecond,
+	w := newWorker(t, s, WorkerConfig{Lease: time.Hour, Heartbeat: lossHeartbeat,
 		Handler: func(ctx context.Context, t Task) Outcome {
 			close(entered)
 			<-ctx.Done()
@@ -437,7 +448,7 @@ func TestLostLeaseCancelsTheHandler(t *testing.T) {
 		if !errors.Is(err, errLeaseLost) {
 			t.Fatalf("handler canceled by %v; want errLeaseLost", err)
 		}
-	case <-time.After(30 * time.Second):
+	case <-time.After(patience):
 		t.Fatal("handler not canceled after its lease was taken")
 	}
 	if st := state(t, s, task.ID); st != StateRunning {
@@ -1051,7 +1062,7 @@ func TestWorkerDoesNotReclaimATaskItStillRuns(t *testing.T) {
 		firstCtx   = make(chan context.Context, 1)
 		secondDone = make(chan struct{})
 	)
-	w := newWorker(t, s, WorkerConfig{Lease: time.Hour, Heartbeat: 20 * time.Millisecond, PollInterval: 10 * time.Millisecond,
+	w := newWorker(t, s, WorkerConfig{Lease: time.Hour, Heartbeat: lossHeartbeat, PollInterval: 10 * time.Millisecond,
 		Handler: func(ctx context.Context, t Task) Outcome {
 			if running.Add(1) > 1 {
 				overlap.Add(1)
@@ -1084,7 +1095,7 @@ func TestWorkerDoesNotReclaimATaskItStillRuns(t *testing.T) {
 		t.Fatalf("the worker ran the task %d times (%d overlapping) while its stale attempt ran", n, overlap.Load())
 	}
 	close(unblock)
-	<-secondDone
+	waitEntered(t, s, secondDone)
 	waitState(t, s, task.ID, StateSucceeded)
 	if got := mustGet(t, s, task); got.Attempt != 2 || string(got.Results[0]) != `"second"` {
 		t.Fatalf("task %+v; want the second attempt's success", got)
