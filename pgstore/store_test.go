@@ -26,6 +26,18 @@ func TestMain(m *testing.M) {
 // when the event comes at once.
 const patience = 30 * time.Second
 
+// hangBound returns a context that ends after patience, or when the test
+// ends: a bound, not a timing, for calls that need no wait at all and
+// must fail if they block instead of hanging the test. A test that
+// repeats a race takes one a round: one short deadline for every round
+// (15 s for five) was outrun in CI, at load 19 on 2 cores.
+func hangBound(t testing.TB) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 // testDB is a fresh database of one test.
 type testDB struct {
 	dsn string

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -33,9 +32,7 @@ func TestSubmitTxWithEveryPoolConnectionInAHandlersTransaction(t *testing.T) {
 	if err := s.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	// A bound, not a timing: nothing here needs to wait.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
+	ctx := hangBound(t) // nothing here needs to wait
 	var began sync.WaitGroup
 	began.Add(2)
 	errs := make([]error, 2)
@@ -127,9 +124,7 @@ func TestSweepUnderADatabaseDefaultIsolation(t *testing.T) {
 func TestSubmitTxAfterTheTransactionListedItsLine(t *testing.T) {
 	t.Parallel()
 	s, _ := setup(t)
-	// A bound, not a timing: nothing here needs to wait.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
+	ctx := hangBound(t) // nothing here needs to wait
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO idemgate_tasks
 			(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, state, priority, turn, run_after)

@@ -383,9 +383,8 @@ func TestKindLimitsHoldWhileClaimsWalkPastCappedTenants(t *testing.T) {
 func TestSubmitTxOfNewLinesInOppositeOrdersCommit(t *testing.T) {
 	t.Parallel()
 	s, _ := setup(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
 	for round := range 5 {
+		ctx := hangBound(t)
 		a, b := "a-"+string(rune('0'+round)), "b-"+string(rune('0'+round))
 		orders := [][2]string{{a, b}, {b, a}}
 		var firstDone sync.WaitGroup
@@ -441,11 +440,7 @@ func TestSubmitBesideAnOpenTransactionOfItsNewLine(t *testing.T) {
 	if _, err := s.SubmitTx(ctx, tx, tenantTask("fresh", "held-1")); err != nil {
 		t.Fatal(err)
 	}
-	// A bound, not a timing: the Submit needs no wait at all; 5 s is
-	// only so that a blocked Submit fails instead of hanging the test.
-	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if _, err := s.Submit(sctx, tenantTask("fresh", "other-1")); err != nil {
+	if _, err := s.Submit(hangBound(t), tenantTask("fresh", "other-1")); err != nil {
 		t.Fatalf("Submit of a line another transaction holds open: %v", err)
 	}
 }
@@ -457,10 +452,11 @@ func TestSubmitBesideAnOpenTransactionOfItsNewLine(t *testing.T) {
 func TestRescueBesideSubmitManyOfSweptLines(t *testing.T) {
 	t.Parallel()
 	s, _ := setup(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
 	w := newWorker(t, s, WorkerConfig{BackoffBase: 1, BackoffMax: 1, Handler: func(context.Context, Task) Outcome { return Outcome{} }})
 	for round := range 5 {
+		// A round took 1–2.6 s here at load 11, and over 3 s in CI at
+		// load 19 (15 s for all five ran out): each has its own bound.
+		ctx := hangBound(t)
 		var batch []NewTask
 		for i := range 200 {
 			batch = append(batch, tenantTask(fmt.Sprintf("r%d-t%03d", round, i), fmt.Sprintf("r%d-held-%d", round, i)))
@@ -527,11 +523,9 @@ func TestClaimBesideAnOpenTransactionOfANewLine(t *testing.T) {
 	}
 	w := newWorker(t, s, WorkerConfig{Kinds: []string{"image"}, Handler: func(context.Context, Task) Outcome { return Outcome{} }})
 	w.limited.Store(true)
-	// A bound, not a timing: the claim needs no wait at all.
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
+	// The claim needs no wait at all.
 	sql, args := w.claimStatement(1)
-	got, err := w.runClaim(cctx, sql, args)
+	got, err := w.runClaim(hangBound(t), sql, args)
 	if err != nil {
 		t.Fatalf("a claim of image beside a handler's open transaction: %v", err)
 	}

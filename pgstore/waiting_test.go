@@ -342,9 +342,8 @@ func TestWaitingTenantsOfAHugeStatement(t *testing.T) {
 func TestSubmitTxOfNewLinesInOppositeOrders(t *testing.T) {
 	t.Parallel()
 	s, _ := setup(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
 	for round := range 3 {
+		ctx := hangBound(t)
 		a, b := fmt.Sprintf("a-%d", round), fmt.Sprintf("b-%d", round)
 		var first sync.WaitGroup
 		first.Add(2)
