@@ -18,6 +18,18 @@ import (
 	"github.com/idemgate/idemgate/pgrecords"
 )
 
+// renewedLease is the lease of the tests whose claims outlive it on
+// renewals alone: each renewal (every third of it) gets a third of it to
+// find a connection (one the pool may have to open) and answer, and a
+// claim one lease. At 1 s, renewals and claims beside pgstore's tests took
+// longer, and requests answered 503 lease_lost and store_unavailable with
+// every connection to be had.
+const renewedLease = 3 * time.Second
+
+// slowStatement is the handler's statement that outlasts renewedLease by
+// half of it: without renewals the claim runs out before the commit.
+const slowStatement = renewedLease + renewedLease/2
+
 // TestAtomicRenewalsFindAConnection: as many Atomic requests at once as the
 // pool has connections, each with a statement slower than its lease,
 // distinct keys, no other node. Transactions hold at most MaxConns-1
@@ -33,17 +45,16 @@ func TestAtomicRenewalsFindAConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const lease = time.Second
 	e := atomicRoute(t, s, func(c echo.Context) error {
 		tx := pgrecords.Tx(c)
 		if _, err := tx.Exec(c.Request().Context(), `INSERT INTO ledger (key, node) VALUES ($1, 'h')`, c.Request().Header.Get("Idempotency-Key")); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(c.Request().Context(), `SELECT pg_sleep($1)`, (2 * lease).Seconds()); err != nil { // a slow statement
+		if _, err := tx.Exec(c.Request().Context(), `SELECT pg_sleep($1)`, slowStatement.Seconds()); err != nil {
 			return err
 		}
 		return c.String(http.StatusCreated, "ok")
-	}, func(c *middleware.Config) { c.Lease = lease })
+	}, func(c *middleware.Config) { c.Lease = renewedLease })
 	answers := make([]*httptest.ResponseRecorder, conns)
 	var wg sync.WaitGroup
 	for i := range conns {
@@ -130,7 +141,6 @@ func TestAtomicTwoStoresOnOnePool(t *testing.T) {
 	const conns = 2
 	small := poolWith(t, pool.Config().ConnString(), func(c *pgxpool.Config) { c.MaxConns = conns })
 	var routes []*echo.Echo
-	const lease = time.Second
 	for range 2 {
 		s, err := pgrecords.New(testCtx(t), small)
 		if err != nil {
@@ -141,11 +151,11 @@ func TestAtomicTwoStoresOnOnePool(t *testing.T) {
 			if _, err := tx.Exec(c.Request().Context(), `INSERT INTO ledger (key, node) VALUES ($1, 'h')`, c.Request().Header.Get("Idempotency-Key")); err != nil {
 				return err
 			}
-			if _, err := tx.Exec(c.Request().Context(), `SELECT pg_sleep($1)`, (2 * lease).Seconds()); err != nil {
+			if _, err := tx.Exec(c.Request().Context(), `SELECT pg_sleep($1)`, slowStatement.Seconds()); err != nil {
 				return err
 			}
 			return c.String(http.StatusCreated, "ok")
-		}, func(c *middleware.Config) { c.Lease = lease }))
+		}, func(c *middleware.Config) { c.Lease = renewedLease }))
 	}
 	answers := make([]*httptest.ResponseRecorder, conns)
 	var wg sync.WaitGroup

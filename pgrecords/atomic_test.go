@@ -305,7 +305,13 @@ func (stalled) Extend(context.Context, string, middleware.Token, time.Duration) 
 func TestAtomicLostClaimCannotCommit(t *testing.T) {
 	t.Parallel()
 	pool, s := atomicDB(t)
-	const lease = 500 * time.Millisecond
+	// The slow node's transaction sits idle from its write until the gate
+	// opens, and the server ends it at twice the lease (its idle limit):
+	// then its commit fails on a dead session (503 store_unavailable), not
+	// on the lost claim. So the other node's claim, run and commit, and
+	// the slow node's commit, must fit in the lease after it ran out; with
+	// 500 ms, a loaded machine's round trips may not.
+	const lease = 2 * time.Second
 	slow := newAtomicNode(t, "slow", stalled{s}, func(c *middleware.Config) { c.Lease = lease })
 	other := newAtomicNode(t, "other", s, nil)
 	done := make(chan *httptest.ResponseRecorder)
