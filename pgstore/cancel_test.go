@@ -180,9 +180,9 @@ func TestCancelWhileListenIsDown(t *testing.T) {
 	var reconnects atomic.Int64
 	// Only a heartbeat sees the cancel, and each waits at most Heartbeat
 	// for the database: with 200 ms beats and a 3 s lease, beats timing
-	// out one after another on a loaded machine (see lossHeartbeat) would
+	// out one after another on a loaded machine (see beatUnderLoad) would
 	// let the lease expire first, a cause this test refuses.
-	w := newWorker(t, s, WorkerConfig{Lease: 10 * time.Second, Heartbeat: lossHeartbeat, PollInterval: 20 * time.Millisecond,
+	w := newWorker(t, s, WorkerConfig{Lease: 10 * time.Second, Heartbeat: beatUnderLoad, PollInterval: 20 * time.Millisecond,
 		Handler: func(ctx context.Context, t Task) Outcome {
 			close(entered)
 			<-ctx.Done()

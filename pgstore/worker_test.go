@@ -249,9 +249,11 @@ func TestFailedOutcomeWriteIsRetried(t *testing.T) {
 		tries      atomic.Int64
 		firstLease time.Time // lease_until when the write first failed
 	)
-	// 4 s: heartbeats 100 ms apart kept a 2 s lease until a run beside
-	// another full pgstore suite stalled them longer.
-	cfg := WorkerConfig{Lease: 4 * time.Second, Heartbeat: 100 * time.Millisecond,
+	// 100 ms beats kept a 2 s lease until a run beside another full
+	// pgstore suite stalled them longer, and a 4 s one until a run beside
+	// the suite and 4 busy loops (load ~20): no beat landed for 3.6 s and
+	// the handler ran twice. Beats with a second of room each keep 6 s.
+	cfg := WorkerConfig{Lease: 6 * time.Second, Heartbeat: beatUnderLoad,
 		RescueInterval: 20 * time.Millisecond, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond,
 		Handler: func(ctx context.Context, t Task) Outcome {
 			c.add(t.ID)
@@ -290,16 +292,16 @@ func TestFailedOutcomeWriteIsRetried(t *testing.T) {
 	}
 }
 
-// lossHeartbeat is the Heartbeat of tests in which a worker must see that
-// another attempt took its task while its own lease (an hour) still runs:
-// only a heartbeat sees that, and each beat waits at most Heartbeat for
-// the database. At 20 ms, beats on a loaded machine timed out one after
-// another (dozens in a row at load 10–15 on 2 cores; a timed-out query
-// costs its connection, so the next beat dials too), and in CI, at load
-// 19, TestOutcomeWriteRetriesStopWhenTheLeaseIsLost gave up after 30 s
-// with the loss unseen. A second is room for a beat there; the loss is
-// seen a beat later.
-const lossHeartbeat = time.Second
+// beatUnderLoad is the Heartbeat of tests whose beats must land on a
+// loaded machine: to keep a lease, or to see that another attempt took
+// the task while the worker's own lease (an hour) still runs, which only
+// a heartbeat sees. Each beat waits at most Heartbeat for the database.
+// At 20 ms, beats on a loaded machine timed out one after another
+// (dozens in a row at load 10–15 on 2 cores; a timed-out query costs its
+// connection, so the next beat dials too), and in CI, at load 19,
+// TestOutcomeWriteRetriesStopWhenTheLeaseIsLost gave up after 30 s with
+// the loss unseen. A second is room for a beat there.
+const beatUnderLoad = time.Second
 
 // TestOutcomeWriteRetriesStopWhenTheLeaseIsLost: a write that keeps
 // failing is retried only while the attempt holds its lease.
@@ -308,7 +310,7 @@ func TestOutcomeWriteRetriesStopWhenTheLeaseIsLost(t *testing.T) {
 	s, _ := setup(t)
 	task := mustSubmit(t, s, newTask("write-never-lands"))
 	returned, finished := make(chan struct{}), make(chan error, 1)
-	w := newWorker(t, s, WorkerConfig{Lease: time.Hour, Heartbeat: lossHeartbeat,
+	w := newWorker(t, s, WorkerConfig{Lease: time.Hour, Heartbeat: beatUnderLoad,
 		Handler: func(ctx context.Context, t Task) Outcome {
 			defer close(returned)
 			return Succeeded(json.RawMessage(`1`))
@@ -431,7 +433,7 @@ func TestLostLeaseCancelsTheHandler(t *testing.T) {
 	task := mustSubmit(t, s, newTask("stolen"))
 	cause := make(chan error, 1)
 	var entered = make(chan struct{})
-	w := newWorker(t, s, WorkerConfig{Lease: time.Hour, Heartbeat: lossHeartbeat,
+	w := newWorker(t, s, WorkerConfig{Lease: time.Hour, Heartbeat: beatUnderLoad,
 		Handler: func(ctx context.Context, t Task) Outcome {
 			close(entered)
 			<-ctx.Done()
@@ -1062,7 +1064,7 @@ func TestWorkerDoesNotReclaimATaskItStillRuns(t *testing.T) {
 		firstCtx   = make(chan context.Context, 1)
 		secondDone = make(chan struct{})
 	)
-	w := newWorker(t, s, WorkerConfig{Lease: time.Hour, Heartbeat: lossHeartbeat, PollInterval: 10 * time.Millisecond,
+	w := newWorker(t, s, WorkerConfig{Lease: time.Hour, Heartbeat: beatUnderLoad, PollInterval: 10 * time.Millisecond,
 		Handler: func(ctx context.Context, t Task) Outcome {
 			if running.Add(1) > 1 {
 				overlap.Add(1)
