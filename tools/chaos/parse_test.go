@@ -11,7 +11,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -439,5 +443,129 @@ echo "idemgate example worker running (test)"; exec sleep 30
 		if got := runs(); got != tt.wantRuns {
 			t.Errorf("ready at run %s: %s runs, want %s", tt.readyAt, got, tt.wantRuns)
 		}
+	}
+}
+
+// supervisedScript writes a process that appends its pid to dir/pids and
+// then exits at once when its run's number (counted in dir/runs) is in
+// exitRuns, else sleeps.
+func supervisedScript(t *testing.T, dir, exitRuns string) string {
+	t.Helper()
+	script := filepath.Join(dir, "node.sh")
+	body := `#!/bin/sh
+n=$(cat "` + dir + `/runs" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "` + dir + `/runs"
+echo $$ >> "` + dir + `/pids"
+case " ` + exitRuns + ` " in *" $n "*) echo "failed to connect"; exit 1;; esac
+exec sleep 60
+`
+	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return script
+}
+
+// alivePids returns the pids of dir/pids that still run.
+func alivePids(t *testing.T, dir string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "pids"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) { // no run has begun yet
+		t.Fatal(err)
+	}
+	var alive []string
+	for _, f := range strings.Fields(string(b)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if syscall.Kill(pid, 0) == nil {
+			alive = append(alive, f)
+		}
+	}
+	return alive
+}
+
+func TestSuperviseStartsAgainAProcessThatExitsOnItsOwnNotOneKilled(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	p := &proc{name: "api0", kind: apiNode, logf: filepath.Join(dir, "api0.log")}
+	s := &system{bin: supervisedScript(t, dir, "1"), procs: []*proc{p}}
+	runs := func() string {
+		b, _ := os.ReadFile(filepath.Join(dir, "runs"))
+		return string(bytes.TrimSpace(b))
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	var logged atomic.Int32
+	go func() {
+		defer close(done)
+		s.supervise(ctx, 10*time.Millisecond, func(string, ...any) { logged.Add(1) })
+	}()
+	defer func() { cancel(); <-done; p.kill() }()
+
+	if err := p.start(s.bin); err != nil {
+		t.Fatal(err)
+	}
+	// Run 1 exits at once: the supervisor starts run 2, which stays.
+	for deadline := time.Now().Add(time.Minute); runs() != "2"; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("runs %q a minute after run 1 exited, want 2", runs())
+		}
+	}
+	// A killed process is the nemesis's: many ticks pass, no run starts.
+	p.kill()
+	time.Sleep(50 * 10 * time.Millisecond)
+	if got := runs(); got != "2" || p.running() {
+		t.Errorf("after kill: runs %q, running %v; want 2, false", got, p.running())
+	}
+	if err := p.start(s.bin); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); runs() != "3"; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("runs %q a minute after the nemesis's start, want 3", runs())
+		}
+	}
+	// Only run 1's exit was the supervisor's to answer (logged after
+	// its restart, so read last).
+	if n := logged.Load(); n != 1 {
+		t.Errorf("%d restarts logged, want 1", n)
+	}
+}
+
+// Kills and starts racing the supervisor never leave two runs of one
+// process.
+func TestSuperviseAndFaultsNeverRunAProcessTwice(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	p := &proc{name: "worker0", kind: workerProc, logf: filepath.Join(dir, "worker0.log")}
+	// Every third run exits on its own, for the supervisor to start again.
+	var exits []string
+	for n := 3; n <= 120; n += 3 {
+		exits = append(exits, strconv.Itoa(n))
+	}
+	s := &system{bin: supervisedScript(t, dir, strings.Join(exits, " ")), procs: []*proc{p}}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); s.supervise(ctx, time.Millisecond, func(string, ...any) {}) }()
+	if err := p.start(s.bin); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 30 {
+		p.kill()
+		time.Sleep(time.Duration(i%4) * time.Millisecond)
+		if err := p.start(s.bin); err != nil {
+			t.Fatal(err)
+		}
+		// Time for the runs begun to write their pids.
+		time.Sleep(time.Duration(20+i%5) * time.Millisecond)
+		if alive := alivePids(t, dir); len(alive) > 1 {
+			t.Fatalf("after fault %d: runs %v alive at once", i, alive)
+		}
+	}
+	cancel()
+	<-done
+	p.kill()
+	if alive := alivePids(t, dir); len(alive) != 0 {
+		t.Errorf("runs %v alive after the last kill", alive)
 	}
 }

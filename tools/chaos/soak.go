@@ -45,6 +45,12 @@ func soak(ctx context.Context, o options, logf func(string, ...any)) (History, s
 	// Nothing outlives the run: the context bounds every wait.
 	ctx, cancel := context.WithTimeout(ctx, o.duration+o.bound+5*time.Minute)
 	defer cancel()
+	// Every process runs to the end of the run: one that exits on its own
+	// is started again. It stops before sys.stop kills them all.
+	supCtx, stopSupervising := context.WithCancel(ctx)
+	supDone := make(chan struct{})
+	go func() { defer close(supDone); sys.supervise(supCtx, superviseEvery, logf) }()
+	defer func() { stopSupervising(); <-supDone }()
 	histPath := o.history
 	if histPath == "" {
 		histPath = filepath.Join(sys.dir, "history.jsonl")

@@ -59,6 +59,9 @@ type proc struct {
 	cmd    *exec.Cmd
 	done   chan struct{}
 	paused bool
+	// held is set by kill and cleared by start: the nemesis keeps the
+	// process down, and supervise leaves it alone.
+	held bool
 }
 
 // url is the base URL of an API node.
@@ -214,6 +217,37 @@ func (s *system) ready(ctx context.Context, p *proc) error {
 		err = s.waitReady(ctx, p, 60*time.Second)
 	}
 	return err
+}
+
+// superviseEvery is how often supervise looks for a process that exited.
+const superviseEvery = time.Second
+
+// supervise starts again, looking every every until ctx ends, every process that exited on its
+// own, as a service manager restarts a service that crashed; a process the
+// nemesis killed is the nemesis's to start. Without it, a process whose
+// start failed stayed down to the end of the run: on a loaded machine a
+// restarted API node's first connection outlasted connect_timeout, the
+// node exited, and its clients met "connection refused" until the
+// liveness bound ran out (both soaks of a CI run, 2026-12-05). Each
+// restart is logged with logf.
+func (s *system) supervise(ctx context.Context, every time.Duration, logf func(string, ...any)) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, p := range s.procs {
+			switch did, err := p.restartIfExited(s.bin); {
+			case err != nil:
+				logf("restart %s: %v", p.name, err)
+			case did:
+				logf("%s exited on its own; started it again", p.name)
+			}
+		}
+	}
 }
 
 // errExited is waitReady's error for a process that exited before it was
@@ -436,6 +470,28 @@ func (s *system) stop() {
 func (p *proc) start(bin string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.startLocked(bin)
+}
+
+// restartIfExited starts the process again when its run ended on its own:
+// not killed by kill (held), not yet started. It reports whether it did.
+// The test and the start are one step under p.mu, so that a fault's kill
+// and start around it never leave two runs of one process.
+func (p *proc) restartIfExited(bin string) (bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.held {
+		return false, nil
+	}
+	select {
+	case <-p.done:
+	default:
+		return false, nil
+	}
+	return true, p.startLocked(bin)
+}
+
+func (p *proc) startLocked(bin string) error {
 	f, err := os.OpenFile(p.logf, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return fmt.Errorf("chaos: log of %s: %w", p.name, err)
@@ -450,7 +506,7 @@ func (p *proc) start(bin string) error {
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
-	p.cmd, p.done, p.paused = cmd, done, false
+	p.cmd, p.done, p.paused, p.held = cmd, done, false, false
 	return nil
 }
 
@@ -495,8 +551,12 @@ func (p *proc) signal(sig syscall.Signal) {
 	}
 }
 
-// kill SIGKILLs the process and waits until it is gone.
+// kill SIGKILLs the process and waits until it is gone. It stays down,
+// left alone by supervise, until start runs it again.
 func (p *proc) kill() {
+	p.mu.Lock()
+	p.held = true
+	p.mu.Unlock()
 	p.signal(syscall.SIGKILL)
 	<-p.exited()
 }
