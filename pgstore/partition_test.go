@@ -63,7 +63,11 @@ func testPartition(t *testing.T, lost LostPolicy, wantUpstream int64, wantReconc
 		}
 	}
 	cfg := func(worker int) WorkerConfig {
-		return WorkerConfig{Name: []string{"a", "b"}[worker], Lease: 2 * time.Second, Heartbeat: 400 * time.Millisecond,
+		// The check below needs a's own deadline (the lease less a tenth)
+		// to pass before b's rescue (the lease and a tenth): a fifth of the
+		// lease apart, 1 s. With a 2 s lease, a loaded machine (load 30)
+		// ran a's timer 3 s late.
+		return WorkerConfig{Name: []string{"a", "b"}[worker], Lease: 5 * time.Second, Heartbeat: time.Second,
 			ReconcileInterval: 100 * time.Millisecond, Policies: map[string]KindPolicy{"image": {Lost: lost}},
 			RescueInterval: 100 * time.Millisecond, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond,
 			ShutdownTimeout: 200 * time.Millisecond, Handler: handler(worker),
