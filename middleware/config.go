@@ -64,8 +64,8 @@ type Config struct {
 	Retention time.Duration
 
 	// Lease is how long a claim lives without renewal. It is renewed every
-	// Lease/3 while the handler runs, so it bounds how long a crashed
-	// holder blocks retries.
+	// Lease/3 while the handler runs (a renewal that failed, after
+	// Lease/12), so it bounds how long a crashed holder blocks retries.
 	// Optional. Default 30s.
 	Lease time.Duration
 

@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -111,7 +112,15 @@ func (st *call) releaseUnconfirmed() {
 	}
 }
 
-// startRenewal extends the lease every Lease/3 while the handler runs.
+// retrySooner is how many times sooner than Lease/3 a failed renewal is
+// tried again.
+const retrySooner = 4
+
+// startRenewal extends the lease every Lease/3 while the handler runs. A
+// renewal that fails for any reason but a lost lease is tried again after
+// Lease/12: a renewal may take up to Lease/3, so one that stalled to its
+// end leaves a third of the lease, and the next, Lease/3 later, would
+// come just as the lease ran out.
 func (st *call) startRenewal() {
 	every := st.m.cfg.Lease / 3
 	st.renewMu.Lock()
@@ -122,12 +131,16 @@ func (st *call) startRenewal() {
 		if st.renewDone {
 			return
 		}
+		next := every
 		ctx, cancel := context.WithTimeout(&st.ctx, every)
 		if err := st.m.cfg.Store.Extend(ctx, st.key, st.token, st.m.cfg.Lease); err != nil {
 			st.storeFailed(ctx, "extend", err)
+			if !errors.Is(err, ErrLeaseLost) {
+				next = every / retrySooner
+			}
 		}
 		cancel()
-		st.renewer.Reset(every)
+		st.renewer.Reset(next)
 	})
 }
 

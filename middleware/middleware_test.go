@@ -1176,3 +1176,48 @@ func TestUnlimitedBody(t *testing.T) {
 	v.e.ServeHTTP(rec, r)
 	want{status: 413, code: "body_too_large", calls: 2}.check(t, v, rec)
 }
+
+// stallingStore's first Extend stalls until its context ends, as a renewal
+// does against a store that hangs for a while; the later ones are counted
+// by countingStore.
+type stallingStore struct {
+	countingStore
+	calls atomic.Int64
+}
+
+func (s *stallingStore) Extend(ctx context.Context, key string, token middleware.Token, lease time.Duration) error {
+	if s.calls.Add(1) == 1 {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return s.countingStore.Extend(ctx, key, token, lease)
+}
+
+// TestLeaseRenewalAfterAStalledOneComesBeforeTheLeaseEnds: a renewal that
+// stalls for its whole time (Lease/3) is tried again within the lease it
+// was renewing, so a handler longer than a lease keeps its claim. Before,
+// the next try came Lease/3 after the stalled one gave up, when the lease
+// had just run out (the key's TTL here runs on the wall clock).
+func TestLeaseRenewalAfterAStalledOneComesBeforeTheLeaseEnds(t *testing.T) {
+	t.Parallel()
+	mr := miniredis.RunT(t)
+	mr.ClockTTL(true)
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { client.Close() })
+	store := &stallingStore{countingStore: countingStore{Store: middleware.NewRedisStore(client)}}
+	const lease = 3 * time.Second
+	v := newEnvOn(t, mr, client, store, func(c *middleware.Config) { c.Lease = lease }, func(c echo.Context, n int64) error {
+		if !wait.Until(30*time.Second, func() bool { return store.extends.Load() > 0 || store.lost.Load() > 0 }) {
+			t.Errorf("no renewal after the stalled one within 30 s")
+		}
+		if store.lost.Load() > 0 {
+			t.Errorf("the renewal after the stalled one found the claim gone: it came after the lease ended")
+		}
+		return defaultHandler(c, n)
+	})
+	rec := v.do(req{key: "k", body: imageBody})
+	want{status: 201, calls: 1}.check(t, v, rec)
+	if store.calls.Load() < 2 {
+		t.Errorf("%d renewals, want the stalled one and one after it", store.calls.Load())
+	}
+}
