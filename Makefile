@@ -59,8 +59,10 @@ unit:
 	failed=0; \
 	$(GO) test -race -count=1 -timeout 20m ./tools/chaos/ || failed=1; \
 	$(GO) test -race -count=1 -timeout 20m ./pgstore/ || failed=1; \
-	$(GO) test -race -count=1 -timeout 20m ./example/ ./pgrecords/ ./middleware/ \
-		$$($(GO) list $(PKGS) | grep -v -x -e '$(MODULE)/tools/chaos' -e '$(MODULE)/pgstore') || failed=1; \
+	all=$$($(GO) list $(PKGS)) || failed=1; \
+	rest=$$(printf '%s\n' "$$all" | grep -v -x -e '$(MODULE)/tools/chaos' -e '$(MODULE)/pgstore'); \
+	[ -n "$$rest" ] || { echo "unit: go list named no packages"; failed=1; }; \
+	$(GO) test -race -count=1 -timeout 20m ./example/ ./pgrecords/ ./middleware/ $$rest || failed=1; \
 	$(GO) test -count=1 -run 'Allocs|NumberCost|TestRedisRecordBytes|TestRedisReplayCPU|TestRedisCompleteCPU' ./fingerprint/ ./middleware/ ./pgrecords/ || failed=1; \
 	exit $$failed
 

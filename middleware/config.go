@@ -64,8 +64,9 @@ type Config struct {
 	Retention time.Duration
 
 	// Lease is how long a claim lives without renewal. It is renewed every
-	// Lease/3 while the handler runs (a renewal that failed, after
-	// Lease/12), so it bounds how long a crashed holder blocks retries.
+	// Lease/3 while the handler runs (a renewal that failed is tried again
+	// Lease/3 after it began, at least Lease/12 after it ended), so it
+	// bounds how long a crashed holder blocks retries.
 	// Optional. Default 30s.
 	Lease time.Duration
 

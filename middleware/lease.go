@@ -112,15 +112,17 @@ func (st *call) releaseUnconfirmed() {
 	}
 }
 
-// retrySooner is how many times sooner than Lease/3 a failed renewal is
-// tried again.
+// retrySooner is how many times sooner than Lease/3 a renewal that failed
+// at the end of its time is tried again.
 const retrySooner = 4
 
 // startRenewal extends the lease every Lease/3 while the handler runs. A
-// renewal that fails for any reason but a lost lease is tried again after
-// Lease/12: a renewal may take up to Lease/3, so one that stalled to its
-// end leaves a third of the lease, and the next, Lease/3 later, would
-// come just as the lease ran out.
+// renewal that fails for any reason but a lost lease is tried again Lease/3
+// after it began, and at least Lease/12 after it ended: a renewal may take
+// up to Lease/3, so one that stalled to its end leaves a third of the
+// lease, and a next try Lease/3 after it ended would come just as the
+// lease ran out. A renewal that failed fast (a refused connection) is
+// tried again no more often than before.
 func (st *call) startRenewal() {
 	every := st.m.cfg.Lease / 3
 	st.renewMu.Lock()
@@ -131,12 +133,12 @@ func (st *call) startRenewal() {
 		if st.renewDone {
 			return
 		}
-		next := every
+		next, began := every, time.Now()
 		ctx, cancel := context.WithTimeout(&st.ctx, every)
 		if err := st.m.cfg.Store.Extend(ctx, st.key, st.token, st.m.cfg.Lease); err != nil {
 			st.storeFailed(ctx, "extend", err)
 			if !errors.Is(err, ErrLeaseLost) {
-				next = every / retrySooner
+				next = max(every-time.Since(began), every/retrySooner)
 			}
 		}
 		cancel()

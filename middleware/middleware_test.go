@@ -1195,7 +1195,8 @@ func (s *stallingStore) Extend(ctx context.Context, key string, token middleware
 
 // TestLeaseRenewalAfterAStalledOneComesBeforeTheLeaseEnds: a renewal that
 // stalls for its whole time (Lease/3) is tried again within the lease it
-// was renewing, so a handler longer than a lease keeps its claim. Before,
+// was renewing (Lease/12 after), so a handler longer than a lease keeps its
+// claim. Before,
 // the next try came Lease/3 after the stalled one gave up, when the lease
 // had just run out (the key's TTL here runs on the wall clock).
 func TestLeaseRenewalAfterAStalledOneComesBeforeTheLeaseEnds(t *testing.T) {
@@ -1205,7 +1206,9 @@ func TestLeaseRenewalAfterAStalledOneComesBeforeTheLeaseEnds(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { client.Close() })
 	store := &stallingStore{countingStore: countingStore{Store: middleware.NewRedisStore(client)}}
-	const lease = 3 * time.Second
+	// The retry comes a quarter of the lease before it ends: 2.25 s for a
+	// loaded machine's late timers.
+	const lease = 9 * time.Second
 	v := newEnvOn(t, mr, client, store, func(c *middleware.Config) { c.Lease = lease }, func(c echo.Context, n int64) error {
 		if !wait.Until(30*time.Second, func() bool { return store.extends.Load() > 0 || store.lost.Load() > 0 }) {
 			t.Errorf("no renewal after the stalled one within 30 s")
@@ -1219,5 +1222,38 @@ func TestLeaseRenewalAfterAStalledOneComesBeforeTheLeaseEnds(t *testing.T) {
 	want{status: 201, calls: 1}.check(t, v, rec)
 	if store.calls.Load() < 2 {
 		t.Errorf("%d renewals, want the stalled one and one after it", store.calls.Load())
+	}
+}
+
+// failingExtend is a Store whose extends fail at once, as against a store
+// that refuses connections.
+type failingExtend struct {
+	middleware.Store
+	calls atomic.Int64
+}
+
+func (s *failingExtend) Extend(context.Context, string, middleware.Token, time.Duration) error {
+	s.calls.Add(1)
+	return errors.New("connection refused")
+}
+
+// TestRenewalsThatFailFastComeNoMoreOftenThanEveryThirdOfALease: a store
+// that fails renewals at once gets them every Lease/3, as before a stalled
+// renewal's retry was brought forward, not every Lease/12 (each failure is
+// an event and a log line, against a store that is down).
+func TestRenewalsThatFailFastComeNoMoreOftenThanEveryThirdOfALease(t *testing.T) {
+	t.Parallel()
+	mr := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { client.Close() })
+	store := &failingExtend{Store: middleware.NewRedisStore(client)}
+	const lease = 600 * time.Millisecond
+	v := newEnvOn(t, mr, client, store, func(c *middleware.Config) { c.Lease = lease }, func(c echo.Context, n int64) error {
+		time.Sleep(2 * lease) // a late timer only makes fewer renewals
+		return defaultHandler(c, n)
+	})
+	want{status: 201, calls: 1}.check(t, v, v.do(req{key: "k", body: imageBody}))
+	if n := store.calls.Load(); n > 7 {
+		t.Errorf("%d renewals in two leases, want at most 6 (every Lease/3) and one at the edge", n)
 	}
 }

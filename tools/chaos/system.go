@@ -479,8 +479,7 @@ func (p *proc) start(bin string) error {
 
 // restartIfExited starts the process again when its run ended on its own:
 // not killed by kill (held), not yet started. It reports whether it did.
-// The test and the start are one step under p.mu, so that a fault's kill
-// and start around it never leave two runs of one process.
+// The test and the start are one step under p.mu.
 func (p *proc) restartIfExited(bin string) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -495,7 +494,18 @@ func (p *proc) restartIfExited(bin string) (bool, error) {
 	return true, p.startLocked(bin)
 }
 
+// startLocked starts a run unless one runs already: whoever asked (a
+// fault's end, healAll, supervise) wants the process up, and a second run
+// would be one nobody tracks (faults and stop would never reach it).
 func (p *proc) startLocked(bin string) error {
+	if p.done != nil {
+		select {
+		case <-p.done:
+		default:
+			p.held = false
+			return nil
+		}
+	}
 	f, err := os.OpenFile(p.logf, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return fmt.Errorf("chaos: log of %s: %w", p.name, err)
