@@ -226,14 +226,14 @@ func (s *system) ready(ctx context.Context, p *proc) error {
 // superviseEvery is how often supervise looks for a process that exited.
 const superviseEvery = time.Second
 
-// supervise starts again, looking every every until ctx ends, every process that exited on its
-// own, as a service manager restarts a service that crashed; a process the
-// nemesis killed is the nemesis's to start. Without it, a process whose
-// start failed stayed down to the end of the run: on a loaded machine a
-// restarted API node's first connection outlasted connect_timeout, the
-// node exited, and its clients met "connection refused" until the
-// liveness bound ran out (both soaks of a CI run, 2026-12-05). Each
-// restart is logged with logf.
+// supervise looks at the processes every every until ctx ends, and starts
+// again each one that exited on its own, as a service manager restarts a
+// service that crashed; a process the nemesis killed is the nemesis's to
+// start. Without it, a process whose start failed stayed down to the end
+// of the run: on a loaded machine a restarted API node's first connection
+// outlasted connect_timeout, the node exited, and its clients met
+// "connection refused" until the liveness bound ran out (both soaks of a
+// CI run, 2026-12-05). Each restart is logged with logf.
 func (s *system) supervise(ctx context.Context, every time.Duration, logf func(string, ...any)) {
 	t := time.NewTicker(every)
 	defer t.Stop()
