@@ -1,8 +1,10 @@
 package devserver
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +18,8 @@ type Redis struct {
 	*Server
 	// Port is the TCP port on 127.0.0.1.
 	Port int
+	// BusPort is a cluster node's bus port, 0 when it is not one.
+	BusPort int
 
 	bin   string
 	extra []string
@@ -25,6 +29,18 @@ type Redis struct {
 // `databases` logical databases (0 for the default of 16). The error wraps
 // ErrMissing when redis-server is not installed.
 func StartRedis(ctx context.Context, databases int, extra ...string) (*Redis, error) {
+	return startRedis(ctx, databases, false, extra...)
+}
+
+// clusterArgs make redis-server a cluster node.
+var clusterArgs = []string{"--cluster-enabled", "yes",
+	"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"}
+
+// startRedis is StartRedis; a cluster node also gets a bus port of its own
+// from FreePort. Left to itself, redis-server puts the bus at port+10000,
+// which lies in the kernel's ephemeral range, where an outgoing
+// connection can hold it.
+func startRedis(ctx context.Context, databases int, cluster bool, extra ...string) (*Redis, error) {
 	bin, err := lookPath("redis-server")
 	if err != nil {
 		return nil, fmt.Errorf("%w (install it, e.g. apt-get install redis-server)", err)
@@ -36,16 +52,19 @@ func StartRedis(ctx context.Context, databases int, extra ...string) (*Redis, er
 	if databases > 0 {
 		extra = append([]string{"--databases", strconv.Itoa(databases)}, extra...)
 	}
+	if cluster {
+		extra = append(append([]string{}, clusterArgs...), extra...)
+	}
 	r := &Redis{bin: bin, extra: extra}
 	for attempt := 0; ; attempt++ {
-		port, err := FreePort()
+		port, bus, err := freePorts(cluster)
 		if err != nil {
 			os.RemoveAll(dir)
 			return nil, err
 		}
-		srv, err := r.start(ctx, dir, port)
+		srv, err := r.start(ctx, dir, port, bus)
 		if err == nil {
-			r.Server, r.Port = srv, port
+			r.Server, r.Port, r.BusPort = srv, port, bus
 			return r, nil
 		}
 		if attempt == 3 || ctx.Err() != nil {
@@ -55,13 +74,33 @@ func StartRedis(ctx context.Context, databases int, extra ...string) (*Redis, er
 	}
 }
 
-func (r *Redis) start(ctx context.Context, dir string, port int) (*Server, error) {
+// freePorts returns a free port, and a second, different one for a
+// cluster node's bus.
+func freePorts(cluster bool) (port, bus int, err error) {
+	if port, err = FreePort(); err != nil || !cluster {
+		return port, 0, err
+	}
+	for range 16 {
+		if bus, err = FreePort(); err != nil || bus != port {
+			return port, bus, err
+		}
+	}
+	return 0, 0, fmt.Errorf("devserver: no second free port beside %d", port)
+}
+
+// start runs redis-server on port (and a cluster node's bus on busPort when
+// it is not 0) and returns once it answers PING.
+func (r *Redis) start(ctx context.Context, dir string, port, busPort int) (*Server, error) {
 	logPath := filepath.Join(dir, "redis.log")
-	args := append([]string{
+	args := []string{
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", dir,
 		"--logfile", logPath, "--protected-mode", "no",
-	}, r.extra...)
+	}
+	if busPort != 0 {
+		args = append(args, "--cluster-port", strconv.Itoa(busPort))
+	}
+	args = append(args, r.extra...)
 	cmd := exec.Command(r.bin, args...)
 	srv, err := startChild(cmd)
 	if err != nil {
@@ -71,11 +110,53 @@ func (r *Redis) start(ctx context.Context, dir string, port int) (*Server, error
 	srv.Addr = fmt.Sprintf("127.0.0.1:%d", port)
 	waitCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	if err := waitTCP(waitCtx, srv, srv.Addr, func() string { return tail(logPath) }); err != nil {
+	logf := func() string { return tail(logPath) }
+	if err := waitTCP(waitCtx, srv, srv.Addr, logf); err != nil {
+		_ = srv.Kill()
+		return nil, err
+	}
+	// redis-server accepts on its port before it has finished starting: a
+	// cluster node whose bus port is taken accepts and then exits. A PONG
+	// comes only from a server that has.
+	if err := waitPong(waitCtx, srv, srv.Addr, logf); err != nil {
 		_ = srv.Kill()
 		return nil, err
 	}
 	return srv, nil
+}
+
+// waitPong waits until the Redis server s on addr answers PING with PONG
+// (not, say, -LOADING), or exits, or ctx ends.
+func waitPong(ctx context.Context, s *Server, addr string, logf func() string) error {
+	for {
+		if pong(ctx, addr) {
+			return nil
+		}
+		select {
+		case <-s.done:
+			return fmt.Errorf("devserver: server on %s exited: %v\n%s", addr, s.waitErr, logf())
+		case <-ctx.Done():
+			return fmt.Errorf("devserver: server on %s does not answer PING: %w\n%s", addr, ctx.Err(), logf())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// pong reports whether the server on addr answers PING with +PONG within a
+// second.
+func pong(ctx context.Context, addr string) bool {
+	d := net.Dialer{Timeout: time.Second}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return false
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	return err == nil && strings.HasPrefix(line, "+PONG")
 }
 
 // Restart starts redis-server again on the same port after Kill or Stop
@@ -89,7 +170,7 @@ func (r *Redis) Restart(ctx context.Context) error {
 	if err := os.MkdirAll(r.Dir, 0o755); err != nil {
 		return fmt.Errorf("devserver: redis dir: %w", err)
 	}
-	srv, err := r.start(ctx, r.Dir, r.Port)
+	srv, err := r.start(ctx, r.Dir, r.Port, r.BusPort)
 	if err != nil {
 		return err
 	}
@@ -124,16 +205,26 @@ func (c *Cluster) Stop() error {
 }
 
 // StartCluster starts n cluster-enabled redis-servers, joins them with
-// redis-cli --cluster create and waits until every node reports cluster_state:ok.
+// redis-cli --cluster create and waits until every node reports
+// cluster_state:ok. A cluster that fails to form is stopped and started
+// again on other ports, up to three times.
 func StartCluster(ctx context.Context, n int) (*Cluster, error) {
 	cli, err := lookPath("redis-cli")
 	if err != nil {
 		return nil, fmt.Errorf("%w (install it, e.g. apt-get install redis-tools)", err)
 	}
+	for attempt := 1; ; attempt++ {
+		c, err := startCluster(ctx, cli, n)
+		if err == nil || attempt == 3 || ctx.Err() != nil {
+			return c, err
+		}
+	}
+}
+
+func startCluster(ctx context.Context, cli string, n int) (*Cluster, error) {
 	c := &Cluster{}
 	for i := 0; i < n; i++ {
-		node, err := StartRedis(ctx, 0, "--cluster-enabled", "yes",
-			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000")
+		node, err := startRedis(ctx, 0, true)
 		if err != nil {
 			c.Stop()
 			return nil, err
