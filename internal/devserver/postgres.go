@@ -107,7 +107,7 @@ func (p *Postgres) start(ctx context.Context, dir string) (*Server, error) {
 	}
 	srv.Dir = dir
 	srv.Addr = fmt.Sprintf("127.0.0.1:%d", port)
-	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	waitCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	if err := waitPostgres(waitCtx, srv, dir, port, func() string { return tail(logPath) }); err != nil {
 		_ = srv.Kill()
@@ -196,7 +196,7 @@ func (p *Postgres) Restart(ctx context.Context) error {
 	}
 	srv.Dir, srv.Addr = p.Dir, p.Addr
 	p.Server = srv
-	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	waitCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	return waitPostgres(waitCtx, p.Server, p.Dir, p.Port, func() string { return tail(logPath) })
 }

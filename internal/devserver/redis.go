@@ -108,7 +108,7 @@ func (r *Redis) start(ctx context.Context, dir string, port, busPort int) (*Serv
 	}
 	srv.Dir = dir
 	srv.Addr = fmt.Sprintf("127.0.0.1:%d", port)
-	waitCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	logf := func() string { return tail(logPath) }
 	if err := waitTCP(waitCtx, srv, srv.Addr, logf); err != nil {
@@ -237,7 +237,7 @@ func startCluster(ctx context.Context, cli string, n int) (*Cluster, error) {
 		c.Stop()
 		return nil, fmt.Errorf("devserver: redis-cli --cluster create: %w\n%s", err, out)
 	}
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for _, node := range c.Nodes {
 		for {
 			out, _ := exec.CommandContext(ctx, cli, "-p", strconv.Itoa(node.Port), "cluster", "info").Output()

@@ -48,6 +48,13 @@ type env struct {
 	nextRD atomic.Int64
 }
 
+// startLimit bounds starting a server and creating or dropping a
+// database. It is generous on purpose: each is paid once per server or
+// test, and on a loaded 2-core machine (load 20–30, the race detector
+// beside several test binaries) initdb alone has taken most of a minute.
+// A limit that a slow machine outruns fails every test of the binary.
+const startLimit = 3 * time.Minute
+
 // The servers of this test binary. A package-level value is the one
 // exception to "no globals": a test binary has exactly one set of servers.
 var servers env
@@ -113,7 +120,7 @@ func PostgresDSNFrom(t testing.TB, key string, prepare func(ctx context.Context,
 	}
 	servers.mu.Unlock()
 	tm.once.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*startLimit)
 		defer cancel()
 		tm.name = fmt.Sprintf("idemgate_template_%d_%d", os.Getpid(), servers.nextDB.Add(1))
 		conn, err := pgx.Connect(ctx, admin)
@@ -153,7 +160,7 @@ type template struct {
 func createDB(t testing.TB, from string) string {
 	t.Helper()
 	admin := postgresAdminURL(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), startLimit)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, admin)
 	if err != nil {
@@ -169,7 +176,7 @@ func createDB(t testing.TB, from string) string {
 		t.Fatalf("testenv: create database: %v", err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), startLimit)
 		defer cancel()
 		conn, err := pgx.Connect(ctx, admin)
 		if err != nil {
@@ -222,7 +229,7 @@ func postgresAdminURL(t testing.TB) string {
 		if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
 			servers.pgURL = u
 		} else {
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), startLimit)
 			defer cancel()
 			servers.pg, servers.pgErr = devserver.StartPostgres(ctx)
 			if servers.pgErr == nil {
@@ -246,7 +253,7 @@ func Redis(t testing.TB) *redis.Options {
 		if u := os.Getenv("TEST_REDIS_URL"); u != "" {
 			servers.rdOpts, servers.rdErr = redis.ParseURL(u)
 		} else {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), startLimit)
 			servers.redis, servers.rdErr = devserver.StartRedis(ctx, 4096)
 			cancel()
 			if servers.rdErr == nil {
@@ -292,7 +299,7 @@ func RedisCluster(t testing.TB) []string {
 		if s := os.Getenv("TEST_REDIS_CLUSTER"); s != "" {
 			servers.clAddrs = strings.Split(s, ",")
 		} else {
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), startLimit)
 			defer cancel()
 			servers.cluster, servers.clErr = devserver.StartCluster(ctx, 3)
 			if servers.clErr == nil {
