@@ -43,9 +43,8 @@ release:
 # not hide the other's results; unit fails if either did):
 #  - the chaos soak alone: two systems of four race-built processes under
 #    faults keep a 2-core machine busy by themselves;
-#  - every other package, two at a time, pgstore first: it is the longest
-#    (its tests run worker processes and wait out leases), so the rest run
-#    one after another beside it.
+#  - every other package, two at a time, pgstore first: it is the longest,
+#    so the rest run one after another beside it.
 # The soak beside pgstore took a 2-core machine to load 19: leases and
 # connect timeouts ran out, and a CI run failed on five tests that pass
 # alone (2026-12-05). Running pgstore alone as well made make test half
