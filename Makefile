@@ -39,16 +39,16 @@ release:
 	@test -n "$(VERSION)" || { echo "usage: make release VERSION=vX.Y.Z"; exit 1; }
 	$(GO) run ./tools/release -version $(VERSION)
 
-# Two race runs, one after another, each to its end (a failure in one does
-# not hide the other's results; unit fails if either did):
+# Three race runs, one after another, each to its end (a failure in one
+# does not hide the others' results; unit fails if any did):
 #  - the chaos soak alone: two systems of four race-built processes under
-#    faults keep a 2-core machine busy by themselves;
-#  - every other package, two at a time, pgstore first: it is the longest,
-#    so the rest run one after another beside it.
-# The soak beside pgstore took a 2-core machine to load 19: leases and
-# connect timeouts ran out, and a CI run failed on five tests that pass
-# alone (2026-12-05). Running pgstore alone as well made make test half
-# as long again (a CI run of 1,588 s).
+#    faults;
+#  - pgstore alone: its tests run worker processes side by side;
+#  - the rest, two packages at a time, the slowest named first so that go
+#    test starts them first.
+# Beside each other, or beside the rest, these two took a 2-core machine to
+# load 19: leases and connect timeouts ran out, and a CI run failed on five
+# tests that pass alone (2026-12-05).
 #
 # Then the allocation budgets run once more without -race: the race
 # detector drops pooled buffers on purpose, so the budget tests skip under
@@ -58,10 +58,11 @@ release:
 unit:
 	failed=0; \
 	$(GO) test -race -count=1 -timeout 20m ./tools/chaos/ || failed=1; \
+	$(GO) test -race -count=1 -timeout 20m ./pgstore/ || failed=1; \
 	all=$$($(GO) list $(PKGS)) || failed=1; \
 	rest=$$(printf '%s\n' "$$all" | grep -v -x -e '$(MODULE)/tools/chaos' -e '$(MODULE)/pgstore'); \
 	[ -n "$$rest" ] || { echo "unit: go list named no packages"; failed=1; }; \
-	$(GO) test -race -count=1 -timeout 25m ./pgstore/ ./example/ ./pgrecords/ ./middleware/ $$rest || failed=1; \
+	$(GO) test -race -count=1 -timeout 20m ./example/ ./pgrecords/ ./middleware/ $$rest || failed=1; \
 	$(GO) test -count=1 -run 'Allocs|NumberCost|TestRedisRecordBytes|TestRedisReplayCPU|TestRedisCompleteCPU' ./fingerprint/ ./middleware/ ./pgrecords/ || failed=1; \
 	exit $$failed
 
