@@ -225,17 +225,29 @@ func ephemeralLow() int {
 
 // waitTCP dials addr until it answers, the server exits or ctx ends.
 func waitTCP(ctx context.Context, s *Server, addr string, logf func() string) error {
-	for {
+	return waitUntil(ctx, s, addr, "not up", logf, func() bool {
 		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-		if err == nil {
-			c.Close()
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	})
+}
+
+// waitUntil polls ready every 20 ms until it reports true, the server s
+// on addr exits or ctx ends; the error then says what (notYet on ctx's
+// end) and carries the server's log.
+func waitUntil(ctx context.Context, s *Server, addr, notYet string, logf func() string, ready func() bool) error {
+	for {
+		if ready() {
 			return nil
 		}
 		select {
 		case <-s.done:
 			return fmt.Errorf("devserver: server on %s exited: %v\n%s", addr, s.waitErr, logf())
 		case <-ctx.Done():
-			return fmt.Errorf("devserver: server on %s not up: %w\n%s", addr, ctx.Err(), logf())
+			return fmt.Errorf("devserver: server on %s %s: %w\n%s", addr, notYet, ctx.Err(), logf())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}

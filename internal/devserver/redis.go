@@ -128,18 +128,7 @@ func (r *Redis) start(ctx context.Context, dir string, port, busPort int) (*Serv
 // waitPong waits until the Redis server s on addr answers PING with PONG
 // (not, say, -LOADING), or exits, or ctx ends.
 func waitPong(ctx context.Context, s *Server, addr string, logf func() string) error {
-	for {
-		if pong(ctx, addr) {
-			return nil
-		}
-		select {
-		case <-s.done:
-			return fmt.Errorf("devserver: server on %s exited: %v\n%s", addr, s.waitErr, logf())
-		case <-ctx.Done():
-			return fmt.Errorf("devserver: server on %s does not answer PING: %w\n%s", addr, ctx.Err(), logf())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	return waitUntil(ctx, s, addr, "does not answer PING", logf, func() bool { return pong(ctx, addr) })
 }
 
 // pong reports whether the server on addr answers PING with +PONG within a
