@@ -237,10 +237,17 @@ func waitTCP(ctx context.Context, s *Server, addr string, logf func() string) er
 
 // waitUntil polls ready every 20 ms until it reports true, the server s
 // on addr exits or ctx ends; the error then says what (notYet on ctx's
-// end) and carries the server's log.
+// end) and carries the server's log. A ready answer from addr after s has
+// exited is another process's: s has not started.
 func waitUntil(ctx context.Context, s *Server, addr, notYet string, logf func() string, ready func() bool) error {
 	for {
-		if ready() {
+		ok := ready()
+		select {
+		case <-s.done:
+			return fmt.Errorf("devserver: server on %s exited: %v\n%s", addr, s.waitErr, logf())
+		default:
+		}
+		if ok {
 			return nil
 		}
 		select {

@@ -36,10 +36,12 @@ func StartRedis(ctx context.Context, databases int, extra ...string) (*Redis, er
 var clusterArgs = []string{"--cluster-enabled", "yes",
 	"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"}
 
-// startRedis is StartRedis; a cluster node also gets a bus port of its own
-// from FreePort. Left to itself, redis-server puts the bus at port+10000,
-// which lies in the kernel's ephemeral range, where an outgoing
-// connection can hold it.
+// startRedis is StartRedis; a cluster node of redis-server 7 or later also
+// gets a bus port of its own from FreePort. Left to itself, redis-server
+// puts the bus at port+10000, which can land in the kernel's ephemeral
+// range, where an outgoing connection can hold it. (Older servers know no
+// --cluster-port: a node whose bus port is taken exits, and the PING wait
+// and the retries below start it on other ports.)
 func startRedis(ctx context.Context, databases int, cluster bool, extra ...string) (*Redis, error) {
 	bin, err := lookPath("redis-server")
 	if err != nil {
@@ -56,8 +58,9 @@ func startRedis(ctx context.Context, databases int, cluster bool, extra ...strin
 		extra = append(append([]string{}, clusterArgs...), extra...)
 	}
 	r := &Redis{bin: bin, extra: extra}
+	ownBus := cluster && takesClusterPort(bin)
 	for attempt := 0; ; attempt++ {
-		port, bus, err := freePorts(cluster)
+		port, bus, err := freePorts(ownBus)
 		if err != nil {
 			os.RemoveAll(dir)
 			return nil, err
@@ -72,6 +75,22 @@ func startRedis(ctx context.Context, databases int, cluster bool, extra ...strin
 			return nil, err
 		}
 	}
+}
+
+// takesClusterPort reports whether the redis-server at bin is 7.0 or later,
+// the first to take --cluster-port.
+func takesClusterPort(bin string) bool {
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		return false
+	}
+	_, v, ok := strings.Cut(string(out), " v=")
+	if !ok {
+		return false
+	}
+	major, _, _ := strings.Cut(v, ".")
+	n, err := strconv.Atoi(major)
+	return err == nil && n >= 7
 }
 
 // freePorts returns a free port, and a second, different one for a
@@ -131,8 +150,9 @@ func waitPong(ctx context.Context, s *Server, addr string, logf func() string) e
 	return waitUntil(ctx, s, addr, "does not answer PING", logf, func() bool { return pong(ctx, addr) })
 }
 
-// pong reports whether the server on addr answers PING with +PONG within a
-// second.
+// pong reports whether the server on addr answers PING within a second as
+// a server that has finished starting does: +PONG, or -NOAUTH when it
+// wants a password.
 func pong(ctx context.Context, addr string) bool {
 	d := net.Dialer{Timeout: time.Second}
 	c, err := d.DialContext(ctx, "tcp", addr)
@@ -145,7 +165,7 @@ func pong(ctx context.Context, addr string) bool {
 		return false
 	}
 	line, err := bufio.NewReader(c).ReadString('\n')
-	return err == nil && strings.HasPrefix(line, "+PONG")
+	return err == nil && (strings.HasPrefix(line, "+PONG") || strings.HasPrefix(line, "-NOAUTH"))
 }
 
 // Restart starts redis-server again on the same port after Kill or Stop
@@ -196,7 +216,7 @@ func (c *Cluster) Stop() error {
 // StartCluster starts n cluster-enabled redis-servers, joins them with
 // redis-cli --cluster create and waits until every node reports
 // cluster_state:ok. A cluster that fails to form is stopped and started
-// again on other ports, up to three times.
+// again on other ports: three attempts in all.
 func StartCluster(ctx context.Context, n int) (*Cluster, error) {
 	cli, err := lookPath("redis-cli")
 	if err != nil {
@@ -233,9 +253,9 @@ func startCluster(ctx context.Context, cli string, n int) (*Cluster, error) {
 			if strings.Contains(string(out), "cluster_state:ok") {
 				break
 			}
-			if time.Now().After(deadline) {
+			if ctx.Err() != nil || time.Now().After(deadline) {
 				c.Stop()
-				return nil, fmt.Errorf("devserver: cluster not ok on %s:\n%s", node.Addr, out)
+				return nil, fmt.Errorf("devserver: cluster not ok on %s (%v):\n%s", node.Addr, ctx.Err(), out)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
