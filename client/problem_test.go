@@ -90,3 +90,43 @@ func TestProblemNotJSON(t *testing.T) {
 		t.Fatalf("err = %#v", err)
 	}
 }
+
+// FuzzDecodeProblem: any body decodes without a panic, and a problem
+// document that encoding/json reads whole (lower-case ASCII member names)
+// is read member by member to the same values.
+func FuzzDecodeProblem(f *testing.F) {
+	for _, s := range []string{
+		`{"type":"about:blank","title":"Conflict","status":409,"code":"key_reused","changed":["/a"]}`,
+		`{"status":"409","code":"key_reused"}`, `{"changed":["/a",5]}`, `null`, `[]`, `<html>`, `{"title":null}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, ok := decodeProblem(body)
+		var members map[string]json.RawMessage
+		if json.Unmarshal(body, &members) != nil || members == nil {
+			if ok {
+				t.Fatalf("decodeProblem(%q) took a body that is no JSON object", body)
+			}
+			return
+		}
+		if !ok {
+			t.Fatalf("decodeProblem(%q) refused a JSON object", body)
+		}
+		for name := range members {
+			for i := 0; i < len(name); i++ {
+				if name[i] >= 0x80 || (name[i] >= 'A' && name[i] <= 'Z') {
+					return // encoding/json folds case; the problem's members are lower case
+				}
+			}
+		}
+		var strict Problem
+		if json.Unmarshal(body, &strict) != nil {
+			return
+		}
+		if got.Type != strict.Type || got.Title != strict.Title || got.Detail != strict.Detail || got.Code != strict.Code ||
+			!slices.Equal(got.Changed, strict.Changed) {
+			t.Fatalf("decodeProblem(%q) = %+v, encoding/json read %+v", body, *got, strict)
+		}
+	})
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -218,4 +219,25 @@ func timerSleep(ctx context.Context, d time.Duration) error {
 		return context.DeadlineExceeded
 	}
 	return ctx.Err()
+}
+
+// FuzzRetryAfter: whatever the headers say, the wait read is between 0
+// and a day, and a plain count of seconds is read as itself.
+func FuzzRetryAfter(f *testing.F) {
+	for _, s := range [][2]string{{"3", ""}, {"1.5", ""}, {"", "1500"}, {"-1", "NaN"}, {"1e400", "Inf"}, {"Fri, 01 Jan 9999 00:00:00 GMT", ""}, {"0x1p4", "+2"}} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, seconds, millis string) {
+		h := http.Header{}
+		h.Set("Retry-After", seconds)
+		h.Set("Retry-After-Ms", millis)
+		got := retryAfter(h)
+		if got < 0 || got > maxHeaderDelay {
+			t.Fatalf("retryAfter(%q, ms %q) = %v, want within [0, 24h]", seconds, millis, got)
+		}
+		if n, err := strconv.Atoi(seconds); err == nil && n >= 0 && n <= 86400 && strings.TrimSpace(millis) == "" &&
+			strings.Trim(seconds, "0123456789") == "" && got != time.Duration(n)*time.Second {
+			t.Fatalf("retryAfter(%q) = %v, want %ds", seconds, got, n)
+		}
+	})
 }
