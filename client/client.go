@@ -190,7 +190,8 @@ func (r *Response) Location() string {
 }
 
 // Send sends one business action under the Idempotency-Key requestID:
-// method to path (joined to BaseURL) with body, retrying transport errors
+// method to path (a path joined to BaseURL, or an absolute URL on its
+// origin, as Get takes it) with body, retrying transport errors
 // and retryable answers with the same id and the same bytes. The body is
 // sent as it is when a []byte, read to its end when an io.Reader (at most
 // 64 MiB, held in memory for the retries; the reader is not closed), and
@@ -204,11 +205,15 @@ func (c *Client) Send(ctx context.Context, method, path, requestID string, body 
 	if err := checkRequestID(requestID); err != nil {
 		return nil, err
 	}
+	u, err := c.resolve(path)
+	if err != nil {
+		return nil, err
+	}
 	data, err := requestBody(body, c.maxRequestBody)
 	if err != nil {
 		return nil, err
 	}
-	return c.do(ctx, method, c.cfg.BaseURL+path, requestID, data)
+	return c.do(ctx, method, u, requestID, data)
 }
 
 // Get reads target, retrying transport errors and retryable answers. An

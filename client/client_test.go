@@ -639,8 +639,8 @@ func TestGetTakesAnAnswerOfExactlyTheLimit(t *testing.T) {
 	}
 }
 
-// TestGetRefusesATargetOffTheAPI: Get reads a path under BaseURL or an
-// absolute URL on its origin, nothing else: a relative reference has no
+// TestGetRefusesATargetOffTheAPI: Get (and Send) take a path under BaseURL
+// or an absolute URL on its origin, nothing else: a relative reference has no
 // base to resolve against (Response.Location is the way), and another
 // origin would receive Config.Header.
 func TestGetRefusesATargetOffTheAPI(t *testing.T) {
@@ -658,6 +658,9 @@ func TestGetRefusesATargetOffTheAPI(t *testing.T) {
 	for _, tt := range tests {
 		if _, err := c.Get(context.Background(), tt.given); err == nil {
 			t.Errorf("%s: Get(%q) succeeded", tt.name, tt.given)
+		}
+		if _, err := c.Send(context.Background(), http.MethodPost, tt.given, "k", nil); err == nil {
+			t.Errorf("%s: Send(%q) succeeded", tt.name, tt.given)
 		}
 	}
 	if keys, _, _, _ := srv.seen(); len(keys) != 0 {
