@@ -274,11 +274,11 @@ func (c *Client) Poll(ctx context.Context, target string, first time.Duration, d
 	}
 }
 
-// resolve returns the URL Get and Poll read for target: a path is joined
-// to BaseURL (its path prefix kept); an absolute URL must be on BaseURL's
-// origin.
+// resolve returns the URL a call sends to for target: a path ("" for
+// BaseURL itself) is joined to BaseURL (its path prefix kept); an absolute
+// URL must be on BaseURL's origin.
 func (c *Client) resolve(target string) (string, error) {
-	if strings.HasPrefix(target, "/") && !strings.HasPrefix(target, "//") {
+	if target == "" || (strings.HasPrefix(target, "/") && !strings.HasPrefix(target, "//")) {
 		return c.cfg.BaseURL + target, nil
 	}
 	u, err := url.Parse(target)
