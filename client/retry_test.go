@@ -172,7 +172,7 @@ func TestSendDeadlineKeepsTheProblem(t *testing.T) {
 	}{
 		{name: "a deadline before the Retry-After ends",
 			givenCtx: func() (context.Context, context.CancelFunc) {
-				return context.WithTimeout(context.Background(), 10*time.Second)
+				return context.WithTimeout(context.Background(), time.Minute)
 			},
 			givenWait: func(context.CancelFunc) func(context.Context, time.Duration) error { return timerSleep },
 			wantErr:   context.DeadlineExceeded},
@@ -189,12 +189,12 @@ func TestSendDeadlineKeepsTheProblem(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			srv := newFakeServer(t, withHeader(problem(503, "store_unavailable", "true"), "Retry-After", "30"))
+			srv := newFakeServer(t, withHeader(problem(503, "store_unavailable", "true"), "Retry-After", "300"))
 			ctx, cancel := tt.givenCtx()
 			defer cancel()
 			slept := false
 			sleep := tt.givenWait(cancel)
-			c := newTestClient(Config{BaseURL: srv.URL, Sleep: func(ctx context.Context, d time.Duration) error {
+			c := newTestClient(Config{BaseURL: srv.URL, MaxRetryAfter: 10 * time.Minute, Sleep: func(ctx context.Context, d time.Duration) error {
 				slept = true
 				return sleep(ctx, d)
 			}})
