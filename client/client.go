@@ -9,81 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
-	"strconv"
+	"net/url"
 	"strings"
 	"time"
 )
-
-// ErrKeyReused matches (errors.Is) a *Problem with code key_reused: the
-// request id was already used with other parameters. Pick a new id if the
-// new parameters are what you want; never retry the same request.
-var ErrKeyReused = errors.New("client: request id already used with other parameters")
-
-// The problem codes the client acts on (the rest are passed on).
-const (
-	codeKeyReused         = "key_reused"
-	codeRequestInProgress = "request_in_progress"
-)
-
-// Problem is an error answer, read as application/problem+json (RFC 9457)
-// when the body is one.
-type Problem struct {
-	Status int    `json:"status"`
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Detail string `json:"detail"`
-	Code   string `json:"code"`
-	// Changed names the fields (JSON Pointers) whose values differ from the
-	// request that first used the key, when the server can tell (key_reused
-	// only; names, never values).
-	Changed []string `json:"changed,omitempty"`
-	// RetryAfter is the answer's Retry-After (0 if it had none).
-	RetryAfter time.Duration `json:"-"`
-	// ShouldRetry is the answer's x-should-retry header: "true", "false",
-	// or "" when it had none.
-	ShouldRetry string `json:"-"`
-}
-
-func (p *Problem) Error() string {
-	msg := fmt.Sprintf("client: %d %s", p.Status, p.Code)
-	if p.Detail != "" {
-		msg += ": " + p.Detail
-	} else if p.Title != "" {
-		msg += ": " + p.Title
-	}
-	if len(p.Changed) > 0 {
-		msg += " (changed: " + strings.Join(p.Changed, ", ") + ")"
-	}
-	return msg
-}
-
-// Is makes errors.Is(err, ErrKeyReused) hold for a key_reused problem.
-func (p *Problem) Is(target error) bool {
-	return target == ErrKeyReused && p.Code == codeKeyReused
-}
-
-// Retryable reports whether sending the same request again, with the same
-// id, may succeed: never for key_reused; else as the answer's
-// x-should-retry says; else for 409 request_in_progress, 408, 425, 429 and
-// 5xx answers.
-func (p *Problem) Retryable() bool {
-	switch {
-	case p.Code == codeKeyReused:
-		return false // rule 3: a decision for the caller, whatever a proxy says
-	case p.ShouldRetry == "true":
-		return true
-	case p.ShouldRetry == "false":
-		return false
-	}
-	switch p.Status {
-	case http.StatusConflict:
-		return p.Code == codeRequestInProgress
-	case http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests:
-		return true
-	}
-	return p.Status >= 500
-}
 
 // RequestID returns the request id for one business action with these
 // parameters: action (say "invoice:7:close", printable ASCII) followed by a
@@ -104,12 +35,23 @@ func RequestID(action string, params ...any) string {
 	return action + ":" + hex.EncodeToString(sum[:8])
 }
 
-// Config configures a Client.
+// ErrAnswerTooLarge matches (errors.Is) the error of a call whose 2xx
+// answer is over 64 MiB. The server did what was asked (a Send's action
+// took effect); the answer is not returned. Sending the same request again
+// under the same id gets the same answer replayed, so it will not help.
+var ErrAnswerTooLarge = errors.New("client: answer over 64 MiB")
+
+// maxAnswer bounds the body of an answer the client reads.
+const maxAnswer = 64 << 20
+
+// Config configures a Client. The retry policy its defaults make, beside
+// the OpenAI and Stripe Go SDKs' choices: docs/client.md.
 type Config struct {
-	// BaseURL is the API's URL, e.g. "https://api.example.com". Required.
+	// BaseURL is the API's URL, e.g. "https://api.example.com". Required:
+	// an absolute http or https URL.
 	BaseURL string
-	// Header is sent with every request (an Authorization header, say).
-	// Optional.
+	// Header is sent with every request (an Authorization header, say),
+	// and only to BaseURL's origin. Optional.
 	Header http.Header
 	// HTTPClient sends the requests. Optional. Default: a client with a
 	// 10 s timeout.
@@ -117,12 +59,26 @@ type Config struct {
 	// MaxAttempts bounds the attempts of one Send or Get. Optional.
 	// Default 6.
 	MaxAttempts int
-	// MinBackoff is the first retry delay, doubled per attempt. Optional.
-	// Default 100ms.
+	// MinBackoff is the first retry's backoff, doubled per retry up to
+	// MaxBackoff; the wait is drawn at random from [backoff/2, backoff] so
+	// that clients that failed together do not retry in lock-step.
+	// Optional. Default 100ms.
 	MinBackoff time.Duration
-	// MaxBackoff caps the backoff; a longer Retry-After is still honoured
-	// in full (up to a day). Optional. Default 5s.
+	// MaxBackoff caps the backoff. Optional. Default 5s.
 	MaxBackoff time.Duration
+	// MaxRetryAfter is the longest wait a Send or Get takes on an answer's
+	// retry-after-ms or Retry-After (when it asks for more than the
+	// backoff; the wait is drawn from [hint, 1.25 hint], at most
+	// MaxRetryAfter). An answer that asks for longer ends the call at once
+	// with its *Problem, whose RetryAfter says how long the server asked
+	// for: a wait that long is the caller's to schedule. Poll cuts a 2xx
+	// answer's longer Retry-After to MaxRetryAfter. Optional. Default 1
+	// minute.
+	MaxRetryAfter time.Duration
+	// PollTimeout bounds one Poll, its waits and reads together: Poll ends
+	// with an error matching context.DeadlineExceeded rather than start a
+	// wait that would pass it. Optional. Default 10 minutes.
+	PollTimeout time.Duration
 	// Sleep waits for d or until ctx ends. Optional. Default: a timer.
 	// Tests inject one to run without real waiting.
 	Sleep func(ctx context.Context, d time.Duration) error
@@ -133,15 +89,26 @@ type Config struct {
 
 // Client sends requests to one API. It is safe for concurrent use.
 type Client struct {
-	cfg Config
+	cfg  Config
+	base *url.URL
+	// now and randN are the clock and the jitter's source (a number in
+	// [0, n)); tests replace them, and the limits too.
+	now                       func() time.Time
+	randN                     func(n int64) int64
+	maxAnswer, maxRequestBody int
 }
 
-// New returns a Client. It panics if BaseURL is empty.
+// New returns a Client. It panics if BaseURL is not an absolute http or
+// https URL.
 func New(cfg Config) *Client {
 	if cfg.BaseURL == "" {
 		panic("client: BaseURL is required")
 	}
 	cfg.BaseURL = strings.TrimRight(cfg.BaseURL, "/")
+	base, err := url.Parse(cfg.BaseURL)
+	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
+		panic(fmt.Sprintf("client: BaseURL %q is no absolute http or https URL", cfg.BaseURL))
+	}
 	cfg.Header = cfg.Header.Clone() // the caller may reuse its map
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{Timeout: 10 * time.Second}
@@ -155,10 +122,16 @@ func New(cfg Config) *Client {
 	if cfg.MaxBackoff <= 0 {
 		cfg.MaxBackoff = 5 * time.Second
 	}
+	if cfg.MaxRetryAfter <= 0 {
+		cfg.MaxRetryAfter = time.Minute
+	}
+	if cfg.PollTimeout <= 0 {
+		cfg.PollTimeout = 10 * time.Minute
+	}
 	if cfg.Sleep == nil {
 		cfg.Sleep = sleep
 	}
-	return &Client{cfg: cfg}
+	return &Client{cfg: cfg, base: base, now: time.Now, randN: rand.Int64N, maxAnswer: maxAnswer, maxRequestBody: maxRequestBody}
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
@@ -182,6 +155,9 @@ type Response struct {
 	Replayed bool
 	// Attempts is how many HTTP attempts the call took.
 	Attempts int
+	// url is where the answer came from: what a relative Location is
+	// resolved against.
+	url *url.URL
 }
 
 // Decode decodes the answer's JSON body into v.
@@ -192,56 +168,97 @@ func (r *Response) Decode(v any) error {
 	return nil
 }
 
-// RetryAfter is the answer's Retry-After: how long the server asks the
-// client to wait before it polls (0 if absent).
+// RetryAfter is the answer's retry-after-ms or Retry-After: how long the
+// server asks the client to wait before it polls (0 if absent), at most a
+// day.
 func (r *Response) RetryAfter() time.Duration { return retryAfter(r.Header) }
 
-// maxBody bounds the body of an answer the client reads.
-const maxBody = 64 << 20
+// Location is the answer's Location header resolved against the URL the
+// answer came from, so an absolute URL ("" if it had none): what Poll and
+// Get take, whether the server wrote "https://api.example.com/v1/tasks/t1",
+// "/v1/tasks/t1" or "tasks/t1".
+func (r *Response) Location() string {
+	loc := r.Header.Get("Location")
+	if loc == "" || r.url == nil {
+		return loc
+	}
+	u, err := r.url.Parse(loc)
+	if err != nil {
+		return loc
+	}
+	return u.String()
+}
 
 // Send sends one business action under the Idempotency-Key requestID:
-// method to path with body (JSON-encoded; a []byte is sent as it is, nil
-// sends none), retrying transport errors and retryable answers with the same
-// id and body. It returns the first 2xx answer — a 202 is the server's
-// promise, to be polled with Poll — or the final error: a *Problem for an
-// error answer (one matching ErrKeyReused returns at once).
+// method to path (a path joined to BaseURL, or an absolute URL on its
+// origin, as Get takes it) with body, retrying transport errors
+// and retryable answers with the same id and the same bytes. The body is
+// sent as it is when a []byte, read to its end when an io.Reader (at most
+// 64 MiB, held in memory for the retries; the reader is not closed), and
+// JSON-encoded otherwise; nil, an empty []byte or an empty reader send no
+// body and no Content-Type. It returns the first 2xx answer — a 202 is the
+// server's promise, to be polled with Poll — or the final error: a *Problem
+// for an error answer (one matching ErrKeyReused returns at once), and
+// when the context ends or a Retry-After passes MaxRetryAfter, an error
+// that wraps the last answer's *Problem too.
 func (c *Client) Send(ctx context.Context, method, path, requestID string, body any) (*Response, error) {
 	if err := checkRequestID(requestID); err != nil {
 		return nil, err
 	}
-	var data []byte
-	switch b := body.(type) {
-	case nil:
-	case []byte:
-		data = b
-	default:
-		var err error
-		if data, err = json.Marshal(body); err != nil {
-			return nil, fmt.Errorf("client: encode request: %w", err)
-		}
+	u, err := c.resolve(path)
+	if err != nil {
+		return nil, err
 	}
-	return c.do(ctx, method, path, requestID, data, body != nil)
+	data, err := requestBody(body, c.maxRequestBody)
+	if err != nil {
+		return nil, err
+	}
+	return c.do(ctx, method, u, requestID, data)
 }
 
-// Get reads path, retrying transport errors and retryable answers. An
-// error answer is a *Problem.
-func (c *Client) Get(ctx context.Context, path string) (*Response, error) {
-	return c.do(ctx, http.MethodGet, path, "", nil, false)
+// Get reads target, retrying transport errors and retryable answers. An
+// error answer is a *Problem. target is a path joined to BaseURL
+// ("/v1/tasks/t1") or an absolute URL on BaseURL's origin (what
+// Response.Location returns); a URL on another origin is refused, as the
+// request would carry Config.Header there.
+func (c *Client) Get(ctx context.Context, target string) (*Response, error) {
+	u, err := c.resolve(target)
+	if err != nil {
+		return nil, err
+	}
+	return c.do(ctx, http.MethodGet, u, "", nil)
 }
 
-// Poll reads path until done reports true or an error, and returns the last
-// answer: the way to wait for what a 202 promised. It waits first before
-// the first read (the 202's RetryAfter, say), then between reads for the
-// answer's Retry-After, and never less than a backoff that doubles from
-// MinBackoff up to MaxBackoff.
-func (c *Client) Poll(ctx context.Context, path string, first time.Duration, done func(*Response) (bool, error)) (*Response, error) {
-	wait := first
+// Poll reads target (as Get takes it) until done reports true or an error,
+// and returns the last answer: the way to wait for what a 202 promised
+// (Poll(ctx, r.Location(), r.RetryAfter(), done)). It waits first before
+// the first read, then between reads for the answer's Retry-After (at most
+// MaxRetryAfter), and never less than a jittered backoff that doubles from
+// MinBackoff up to MaxBackoff. It gives up with an error matching
+// context.DeadlineExceeded rather than start a wait that would pass
+// PollTimeout or the context's deadline.
+func (c *Client) Poll(ctx context.Context, target string, first time.Duration, done func(*Response) (bool, error)) (*Response, error) {
+	u, err := c.resolve(target)
+	if err != nil {
+		return nil, err
+	}
+	end := c.now().Add(c.cfg.PollTimeout)
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.PollTimeout) // bounds a read in flight too
+	defer cancel()
+	wait := max(first, 0)
 	backoff := c.cfg.MinBackoff
 	for {
-		if err := c.cfg.Sleep(ctx, wait); err != nil {
-			return nil, fmt.Errorf("client: poll %s: %w", path, err)
+		now := c.now()
+		if now.Add(wait).After(end) {
+			return nil, fmt.Errorf("client: poll %s: a wait of %v would pass PollTimeout (%v): %w", target, wait.Round(time.Millisecond), c.cfg.PollTimeout, context.DeadlineExceeded)
 		}
-		r, err := c.Get(ctx, path)
+		if err := waitPastDeadline(ctx, now, wait); err != nil {
+			return nil, fmt.Errorf("client: poll %s: %w", target, err)
+		}
+		if err := c.cfg.Sleep(ctx, wait); err != nil {
+			return nil, fmt.Errorf("client: poll %s: %w", target, err)
+		}
+		r, err := c.do(ctx, http.MethodGet, u, "", nil)
 		if err != nil {
 			return nil, err
 		}
@@ -249,22 +266,63 @@ func (c *Client) Poll(ctx context.Context, path string, first time.Duration, don
 		if err != nil || ok {
 			return r, err
 		}
-		// The backoff is capped; the server's own hint is not: it knows
-		// better when the work will have moved on.
-		wait = max(r.RetryAfter(), backoff)
+		// The backoff is capped by MaxBackoff, the server's hint by
+		// MaxRetryAfter: it knows better when the work will have moved on,
+		// but a Poll must still come back within reason.
+		wait = max(c.hintWait(min(r.RetryAfter(), c.cfg.MaxRetryAfter)), c.backoffWait(backoff))
 		backoff = min(2*backoff, c.cfg.MaxBackoff)
 	}
 }
 
+// resolve returns the URL a call sends to for target: a path ("" for
+// BaseURL itself) is joined to BaseURL (its path prefix kept); an absolute
+// URL must be on BaseURL's origin.
+func (c *Client) resolve(target string) (string, error) {
+	if target == "" || (strings.HasPrefix(target, "/") && !strings.HasPrefix(target, "//")) {
+		return c.cfg.BaseURL + target, nil
+	}
+	u, err := url.Parse(target)
+	if err != nil || !u.IsAbs() {
+		return "", fmt.Errorf("client: %q is neither a path (/...) nor an absolute URL; Response.Location resolves a Location header", target)
+	}
+	if !sameOrigin(u, c.base) {
+		return "", fmt.Errorf("client: %s is not on the API's origin %s://%s: Config.Header is sent there only", u.Redacted(), c.base.Scheme, c.base.Host)
+	}
+	return u.String(), nil
+}
+
+// sameOrigin reports whether a and b share scheme, host and port.
+func sameOrigin(a, b *url.URL) bool {
+	return strings.EqualFold(a.Scheme, b.Scheme) && strings.EqualFold(a.Hostname(), b.Hostname()) && port(a) == port(b)
+}
+
+func port(u *url.URL) string {
+	if p := u.Port(); p != "" {
+		return p
+	}
+	if strings.EqualFold(u.Scheme, "https") {
+		return "443"
+	}
+	return "80"
+}
+
 // do sends the request until it succeeds, fails for good, or MaxAttempts
-// attempts are spent.
-func (c *Client) do(ctx context.Context, method, path, requestID string, body []byte, hasBody bool) (*Response, error) {
+// attempts are spent. An error that ends it early (the context, a long
+// Retry-After) wraps the last answer's *Problem too.
+func (c *Client) do(ctx context.Context, method, u, requestID string, body []byte) (*Response, error) {
 	backoff := c.cfg.MinBackoff
+	var last *Problem // the last error answer: kept when a later step fails
 	for attempt := 1; ; attempt++ {
-		r, err := c.once(ctx, method, path, requestID, body, hasBody)
+		r, err := c.once(ctx, method, u, requestID, body)
 		if err == nil {
 			r.Attempts = attempt
 			return r, nil
+		}
+		gaveUp := func(why error) error {
+			if last != nil && !errors.Is(why, last) {
+				return fmt.Errorf("client: %s %s: gave up after %d attempts: %w (last answer: %w)", method, u, attempt, why, last)
+			}
+			return fmt.Errorf("client: %s %s: gave up after %d attempts: %w", method, u, attempt, why)
 		}
 		var hint time.Duration
 		retry := false
@@ -272,23 +330,39 @@ func (c *Client) do(ctx context.Context, method, path, requestID string, body []
 		var t transportError
 		switch {
 		case errors.As(err, &p):
-			hint, retry = p.RetryAfter, p.Retryable()
+			hint, retry, last = p.RetryAfter, p.Retryable(), p
 		case errors.As(err, &t):
-			retry = true
+			retry, err = true, t.err
 		}
-		if !retry || attempt >= c.cfg.MaxAttempts || ctx.Err() != nil {
-			if errors.As(err, &t) {
-				return nil, fmt.Errorf("client: %s %s: gave up after %d attempts: %w", method, path, attempt, t.err)
-			}
+		switch {
+		case !retry:
 			return nil, err
+		case ctx.Err() != nil && p != nil:
+			return nil, gaveUp(ctx.Err())
+		case ctx.Err() != nil && !errors.Is(err, ctx.Err()):
+			return nil, gaveUp(fmt.Errorf("%w (%w)", ctx.Err(), err))
+		case ctx.Err() != nil:
+			return nil, gaveUp(err)
+		case attempt >= c.cfg.MaxAttempts && p != nil:
+			return nil, p
+		case attempt >= c.cfg.MaxAttempts:
+			return nil, gaveUp(err)
+		case hint > c.cfg.MaxRetryAfter:
+			return nil, fmt.Errorf("client: %s %s: the server asks for a retry after %v, longer than MaxRetryAfter (%v): %w", method, u, hint.Round(time.Second), c.cfg.MaxRetryAfter, p)
 		}
-		wait := max(hint, backoff)
+		wait := max(c.hintWait(hint), c.backoffWait(backoff))
 		backoff = min(2*backoff, c.cfg.MaxBackoff)
+		if why := waitPastDeadline(ctx, c.now(), wait); why != nil {
+			if p == nil {
+				why = fmt.Errorf("%w, and %w", err, why)
+			}
+			return nil, gaveUp(why)
+		}
 		if c.cfg.OnRetry != nil {
 			c.cfg.OnRetry(attempt, wait, err)
 		}
-		if err := c.cfg.Sleep(ctx, wait); err != nil {
-			return nil, fmt.Errorf("client: %s %s: %w", method, path, err)
+		if why := c.cfg.Sleep(ctx, wait); why != nil {
+			return nil, gaveUp(why)
 		}
 	}
 }
@@ -300,19 +374,19 @@ type transportError struct{ err error }
 func (t transportError) Error() string { return t.err.Error() }
 func (t transportError) Unwrap() error { return t.err }
 
-func (c *Client) once(ctx context.Context, method, path, requestID string, body []byte, hasBody bool) (*Response, error) {
+func (c *Client) once(ctx context.Context, method, u, requestID string, body []byte) (*Response, error) {
 	var rd io.Reader
-	if hasBody {
+	if len(body) > 0 {
 		rd = bytes.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.cfg.BaseURL+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
 	if err != nil {
 		return nil, fmt.Errorf("client: build request: %w", err)
 	}
 	for k, vs := range c.cfg.Header {
 		req.Header[k] = append([]string(nil), vs...)
 	}
-	if hasBody {
+	if len(body) > 0 {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	if requestID != "" {
@@ -323,18 +397,24 @@ func (c *Client) once(ctx context.Context, method, path, requestID string, body 
 		return nil, transportError{err}
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	// One byte past the limit tells a cut answer from one of exactly 64 MiB.
+	data, err := io.ReadAll(io.LimitReader(resp.Body, int64(c.maxAnswer)+1))
 	if err != nil {
 		return nil, transportError{fmt.Errorf("client: read answer: %w", err)}
 	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return nil, problemFrom(resp, data)
+	ok := resp.StatusCode >= 200 && resp.StatusCode <= 299
+	if !ok {
+		return nil, problemFrom(resp, data[:min(len(data), c.maxAnswer)])
+	}
+	if len(data) > c.maxAnswer {
+		return nil, fmt.Errorf("client: %s %s: answered %d: %w", method, u, resp.StatusCode, ErrAnswerTooLarge)
 	}
 	return &Response{
 		Status:   resp.StatusCode,
 		Header:   resp.Header,
 		Body:     data,
 		Replayed: resp.Header.Get("Idempotent-Replayed") == "true",
+		url:      resp.Request.URL,
 	}, nil
 }
 
@@ -366,39 +446,4 @@ func keyHeader(id string) string {
 		return id
 	}
 	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(id) + `"`
-}
-
-// problemFrom reads an error answer as a *Problem (any body shape).
-func problemFrom(resp *http.Response, body []byte) *Problem {
-	p := &Problem{}
-	if json.Unmarshal(body, p) != nil {
-		*p = Problem{Detail: strings.TrimSpace(string(body))}
-	}
-	p.Status = resp.StatusCode
-	if p.Title == "" {
-		p.Title = http.StatusText(resp.StatusCode)
-	}
-	p.RetryAfter = retryAfter(resp.Header)
-	p.ShouldRetry = strings.ToLower(strings.TrimSpace(resp.Header.Get("X-Should-Retry")))
-	return p
-}
-
-// retryAfter parses a Retry-After header given in seconds or as an HTTP
-// date (0 if absent or past), capped at a day: a server's typo must not
-// park a caller for years, nor overflow a Duration.
-func retryAfter(h http.Header) time.Duration {
-	v := strings.TrimSpace(h.Get("Retry-After"))
-	if v == "" {
-		return 0
-	}
-	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if s < 0 {
-			return 0
-		}
-		return time.Duration(min(s, int64(24*time.Hour/time.Second))) * time.Second
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		return min(max(time.Until(t), 0), 24*time.Hour)
-	}
-	return 0
 }

@@ -31,6 +31,7 @@ type fakeServer struct {
 	paths  []string // "METHOD path" of every request
 	bodies []string
 	auth   []string
+	ctypes []string // Content-Type of every request
 	*httptest.Server
 }
 
@@ -44,6 +45,7 @@ func newFakeServer(t *testing.T, script ...answer) *fakeServer {
 		f.paths = append(f.paths, r.Method+" "+r.URL.Path)
 		f.bodies = append(f.bodies, string(body))
 		f.auth = append(f.auth, r.Header.Get("Authorization"))
+		f.ctypes = append(f.ctypes, r.Header.Get("Content-Type"))
 		if len(f.script) == 0 {
 			f.mu.Unlock()
 			t.Errorf("unexpected request %s %s", r.Method, r.URL.Path)
@@ -75,6 +77,21 @@ func (f *fakeServer) seen() (keys, paths, bodies, auth []string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.keys), slices.Clone(f.paths), slices.Clone(f.bodies), slices.Clone(f.auth)
+}
+
+// contentTypes returns the Content-Type every request so far carried.
+func (f *fakeServer) contentTypes() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.ctypes)
+}
+
+// newTestClient is New with the jitter drawn as 0, so that waits are the
+// policy's bounds exactly (the backoff itself; Retry-After itself).
+func newTestClient(cfg Config) *Client {
+	c := New(cfg)
+	c.randN = func(int64) int64 { return 0 }
+	return c
 }
 
 // recordSleeps returns a Sleep that records waits instead of waiting.
@@ -149,7 +166,7 @@ func TestSend(t *testing.T) {
 			t.Parallel()
 			srv := newFakeServer(t, tt.given...)
 			var waits []time.Duration
-			c := New(Config{BaseURL: srv.URL + "/", Header: http.Header{"Authorization": {"Bearer tok"}}, MaxAttempts: 3, Sleep: recordSleeps(&waits)})
+			c := newTestClient(Config{BaseURL: srv.URL + "/", Header: http.Header{"Authorization": {"Bearer tok"}}, MaxAttempts: 3, Sleep: recordSleeps(&waits)})
 			params := map[string]any{"amount": 10, "currency": "EUR"}
 			id := RequestID("invoice:7:pay", params)
 
@@ -235,13 +252,18 @@ func TestConfigHeaderIsCopied(t *testing.T) {
 func TestSendBody(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		name  string
-		given any
-		want  string
+		name     string
+		given    any
+		want     string
+		wantType string
 	}{
-		{name: "value as JSON", given: map[string]int{"n": 1}, want: `{"n":1}`},
-		{name: "bytes as they are", given: []byte(`{"n": 1}`), want: `{"n": 1}`},
+		{name: "value as JSON", given: map[string]int{"n": 1}, want: `{"n":1}`, wantType: "application/json"},
+		{name: "bytes as they are", given: []byte(`{"n": 1}`), want: `{"n": 1}`, wantType: "application/json"},
+		{name: "a reader's bytes as they are", given: strings.NewReader(`{"n": 1}`), want: `{"n": 1}`, wantType: "application/json"},
 		{name: "nil sends none", given: nil, want: ``},
+		{name: "nil bytes send none, and no content type", given: []byte(nil), want: ``},
+		{name: "empty bytes send none, and no content type", given: []byte{}, want: ``},
+		{name: "an empty reader sends none, and no content type", given: strings.NewReader(""), want: ``},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -253,6 +275,9 @@ func TestSendBody(t *testing.T) {
 			}
 			if _, _, bodies, _ := srv.seen(); bodies[0] != tt.want {
 				t.Errorf("body = %q, want %q", bodies[0], tt.want)
+			}
+			if ct := srv.contentTypes()[0]; ct != tt.wantType {
+				t.Errorf("Content-Type = %q, want %q", ct, tt.wantType)
 			}
 		})
 	}
@@ -288,7 +313,7 @@ func TestPoll(t *testing.T) {
 			t.Parallel()
 			srv := newFakeServer(t, tt.given...)
 			var waits []time.Duration
-			c := New(Config{BaseURL: srv.URL, Sleep: recordSleeps(&waits)})
+			c := newTestClient(Config{BaseURL: srv.URL, Sleep: recordSleeps(&waits)})
 
 			r, err := c.Poll(context.Background(), "/v1/tasks/t1", time.Second, func(r *Response) (bool, error) {
 				var v struct{ Status string }
@@ -329,31 +354,6 @@ func TestPollStopsWithTheContext(t *testing.T) {
 	}
 }
 
-func TestRetryAfter(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		name, given string
-		want        time.Duration
-	}{
-		{name: "absent", given: "", want: 0},
-		{name: "seconds", given: "3", want: 3 * time.Second},
-		{name: "negative", given: "-1", want: 0},
-		{name: "garbage", given: "soon", want: 0},
-		{name: "huge is capped, never overflows", given: "99999999999999999", want: 24 * time.Hour},
-		{name: "a past date", given: "Wed, 21 Oct 2015 07:28:00 GMT", want: 0},
-		{name: "a far date is capped", given: "Fri, 01 Jan 9999 00:00:00 GMT", want: 24 * time.Hour},
-	}
-	for _, tt := range tests {
-		h := http.Header{}
-		if tt.given != "" {
-			h.Set("Retry-After", tt.given)
-		}
-		if got := retryAfter(h); got != tt.want {
-			t.Errorf("%s: retryAfter(%q) = %v, want %v", tt.name, tt.given, got, tt.want)
-		}
-	}
-}
-
 func TestRequestID(t *testing.T) {
 	t.Parallel()
 	type order struct {
@@ -379,40 +379,6 @@ func TestRequestID(t *testing.T) {
 	}
 	if !strings.HasPrefix(base, "invoice:7:pay:") {
 		t.Errorf("RequestID = %q, want it to start with the action", base)
-	}
-}
-
-// TestProblemChanged: a key_reused problem's "changed" pointers are read
-// and printed; values never appear in it.
-func TestProblemChanged(t *testing.T) {
-	t.Parallel()
-	var p Problem
-	body := `{"type":"https://github.com/idemgate/idemgate#key_reused","title":"Idempotency key reused","status":409,"detail":"This idempotency key was already used with other request parameters.","code":"key_reused","changed":["/prompt","/n"]}`
-	if err := json.Unmarshal([]byte(body), &p); err != nil {
-		t.Fatal(err)
-	}
-	if !errors.Is(&p, ErrKeyReused) {
-		t.Errorf("not ErrKeyReused")
-	}
-	if msg := p.Error(); !strings.Contains(msg, "(changed: /prompt, /n)") {
-		t.Errorf("Error() = %q, want the changed fields", msg)
-	}
-	p.Changed = nil
-	if msg := p.Error(); strings.Contains(msg, "changed") {
-		t.Errorf("Error() = %q without changed fields", msg)
-	}
-}
-
-// TestProblemNotJSON: an error answer that is no problem document (a
-// proxy's HTML page) still becomes a *Problem with its status.
-func TestProblemNotJSON(t *testing.T) {
-	t.Parallel()
-	srv := newFakeServer(t, answer{status: 413, body: "<html>too large</html>"})
-	c := New(Config{BaseURL: srv.URL})
-	_, err := c.Send(context.Background(), http.MethodPost, "/x", "k", []byte("{}"))
-	var p *Problem
-	if !errors.As(err, &p) || p.Status != 413 || p.Title != "Request Entity Too Large" || p.Detail != "<html>too large</html>" {
-		t.Fatalf("err = %#v", err)
 	}
 }
 
@@ -501,5 +467,217 @@ func TestConcurrentSends(t *testing.T) {
 	keys, _, _, auth := srv.seen()
 	if len(slices.Compact(slices.Sorted(slices.Values(keys)))) != 16 || slices.Contains(auth, "") {
 		t.Errorf("keys = %v, auth = %v; want 16 distinct keys, all authorized", keys, auth)
+	}
+}
+
+// TestPollFollowsLocation: a 202's Location, absolute, relative to the
+// request's path or rooted, is read on the URL it names once resolved
+// against the URL of the request that got it (BaseURL with a path prefix
+// included).
+func TestPollFollowsLocation(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		given    func(srvURL string) string // the Location header
+		wantPath string
+	}{
+		{name: "absolute URL", given: func(u string) string { return u + "/api/v1/tasks/t1" }, wantPath: "/api/v1/tasks/t1"},
+		{name: "relative to the request's path", given: func(string) string { return "tasks/t1" }, wantPath: "/api/v1/tasks/t1"},
+		{name: "relative, up a level", given: func(string) string { return "../v2/tasks/t1" }, wantPath: "/api/v2/tasks/t1"},
+		{name: "rooted path", given: func(string) string { return "/api/v1/tasks/t1" }, wantPath: "/api/v1/tasks/t1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var mu sync.Mutex
+			var seen []string
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				seen = append(seen, r.Method+" "+r.URL.Path+" "+r.Header.Get("Authorization"))
+				mu.Unlock()
+				if r.Method == http.MethodPost {
+					w.Header().Set("Location", tt.given("http://"+r.Host))
+					w.WriteHeader(http.StatusAccepted)
+					return
+				}
+				io.WriteString(w, `{"status":"succeeded"}`)
+			}))
+			t.Cleanup(srv.Close)
+			c := newTestClient(Config{BaseURL: srv.URL + "/api", Header: http.Header{"Authorization": {"Bearer tok"}}, Sleep: recordSleeps(new([]time.Duration))})
+
+			r, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", "k", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = c.Poll(context.Background(), r.Location(), 0, func(*Response) (bool, error) { return true, nil })
+			if err != nil {
+				t.Fatalf("Poll(%q): %v", r.Location(), err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			want := []string{"POST /api/v1/payments Bearer tok", "GET " + tt.wantPath + " Bearer tok"}
+			if !slices.Equal(seen, want) {
+				t.Errorf("the server saw %q, want %q", seen, want)
+			}
+		})
+	}
+}
+
+// TestPollRefusesAnotherOrigin: a Location on another origin is never
+// read: the request would carry Config.Header (the caller's credentials)
+// to a host the caller did not name.
+func TestPollRefusesAnotherOrigin(t *testing.T) {
+	t.Parallel()
+	other := newFakeServer(t)
+	srv := newFakeServer(t, answer{status: 202, header: map[string]string{"Location": other.URL + "/v1/tasks/t1"}})
+	c := newTestClient(Config{BaseURL: srv.URL, Header: http.Header{"Authorization": {"Bearer tok"}}, Sleep: recordSleeps(new([]time.Duration))})
+
+	r, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", "k", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Poll(context.Background(), r.Location(), 0, func(*Response) (bool, error) { return true, nil })
+	if err == nil || !strings.Contains(err.Error(), "origin") {
+		t.Fatalf("Poll(%q) = %v, want a refusal naming the origin", r.Location(), err)
+	}
+	if keys, _, _, _ := other.seen(); len(keys) != 0 {
+		t.Errorf("the other origin saw %d requests, want none", len(keys))
+	}
+}
+
+// TestPollHasItsOwnBound: Poll ends after PollTimeout (default 10 minutes)
+// with an error matching context.DeadlineExceeded, even with a context
+// that never ends and a task that never finishes; it does not start a wait
+// that would outlast the bound.
+func TestPollHasItsOwnBound(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		given     time.Duration // PollTimeout
+		wantTotal time.Duration // the most a Poll may wait in all
+	}{
+		{name: "default", given: 0, wantTotal: 10 * time.Minute},
+		{name: "configured", given: 2 * time.Minute, wantTotal: 2 * time.Minute},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var mu sync.Mutex
+			reads := 0
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				reads++
+				mu.Unlock()
+				w.Header().Set("Retry-After", "45")
+				io.WriteString(w, `{"status":"running"}`)
+			}))
+			t.Cleanup(srv.Close)
+			// Years before any real deadline, so that only PollTimeout, counted
+			// on this clock, can end the Poll.
+			clock := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+			sleeps := 0
+			c := newTestClient(Config{BaseURL: srv.URL, PollTimeout: tt.given, Sleep: func(ctx context.Context, d time.Duration) error {
+				sleeps++
+				if sleeps > 1000 {
+					return errors.New("still polling after 1000 waits")
+				}
+				clock = clock.Add(d)
+				return ctx.Err()
+			}})
+			c.now = func() time.Time { return clock }
+			start := clock
+
+			_, err := c.Poll(context.Background(), "/v1/tasks/t1", time.Second, func(*Response) (bool, error) { return false, nil })
+
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Poll = %v after %d waits, want context.DeadlineExceeded", err, sleeps)
+			}
+			if waited := clock.Sub(start); waited > tt.wantTotal || waited < tt.wantTotal-45*time.Second {
+				t.Errorf("Poll waited %v in all, want at most %v and no more than one wait short of it", waited, tt.wantTotal)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if reads != sleeps {
+				t.Errorf("%d reads after %d waits, want a read after every wait", reads, sleeps)
+			}
+		})
+	}
+}
+
+// TestSendRefusesAnOversizedAnswer: a 2xx answer over the limit (64 MiB) is an error
+// matching ErrAnswerTooLarge, never a success with a body cut short; it is
+// not retried (the action went through).
+func TestSendRefusesAnOversizedAnswer(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t, answer{status: 200, body: strings.Repeat("x", 1<<20+1)})
+	c := newTestClient(Config{BaseURL: srv.URL, Sleep: recordSleeps(new([]time.Duration))})
+	c.maxAnswer = 1 << 20 // 64 MiB in use; 1 MiB keeps the test light
+
+	r, err := c.Send(context.Background(), http.MethodPost, "/v1/exports", "k", nil)
+
+	if !errors.Is(err, ErrAnswerTooLarge) {
+		n := 0
+		if r != nil {
+			n = len(r.Body)
+		}
+		t.Fatalf("Send = %v with a body of %d bytes, want ErrAnswerTooLarge", err, n)
+	}
+	if keys, _, _, _ := srv.seen(); len(keys) != 1 {
+		t.Errorf("the server saw %d requests, want 1", len(keys))
+	}
+}
+
+// TestGetTakesAnAnswerOfExactlyTheLimit: the limit is inclusive.
+func TestGetTakesAnAnswerOfExactlyTheLimit(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t, answer{status: 200, body: strings.Repeat("x", 1<<20)})
+	c := New(Config{BaseURL: srv.URL})
+	c.maxAnswer = 1 << 20
+	r, err := c.Get(context.Background(), "/v1/exports/e1")
+	if err != nil || len(r.Body) != c.maxAnswer {
+		t.Fatalf("Get = %v, want the whole %d bytes", err, c.maxAnswer)
+	}
+}
+
+// TestGetRefusesATargetOffTheAPI: Get (and Send) take a path under BaseURL
+// or an absolute URL on its origin, nothing else: a relative reference has no
+// base to resolve against (Response.Location is the way), and another
+// origin would receive Config.Header.
+func TestGetRefusesATargetOffTheAPI(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t)
+	c := New(Config{BaseURL: srv.URL + "/api", Header: http.Header{"Authorization": {"Bearer tok"}}})
+	host := strings.TrimPrefix(srv.URL, "http://")
+	tests := []struct{ name, given string }{
+		{name: "relative reference", given: "tasks/t1"},
+		{name: "network-path reference", given: "//evil.example/v1/tasks/t1"},
+		{name: "another host", given: "http://evil.example/v1/tasks/t1"},
+		{name: "another scheme", given: "https://" + host + "/api/v1/tasks/t1"},
+		{name: "another port", given: "http://" + strings.Split(host, ":")[0] + ":1/api/v1/tasks/t1"},
+	}
+	for _, tt := range tests {
+		if _, err := c.Get(context.Background(), tt.given); err == nil {
+			t.Errorf("%s: Get(%q) succeeded", tt.name, tt.given)
+		}
+		if _, err := c.Send(context.Background(), http.MethodPost, tt.given, "k", nil); err == nil {
+			t.Errorf("%s: Send(%q) succeeded", tt.name, tt.given)
+		}
+	}
+	if keys, _, _, _ := srv.seen(); len(keys) != 0 {
+		t.Errorf("the server saw %d requests, want none", len(keys))
+	}
+}
+
+func TestNewPanicsOnABaseURLThatIsNoHTTPURL(t *testing.T) {
+	t.Parallel()
+	for _, given := range []string{"", "localhost:8080", "/v1", "ftp://example.com", "http://"} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("New(BaseURL %q) did not panic", given)
+				}
+			}()
+			New(Config{BaseURL: given})
+		}()
 	}
 }

@@ -12,10 +12,14 @@
 //     the task or resource it names" (Poll), never "send again under a new
 //     id".
 //
-// Transport errors and retryable answers are retried with the same id and a
-// capped exponential backoff; every wait honours the server's Retry-After
-// when it asks for longer. An answer's x-should-retry header (which idemgate
-// sends with every problem) decides over its status code.
+// Transport errors and retryable answers are retried with the same id and
+// the same bytes, after a capped exponential backoff with jitter; a wait
+// honours the server's retry-after-ms or Retry-After when it asks for
+// longer, up to Config.MaxRetryAfter (an answer asking for more ends the
+// call with its *Problem). An answer's x-should-retry header (which
+// idemgate sends with every problem) decides over its status code. The
+// policy, beside the OpenAI and Stripe Go SDKs' choices, is a table in
+// docs/client.md.
 //
 // The package uses only the standard library.
 package client

@@ -77,7 +77,7 @@ func Example() {
 	}
 	// A 202 is a promise: poll what it names, never send again under a new id.
 	var p struct{ Status string }
-	_, err = c.Poll(ctx, r.Header.Get("Location"), r.RetryAfter(), func(r *client.Response) (bool, error) {
+	_, err = c.Poll(ctx, r.Location(), r.RetryAfter(), func(r *client.Response) (bool, error) {
 		err := r.Decode(&p)
 		return p.Status != "pending", err
 	})

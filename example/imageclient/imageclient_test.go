@@ -154,7 +154,7 @@ func TestSubmitImages(t *testing.T) {
 					t.Errorf("attempt %d sent Idempotency-Key %q, want %q", i+1, k, id)
 				}
 			}
-			if !equalDurations(waits, tt.wantWaits) {
+			if !jittered(waits, tt.wantWaits) {
 				t.Errorf("waits = %v, want %v", waits, tt.wantWaits)
 			}
 			if err == nil {
@@ -171,12 +171,15 @@ func TestSubmitImages(t *testing.T) {
 
 var errAny = errors.New("any error")
 
-func equalDurations(a, b []time.Duration) bool {
-	if len(a) != len(b) {
+// jittered reports whether each wait in got is the one in want as the
+// client package jitters it: a backoff b drawn from [b/2, b], a Retry-After
+// h from [h, 1.25h].
+func jittered(got, want []time.Duration) bool {
+	if len(got) != len(want) {
 		return false
 	}
-	for i := range a {
-		if a[i] != b[i] {
+	for i := range got {
+		if got[i] < want[i]/2 || got[i] > want[i]+want[i]/4 {
 			return false
 		}
 	}
@@ -241,7 +244,7 @@ func TestWait(t *testing.T) {
 					t.Errorf("request %d = %s, want GET /v1/tasks/t1", i, p)
 				}
 			}
-			if !equalDurations(waits, tt.wantWaits) {
+			if !jittered(waits, tt.wantWaits) {
 				t.Errorf("waits = %v, want %v", waits, tt.wantWaits)
 			}
 			if tt.wantPNGs > 0 {

@@ -1,0 +1,37 @@
+package client
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+)
+
+// maxRequestBody bounds a body Send reads from an io.Reader: the bytes are
+// held in memory so that every attempt sends the same ones.
+const maxRequestBody = 64 << 20
+
+// requestBody returns the bytes Send sends for body; none (nil) for nil, a
+// nil or empty []byte, or a reader with nothing to read. A reader is read
+// up to limit bytes (maxRequestBody but in tests).
+func requestBody(body any, limit int) ([]byte, error) {
+	switch b := body.(type) {
+	case nil:
+		return nil, nil
+	case []byte:
+		return b, nil
+	case io.Reader:
+		data, err := io.ReadAll(io.LimitReader(b, int64(limit)+1))
+		if err != nil {
+			return nil, fmt.Errorf("client: read request body: %w", err)
+		}
+		if len(data) > limit {
+			return nil, fmt.Errorf("client: request body over %d MiB: a body read from an io.Reader is held in memory to be sent again on a retry", limit>>20)
+		}
+		return data, nil
+	}
+	data, err := json.Marshal(body)
+	if err != nil {
+		return nil, fmt.Errorf("client: encode request: %w", err)
+	}
+	return data, nil
+}

@@ -1,0 +1,90 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestSendResendsAReadersBytesOnRetry: a reader is read once and its bytes
+// go out on every attempt, never a JSON encoding of the reader ({}).
+func TestSendResendsAReadersBytesOnRetry(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t, answer{drop: true}, answer{status: 201})
+	var waits []time.Duration
+	c := newTestClient(Config{BaseURL: srv.URL, Sleep: recordSleeps(&waits)})
+	const body = `{"amount":10,"currency":"EUR"}`
+
+	r, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", "k", strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("Send: %v", err)
+	}
+	_, _, bodies, _ := srv.seen()
+	if len(bodies) != 2 || bodies[0] != body || bodies[1] != body || r.Attempts != 2 {
+		t.Fatalf("the server saw bodies %q (attempts %d), want %q twice", bodies, r.Attempts, body)
+	}
+}
+
+// TestSendRefusesAReaderOverTheLimit: a reader longer than the limit is
+// refused before anything is sent: a cut body would be another request.
+func TestSendRefusesAReaderOverTheLimit(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t, answer{status: 201})
+	c := New(Config{BaseURL: srv.URL})
+	c.maxRequestBody = 1 << 20 // 64 MiB in use; 1 MiB keeps the test light
+	big := io.LimitReader(zeros{}, 1<<20+1)
+
+	_, err := c.Send(context.Background(), http.MethodPost, "/v1/uploads", "k", big)
+	if err == nil || !strings.Contains(err.Error(), "over 1 MiB") {
+		t.Fatalf("Send = %v, want a refusal of the body over 1 MiB", err)
+	}
+	if keys, _, _, _ := srv.seen(); len(keys) != 0 {
+		t.Errorf("the server saw %d requests, want none", len(keys))
+	}
+}
+
+// TestSendTakesAReaderOfExactlyTheLimit: the limit is inclusive.
+func TestSendTakesAReaderOfExactlyTheLimit(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t, answer{status: 201})
+	c := New(Config{BaseURL: srv.URL})
+	c.maxRequestBody = 1 << 20
+	if _, err := c.Send(context.Background(), http.MethodPost, "/v1/uploads", "k", io.LimitReader(zeros{}, 1<<20)); err != nil {
+		t.Fatalf("Send: %v", err)
+	}
+	if _, _, bodies, _ := srv.seen(); len(bodies) != 1 || len(bodies[0]) != 1<<20 {
+		t.Errorf("the server saw %d requests, want one of 1 MiB", len(bodies))
+	}
+}
+
+// TestSendReportsAReadersError: a reader that fails is the caller's error,
+// not a body cut short and sent.
+func TestSendReportsAReadersError(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t)
+	c := New(Config{BaseURL: srv.URL})
+	_, err := c.Send(context.Background(), http.MethodPost, "/v1/uploads", "k", io.MultiReader(strings.NewReader("{"), failingReader{}))
+	if err == nil || !strings.Contains(err.Error(), "disk on fire") {
+		t.Fatalf("Send = %v, want the reader's error", err)
+	}
+	if keys, _, _, _ := srv.seen(); len(keys) != 0 {
+		t.Errorf("the server saw %d requests, want none", len(keys))
+	}
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+type failingReader struct{}
+
+func (failingReader) Read([]byte) (int, error) { return 0, errDiskOnFire }
+
+var errDiskOnFire = errors.New("disk on fire")
