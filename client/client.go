@@ -54,7 +54,12 @@ type Config struct {
 	// and only to BaseURL's origin. Optional.
 	Header http.Header
 	// HTTPClient sends the requests. Optional. Default: a client with a
-	// 10 s timeout.
+	// 10 s timeout. The Client uses a copy whose CheckRedirect follows a
+	// redirect only on BaseURL's origin (then as HTTPClient's own
+	// CheckRedirect says, by default at most 10): a redirect elsewhere, or
+	// past the tenth, is returned as the redirect answer's *Problem, as the
+	// request would carry Config.Header, the Idempotency-Key and the body
+	// there.
 	HTTPClient *http.Client
 	// MaxAttempts bounds the attempts of one Send or Get. Optional.
 	// Default 6.
@@ -113,6 +118,7 @@ func New(cfg Config) *Client {
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{Timeout: 10 * time.Second}
 	}
+	cfg.HTTPClient = onOrigin(cfg.HTTPClient, base)
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = 6
 	}
@@ -132,6 +138,26 @@ func New(cfg Config) *Client {
 		cfg.Sleep = sleep
 	}
 	return &Client{cfg: cfg, base: base, now: time.Now, randN: rand.Int64N, maxAnswer: maxAnswer, maxRequestBody: maxRequestBody}
+}
+
+// onOrigin returns a copy of hc that follows a redirect only on base's
+// origin and at most 10 (or as hc's CheckRedirect allows): net/http would
+// copy the request's headers (all but Authorization and Cookie to another
+// domain, those too to a subdomain or another port) and its body to any
+// Location. A redirect it does not follow is returned as the answer it is.
+func onOrigin(hc *http.Client, base *url.URL) *http.Client {
+	own := *hc
+	check := hc.CheckRedirect
+	own.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if !sameOrigin(req.URL, base) || len(via) >= 10 {
+			return http.ErrUseLastResponse
+		}
+		if check != nil {
+			return check(req, via)
+		}
+		return nil
+	}
+	return &own
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -681,3 +681,67 @@ func TestNewPanicsOnABaseURLThatIsNoHTTPURL(t *testing.T) {
 		}()
 	}
 }
+
+// TestRedirectOffTheOriginIsNotFollowed: a server's redirect to another
+// origin (here the same host on another port, where net/http would copy
+// even Authorization) is answered to the caller as a *Problem, never
+// followed: the request would carry Config.Header, the Idempotency-Key and
+// the body there. A redirect on the origin is followed as before.
+func TestRedirectOffTheOriginIsNotFollowed(t *testing.T) {
+	t.Parallel()
+	other := newFakeServer(t, answer{status: 201})
+	srv := newFakeServer(t,
+		answer{status: http.StatusTemporaryRedirect, header: map[string]string{"Location": other.URL + "/steal"}},
+		answer{status: http.StatusTemporaryRedirect, header: map[string]string{"Location": "/v2/payments"}},
+		answer{status: 201},
+	)
+	c := newTestClient(Config{BaseURL: srv.URL, Header: http.Header{"Authorization": {"Bearer tok"}, "X-Api-Key": {"secret"}}, Sleep: recordSleeps(new([]time.Duration))})
+
+	_, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", "k", map[string]int{"amount": 1})
+	var p *Problem
+	if !errors.As(err, &p) || p.Status != http.StatusTemporaryRedirect {
+		t.Errorf("Send redirected off the origin = %v, want the 307 as a *Problem", err)
+	}
+	if keys, _, bodies, auth := other.seen(); len(keys) != 0 {
+		t.Errorf("the other origin saw %d requests (keys %q, bodies %q, Authorization %q), want none", len(keys), keys, bodies, auth)
+	}
+
+	r, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", "k", map[string]int{"amount": 1})
+	if err != nil || r.Status != 201 {
+		t.Fatalf("Send redirected on the origin = %v, %v; want the 201", r, err)
+	}
+	keys, paths, bodies, auth := srv.seen()
+	if want := []string{"POST /v1/payments", "POST /v1/payments", "POST /v2/payments"}; !slices.Equal(paths, want) || keys[2] != "k" || bodies[2] != `{"amount":1}` || auth[2] != "Bearer tok" {
+		t.Errorf("the origin saw %q with keys %q, bodies %q, Authorization %q; want %q, the redirect with the same key, body and header", paths, keys, bodies, auth, want)
+	}
+}
+
+// TestARedirectLoopIsNotRetried: against a server that redirects forever,
+// the tenth redirect answer comes back as a *Problem after 10 requests (as
+// many as net/http follows), not MaxAttempts rounds of them: retrying
+// cannot end a loop.
+func TestARedirectLoopIsNotRetried(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	requests := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		requests++
+		mu.Unlock()
+		http.Redirect(w, r, "/v1/loop", http.StatusFound)
+	}))
+	t.Cleanup(srv.Close)
+	c := newTestClient(Config{BaseURL: srv.URL, Sleep: recordSleeps(new([]time.Duration))})
+
+	_, err := c.Get(context.Background(), "/v1/loop")
+
+	var p *Problem
+	if !errors.As(err, &p) || p.Status != http.StatusFound {
+		t.Errorf("Get = %v, want the 302 as a *Problem", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if requests != 10 {
+		t.Errorf("the server saw %d requests, want 10", requests)
+	}
+}
