@@ -262,8 +262,12 @@ func (c *Client) Get(ctx context.Context, target string) (*Response, error) {
 // MaxRetryAfter), and never less than a jittered backoff that doubles from
 // MinBackoff up to MaxBackoff. It gives up with an error matching
 // context.DeadlineExceeded rather than start a wait that would pass
-// PollTimeout or the context's deadline.
+// PollTimeout or the context's deadline. An empty target (a 202 without a
+// Location) is refused: Poll does not read BaseURL itself.
 func (c *Client) Poll(ctx context.Context, target string, first time.Duration, done func(*Response) (bool, error)) (*Response, error) {
+	if target == "" {
+		return nil, errors.New("client: poll: no target: the answer had no Location header to poll")
+	}
 	u, err := c.resolve(target)
 	if err != nil {
 		return nil, err

@@ -745,3 +745,26 @@ func TestARedirectLoopIsNotRetried(t *testing.T) {
 		t.Errorf("the server saw %d requests, want 10", requests)
 	}
 }
+
+// TestPollNeedsATarget: a 202 without a Location gives Poll an empty
+// target; Poll refuses it before reading anything, rather than poll
+// BaseURL itself (an empty path to Send and Get) and take the API's root
+// for the task.
+func TestPollNeedsATarget(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t, answer{status: 202})
+	c := newTestClient(Config{BaseURL: srv.URL + "/api", Sleep: recordSleeps(new([]time.Duration))})
+
+	r, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", "k", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Poll(context.Background(), r.Location(), r.RetryAfter(), func(*Response) (bool, error) { return true, nil })
+
+	if err == nil || !strings.Contains(err.Error(), "Location") {
+		t.Errorf("Poll(%q) = %v, want a refusal naming the missing Location", r.Location(), err)
+	}
+	if _, paths, _, _ := srv.seen(); len(paths) != 1 {
+		t.Errorf("the server saw %q, want the POST alone", paths)
+	}
+}
