@@ -69,7 +69,8 @@ type Config struct {
 	// that clients that failed together do not retry in lock-step.
 	// Optional. Default 100ms.
 	MinBackoff time.Duration
-	// MaxBackoff caps the backoff. Optional. Default 5s.
+	// MaxBackoff caps the backoff, the first too (a MinBackoff above it is
+	// cut to it). Optional. Default 5s, or MinBackoff if that is longer.
 	MaxBackoff time.Duration
 	// MaxRetryAfter is the longest wait a Send or Get takes on an answer's
 	// retry-after-ms or Retry-After (when it asks for more than the
@@ -126,8 +127,9 @@ func New(cfg Config) *Client {
 		cfg.MinBackoff = 100 * time.Millisecond
 	}
 	if cfg.MaxBackoff <= 0 {
-		cfg.MaxBackoff = 5 * time.Second
+		cfg.MaxBackoff = max(5*time.Second, cfg.MinBackoff)
 	}
+	cfg.MinBackoff = min(cfg.MinBackoff, cfg.MaxBackoff)
 	if cfg.MaxRetryAfter <= 0 {
 		cfg.MaxRetryAfter = time.Minute
 	}
@@ -300,7 +302,7 @@ func (c *Client) Poll(ctx context.Context, target string, first time.Duration, d
 		// MaxRetryAfter: it knows better when the work will have moved on,
 		// but a Poll must still come back within reason.
 		wait = max(c.hintWait(min(r.RetryAfter(), c.cfg.MaxRetryAfter)), c.backoffWait(backoff))
-		backoff = min(2*backoff, c.cfg.MaxBackoff)
+		backoff = c.nextBackoff(backoff)
 	}
 }
 
@@ -381,7 +383,7 @@ func (c *Client) do(ctx context.Context, method, u, requestID string, body []byt
 			return nil, fmt.Errorf("client: %s %s: the server asks for a retry after %v, longer than MaxRetryAfter (%v): %w", method, u, hint.Round(time.Second), c.cfg.MaxRetryAfter, p)
 		}
 		wait := max(c.hintWait(hint), c.backoffWait(backoff))
-		backoff = min(2*backoff, c.cfg.MaxBackoff)
+		backoff = c.nextBackoff(backoff)
 		if why := waitPastDeadline(ctx, c.now(), wait); why != nil {
 			if p == nil {
 				why = fmt.Errorf("%w, and %w", err, why)
