@@ -282,13 +282,13 @@ func (c *Client) Poll(ctx context.Context, target string, first time.Duration, d
 	for {
 		now := c.now()
 		if now.Add(wait).After(end) {
-			return nil, fmt.Errorf("client: poll %s: a wait of %v would pass PollTimeout (%v): %w", target, wait.Round(time.Millisecond), c.cfg.PollTimeout, context.DeadlineExceeded)
+			return nil, fmt.Errorf("client: poll %s: a wait of %v would pass PollTimeout (%v): %w", redacted(u), wait.Round(time.Millisecond), c.cfg.PollTimeout, context.DeadlineExceeded)
 		}
 		if err := waitPastDeadline(ctx, now, wait); err != nil {
-			return nil, fmt.Errorf("client: poll %s: %w", target, err)
+			return nil, fmt.Errorf("client: poll %s: %w", redacted(u), err)
 		}
 		if err := c.cfg.Sleep(ctx, wait); err != nil {
-			return nil, fmt.Errorf("client: poll %s: %w", target, err)
+			return nil, fmt.Errorf("client: poll %s: %w", redacted(u), err)
 		}
 		r, err := c.do(ctx, http.MethodGet, u, "", nil)
 		if err != nil {
@@ -314,13 +314,31 @@ func (c *Client) resolve(target string) (string, error) {
 		return c.cfg.BaseURL + target, nil
 	}
 	u, err := url.Parse(target)
-	if err != nil || !u.IsAbs() {
-		return "", fmt.Errorf("client: %q is neither a path (/...) nor an absolute URL; Response.Location resolves a Location header", target)
+	if err != nil {
+		// Not a *url.Error itself: it quotes the whole target, a password
+		// too.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return "", fmt.Errorf("client: target is neither a path (/...) nor an absolute URL: %w", err)
+	}
+	if !u.IsAbs() {
+		return "", fmt.Errorf("client: %q is neither a path (/...) nor an absolute URL; Response.Location resolves a Location header", u.Redacted())
 	}
 	if !sameOrigin(u, c.base) {
 		return "", fmt.Errorf("client: %s is not on the API's origin %s://%s: Config.Header is sent there only", u.Redacted(), c.base.Scheme, c.base.Host)
 	}
 	return u.String(), nil
+}
+
+// redacted is URL u for an error message: its password, if any, shown as
+// "xxxxx" (url.URL.Redacted), as errors end up in logs.
+func redacted(u string) string {
+	if parsed, err := url.Parse(u); err == nil {
+		return parsed.Redacted()
+	}
+	return u
 }
 
 // sameOrigin reports whether a and b share scheme, host and port.
@@ -352,9 +370,9 @@ func (c *Client) do(ctx context.Context, method, u, requestID string, body []byt
 		}
 		gaveUp := func(why error) error {
 			if last != nil && !errors.Is(why, last) {
-				return fmt.Errorf("client: %s %s: gave up after %d attempts: %w (last answer: %w)", method, u, attempt, why, last)
+				return fmt.Errorf("client: %s %s: gave up after %d attempts: %w (last answer: %w)", method, redacted(u), attempt, why, last)
 			}
-			return fmt.Errorf("client: %s %s: gave up after %d attempts: %w", method, u, attempt, why)
+			return fmt.Errorf("client: %s %s: gave up after %d attempts: %w", method, redacted(u), attempt, why)
 		}
 		var hint time.Duration
 		retry := false
@@ -380,7 +398,7 @@ func (c *Client) do(ctx context.Context, method, u, requestID string, body []byt
 		case attempt >= c.cfg.MaxAttempts:
 			return nil, gaveUp(err)
 		case hint > c.cfg.MaxRetryAfter:
-			return nil, fmt.Errorf("client: %s %s: the server asks for a retry after %v, longer than MaxRetryAfter (%v): %w", method, u, hint.Round(time.Second), c.cfg.MaxRetryAfter, p)
+			return nil, fmt.Errorf("client: %s %s: the server asks for a retry after %v, longer than MaxRetryAfter (%v): %w", method, redacted(u), hint.Round(time.Second), c.cfg.MaxRetryAfter, p)
 		}
 		wait := max(c.hintWait(hint), c.backoffWait(backoff))
 		backoff = c.nextBackoff(backoff)
@@ -439,7 +457,7 @@ func (c *Client) once(ctx context.Context, method, u, requestID string, body []b
 		return nil, problemFrom(resp, data[:min(len(data), c.maxAnswer)])
 	}
 	if len(data) > c.maxAnswer {
-		return nil, fmt.Errorf("client: %s %s: answered %d: %w", method, u, resp.StatusCode, ErrAnswerTooLarge)
+		return nil, fmt.Errorf("client: %s %s: answered %d: %w", method, redacted(u), resp.StatusCode, ErrAnswerTooLarge)
 	}
 	return &Response{
 		Status:   resp.StatusCode,

@@ -768,3 +768,41 @@ func TestPollNeedsATarget(t *testing.T) {
 		t.Errorf("the server saw %q, want the POST alone", paths)
 	}
 }
+
+// TestErrorsNeverShowAURLsPassword: a password in BaseURL or in a Location
+// (user:password@host) is left out of every error the client returns, as
+// net/http leaves it out of its own: errors end up in logs.
+func TestErrorsNeverShowAURLsPassword(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t,
+		answer{drop: true},
+		answer{status: 200, body: strings.Repeat("x", 11)},
+		withHeader(problem(503, "upstream_down", "true"), "Retry-After", "3600"),
+	)
+	withPassword := strings.Replace(srv.URL, "http://", "http://user:s3cret@", 1)
+	c := newTestClient(Config{BaseURL: withPassword, MaxAttempts: 1, PollTimeout: time.Minute, Sleep: recordSleeps(new([]time.Duration))})
+	c.maxAnswer = 10
+
+	var errs []error
+	_, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", "k", nil) // dropped
+	errs = append(errs, err)
+	_, err = c.Get(context.Background(), "/v1/exports/e1") // too large
+	errs = append(errs, err)
+	c.cfg.MaxAttempts = 2
+	_, err = c.Get(context.Background(), "/v1/exports/e1") // Retry-After over MaxRetryAfter
+	errs = append(errs, err)
+	_, err = c.Poll(context.Background(), withPassword+"/v1/tasks/t1", time.Hour, nil) // a wait past PollTimeout
+	errs = append(errs, err)
+	_, err = c.Poll(context.Background(), "http://user:s3cret@evil.example/v1/tasks/t1", 0, nil) // another origin
+	errs = append(errs, err)
+	_, err = c.Get(context.Background(), "//user:s3cret@evil.example/v1/tasks/t1") // a network-path reference
+	errs = append(errs, err)
+	_, err = c.Get(context.Background(), "//user:s3cret@evil.example/%zz") // no URL at all
+	errs = append(errs, err)
+
+	for i, err := range errs {
+		if err == nil || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("error %d = %v, want an error without the password", i, err)
+		}
+	}
+}
