@@ -78,7 +78,8 @@ type Config struct {
 	// MaxRetryAfter). An answer that asks for longer ends the call at once
 	// with its *Problem, whose RetryAfter says how long the server asked
 	// for: a wait that long is the caller's to schedule. Poll cuts a 2xx
-	// answer's longer Retry-After to MaxRetryAfter. Optional. Default 1
+	// answer's longer Retry-After, and its first wait, to MaxRetryAfter.
+	// Optional. Default 1
 	// minute.
 	MaxRetryAfter time.Duration
 	// PollTimeout bounds one Poll, its waits and reads together: Poll ends
@@ -259,9 +260,9 @@ func (c *Client) Get(ctx context.Context, target string) (*Response, error) {
 
 // Poll reads target (as Get takes it) until done reports true or an error,
 // and returns the last answer: the way to wait for what a 202 promised
-// (Poll(ctx, r.Location(), r.RetryAfter(), done)). It waits first before
-// the first read, then between reads for the answer's Retry-After (at most
-// MaxRetryAfter), and never less than a jittered backoff that doubles from
+// (Poll(ctx, r.Location(), r.RetryAfter(), done)). It waits first (at most
+// MaxRetryAfter) before the first read, then between reads for the
+// answer's Retry-After (at most MaxRetryAfter), and never less than a jittered backoff that doubles from
 // MinBackoff up to MaxBackoff. It gives up with an error matching
 // context.DeadlineExceeded rather than start a wait that would pass
 // PollTimeout or the context's deadline. An empty target (a 202 without a
@@ -277,7 +278,7 @@ func (c *Client) Poll(ctx context.Context, target string, first time.Duration, d
 	end := c.now().Add(c.cfg.PollTimeout)
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.PollTimeout) // bounds a read in flight too
 	defer cancel()
-	wait := max(first, 0)
+	wait := min(max(first, 0), c.cfg.MaxRetryAfter) // first is most often a 202's Retry-After
 	backoff := c.cfg.MinBackoff
 	for {
 		now := c.now()

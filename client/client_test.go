@@ -806,3 +806,27 @@ func TestErrorsNeverShowAURLsPassword(t *testing.T) {
 		}
 	}
 }
+
+// TestPollCutsTheFirstWaitToMaxRetryAfter: the documented
+// Poll(ctx, r.Location(), r.RetryAfter(), done) cuts a 202's long
+// Retry-After to MaxRetryAfter, as it cuts every later answer's, rather
+// than give up at once because the hint alone would pass PollTimeout.
+func TestPollCutsTheFirstWaitToMaxRetryAfter(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t,
+		answer{status: 202, header: map[string]string{"Location": "/v1/tasks/t1", "Retry-After": "3600"}},
+		answer{status: 200, body: `{"status":"succeeded"}`},
+	)
+	var waits []time.Duration
+	c := newTestClient(Config{BaseURL: srv.URL, Sleep: recordSleeps(&waits)})
+
+	r, err := c.Send(context.Background(), http.MethodPost, "/v1/exports", "k", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Poll(context.Background(), r.Location(), r.RetryAfter(), func(*Response) (bool, error) { return true, nil })
+
+	if err != nil || !slices.Equal(waits, []time.Duration{time.Minute}) {
+		t.Errorf("Poll = %v after waits %v, want success after one wait of MaxRetryAfter (1m)", err, waits)
+	}
+}
