@@ -1,6 +1,7 @@
 package client
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,17 +13,34 @@ const maxRequestBody = 64 << 20
 
 // requestBody returns the bytes Send sends for body; none (nil) for nil, a
 // nil or empty []byte, or a reader with nothing to read. A reader is read
-// up to limit bytes (maxRequestBody but in tests).
-func requestBody(body any, limit int) ([]byte, error) {
+// up to limit bytes (maxRequestBody but in tests), and no longer than ctx
+// lasts: a reader that hangs (a pipe) is left to its Read, as net/http
+// leaves a request body that hangs.
+func requestBody(ctx context.Context, body any, limit int) ([]byte, error) {
 	switch b := body.(type) {
 	case nil:
 		return nil, nil
 	case []byte:
 		return b, nil
 	case io.Reader:
-		data, err := io.ReadAll(io.LimitReader(b, int64(limit)+1))
-		if err != nil {
-			return nil, fmt.Errorf("client: read request body: %w", err)
+		type read struct {
+			data []byte
+			err  error
+		}
+		done := make(chan read, 1)
+		go func() {
+			data, err := io.ReadAll(io.LimitReader(b, int64(limit)+1))
+			done <- read{data, err}
+		}()
+		var data []byte
+		select {
+		case r := <-done:
+			data = r.data
+			if r.err != nil {
+				return nil, fmt.Errorf("client: read request body: %w", r.err)
+			}
+		case <-ctx.Done():
+			return nil, fmt.Errorf("client: read request body: %w", ctx.Err())
 		}
 		if len(data) > limit {
 			return nil, fmt.Errorf("client: request body over %d MiB: a body read from an io.Reader is held in memory to be sent again on a retry", limit>>20)

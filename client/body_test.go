@@ -88,3 +88,37 @@ type failingReader struct{}
 func (failingReader) Read([]byte) (int, error) { return 0, errDiskOnFire }
 
 var errDiskOnFire = errors.New("disk on fire")
+
+// TestSendStopsReadingABodyWithTheContext: a reader that never ends (a
+// pipe whose writer hangs) does not hold Send past its context, as
+// net/http does not hold a request whose body hangs; nothing is sent.
+func TestSendStopsReadingABodyWithTheContext(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t)
+	c := New(Config{BaseURL: srv.URL})
+	pr, pw := io.Pipe()
+	t.Cleanup(func() { pw.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		pw.Write([]byte(`{"amount":`)) // then the writer hangs
+		cancel()
+	}()
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Send(ctx, http.MethodPost, "/v1/uploads", "k", pr)
+		done <- err
+	}()
+
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Send = %v, want an error matching context.Canceled", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Send still reading its body a minute after its context was cancelled")
+	}
+	if keys, _, _, _ := srv.seen(); len(keys) != 0 {
+		t.Errorf("the server saw %d requests, want none", len(keys))
+	}
+}

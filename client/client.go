@@ -223,7 +223,9 @@ func (r *Response) Location() string {
 // origin, as Get takes it) with body, retrying transport errors
 // and retryable answers with the same id and the same bytes. The body is
 // sent as it is when a []byte, read to its end when an io.Reader (at most
-// 64 MiB, held in memory for the retries; the reader is not closed), and
+// 64 MiB, held in memory for the retries; the reader is not closed, and
+// when ctx ends first Send returns and leaves the reader to the Read it is
+// in, as net/http does with a body: close the reader to end it), and
 // JSON-encoded otherwise; nil, an empty []byte or an empty reader send no
 // body and no Content-Type. It returns the first 2xx answer — a 202 is the
 // server's promise, to be polled with Poll — or the final error: a *Problem
@@ -238,7 +240,7 @@ func (c *Client) Send(ctx context.Context, method, path, requestID string, body 
 	if err != nil {
 		return nil, err
 	}
-	data, err := requestBody(body, c.maxRequestBody)
+	data, err := requestBody(ctx, body, c.maxRequestBody)
 	if err != nil {
 		return nil, err
 	}
