@@ -144,7 +144,7 @@ func New(cfg Config) *Client {
 }
 
 // onOrigin returns a copy of hc that follows a redirect only on base's
-// origin and at most 10 (or as hc's CheckRedirect allows): net/http would
+// origin, and then as hc's CheckRedirect allows (by default at most 10): net/http would
 // copy the request's headers (all but Authorization and Cookie to another
 // domain, those too to a subdomain or another port) and its body to any
 // Location. A redirect it does not follow is returned as the answer it is.
@@ -152,11 +152,13 @@ func onOrigin(hc *http.Client, base *url.URL) *http.Client {
 	own := *hc
 	check := hc.CheckRedirect
 	own.CheckRedirect = func(req *http.Request, via []*http.Request) error {
-		if !sameOrigin(req.URL, base) || len(via) >= 10 {
+		switch {
+		case !sameOrigin(req.URL, base):
 			return http.ErrUseLastResponse
-		}
-		if check != nil {
+		case check != nil:
 			return check(req, via)
+		case len(via) >= 10:
+			return http.ErrUseLastResponse
 		}
 		return nil
 	}

@@ -830,3 +830,34 @@ func TestPollCutsTheFirstWaitToMaxRetryAfter(t *testing.T) {
 		t.Errorf("Poll = %v after waits %v, want success after one wait of MaxRetryAfter (1m)", err, waits)
 	}
 }
+
+// TestHTTPClientsCheckRedirectDecidesOnTheOriginOnly: a caller's
+// CheckRedirect that allows every redirect still never lets one leave the
+// origin; on the origin it decides (here: refusing all, so the 307 comes
+// back), and the caller's HTTPClient itself is left as it was.
+func TestHTTPClientsCheckRedirectDecidesOnTheOriginOnly(t *testing.T) {
+	t.Parallel()
+	other := newFakeServer(t)
+	srv := newFakeServer(t,
+		answer{status: http.StatusTemporaryRedirect, header: map[string]string{"Location": other.URL + "/steal"}},
+		answer{status: http.StatusTemporaryRedirect, header: map[string]string{"Location": "/v2/payments"}},
+	)
+	allowAll := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return nil }}
+	c := newTestClient(Config{BaseURL: srv.URL, HTTPClient: allowAll, Header: http.Header{"X-Api-Key": {"secret"}}, Sleep: recordSleeps(new([]time.Duration))})
+	var p *Problem
+	if _, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", "k", nil); !errors.As(err, &p) || p.Status != http.StatusTemporaryRedirect {
+		t.Errorf("Send redirected off the origin = %v, want the 307 as a *Problem", err)
+	}
+	if keys, _, _, _ := other.seen(); len(keys) != 0 {
+		t.Errorf("the other origin saw %d requests, want none", len(keys))
+	}
+	allowAll.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	refuseAll := allowAll
+	c = newTestClient(Config{BaseURL: srv.URL, HTTPClient: refuseAll, Sleep: recordSleeps(new([]time.Duration))})
+	if _, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", "k", nil); !errors.As(err, &p) || p.Status != http.StatusTemporaryRedirect {
+		t.Errorf("Send redirected on the origin with a CheckRedirect refusing it = %v, want the 307 as a *Problem", err)
+	}
+	if _, paths, _, _ := srv.seen(); len(paths) != 2 {
+		t.Errorf("the origin saw %q, want two requests", paths)
+	}
+}
