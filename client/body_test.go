@@ -5,6 +5,9 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -120,5 +123,36 @@ func TestSendStopsReadingABodyWithTheContext(t *testing.T) {
 	}
 	if keys, _, _, _ := srv.seen(); len(keys) != 0 {
 		t.Errorf("the server saw %d requests, want none", len(keys))
+	}
+}
+
+// TestSendResendsAFilesBytesOnRetry: an *os.File is a reader like any
+// other: read once, its bytes sent on every attempt with
+// Content-Type: application/json, and the file left open for the caller.
+func TestSendResendsAFilesBytesOnRetry(t *testing.T) {
+	t.Parallel()
+	const body = `{"amount":10}`
+	path := filepath.Join(t.TempDir(), "payment.json")
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	srv := newFakeServer(t, answer{drop: true}, problem(503, "store_unavailable", ""), answer{status: 201})
+	c := newTestClient(Config{BaseURL: srv.URL, Sleep: recordSleeps(new([]time.Duration))})
+
+	if _, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", "k", f); err != nil {
+		t.Fatalf("Send: %v", err)
+	}
+	keys, _, bodies, _ := srv.seen()
+	if want := []string{body, body, body}; !slices.Equal(bodies, want) || !slices.Equal(keys, []string{"k", "k", "k"}) ||
+		!slices.Equal(srv.contentTypes(), []string{"application/json", "application/json", "application/json"}) {
+		t.Errorf("the server saw bodies %q, keys %q, Content-Types %q; want %q under k with application/json", bodies, keys, srv.contentTypes(), want)
+	}
+	if _, err := f.Stat(); err != nil {
+		t.Errorf("the file after Send: %v, want it open", err)
 	}
 }

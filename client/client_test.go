@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -859,5 +860,64 @@ func TestHTTPClientsCheckRedirectDecidesOnTheOriginOnly(t *testing.T) {
 	}
 	if _, paths, _, _ := srv.seen(); len(paths) != 2 {
 		t.Errorf("the origin saw %q, want two requests", paths)
+	}
+}
+
+// TestConcurrentSendsRetryAndPoll: 64 goroutines share one Client, each
+// Send meeting a 503 before its 202 and each Poll a 503 before its 200 (run
+// under -race): every retry carries its own Send's key and body, never
+// another's, and Config.Header goes with every request.
+func TestConcurrentSendsRetryAndPoll(t *testing.T) {
+	t.Parallel()
+	const senders = 64
+	var mu sync.Mutex
+	seen := map[string][]string{} // "METHOD path key" -> bodies
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		k := r.Method + " " + r.URL.Path + " " + r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		seen[k] = append(seen[k], string(body)+" "+r.Header.Get("X-Api-Key"))
+		n := len(seen[k])
+		mu.Unlock()
+		switch {
+		case n == 1:
+			w.WriteHeader(http.StatusServiceUnavailable)
+		case r.Method == http.MethodPost:
+			w.Header().Set("Location", "/v1/tasks/"+r.Header.Get("Idempotency-Key"))
+			w.WriteHeader(http.StatusAccepted)
+		default:
+			io.WriteString(w, `{"status":"succeeded"}`)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	c := New(Config{BaseURL: srv.URL, Header: http.Header{"X-Api-Key": {"secret"}}, Sleep: recordSleeps(new([]time.Duration))})
+
+	var wg sync.WaitGroup
+	for i := range senders {
+		wg.Go(func() {
+			id := RequestID("export", i)
+			r, err := c.Send(context.Background(), http.MethodPost, "/v1/exports", id, map[string]int{"n": i})
+			if err != nil {
+				t.Errorf("Send %d: %v", i, err)
+				return
+			}
+			if _, err := c.Poll(context.Background(), r.Location(), r.RetryAfter(), func(*Response) (bool, error) { return true, nil }); err != nil {
+				t.Errorf("Poll %d: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range senders {
+		id := RequestID("export", i)
+		body := fmt.Sprintf(`{"n":%d} secret`, i)
+		if got := seen["POST /v1/exports "+id]; !slices.Equal(got, []string{body, body}) {
+			t.Errorf("Send %d: the server saw %q under its key, want %q twice", i, got, body)
+		}
+		if got := seen["GET /v1/tasks/"+id+" "]; !slices.Equal(got, []string{" secret", " secret"}) {
+			t.Errorf("Poll %d: the server saw %q, want two reads with the header", i, got)
+		}
 	}
 }
