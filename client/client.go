@@ -48,7 +48,8 @@ const maxAnswer = 64 << 20
 // the OpenAI and Stripe Go SDKs' choices: docs/client.md.
 type Config struct {
 	// BaseURL is the API's URL, e.g. "https://api.example.com". Required:
-	// an absolute http or https URL.
+	// an absolute http or https URL, with no query or fragment (a path is
+	// joined to it).
 	BaseURL string
 	// Header is sent with every request (an Authorization header, say),
 	// and only to BaseURL's origin. Optional.
@@ -106,7 +107,7 @@ type Client struct {
 }
 
 // New returns a Client. It panics if BaseURL is not an absolute http or
-// https URL.
+// https URL, or has a query or a fragment.
 func New(cfg Config) *Client {
 	if cfg.BaseURL == "" {
 		panic("client: BaseURL is required")
@@ -114,7 +115,11 @@ func New(cfg Config) *Client {
 	cfg.BaseURL = strings.TrimRight(cfg.BaseURL, "/")
 	base, err := url.Parse(cfg.BaseURL)
 	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
-		panic(fmt.Sprintf("client: BaseURL %q is no absolute http or https URL", cfg.BaseURL))
+		panic(fmt.Sprintf("client: BaseURL %q is no absolute http or https URL", redacted(cfg.BaseURL)))
+	}
+	if strings.ContainsAny(cfg.BaseURL, "?#") {
+		// A path joined to it would land in the query or the fragment.
+		panic(fmt.Sprintf("client: BaseURL %q has a query or a fragment; a path is joined to it", redacted(cfg.BaseURL)))
 	}
 	cfg.Header = cfg.Header.Clone() // the caller may reuse its map
 	if cfg.HTTPClient == nil {

@@ -671,11 +671,14 @@ func TestGetRefusesATargetOffTheAPI(t *testing.T) {
 
 func TestNewPanicsOnABaseURLThatIsNoHTTPURL(t *testing.T) {
 	t.Parallel()
-	for _, given := range []string{"", "localhost:8080", "/v1", "ftp://example.com", "http://"} {
+	for _, given := range []string{"", "localhost:8080", "/v1", "ftp://example.com", "http://",
+		"https://api.example.com/v1?key=1", "https://api.example.com/v1#top", "http://h/%zz"} { // a path would be joined after the query or fragment
 		func() {
 			defer func() {
-				if recover() == nil {
+				if r := recover(); r == nil {
 					t.Errorf("New(BaseURL %q) did not panic", given)
+				} else if _, ok := r.(string); !ok {
+					t.Errorf("New(BaseURL %q) panicked with %v, want its own message", given, r)
 				}
 			}()
 			New(Config{BaseURL: given})
