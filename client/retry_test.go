@@ -277,3 +277,29 @@ func TestBackoffStaysWithinItsBounds(t *testing.T) {
 		})
 	}
 }
+
+// TestJitterAtItsTopStaysWithinTheCaps: with the jitter drawn at the far
+// end of its range, a backoff b waits b/2 (never 0), a hint h waits 1.25h
+// but never past MaxRetryAfter, and a hint of exactly MaxRetryAfter is
+// waited as it is.
+func TestJitterAtItsTopStaysWithinTheCaps(t *testing.T) {
+	t.Parallel()
+	unavailable := problem(503, "store_unavailable", "true")
+	srv := newFakeServer(t,
+		unavailable,
+		withHeader(unavailable, "Retry-After", "40"),
+		withHeader(unavailable, "Retry-After", "60"),
+		withHeader(unavailable, "Retry-After-Ms", "1"),
+		answer{status: 201},
+	)
+	var waits []time.Duration
+	c := New(Config{BaseURL: srv.URL, MinBackoff: 3, Sleep: recordSleeps(&waits)})
+	c.randN = func(n int64) int64 { return n - 1 }
+
+	_, err := c.Send(context.Background(), http.MethodPost, "/x", "k", nil)
+
+	want := []time.Duration{2, 50 * time.Second, time.Minute, 1250 * time.Microsecond}
+	if err != nil || !slices.Equal(waits, want) {
+		t.Errorf("Send = %v after waits %v, want success after %v", err, waits, want)
+	}
+}
