@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"reflect"
 )
 
 // maxRequestBody bounds a body Send reads from an io.Reader: the bytes are
@@ -46,6 +47,12 @@ func requestBody(ctx context.Context, body any, limit int) ([]byte, error) {
 			return nil, fmt.Errorf("client: request body over %d MiB: a body read from an io.Reader is held in memory to be sent again on a retry", limit>>20)
 		}
 		return data, nil
+	}
+	if t := reflect.TypeOf(body); t.Kind() != reflect.Pointer && reflect.PointerTo(t).Implements(reflect.TypeFor[io.Reader]()) &&
+		!t.Implements(reflect.TypeFor[json.Marshaler]()) {
+		// A bytes.Buffer, strings.Reader, bytes.Reader by value: its fields
+		// are unexported, so its JSON encoding is {}.
+		return nil, fmt.Errorf("client: a %s body is no io.Reader (its pointer is) and would be sent as {}: pass &body", t)
 	}
 	data, err := json.Marshal(body)
 	if err != nil {

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -154,5 +155,24 @@ func TestSendResendsAFilesBytesOnRetry(t *testing.T) {
 	}
 	if _, err := f.Stat(); err != nil {
 		t.Errorf("the file after Send: %v, want it open", err)
+	}
+}
+
+// TestSendRefusesAReaderPassedByValue: a bytes.Buffer (or strings.Reader,
+// bytes.Reader) passed by value is no io.Reader, only its pointer is; it
+// is refused before anything is sent, never JSON-encoded as {} and
+// "succeeding".
+func TestSendRefusesAReaderPassedByValue(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	buf.WriteString(`{"amount":10}`)
+	for _, given := range []any{buf, *strings.NewReader(`{"amount":10}`), *bytes.NewReader([]byte(`{"amount":10}`))} {
+		srv := newFakeServer(t, answer{status: 201})
+		c := New(Config{BaseURL: srv.URL})
+		_, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", "k", given)
+		_, _, bodies, _ := srv.seen()
+		if err == nil || len(bodies) != 0 {
+			t.Errorf("Send(%T) = %v and the server saw %q, want a refusal and nothing sent", given, err, bodies)
+		}
 	}
 }
