@@ -13,7 +13,7 @@ import (
 const maxRequestBody = 64 << 20
 
 // requestBody returns the bytes Send sends for body; none (nil) for nil, a
-// nil or empty []byte, or a reader with nothing to read. A reader is read
+// nil or empty []byte or json.RawMessage, or a reader with nothing to read. A reader is read
 // up to limit bytes (maxRequestBody but in tests), and no longer than ctx
 // lasts: a reader that hangs (a pipe) is left to its Read, as net/http
 // leaves a request body that hangs.
@@ -22,6 +22,8 @@ func requestBody(ctx context.Context, body any, limit int) ([]byte, error) {
 	case nil:
 		return nil, nil
 	case []byte:
+		return b, nil
+	case json.RawMessage: // encoded already: not compacted nor escaped again
 		return b, nil
 	case io.Reader:
 		type read struct {

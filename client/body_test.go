@@ -3,6 +3,7 @@ package client
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -174,5 +175,21 @@ func TestSendRefusesAReaderPassedByValue(t *testing.T) {
 		if err == nil || len(bodies) != 0 {
 			t.Errorf("Send(%T) = %v and the server saw %q, want a refusal and nothing sent", given, err, bodies)
 		}
+	}
+}
+
+// TestSendSendsARawMessageAsItIs: a json.RawMessage is bytes the caller
+// already encoded, sent as they are like a []byte, not re-encoded
+// (compacted, "<" escaped) by encoding/json.
+func TestSendSendsARawMessageAsItIs(t *testing.T) {
+	t.Parallel()
+	const body = `{"note": "<b>paid</b> & done"}`
+	srv := newFakeServer(t, answer{status: 201})
+	c := New(Config{BaseURL: srv.URL})
+	if _, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", "k", json.RawMessage(body)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, bodies, _ := srv.seen(); !slices.Equal(bodies, []string{body}) || !slices.Equal(srv.contentTypes(), []string{"application/json"}) {
+		t.Errorf("the server saw %q (Content-Type %q), want %q as application/json", bodies, srv.contentTypes(), body)
 	}
 }

@@ -229,13 +229,13 @@ func (r *Response) Location() string {
 // method to path (a path joined to BaseURL, or an absolute URL on its
 // origin, as Get takes it) with body, retrying transport errors
 // and retryable answers with the same id and the same bytes. The body is
-// sent as it is when a []byte, read to its end when an io.Reader (at most
+// sent as it is when a []byte or json.RawMessage, read to its end when an io.Reader (at most
 // 64 MiB, held in memory for the retries; the reader is not closed, and
 // when ctx ends first Send returns and leaves the reader to the Read it is
 // in, as net/http does with a body: close the reader to end it), and
 // JSON-encoded otherwise (but a reader passed by value, a bytes.Buffer
-// say, is refused: it would encode as {}); nil, an empty []byte or an
-// empty reader send no body and no Content-Type. It returns the first 2xx answer — a 202 is the
+// say, is refused: it would encode as {}); nil, an empty []byte or
+// json.RawMessage or an empty reader send no body and no Content-Type. It returns the first 2xx answer — a 202 is the
 // server's promise, to be polled with Poll — or the final error: a *Problem
 // for an error answer (one matching ErrKeyReused returns at once), and
 // when the context ends or a Retry-After passes MaxRetryAfter, an error
