@@ -27,17 +27,26 @@ func requestBody(ctx context.Context, body any, limit int) ([]byte, error) {
 		return b, nil
 	case io.Reader:
 		type read struct {
-			data []byte
-			err  error
+			data     []byte
+			err      error
+			panicked any // a panic of b's Read, raised again in the caller's goroutine
 		}
 		done := make(chan read, 1)
 		go func() {
+			defer func() {
+				if v := recover(); v != nil {
+					done <- read{panicked: v}
+				}
+			}()
 			data, err := io.ReadAll(io.LimitReader(b, int64(limit)+1))
-			done <- read{data, err}
+			done <- read{data: data, err: err}
 		}()
 		var data []byte
 		select {
 		case r := <-done:
+			if r.panicked != nil {
+				panic(r.panicked)
+			}
 			data = r.data
 			if r.err != nil {
 				return nil, fmt.Errorf("client: read request body: %w", r.err)

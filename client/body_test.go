@@ -193,3 +193,25 @@ func TestSendSendsARawMessageAsItIs(t *testing.T) {
 		t.Errorf("the server saw %q (Content-Type %q), want %q as application/json", bodies, srv.contentTypes(), body)
 	}
 }
+
+// TestSendPanicsInTheCallersGoroutineOnAPanickingReader: a reader whose
+// Read panics (a nil *bytes.Buffer) panics in the goroutine that called
+// Send, where the caller's recover can catch it, not in one of the
+// client's own that would end the program.
+func TestSendPanicsInTheCallersGoroutineOnAPanickingReader(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t)
+	c := New(Config{BaseURL: srv.URL})
+	var nilBuffer *bytes.Buffer
+	recovered := func() (r any) {
+		defer func() { r = recover() }()
+		c.Send(context.Background(), http.MethodPost, "/v1/payments", "k", nilBuffer)
+		return nil
+	}()
+	if recovered == nil {
+		t.Errorf("Send with a nil *bytes.Buffer did not panic")
+	}
+	if keys, _, _, _ := srv.seen(); len(keys) != 0 {
+		t.Errorf("the server saw %d requests, want none", len(keys))
+	}
+}
