@@ -52,7 +52,9 @@ type Config struct {
 	// joined to it).
 	BaseURL string
 	// Header is sent with every request (an Authorization header, say),
-	// and only to BaseURL's origin. Optional.
+	// and only to BaseURL's origin. Optional. New panics on a field no
+	// request can carry (a token read with its newline), naming the field
+	// but not the value.
 	Header http.Header
 	// HTTPClient sends the requests. Optional. Default: a client with a
 	// 10 s timeout. The Client uses a copy whose CheckRedirect follows a
@@ -107,7 +109,8 @@ type Client struct {
 }
 
 // New returns a Client. It panics if BaseURL is not an absolute http or
-// https URL, or has a query or a fragment.
+// https URL, or has a query or a fragment, or if Header holds a field no
+// request can carry (a value with a newline, say).
 func New(cfg Config) *Client {
 	if cfg.BaseURL == "" {
 		panic("client: BaseURL is required")
@@ -122,6 +125,9 @@ func New(cfg Config) *Client {
 		panic(fmt.Sprintf("client: BaseURL %q has a query or a fragment; a path is joined to it", redacted(cfg.BaseURL)))
 	}
 	cfg.Header = cfg.Header.Clone() // the caller may reuse its map
+	if err := checkHeader(cfg.Header); err != nil {
+		panic(err.Error())
+	}
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{Timeout: 10 * time.Second}
 	}
@@ -477,6 +483,28 @@ func (c *Client) once(ctx context.Context, method, u, requestID string, body []b
 		Replayed: resp.Header.Get("Idempotent-Replayed") == "true",
 		url:      resp.Request.URL,
 	}, nil
+}
+
+// checkHeader refuses a header net/http cannot send: a field name that is
+// no token, a value with a control character (but tab). It names the
+// field, never the value (a credential, often).
+func checkHeader(h http.Header) error {
+	for name, values := range h {
+		if name == "" || strings.IndexFunc(name, func(r rune) bool { return !isTokenChar(r) }) >= 0 {
+			return fmt.Errorf("client: Config.Header field name %q is no token", name)
+		}
+		for _, v := range values {
+			if strings.IndexFunc(v, func(r rune) bool { return (r < ' ' && r != '\t') || r == 0x7f }) >= 0 {
+				return fmt.Errorf("client: Config.Header %s has a value with a control character (a newline?), which no request can carry", name)
+			}
+		}
+	}
+	return nil
+}
+
+// isTokenChar reports whether r may appear in a field name (RFC 9110 tchar).
+func isTokenChar(r rune) bool {
+	return r < 0x7f && (r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("!#$%&'*+-.^_`|~", r))
 }
 
 // checkRequestID refuses an id that no Idempotency-Key can carry: the

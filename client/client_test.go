@@ -924,3 +924,30 @@ func TestConcurrentSendsRetryAndPoll(t *testing.T) {
 		}
 	}
 }
+
+// TestNewPanicsOnAHeaderThatCannotBeSent: a Config.Header no request can
+// carry (a token read from a file with its newline) is refused by New, as a
+// BaseURL it cannot use is, without printing the value (a credential);
+// it is not an error each Send retries MaxAttempts times as if the
+// network had failed.
+func TestNewPanicsOnAHeaderThatCannotBeSent(t *testing.T) {
+	t.Parallel()
+	for _, given := range []http.Header{
+		{"Authorization": {"Bearer s3cret\n"}},
+		{"Authorization": {"Bearer s3cret\r\nX-Injected: 1"}},
+		{"X-Api-Key": {"s3cret\x00"}},
+		{"Bad Name": {"v"}},
+		{"": {"v"}},
+	} {
+		func() {
+			defer func() {
+				r := recover()
+				if msg, ok := r.(string); !ok || strings.Contains(msg, "s3cret") {
+					t.Errorf("New(Header %q) panicked with %v, want a panic of its own without the value", given, r)
+				}
+			}()
+			New(Config{BaseURL: "https://api.example.com", Header: given})
+		}()
+	}
+	New(Config{BaseURL: "https://api.example.com", Header: http.Header{"Authorization": {"Bearer\ttok"}, "X-Empty": {""}}})
+}
