@@ -13,10 +13,10 @@ import (
 const maxRequestBody = 64 << 20
 
 // requestBody returns the bytes Send sends for body; none (nil) for nil, a
-// nil or empty []byte or json.RawMessage, or a reader with nothing to read. A reader is read
-// up to limit bytes (maxRequestBody but in tests), and no longer than ctx
-// lasts: a reader that hangs (a pipe) is left to its Read, as net/http
-// leaves a request body that hangs.
+// nil or empty []byte or json.RawMessage, or a reader with nothing to
+// read. A reader is read up to limit bytes (maxRequestBody but in tests),
+// and no longer than ctx lasts: a reader that hangs (a pipe) is left to
+// its Read, as net/http leaves a request body that hangs.
 func requestBody(ctx context.Context, body any, limit int) ([]byte, error) {
 	switch b := body.(type) {
 	case nil:

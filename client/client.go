@@ -82,8 +82,7 @@ type Config struct {
 	// with its *Problem, whose RetryAfter says how long the server asked
 	// for: a wait that long is the caller's to schedule. Poll cuts a 2xx
 	// answer's longer Retry-After, and its first wait, to MaxRetryAfter.
-	// Optional. Default 1
-	// minute.
+	// Optional. Default 1 minute.
 	MaxRetryAfter time.Duration
 	// PollTimeout bounds one Poll, its waits and reads together: Poll ends
 	// with an error matching context.DeadlineExceeded rather than start a
@@ -155,8 +154,8 @@ func New(cfg Config) *Client {
 }
 
 // onOrigin returns a copy of hc that follows a redirect only on base's
-// origin, and then as hc's CheckRedirect allows (by default at most 10): net/http would
-// copy the request's headers (all but Authorization and Cookie to another
+// origin, and then as hc's CheckRedirect allows (by default at most 10):
+// net/http would copy the request's headers (all but Authorization and Cookie to another
 // domain, those too to a subdomain or another port) and its body to any
 // Location. A redirect it does not follow is returned as the answer it is.
 func onOrigin(hc *http.Client, base *url.URL) *http.Client {
@@ -235,13 +234,14 @@ func (r *Response) Location() string {
 // method to path (a path joined to BaseURL, or an absolute URL on its
 // origin, as Get takes it) with body, retrying transport errors
 // and retryable answers with the same id and the same bytes. The body is
-// sent as it is when a []byte or json.RawMessage, read to its end when an io.Reader (at most
-// 64 MiB, held in memory for the retries; the reader is not closed, and
-// when ctx ends first Send returns and leaves the reader to the Read it is
-// in, as net/http does with a body: close the reader to end it), and
-// JSON-encoded otherwise (but a reader passed by value, a bytes.Buffer
-// say, is refused: it would encode as {}); nil, an empty []byte or
-// json.RawMessage or an empty reader send no body and no Content-Type. It returns the first 2xx answer — a 202 is the
+// sent as it is when a []byte or json.RawMessage, read to its end when an
+// io.Reader (at most 64 MiB, held in memory for the retries; the reader is
+// not closed, and when ctx ends first Send returns and leaves the reader
+// to the Read it is in, as net/http does with a body: close the reader to
+// end it), and JSON-encoded otherwise (but a reader passed by value, a
+// bytes.Buffer say, is refused: it would encode as {}); nil, an empty
+// []byte or json.RawMessage or an empty reader send no body and no
+// Content-Type. It returns the first 2xx answer — a 202 is the
 // server's promise, to be polled with Poll — or the final error: a *Problem
 // for an error answer (one matching ErrKeyReused returns at once), and
 // when the context ends or a Retry-After passes MaxRetryAfter, an error
@@ -278,11 +278,12 @@ func (c *Client) Get(ctx context.Context, target string) (*Response, error) {
 // and returns the last answer: the way to wait for what a 202 promised
 // (Poll(ctx, r.Location(), r.RetryAfter(), done)). It waits first (at most
 // MaxRetryAfter) before the first read, then between reads for the
-// answer's Retry-After (at most MaxRetryAfter), and never less than a jittered backoff that doubles from
-// MinBackoff up to MaxBackoff. It gives up with an error matching
-// context.DeadlineExceeded rather than start a wait that would pass
-// PollTimeout or the context's deadline. An empty target (a 202 without a
-// Location) is refused: Poll does not read BaseURL itself.
+// answer's Retry-After (at most MaxRetryAfter), and never less than a
+// jittered backoff that doubles from MinBackoff up to MaxBackoff. It gives
+// up with an error matching context.DeadlineExceeded rather than start a
+// wait that would pass PollTimeout or the context's deadline. An empty
+// target (a 202 without a Location) is refused: Poll does not read BaseURL
+// itself.
 func (c *Client) Poll(ctx context.Context, target string, first time.Duration, done func(*Response) (bool, error)) (*Response, error) {
 	if target == "" {
 		return nil, errors.New("client: poll: no target: the answer had no Location header to poll")
