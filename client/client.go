@@ -48,13 +48,21 @@ const maxAnswer = 64 << 20
 // the OpenAI and Stripe Go SDKs' choices: docs/client.md.
 type Config struct {
 	// BaseURL is the API's URL, e.g. "https://api.example.com". Required:
-	// an absolute http or https URL.
+	// an absolute http or https URL, with no query or fragment (a path is
+	// joined to it).
 	BaseURL string
 	// Header is sent with every request (an Authorization header, say),
-	// and only to BaseURL's origin. Optional.
+	// and only to BaseURL's origin. Optional. New panics on a field no
+	// request can carry (a token read with its newline), naming the field
+	// but not the value.
 	Header http.Header
 	// HTTPClient sends the requests. Optional. Default: a client with a
-	// 10 s timeout.
+	// 10 s timeout. The Client uses a copy whose CheckRedirect follows a
+	// redirect only on BaseURL's origin (then as HTTPClient's own
+	// CheckRedirect says, by default at most 10): a redirect elsewhere, or
+	// past the tenth, is returned as the redirect answer's *Problem, as the
+	// request would carry Config.Header, the Idempotency-Key and the body
+	// there.
 	HTTPClient *http.Client
 	// MaxAttempts bounds the attempts of one Send or Get. Optional.
 	// Default 6.
@@ -64,7 +72,8 @@ type Config struct {
 	// that clients that failed together do not retry in lock-step.
 	// Optional. Default 100ms.
 	MinBackoff time.Duration
-	// MaxBackoff caps the backoff. Optional. Default 5s.
+	// MaxBackoff caps the backoff, the first too (a MinBackoff above it is
+	// cut to it). Optional. Default 5s, or MinBackoff if that is longer.
 	MaxBackoff time.Duration
 	// MaxRetryAfter is the longest wait a Send or Get takes on an answer's
 	// retry-after-ms or Retry-After (when it asks for more than the
@@ -72,8 +81,8 @@ type Config struct {
 	// MaxRetryAfter). An answer that asks for longer ends the call at once
 	// with its *Problem, whose RetryAfter says how long the server asked
 	// for: a wait that long is the caller's to schedule. Poll cuts a 2xx
-	// answer's longer Retry-After to MaxRetryAfter. Optional. Default 1
-	// minute.
+	// answer's longer Retry-After, and its first wait, to MaxRetryAfter.
+	// Optional. Default 1 minute.
 	MaxRetryAfter time.Duration
 	// PollTimeout bounds one Poll, its waits and reads together: Poll ends
 	// with an error matching context.DeadlineExceeded rather than start a
@@ -99,7 +108,8 @@ type Client struct {
 }
 
 // New returns a Client. It panics if BaseURL is not an absolute http or
-// https URL.
+// https URL, or has a query or a fragment, or if Header holds a field no
+// request can carry (a value with a newline, say).
 func New(cfg Config) *Client {
 	if cfg.BaseURL == "" {
 		panic("client: BaseURL is required")
@@ -107,12 +117,20 @@ func New(cfg Config) *Client {
 	cfg.BaseURL = strings.TrimRight(cfg.BaseURL, "/")
 	base, err := url.Parse(cfg.BaseURL)
 	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
-		panic(fmt.Sprintf("client: BaseURL %q is no absolute http or https URL", cfg.BaseURL))
+		panic(fmt.Sprintf("client: BaseURL %q is no absolute http or https URL", redacted(cfg.BaseURL)))
+	}
+	if strings.ContainsAny(cfg.BaseURL, "?#") {
+		// A path joined to it would land in the query or the fragment.
+		panic(fmt.Sprintf("client: BaseURL %q has a query or a fragment; a path is joined to it", redacted(cfg.BaseURL)))
 	}
 	cfg.Header = cfg.Header.Clone() // the caller may reuse its map
+	if err := checkHeader(cfg.Header); err != nil {
+		panic(err.Error())
+	}
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{Timeout: 10 * time.Second}
 	}
+	cfg.HTTPClient = onOrigin(cfg.HTTPClient, base)
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = 6
 	}
@@ -120,8 +138,9 @@ func New(cfg Config) *Client {
 		cfg.MinBackoff = 100 * time.Millisecond
 	}
 	if cfg.MaxBackoff <= 0 {
-		cfg.MaxBackoff = 5 * time.Second
+		cfg.MaxBackoff = max(5*time.Second, cfg.MinBackoff)
 	}
+	cfg.MinBackoff = min(cfg.MinBackoff, cfg.MaxBackoff)
 	if cfg.MaxRetryAfter <= 0 {
 		cfg.MaxRetryAfter = time.Minute
 	}
@@ -132,6 +151,28 @@ func New(cfg Config) *Client {
 		cfg.Sleep = sleep
 	}
 	return &Client{cfg: cfg, base: base, now: time.Now, randN: rand.Int64N, maxAnswer: maxAnswer, maxRequestBody: maxRequestBody}
+}
+
+// onOrigin returns a copy of hc that follows a redirect only on base's
+// origin, and then as hc's CheckRedirect allows (by default at most 10):
+// net/http would copy the request's headers (all but Authorization and Cookie to another
+// domain, those too to a subdomain or another port) and its body to any
+// Location. A redirect it does not follow is returned as the answer it is.
+func onOrigin(hc *http.Client, base *url.URL) *http.Client {
+	own := *hc
+	check := hc.CheckRedirect
+	own.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		switch {
+		case !sameOrigin(req.URL, base):
+			return http.ErrUseLastResponse
+		case check != nil:
+			return check(req, via)
+		case len(via) >= 10:
+			return http.ErrUseLastResponse
+		}
+		return nil
+	}
+	return &own
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
@@ -193,10 +234,14 @@ func (r *Response) Location() string {
 // method to path (a path joined to BaseURL, or an absolute URL on its
 // origin, as Get takes it) with body, retrying transport errors
 // and retryable answers with the same id and the same bytes. The body is
-// sent as it is when a []byte, read to its end when an io.Reader (at most
-// 64 MiB, held in memory for the retries; the reader is not closed), and
-// JSON-encoded otherwise; nil, an empty []byte or an empty reader send no
-// body and no Content-Type. It returns the first 2xx answer — a 202 is the
+// sent as it is when a []byte or json.RawMessage, read to its end when an
+// io.Reader (at most 64 MiB, held in memory for the retries; the reader is
+// not closed, and when ctx ends first Send returns and leaves the reader
+// to the Read it is in, as net/http does with a body: close the reader to
+// end it), and JSON-encoded otherwise (but a reader passed by value, a
+// bytes.Buffer say, is refused: it would encode as {}); nil, an empty
+// []byte or json.RawMessage or an empty reader send no body and no
+// Content-Type. It returns the first 2xx answer — a 202 is the
 // server's promise, to be polled with Poll — or the final error: a *Problem
 // for an error answer (one matching ErrKeyReused returns at once), and
 // when the context ends or a Retry-After passes MaxRetryAfter, an error
@@ -209,7 +254,7 @@ func (c *Client) Send(ctx context.Context, method, path, requestID string, body 
 	if err != nil {
 		return nil, err
 	}
-	data, err := requestBody(body, c.maxRequestBody)
+	data, err := requestBody(ctx, body, c.maxRequestBody)
 	if err != nil {
 		return nil, err
 	}
@@ -231,13 +276,18 @@ func (c *Client) Get(ctx context.Context, target string) (*Response, error) {
 
 // Poll reads target (as Get takes it) until done reports true or an error,
 // and returns the last answer: the way to wait for what a 202 promised
-// (Poll(ctx, r.Location(), r.RetryAfter(), done)). It waits first before
-// the first read, then between reads for the answer's Retry-After (at most
-// MaxRetryAfter), and never less than a jittered backoff that doubles from
-// MinBackoff up to MaxBackoff. It gives up with an error matching
-// context.DeadlineExceeded rather than start a wait that would pass
-// PollTimeout or the context's deadline.
+// (Poll(ctx, r.Location(), r.RetryAfter(), done)). It waits first (at most
+// MaxRetryAfter) before the first read, then between reads for the
+// answer's Retry-After (at most MaxRetryAfter), and never less than a
+// jittered backoff that doubles from MinBackoff up to MaxBackoff. It gives
+// up with an error matching context.DeadlineExceeded rather than start a
+// wait that would pass PollTimeout or the context's deadline. An empty
+// target (a 202 without a Location) is refused: Poll does not read BaseURL
+// itself.
 func (c *Client) Poll(ctx context.Context, target string, first time.Duration, done func(*Response) (bool, error)) (*Response, error) {
+	if target == "" {
+		return nil, errors.New("client: poll: no target: the answer had no Location header to poll")
+	}
 	u, err := c.resolve(target)
 	if err != nil {
 		return nil, err
@@ -245,18 +295,18 @@ func (c *Client) Poll(ctx context.Context, target string, first time.Duration, d
 	end := c.now().Add(c.cfg.PollTimeout)
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.PollTimeout) // bounds a read in flight too
 	defer cancel()
-	wait := max(first, 0)
+	wait := min(max(first, 0), c.cfg.MaxRetryAfter) // first is most often a 202's Retry-After
 	backoff := c.cfg.MinBackoff
 	for {
 		now := c.now()
 		if now.Add(wait).After(end) {
-			return nil, fmt.Errorf("client: poll %s: a wait of %v would pass PollTimeout (%v): %w", target, wait.Round(time.Millisecond), c.cfg.PollTimeout, context.DeadlineExceeded)
+			return nil, fmt.Errorf("client: poll %s: a wait of %v would pass PollTimeout (%v): %w", redacted(u), wait.Round(time.Millisecond), c.cfg.PollTimeout, context.DeadlineExceeded)
 		}
 		if err := waitPastDeadline(ctx, now, wait); err != nil {
-			return nil, fmt.Errorf("client: poll %s: %w", target, err)
+			return nil, fmt.Errorf("client: poll %s: %w", redacted(u), err)
 		}
 		if err := c.cfg.Sleep(ctx, wait); err != nil {
-			return nil, fmt.Errorf("client: poll %s: %w", target, err)
+			return nil, fmt.Errorf("client: poll %s: %w", redacted(u), err)
 		}
 		r, err := c.do(ctx, http.MethodGet, u, "", nil)
 		if err != nil {
@@ -270,7 +320,7 @@ func (c *Client) Poll(ctx context.Context, target string, first time.Duration, d
 		// MaxRetryAfter: it knows better when the work will have moved on,
 		// but a Poll must still come back within reason.
 		wait = max(c.hintWait(min(r.RetryAfter(), c.cfg.MaxRetryAfter)), c.backoffWait(backoff))
-		backoff = min(2*backoff, c.cfg.MaxBackoff)
+		backoff = c.nextBackoff(backoff)
 	}
 }
 
@@ -282,13 +332,31 @@ func (c *Client) resolve(target string) (string, error) {
 		return c.cfg.BaseURL + target, nil
 	}
 	u, err := url.Parse(target)
-	if err != nil || !u.IsAbs() {
-		return "", fmt.Errorf("client: %q is neither a path (/...) nor an absolute URL; Response.Location resolves a Location header", target)
+	if err != nil {
+		// Not a *url.Error itself: it quotes the whole target, a password
+		// too.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return "", fmt.Errorf("client: target is neither a path (/...) nor an absolute URL: %w", err)
+	}
+	if !u.IsAbs() {
+		return "", fmt.Errorf("client: %q is neither a path (/...) nor an absolute URL; Response.Location resolves a Location header", u.Redacted())
 	}
 	if !sameOrigin(u, c.base) {
 		return "", fmt.Errorf("client: %s is not on the API's origin %s://%s: Config.Header is sent there only", u.Redacted(), c.base.Scheme, c.base.Host)
 	}
 	return u.String(), nil
+}
+
+// redacted is URL u for an error message: its password, if any, shown as
+// "xxxxx" (url.URL.Redacted), as errors end up in logs.
+func redacted(u string) string {
+	if parsed, err := url.Parse(u); err == nil {
+		return parsed.Redacted()
+	}
+	return u
 }
 
 // sameOrigin reports whether a and b share scheme, host and port.
@@ -320,9 +388,9 @@ func (c *Client) do(ctx context.Context, method, u, requestID string, body []byt
 		}
 		gaveUp := func(why error) error {
 			if last != nil && !errors.Is(why, last) {
-				return fmt.Errorf("client: %s %s: gave up after %d attempts: %w (last answer: %w)", method, u, attempt, why, last)
+				return fmt.Errorf("client: %s %s: gave up after %d attempts: %w (last answer: %w)", method, redacted(u), attempt, why, last)
 			}
-			return fmt.Errorf("client: %s %s: gave up after %d attempts: %w", method, u, attempt, why)
+			return fmt.Errorf("client: %s %s: gave up after %d attempts: %w", method, redacted(u), attempt, why)
 		}
 		var hint time.Duration
 		retry := false
@@ -348,10 +416,10 @@ func (c *Client) do(ctx context.Context, method, u, requestID string, body []byt
 		case attempt >= c.cfg.MaxAttempts:
 			return nil, gaveUp(err)
 		case hint > c.cfg.MaxRetryAfter:
-			return nil, fmt.Errorf("client: %s %s: the server asks for a retry after %v, longer than MaxRetryAfter (%v): %w", method, u, hint.Round(time.Second), c.cfg.MaxRetryAfter, p)
+			return nil, fmt.Errorf("client: %s %s: the server asks for a retry after %v, longer than MaxRetryAfter (%v): %w", method, redacted(u), hint.Round(time.Second), c.cfg.MaxRetryAfter, p)
 		}
 		wait := max(c.hintWait(hint), c.backoffWait(backoff))
-		backoff = min(2*backoff, c.cfg.MaxBackoff)
+		backoff = c.nextBackoff(backoff)
 		if why := waitPastDeadline(ctx, c.now(), wait); why != nil {
 			if p == nil {
 				why = fmt.Errorf("%w, and %w", err, why)
@@ -407,7 +475,7 @@ func (c *Client) once(ctx context.Context, method, u, requestID string, body []b
 		return nil, problemFrom(resp, data[:min(len(data), c.maxAnswer)])
 	}
 	if len(data) > c.maxAnswer {
-		return nil, fmt.Errorf("client: %s %s: answered %d: %w", method, u, resp.StatusCode, ErrAnswerTooLarge)
+		return nil, fmt.Errorf("client: %s %s: answered %d: %w", method, redacted(u), resp.StatusCode, ErrAnswerTooLarge)
 	}
 	return &Response{
 		Status:   resp.StatusCode,
@@ -416,6 +484,28 @@ func (c *Client) once(ctx context.Context, method, u, requestID string, body []b
 		Replayed: resp.Header.Get("Idempotent-Replayed") == "true",
 		url:      resp.Request.URL,
 	}, nil
+}
+
+// checkHeader refuses a header net/http cannot send: a field name that is
+// no token, a value with a control character (but tab). It names the
+// field, never the value (a credential, often).
+func checkHeader(h http.Header) error {
+	for name, values := range h {
+		if name == "" || strings.IndexFunc(name, func(r rune) bool { return !isTokenChar(r) }) >= 0 {
+			return fmt.Errorf("client: Config.Header field name %q is no token", name)
+		}
+		for _, v := range values {
+			if strings.IndexFunc(v, func(r rune) bool { return (r < ' ' && r != '\t') || r == 0x7f }) >= 0 {
+				return fmt.Errorf("client: Config.Header %s has a value with a control character (a newline?), which no request can carry", name)
+			}
+		}
+	}
+	return nil
+}
+
+// isTokenChar reports whether r may appear in a field name (RFC 9110 tchar).
+func isTokenChar(r rune) bool {
+	return r < 0x7f && (r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("!#$%&'*+-.^_`|~", r))
 }
 
 // checkRequestID refuses an id that no Idempotency-Key can carry: the

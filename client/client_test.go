@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -670,14 +671,283 @@ func TestGetRefusesATargetOffTheAPI(t *testing.T) {
 
 func TestNewPanicsOnABaseURLThatIsNoHTTPURL(t *testing.T) {
 	t.Parallel()
-	for _, given := range []string{"", "localhost:8080", "/v1", "ftp://example.com", "http://"} {
+	for _, given := range []string{"", "localhost:8080", "/v1", "ftp://example.com", "http://",
+		"https://api.example.com/v1?key=1", "https://api.example.com/v1#top", "http://h/%zz"} { // a path would be joined after the query or fragment
 		func() {
 			defer func() {
-				if recover() == nil {
+				if r := recover(); r == nil {
 					t.Errorf("New(BaseURL %q) did not panic", given)
+				} else if _, ok := r.(string); !ok {
+					t.Errorf("New(BaseURL %q) panicked with %v, want its own message", given, r)
 				}
 			}()
 			New(Config{BaseURL: given})
 		}()
 	}
+}
+
+// TestRedirectOffTheOriginIsNotFollowed: a server's redirect to another
+// origin (here the same host on another port, where net/http would copy
+// even Authorization) is answered to the caller as a *Problem, never
+// followed: the request would carry Config.Header, the Idempotency-Key and
+// the body there. A redirect on the origin is followed as before.
+func TestRedirectOffTheOriginIsNotFollowed(t *testing.T) {
+	t.Parallel()
+	other := newFakeServer(t, answer{status: 201})
+	srv := newFakeServer(t,
+		answer{status: http.StatusTemporaryRedirect, header: map[string]string{"Location": other.URL + "/steal"}},
+		answer{status: http.StatusTemporaryRedirect, header: map[string]string{"Location": "/v2/payments"}},
+		answer{status: 201},
+	)
+	c := newTestClient(Config{BaseURL: srv.URL, Header: http.Header{"Authorization": {"Bearer tok"}, "X-Api-Key": {"secret"}}, Sleep: recordSleeps(new([]time.Duration))})
+
+	_, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", "k", map[string]int{"amount": 1})
+	var p *Problem
+	if !errors.As(err, &p) || p.Status != http.StatusTemporaryRedirect {
+		t.Errorf("Send redirected off the origin = %v, want the 307 as a *Problem", err)
+	}
+	if keys, _, bodies, auth := other.seen(); len(keys) != 0 {
+		t.Errorf("the other origin saw %d requests (keys %q, bodies %q, Authorization %q), want none", len(keys), keys, bodies, auth)
+	}
+
+	r, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", "k", map[string]int{"amount": 1})
+	if err != nil || r.Status != 201 {
+		t.Fatalf("Send redirected on the origin = %v, %v; want the 201", r, err)
+	}
+	keys, paths, bodies, auth := srv.seen()
+	if want := []string{"POST /v1/payments", "POST /v1/payments", "POST /v2/payments"}; !slices.Equal(paths, want) || keys[2] != "k" || bodies[2] != `{"amount":1}` || auth[2] != "Bearer tok" {
+		t.Errorf("the origin saw %q with keys %q, bodies %q, Authorization %q; want %q, the redirect with the same key, body and header", paths, keys, bodies, auth, want)
+	}
+}
+
+// TestARedirectLoopIsNotRetried: against a server that redirects forever,
+// the tenth redirect answer comes back as a *Problem after 10 requests (as
+// many as net/http follows), not MaxAttempts rounds of them: retrying
+// cannot end a loop.
+func TestARedirectLoopIsNotRetried(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	requests := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		requests++
+		mu.Unlock()
+		http.Redirect(w, r, "/v1/loop", http.StatusFound)
+	}))
+	t.Cleanup(srv.Close)
+	c := newTestClient(Config{BaseURL: srv.URL, Sleep: recordSleeps(new([]time.Duration))})
+
+	_, err := c.Get(context.Background(), "/v1/loop")
+
+	var p *Problem
+	if !errors.As(err, &p) || p.Status != http.StatusFound {
+		t.Errorf("Get = %v, want the 302 as a *Problem", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if requests != 10 {
+		t.Errorf("the server saw %d requests, want 10", requests)
+	}
+}
+
+// TestPollNeedsATarget: a 202 without a Location gives Poll an empty
+// target; Poll refuses it before reading anything, rather than poll
+// BaseURL itself (an empty path to Send and Get) and take the API's root
+// for the task.
+func TestPollNeedsATarget(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t, answer{status: 202})
+	c := newTestClient(Config{BaseURL: srv.URL + "/api", Sleep: recordSleeps(new([]time.Duration))})
+
+	r, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", "k", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Poll(context.Background(), r.Location(), r.RetryAfter(), func(*Response) (bool, error) { return true, nil })
+
+	if err == nil || !strings.Contains(err.Error(), "Location") {
+		t.Errorf("Poll(%q) = %v, want a refusal naming the missing Location", r.Location(), err)
+	}
+	if _, paths, _, _ := srv.seen(); len(paths) != 1 {
+		t.Errorf("the server saw %q, want the POST alone", paths)
+	}
+}
+
+// TestErrorsNeverShowAURLsPassword: a password in BaseURL or in a Location
+// (user:password@host) is left out of every error the client returns, as
+// net/http leaves it out of its own: errors end up in logs.
+func TestErrorsNeverShowAURLsPassword(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t,
+		answer{drop: true},
+		answer{status: 200, body: strings.Repeat("x", 11)},
+		withHeader(problem(503, "upstream_down", "true"), "Retry-After", "3600"),
+	)
+	withPassword := strings.Replace(srv.URL, "http://", "http://user:s3cret@", 1)
+	c := newTestClient(Config{BaseURL: withPassword, MaxAttempts: 1, PollTimeout: time.Minute, Sleep: recordSleeps(new([]time.Duration))})
+	c.maxAnswer = 10
+
+	var errs []error
+	_, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", "k", nil) // dropped
+	errs = append(errs, err)
+	_, err = c.Get(context.Background(), "/v1/exports/e1") // too large
+	errs = append(errs, err)
+	c.cfg.MaxAttempts = 2
+	_, err = c.Get(context.Background(), "/v1/exports/e1") // Retry-After over MaxRetryAfter
+	errs = append(errs, err)
+	_, err = c.Poll(context.Background(), withPassword+"/v1/tasks/t1", time.Hour, nil) // a wait past PollTimeout
+	errs = append(errs, err)
+	_, err = c.Poll(context.Background(), "http://user:s3cret@evil.example/v1/tasks/t1", 0, nil) // another origin
+	errs = append(errs, err)
+	_, err = c.Get(context.Background(), "//user:s3cret@evil.example/v1/tasks/t1") // a network-path reference
+	errs = append(errs, err)
+	_, err = c.Get(context.Background(), "//user:s3cret@evil.example/%zz") // no URL at all
+	errs = append(errs, err)
+
+	for i, err := range errs {
+		if err == nil || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("error %d = %v, want an error without the password", i, err)
+		}
+	}
+}
+
+// TestPollCutsTheFirstWaitToMaxRetryAfter: the documented
+// Poll(ctx, r.Location(), r.RetryAfter(), done) cuts a 202's long
+// Retry-After to MaxRetryAfter, as it cuts every later answer's, rather
+// than give up at once because the hint alone would pass PollTimeout.
+func TestPollCutsTheFirstWaitToMaxRetryAfter(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t,
+		answer{status: 202, header: map[string]string{"Location": "/v1/tasks/t1", "Retry-After": "3600"}},
+		answer{status: 200, body: `{"status":"succeeded"}`},
+	)
+	var waits []time.Duration
+	c := newTestClient(Config{BaseURL: srv.URL, Sleep: recordSleeps(&waits)})
+
+	r, err := c.Send(context.Background(), http.MethodPost, "/v1/exports", "k", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Poll(context.Background(), r.Location(), r.RetryAfter(), func(*Response) (bool, error) { return true, nil })
+
+	if err != nil || !slices.Equal(waits, []time.Duration{time.Minute}) {
+		t.Errorf("Poll = %v after waits %v, want success after one wait of MaxRetryAfter (1m)", err, waits)
+	}
+}
+
+// TestHTTPClientsCheckRedirectDecidesOnTheOriginOnly: a caller's
+// CheckRedirect that allows every redirect still never lets one leave the
+// origin; on the origin it decides (here: refusing all, so the 307 comes
+// back), and the caller's HTTPClient itself is left as it was.
+func TestHTTPClientsCheckRedirectDecidesOnTheOriginOnly(t *testing.T) {
+	t.Parallel()
+	other := newFakeServer(t)
+	srv := newFakeServer(t,
+		answer{status: http.StatusTemporaryRedirect, header: map[string]string{"Location": other.URL + "/steal"}},
+		answer{status: http.StatusTemporaryRedirect, header: map[string]string{"Location": "/v2/payments"}},
+	)
+	allowAll := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return nil }}
+	c := newTestClient(Config{BaseURL: srv.URL, HTTPClient: allowAll, Header: http.Header{"X-Api-Key": {"secret"}}, Sleep: recordSleeps(new([]time.Duration))})
+	var p *Problem
+	if _, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", "k", nil); !errors.As(err, &p) || p.Status != http.StatusTemporaryRedirect {
+		t.Errorf("Send redirected off the origin = %v, want the 307 as a *Problem", err)
+	}
+	if keys, _, _, _ := other.seen(); len(keys) != 0 {
+		t.Errorf("the other origin saw %d requests, want none", len(keys))
+	}
+	allowAll.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	refuseAll := allowAll
+	c = newTestClient(Config{BaseURL: srv.URL, HTTPClient: refuseAll, Sleep: recordSleeps(new([]time.Duration))})
+	if _, err := c.Send(context.Background(), http.MethodPost, "/v1/payments", "k", nil); !errors.As(err, &p) || p.Status != http.StatusTemporaryRedirect {
+		t.Errorf("Send redirected on the origin with a CheckRedirect refusing it = %v, want the 307 as a *Problem", err)
+	}
+	if _, paths, _, _ := srv.seen(); len(paths) != 2 {
+		t.Errorf("the origin saw %q, want two requests", paths)
+	}
+}
+
+// TestConcurrentSendsRetryAndPoll: 64 goroutines share one Client, each
+// Send meeting a 503 before its 202 and each Poll a 503 before its 200 (run
+// under -race): every retry carries its own Send's key and body, never
+// another's, and Config.Header goes with every request.
+func TestConcurrentSendsRetryAndPoll(t *testing.T) {
+	t.Parallel()
+	const senders = 64
+	var mu sync.Mutex
+	seen := map[string][]string{} // "METHOD path key" -> bodies
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		k := r.Method + " " + r.URL.Path + " " + r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		seen[k] = append(seen[k], string(body)+" "+r.Header.Get("X-Api-Key"))
+		n := len(seen[k])
+		mu.Unlock()
+		switch {
+		case n == 1:
+			w.WriteHeader(http.StatusServiceUnavailable)
+		case r.Method == http.MethodPost:
+			w.Header().Set("Location", "/v1/tasks/"+r.Header.Get("Idempotency-Key"))
+			w.WriteHeader(http.StatusAccepted)
+		default:
+			io.WriteString(w, `{"status":"succeeded"}`)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	c := New(Config{BaseURL: srv.URL, Header: http.Header{"X-Api-Key": {"secret"}}, Sleep: recordSleeps(new([]time.Duration))})
+
+	var wg sync.WaitGroup
+	for i := range senders {
+		wg.Go(func() {
+			id := RequestID("export", i)
+			r, err := c.Send(context.Background(), http.MethodPost, "/v1/exports", id, map[string]int{"n": i})
+			if err != nil {
+				t.Errorf("Send %d: %v", i, err)
+				return
+			}
+			if _, err := c.Poll(context.Background(), r.Location(), r.RetryAfter(), func(*Response) (bool, error) { return true, nil }); err != nil {
+				t.Errorf("Poll %d: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range senders {
+		id := RequestID("export", i)
+		body := fmt.Sprintf(`{"n":%d} secret`, i)
+		if got := seen["POST /v1/exports "+id]; !slices.Equal(got, []string{body, body}) {
+			t.Errorf("Send %d: the server saw %q under its key, want %q twice", i, got, body)
+		}
+		if got := seen["GET /v1/tasks/"+id+" "]; !slices.Equal(got, []string{" secret", " secret"}) {
+			t.Errorf("Poll %d: the server saw %q, want two reads with the header", i, got)
+		}
+	}
+}
+
+// TestNewPanicsOnAHeaderThatCannotBeSent: a Config.Header no request can
+// carry (a token read from a file with its newline) is refused by New, as a
+// BaseURL it cannot use is, without printing the value (a credential);
+// it is not an error each Send retries MaxAttempts times as if the
+// network had failed.
+func TestNewPanicsOnAHeaderThatCannotBeSent(t *testing.T) {
+	t.Parallel()
+	for _, given := range []http.Header{
+		{"Authorization": {"Bearer s3cret\n"}},
+		{"Authorization": {"Bearer s3cret\r\nX-Injected: 1"}},
+		{"X-Api-Key": {"s3cret\x00"}},
+		{"Bad Name": {"v"}},
+		{"": {"v"}},
+	} {
+		func() {
+			defer func() {
+				r := recover()
+				if msg, ok := r.(string); !ok || strings.Contains(msg, "s3cret") {
+					t.Errorf("New(Header %q) panicked with %v, want a panic of its own without the value", given, r)
+				}
+			}()
+			New(Config{BaseURL: "https://api.example.com", Header: given})
+		}()
+	}
+	New(Config{BaseURL: "https://api.example.com", Header: http.Header{"Authorization": {"Bearer\ttok"}, "X-Empty": {""}}})
 }

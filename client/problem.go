@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -98,26 +99,45 @@ func problemFrom(resp *http.Response, body []byte) *Problem {
 // decodeProblem reads a JSON object's problem members one by one: a member
 // of an unexpected type (a proxy's "title": 7, a string "status") is left
 // out alone, so that the code, which decides retries and ErrKeyReused,
-// survives it. The status comes from the answer, never from the body. It
-// reports false for a body that is no JSON object.
+// survives it; so is each occurrence of a member named twice, the last of
+// the expected type counting (as encoding/json reads one). The status comes
+// from the answer, never from the body. It reports false for a body that is
+// no JSON object.
 func decodeProblem(body []byte) (*Problem, bool) {
-	var members map[string]json.RawMessage
-	if json.Unmarshal(body, &members) != nil || members == nil {
+	if !json.Valid(body) {
+		return nil, false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return nil, false
 	}
 	p := &Problem{}
-	for name, dst := range map[string]*string{"type": &p.Type, "title": &p.Title, "detail": &p.Detail, "code": &p.Code} {
-		var s string
-		if raw, ok := members[name]; ok && json.Unmarshal(raw, &s) == nil {
-			*dst = s
+	strs := map[string]*string{"type": &p.Type, "title": &p.Title, "detail": &p.Detail, "code": &p.Code}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, false
 		}
-	}
-	var changed []json.RawMessage
-	if raw, ok := members["changed"]; ok && json.Unmarshal(raw, &changed) == nil {
-		for _, c := range changed {
+		name, _ := tok.(string)
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, false
+		}
+		if dst, ok := strs[name]; ok {
 			var s string
-			if json.Unmarshal(c, &s) == nil {
-				p.Changed = append(p.Changed, s)
+			if bytes.HasPrefix(raw, []byte(`"`)) && json.Unmarshal(raw, &s) == nil {
+				*dst = s
+			}
+			continue
+		}
+		var changed []json.RawMessage
+		if name == "changed" && json.Unmarshal(raw, &changed) == nil {
+			p.Changed = nil
+			for _, c := range changed {
+				var s string
+				if json.Unmarshal(c, &s) == nil {
+					p.Changed = append(p.Changed, s)
+				}
 			}
 		}
 	}

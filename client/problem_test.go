@@ -11,8 +11,9 @@ import (
 )
 
 // TestProblemDecodedMemberByMember: a member of an unexpected type is
-// dropped alone; the rest of the problem (its code above all) is kept, so
-// a key_reused answer still matches ErrKeyReused and is never retried.
+// dropped alone, a duplicate of such a type too; the rest of the problem
+// (its code above all) is kept, so a key_reused answer still matches
+// ErrKeyReused and is never retried.
 func TestProblemDecodedMemberByMember(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -34,6 +35,10 @@ func TestProblemDecodedMemberByMember(t *testing.T) {
 			wantCode: "key_reused", wantTitle: "Conflict", wantReused: true},
 		{name: "a code of another type", given: `{"code":409,"title":"Conflict"}`, wantTitle: "Conflict"},
 		{name: "not an object", given: `["key_reused"]`, wantTitle: "Conflict", wantDetail: `["key_reused"]`},
+		{name: "a duplicate code of another type after it", given: `{"code":"key_reused","code":7}`,
+			wantCode: "key_reused", wantTitle: "Conflict", wantReused: true},
+		{name: "a duplicate code of another type before it", given: `{"code":null,"code":"key_reused","code":{}}`,
+			wantCode: "key_reused", wantTitle: "Conflict", wantReused: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -51,6 +51,15 @@ func parseDelay(v string, unit time.Duration) (time.Duration, bool) {
 	return time.Duration(f * float64(unit)), true
 }
 
+// nextBackoff doubles backoff b up to MaxBackoff, without overflowing
+// whatever the cap.
+func (c *Client) nextBackoff(b time.Duration) time.Duration {
+	if b > c.cfg.MaxBackoff/2 {
+		return c.cfg.MaxBackoff
+	}
+	return 2 * b
+}
+
 // backoffWait draws the wait for backoff b from [b/2, b]: clients that
 // failed together spread out instead of retrying in lock-step, and none
 // waits less than half the backoff.

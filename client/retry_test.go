@@ -241,3 +241,65 @@ func FuzzRetryAfter(f *testing.F) {
 		}
 	})
 }
+
+// TestBackoffStaysWithinItsBounds: MaxBackoff caps every backoff, the first
+// too; a MinBackoff set above the default cap raises that default instead
+// (the caller asked for longer waits); a cap too large to double toward
+// ("no cap") never overflows into a zero or negative wait.
+func TestBackoffStaysWithinItsBounds(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		givenMin  time.Duration
+		givenMax  time.Duration
+		wantWaits []time.Duration // jitter drawn as 0: the backoffs themselves
+	}{
+		{name: "MinBackoff over an explicit MaxBackoff is capped", givenMin: 10 * time.Second, givenMax: 2 * time.Second,
+			wantWaits: []time.Duration{2 * time.Second, 2 * time.Second, 2 * time.Second}},
+		{name: "MinBackoff over the default MaxBackoff raises it", givenMin: 10 * time.Second,
+			wantWaits: []time.Duration{10 * time.Second, 10 * time.Second, 10 * time.Second}},
+		{name: "a cap too large to double toward", givenMin: 1 << 61, givenMax: 1<<63 - 1,
+			wantWaits: []time.Duration{1 << 61, 1 << 62, 1<<63 - 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			unavailable := problem(503, "store_unavailable", "")
+			srv := newFakeServer(t, unavailable, unavailable, unavailable, answer{status: 201})
+			var waits []time.Duration
+			c := newTestClient(Config{BaseURL: srv.URL, MinBackoff: tt.givenMin, MaxBackoff: tt.givenMax, Sleep: recordSleeps(&waits)})
+
+			_, err := c.Send(context.Background(), http.MethodPost, "/x", "k", nil)
+
+			if err != nil || !slices.Equal(waits, tt.wantWaits) {
+				t.Errorf("Send = %v after waits %v, want success after %v", err, waits, tt.wantWaits)
+			}
+		})
+	}
+}
+
+// TestJitterAtItsTopStaysWithinTheCaps: with the jitter drawn at the far
+// end of its range, a backoff b waits b/2 (never 0), a hint h waits 1.25h
+// but never past MaxRetryAfter, and a hint of exactly MaxRetryAfter is
+// waited as it is.
+func TestJitterAtItsTopStaysWithinTheCaps(t *testing.T) {
+	t.Parallel()
+	unavailable := problem(503, "store_unavailable", "true")
+	srv := newFakeServer(t,
+		unavailable,
+		withHeader(unavailable, "Retry-After", "40"),
+		withHeader(unavailable, "Retry-After", "60"),
+		withHeader(unavailable, "Retry-After-Ms", "1"),
+		answer{status: 201},
+	)
+	var waits []time.Duration
+	c := New(Config{BaseURL: srv.URL, MinBackoff: 3, Sleep: recordSleeps(&waits)})
+	c.randN = func(n int64) int64 { return n - 1 }
+
+	_, err := c.Send(context.Background(), http.MethodPost, "/x", "k", nil)
+
+	want := []time.Duration{2, 50 * time.Second, time.Minute, 1250 * time.Microsecond}
+	if err != nil || !slices.Equal(waits, want) {
+		t.Errorf("Send = %v after waits %v, want success after %v", err, waits, want)
+	}
+}
