@@ -1,0 +1,141 @@
+package pgstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgate/idemgate/internal/wait"
+)
+
+// isolationLevels are the values of default_transaction_isolation a
+// database may run with; the queue must be correct under each.
+var isolationLevels = []string{"read committed", "repeatable read", "serializable"}
+
+// storeAt returns a Store on a new pool of db whose transactions default
+// to the isolation level (per connection: RuntimeParams), the schema
+// migrated first on a pool of its own.
+func (d testDB) storeAt(t testing.TB, level string) *Store {
+	t.Helper()
+	return d.storeWith(t, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
+		cfg.MaxConns = 8
+	})
+}
+
+// waitAdvisoryWaiter waits until a session waits for an advisory lock of
+// the class (two int4 keys: classid is the class, objsubid 2).
+func waitAdvisoryWaiter(t testing.TB, pool *pgxpool.Pool, class int) {
+	t.Helper()
+	wait.For(t, patience, fmt.Sprintf("a session waits for an advisory lock of the class %d", class), func() bool {
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks
+			WHERE locktype = 'advisory' AND classid = $1 AND objsubid = 2 AND NOT granted`, class).Scan(&n); err != nil {
+			t.Error(err)
+			return true
+		}
+		return n > 0
+	})
+}
+
+// A claim of a kind with MaxRunning counts the attempts holding a lease
+// after the kind's lock is granted, so that it sees a claim committed
+// while it waited for the lock, whatever default_transaction_isolation
+// says. Under REPEATABLE READ the claim's transaction took its snapshot
+// at the lock statement, before the lock was granted: it counted none
+// running and started a second attempt of a kind with MaxRunning 1.
+func TestClaimCountsClaimsCommittedWhileItWaitedForTheKindLock(t *testing.T) {
+	t.Parallel()
+	for _, level := range isolationLevels {
+		t.Run(level, func(t *testing.T) {
+			t.Parallel()
+			s, db := setup(t)
+			ctx := hangBound(t)
+			if err := s.SetKindLimits(ctx, "image", KindLimits{MaxRunning: 1}); err != nil {
+				t.Fatal(err)
+			}
+			mustSubmit(t, s, newTask("waiting"))
+
+			w := newWorker(t, db.storeAt(t, level), WorkerConfig{Kinds: []string{"image"},
+				Handler: func(context.Context, Task) Outcome { return Succeeded() }})
+
+			// Another claim holds the kind's lock while this one waits for it.
+			other, err := s.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Rollback(context.Background()) //nolint:errcheck // committed below
+			if _, err := other.Exec(ctx, `SELECT pg_advisory_xact_lock(8192, hashtext('image'))`); err != nil {
+				t.Fatal(err)
+			}
+			type claimed struct {
+				tasks []Task
+				err   error
+			}
+			done := make(chan claimed, 1)
+			go func() {
+				tasks, _, _, err := w.claim(ctx, 10)
+				done <- claimed{tasks, err}
+			}()
+			waitAdvisoryWaiter(t, s.pool, 8192)
+			// The other claim commits an attempt of a task the waiting claim's
+			// snapshot, if taken before the lock, would not see at all (it was
+			// submitted and claimed meanwhile): MaxRunning 1 is spent.
+			if _, err := other.Exec(ctx, `INSERT INTO idemgate_tasks (tenant, owner, kind, runtime, network,
+				idempotency_key, fingerprint, state, attempt, tries, lease_until, locked_by)
+				VALUES ('acme', 'owner-a', 'image', 'gpu', 'main', 'claimed-meanwhile', 'v1:aaaa', 'running', 1, 1,
+					now() + interval '1 hour', 'other')`); err != nil {
+				t.Fatal(err)
+			}
+			if err := other.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			got := <-done
+			if got.err != nil {
+				t.Fatalf("claim: %v", got.err)
+			}
+			if len(got.tasks) != 0 {
+				t.Fatalf("the claim started %d attempts (%s) beside the other claim's running one; want none: MaxRunning is 1",
+					len(got.tasks), got.tasks[0].IdempotencyKey)
+			}
+		})
+	}
+}
+
+// The sweep removes a line without waiting tasks and keeps a line with
+// one, whatever default_transaction_isolation says (it runs under READ
+// COMMITTED: its second step needs a snapshot newer than its locks).
+func TestSweepRemovesEmptyLinesUnderEveryIsolationLevel(t *testing.T) {
+	t.Parallel()
+	for _, level := range isolationLevels {
+		t.Run(level, func(t *testing.T) {
+			t.Parallel()
+			s, db := setup(t)
+			ctx := hangBound(t)
+			mustSubmit(t, s, tenantTask("waits", "k1"))
+			done := mustSubmit(t, s, tenantTask("done", "k2"))
+			if _, err := s.pool.Exec(ctx, `UPDATE idemgate_tasks SET state = 'succeeded', finished_at = now()
+				WHERE id = $1::uuid`, done.ID); err != nil {
+				t.Fatal(err)
+			}
+			sweepAll(t, db.storeAt(t, level))
+			if got, want := waitingLines(t, s), []string{"image/0/waits"}; !slices.Equal(got, want) {
+				t.Fatalf("after a sweep under %s: %v; want %v", level, got, want)
+			}
+		})
+	}
+}
+
+// isolationOf is the isolation level of tx's transaction.
+func isolationOf(t testing.TB, tx pgx.Tx) string {
+	t.Helper()
+	var level string
+	if err := tx.QueryRow(context.Background(), `SHOW transaction_isolation`).Scan(&level); err != nil {
+		t.Fatal(err)
+	}
+	return level
+}
