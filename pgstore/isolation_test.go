@@ -139,3 +139,99 @@ func isolationOf(t testing.TB, tx pgx.Tx) string {
 	}
 	return level
 }
+
+// poolAt opens a pool on db whose transactions default to the isolation
+// level, closed when the test ends.
+func (d testDB) poolAt(t testing.TB, level string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
+	cfg.MaxConns = 8
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// v9 fills idemgate_waiting_tenants from the waiting tasks after its
+// triggers hold the table, whatever default_transaction_isolation says: a
+// task a v8 node committed while the step waited for its table lock has
+// its line listed. Under REPEATABLE READ and SERIALIZABLE the step's
+// snapshot was taken by its first statement, before the lock wait, and
+// the fill missed that task; no trigger lists it later.
+func TestMigrateToV9ListsATaskCommittedWhileItWaitedForTheLock(t *testing.T) {
+	t.Parallel()
+	for _, level := range isolationLevels {
+		t.Run(level, func(t *testing.T) {
+			t.Parallel()
+			db := newTestDB(t)
+			ctx := hangBound(t)
+			old := newStore(db.pool(t))
+			old.test = &storeTestHooks{migrateSkip: []int{9, 10}}
+			if err := old.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// A v8 node's Submit, not yet committed, holds the tasks table.
+			v8, err := old.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer v8.Rollback(context.Background()) //nolint:errcheck // committed below
+			if _, err := v8.Exec(ctx, `INSERT INTO idemgate_tasks
+				(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, turn)
+				VALUES ('meanwhile', 'o', 'image', 'r', 'n', 'k1', 'f', 0)`); err != nil {
+				t.Fatal(err)
+			}
+			migrated := make(chan error, 1)
+			go func() { migrated <- newStore(db.poolAt(t, level)).Migrate(ctx) }()
+			wait.For(t, patience, "the migration waits for the tasks table's lock", func() bool {
+				var n int
+				if err := old.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks
+					WHERE relation = to_regclass('idemgate_tasks') AND NOT granted`).Scan(&n); err != nil {
+					t.Error(err)
+					return true
+				}
+				return n > 0
+			})
+			if err := v8.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-migrated; err != nil {
+				t.Fatal(err)
+			}
+			if got := waitingLines(t, old); !slices.Equal(got, []string{"image/0/meanwhile"}) {
+				t.Fatalf("after v9 under %s: waiting lines %v; want [image/0/meanwhile]", level, got)
+			}
+		})
+	}
+}
+
+// Every migration step runs correctly whatever
+// default_transaction_isolation says: from an empty database to the
+// newest version, and again (a rerun changes nothing).
+func TestMigrateUnderEveryIsolationLevel(t *testing.T) {
+	t.Parallel()
+	for _, level := range isolationLevels {
+		t.Run(level, func(t *testing.T) {
+			t.Parallel()
+			db := newTestDB(t)
+			ctx := hangBound(t)
+			s := newStore(db.poolAt(t, level))
+			for range 2 {
+				if err := s.Migrate(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			assertFinalSchema(t, s.pool)
+			mustSubmit(t, s, tenantTask("after", "k1"))
+			if got := waitingLines(t, s); !slices.Equal(got, []string{"image/0/after"}) {
+				t.Fatalf("waiting lines after a Submit: %v", got)
+			}
+		})
+	}
+}
