@@ -172,7 +172,7 @@ func TestMigrateToV9ListsATaskCommittedWhileItWaitedForTheLock(t *testing.T) {
 			db := newTestDB(t)
 			ctx := hangBound(t)
 			old := newStore(db.pool(t))
-			old.test = &storeTestHooks{migrateSkip: []int{9, 10}}
+			old.test = &storeTestHooks{migrateSkip: []int{9, 10, 11}}
 			if err := old.Migrate(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -231,6 +231,62 @@ func TestMigrateUnderEveryIsolationLevel(t *testing.T) {
 			mustSubmit(t, s, tenantTask("after", "k1"))
 			if got := waitingLines(t, s); !slices.Equal(got, []string{"image/0/after"}) {
 				t.Fatalf("waiting lines after a Submit: %v", got)
+			}
+		})
+	}
+}
+
+// SubmitTx of a new line succeeds inside a transaction of any isolation
+// level that has already read, and its line is listed: under REPEATABLE
+// READ and SERIALIZABLE the listing SubmitTx commits on another
+// connection (or another writer's, committed after the caller's snapshot)
+// was invisible to the caller's snapshot, and the trigger's insert of the
+// line failed with a serialization failure (40001) on every such call.
+func TestSubmitTxOfANewLineUnderEveryIsolationLevel(t *testing.T) {
+	t.Parallel()
+	for _, level := range isolationLevels {
+		t.Run(level, func(t *testing.T) {
+			t.Parallel()
+			s, db := setup(t)
+			ctx := hangBound(t)
+			sl := db.storeAt(t, level)
+			tx, err := sl.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(context.Background()) //nolint:errcheck // committed below
+			if got := isolationOf(t, tx); got != level {
+				t.Fatalf("the caller's transaction runs under %s; want %s", got, level)
+			}
+			// The caller's transaction reads first: its snapshot is taken.
+			if _, err := tx.Exec(ctx, `SELECT count(*) FROM idemgate_tasks`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := sl.SubmitTx(ctx, tx, tenantTask("own-listing", "k1")); err != nil {
+				t.Fatalf("SubmitTx of a line it listed itself: %v", err)
+			}
+			// Another writer lists a new line after the caller's snapshot.
+			mustSubmit(t, s, tenantTask("listed-meanwhile", "k2"))
+			if _, err := sl.SubmitTx(ctx, tx, tenantTask("listed-meanwhile", "k3")); err != nil {
+				t.Fatalf("SubmitTx of a line another writer listed meanwhile: %v", err)
+			}
+			// Several lines in one statement, one of them listed meanwhile.
+			mustSubmit(t, s, tenantTask("many-b", "k4"))
+			if _, err := tx.Exec(ctx, `INSERT INTO idemgate_tasks
+				(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, turn)
+				VALUES ('many-a', 'o', 'image', 'r', 'n', 'k5', 'f', 0), ('many-b', 'o', 'image', 'r', 'n', 'k6', 'f', 0),
+					('many-c', 'o', 'image', 'r', 'n', 'k7', 'f', 0)`); err != nil {
+				t.Fatalf("an insert of three lines, one listed meanwhile: %v", err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			want := []string{"image/0/listed-meanwhile", "image/0/many-a", "image/0/many-b", "image/0/many-c", "image/0/own-listing"}
+			if got := waitingLines(t, s); !slices.Equal(got, want) {
+				t.Fatalf("waiting lines %v; want %v", got, want)
+			}
+			if n := orphanLines(t, s); n != 0 {
+				t.Fatalf("%d lines with waiting tasks are not listed", n)
 			}
 		})
 	}

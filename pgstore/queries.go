@@ -360,6 +360,168 @@ ON CONFLICT DO NOTHING`
 	ON idemgate_tasks (tenant, idempotency_key, runtime, network)`
 )
 
+// v11: the schema's functions, hardened. Each runs with search_path
+// pg_catalog, the schema, pg_temp (pinned: a caller's search_path never
+// applies, a temporary table never shadows the schema's), and spells
+// every operator OPERATOR(pg_catalog.…) and every function call
+// pg_catalog.…: pinning alone would not do, since the schema (public,
+// often) is on the path, and an operator or function planted there with
+// the exact argument types of a call that pg_catalog serves only through
+// a cast or a polymorphic type (bigint * interval, text || smallint,
+// array_agg(text)) would be chosen over pg_catalog's. EXECUTE is revoked
+// from PUBLIC and granted to the roles that may write the tasks table
+// when v11 runs (a trigger function needs no grant to fire). An
+// OPERATOR(…) binds as any user-defined operator (left to right, tighter
+// than comparisons): each is parenthesized.
+//
+// The trigger lists its lines under any isolation level. Under
+// REPEATABLE READ or SERIALIZABLE, INSERT … ON CONFLICT DO NOTHING
+// fails (40001, "could not serialize access due to concurrent update",
+// no detail) when the conflicting row was committed after the
+// transaction's snapshot: the line is listed, by another transaction
+// (SubmitTx's own listing, committed on another connection, included).
+// The trigger takes that failure as "listed", line by line, and lets
+// any other serialization failure (SSI's carry a detail) through. Each
+// line's shared lock is taken outside the subtransaction that may fail,
+// so that it is held until the caller commits, as under READ COMMITTED.
+var sqlV11Harden = `CREATE OR REPLACE FUNCTION idemgate_tasks_notify(kind text) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+	PERFORM pg_catalog.pg_notify('idemgate_tasks'::pg_catalog.text, kind);
+	RETURN true;
+END $$;
+CREATE OR REPLACE FUNCTION idemgate_tasks_notify_cancel(id text) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+	PERFORM pg_catalog.pg_notify('idemgate_tasks_cancel'::pg_catalog.text, id);
+	RETURN true;
+END $$;
+CREATE OR REPLACE FUNCTION idemgate_tasks_waiting() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+	line record;
+	detail text;
+BEGIN
+	IF pg_catalog.current_setting('transaction_isolation'::pg_catalog.text) OPERATOR(pg_catalog.=) 'read committed'::pg_catalog.text THEN
+		` + waitingInsertV11 + `;
+		RETURN NULL;
+	END IF;
+	BEGIN
+		` + waitingInsertV11 + `;
+		RETURN NULL;
+	EXCEPTION WHEN serialization_failure THEN
+		GET STACKED DIAGNOSTICS detail = PG_EXCEPTION_DETAIL;
+		IF detail IS NOT NULL AND detail OPERATOR(pg_catalog.<>) ''::pg_catalog.text THEN
+			RAISE;
+		END IF;
+	END;
+	FOR line IN ` + waitingLinesV11 + ` LOOP
+		PERFORM pg_catalog.pg_advisory_xact_lock_shared(8193, ` + lineLockV11("line") + `);
+		BEGIN
+			INSERT INTO idemgate_waiting_tenants (kind, priority, tenant) VALUES (line.kind, line.priority, line.tenant)
+			ON CONFLICT DO NOTHING;
+		EXCEPTION WHEN serialization_failure THEN
+			GET STACKED DIAGNOSTICS detail = PG_EXCEPTION_DETAIL;
+			IF detail IS NOT NULL AND detail OPERATOR(pg_catalog.<>) ''::pg_catalog.text THEN
+				RAISE;
+			END IF;
+		END;
+	END LOOP;
+	RETURN NULL;
+END $$;
+CREATE OR REPLACE FUNCTION idemgate_sweep_waiting(after_kind text, after_priority smallint, after_tenant text,
+	batch integer, min_age_us bigint, OUT examined bigint, OUT last_kind text, OUT last_priority smallint, OUT last_tenant text,
+	OUT removed bigint) LANGUAGE plpgsql AS $$
+DECLARE
+	ks text[];
+	ps smallint[];
+	ts text[];
+BEGIN
+	removed := 0;
+	WITH b AS (
+		SELECT w.kind, w.priority, w.tenant, w.listed_at FROM idemgate_waiting_tenants w
+		WHERE ROW(w.kind, w.priority, w.tenant) OPERATOR(pg_catalog.>) ROW(after_kind, after_priority, after_tenant)
+		ORDER BY w.kind, w.priority, w.tenant
+		LIMIT batch
+	), e AS (
+		SELECT w.kind, w.priority, w.tenant FROM (SELECT * FROM b w
+			WHERE w.listed_at OPERATOR(pg_catalog.<=) (pg_catalog.now() OPERATOR(pg_catalog.-)
+				(min_age_us::pg_catalog.float8 OPERATOR(pg_catalog.*) '1 microsecond'::pg_catalog.interval))
+			AND ` + waitingEmptyV11 + ` OFFSET 0) w
+		WHERE pg_catalog.pg_try_advisory_xact_lock(8193, ` + lineLockV11("w") + `)
+	)
+	SELECT (SELECT pg_catalog.count(*) FROM b), l.kind, l.priority, l.tenant, a.ks, a.ps, a.ts
+	INTO examined, last_kind, last_priority, last_tenant, ks, ps, ts
+	FROM (SELECT pg_catalog.array_agg(kind) AS ks, pg_catalog.array_agg(priority) AS ps,
+		pg_catalog.array_agg(tenant) AS ts FROM e) a
+	LEFT JOIN LATERAL (SELECT * FROM b ORDER BY kind DESC, priority DESC, tenant DESC LIMIT 1) l ON true;
+	-- Only READ COMMITTED gives the next statement a snapshot newer than
+	-- the locks; under another isolation the lines are left for a sweep
+	-- that runs under it.
+	IF ks IS NULL OR pg_catalog.current_setting('transaction_isolation'::pg_catalog.text)
+		OPERATOR(pg_catalog.<>) 'read committed'::pg_catalog.text THEN
+		RETURN;
+	END IF;
+	DELETE FROM idemgate_waiting_tenants w
+	USING ROWS FROM (pg_catalog.unnest(ks), pg_catalog.unnest(ps), pg_catalog.unnest(ts)) AS e(kind, priority, tenant)
+	WHERE w.kind OPERATOR(pg_catalog.=) e.kind AND w.priority OPERATOR(pg_catalog.=) e.priority
+		AND w.tenant OPERATOR(pg_catalog.=) e.tenant AND ` + waitingEmptyV11 + `;
+	GET DIAGNOSTICS removed = ROW_COUNT;
+END $$;
+DO $$
+DECLARE
+	f text;
+	r record;
+BEGIN
+	FOREACH f IN ARRAY ARRAY['idemgate_tasks_notify(text)', 'idemgate_tasks_notify_cancel(text)', 'idemgate_tasks_waiting()',
+		'idemgate_sweep_waiting(text, smallint, text, integer, bigint)'] LOOP
+		EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp', f, pg_catalog.current_schema());
+		EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
+		FOR r IN SELECT DISTINCT CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+				ELSE pg_catalog.quote_ident(g.rolname::pg_catalog.text) END AS role
+			FROM pg_catalog.pg_class c CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) a
+			LEFT JOIN pg_catalog.pg_roles g ON g.oid OPERATOR(pg_catalog.=) a.grantee
+			WHERE c.oid OPERATOR(pg_catalog.=) 'idemgate_tasks'::pg_catalog.regclass
+				AND a.privilege_type OPERATOR(pg_catalog.=) ANY ('{INSERT,UPDATE,DELETE}'::pg_catalog.text[]) LOOP
+			EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', f, r.role);
+		END LOOP;
+	END LOOP;
+END $$;
+-- A line missed by v9's fill (run under REPEATABLE READ or SERIALIZABLE,
+-- it could miss a task committed while it waited for its lock) is listed
+-- now: the triggers list every task written since.
+INSERT INTO idemgate_waiting_tenants (kind, priority, tenant)
+SELECT DISTINCT kind, priority, tenant FROM idemgate_tasks
+WHERE state IN ('pending', 'retrying') AND (turn IS NULL OR turn >= 0)
+ON CONFLICT DO NOTHING`
+
+// The pieces of v11's functions.
+const (
+	// waitingLinesV11 are the placed waiting lines of the statement's new
+	// rows, each once, in key order.
+	waitingLinesV11 = `SELECT DISTINCT n.kind, n.priority, n.tenant FROM idemgate_new_tasks n
+		WHERE n.state OPERATOR(pg_catalog.=) ANY ('{pending,retrying}'::pg_catalog.text[])
+			AND (n.turn IS NULL OR n.turn OPERATOR(pg_catalog.>=) 0) ORDER BY 1, 2, 3`
+	// waitingInsertV11 lists the statement's lines, each locked shared
+	// (the lateral call) just before its row is inserted.
+	waitingInsertV11 = `INSERT INTO idemgate_waiting_tenants (kind, priority, tenant)
+		SELECT w.kind, w.priority, w.tenant FROM (` + waitingLinesV11 + `) w
+		CROSS JOIN LATERAL pg_catalog.pg_advisory_xact_lock_shared(8193, ` + lineLockV11Expr + `) l
+		ON CONFLICT DO NOTHING`
+	// waitingEmptyV11 is waitingEmpty, spelled.
+	waitingEmptyV11 = `NOT EXISTS (SELECT FROM idemgate_tasks t WHERE t.kind OPERATOR(pg_catalog.=) w.kind
+		AND t.priority OPERATOR(pg_catalog.=) w.priority AND t.tenant OPERATOR(pg_catalog.=) w.tenant
+		AND t.state OPERATOR(pg_catalog.=) ANY ('{pending,retrying}'::pg_catalog.text[])
+		AND (t.turn IS NULL OR t.turn OPERATOR(pg_catalog.>=) 0))`
+	// lineLockV11Expr is the second key of line w's lock (v9's, the same
+	// value: the hash of "kind/priority/tenant", modulo 64).
+	lineLockV11Expr = `pg_catalog.hashtext(w.kind OPERATOR(pg_catalog.||) '/'::pg_catalog.text OPERATOR(pg_catalog.||)
+		w.priority::pg_catalog.text OPERATOR(pg_catalog.||) '/'::pg_catalog.text OPERATOR(pg_catalog.||) w.tenant)
+		OPERATOR(pg_catalog.&) 63`
+)
+
+// lineLockV11 is lineLockV11Expr of the line named alias.
+func lineLockV11(alias string) string {
+	return strings.ReplaceAll(lineLockV11Expr, "w.", alias+".")
+}
+
 // turnOf is the turn of a new task of (kind, priority, tenant), SQL
 // expressions all three: the turn after the tenant's last task waiting in
 // that line, but never before the line's next turn (the lowest turn of

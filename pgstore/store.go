@@ -247,9 +247,15 @@ func (s *Store) Submit(ctx context.Context, t NewTask) (Task, error) {
 // enqueue follow-up work atomically with its own writes. The task (and
 // its notification) exists only if tx commits. It runs under a savepoint,
 // so a unique violation met while the key index is being rebuilt does not
-// abort tx. Use it under READ COMMITTED: under REPEATABLE READ or
-// SERIALIZABLE a concurrent duplicate surfaces as a serialization failure
-// the caller must retry.
+// abort tx. It works under every isolation level, but under REPEATABLE
+// READ or SERIALIZABLE a concurrent duplicate (the same key submitted by
+// a transaction that committed after tx's snapshot) surfaces as a
+// serialization failure (SQLSTATE 40001), and so, under SERIALIZABLE, may
+// a conflict Postgres' serializable checks find among tx's reads and
+// writes: the savepoint is rolled back, and the caller rolls tx back and
+// runs it again, as for any serialization failure. The listing of the
+// task's line (below) never fails tx: a line another transaction listed
+// after tx's snapshot counts as listed (schema v11).
 //
 // Before the task, it lists the task's line (kind, priority, tenant) for
 // the claim of capped tenants (schema v9) in a statement of its own,
@@ -298,7 +304,7 @@ func (s *Store) listLine(ctx context.Context, t NewTask) {
 	}
 	defer conn.Release()
 	b := &pgx.Batch{}
-	b.Queue(`BEGIN`)
+	b.Queue(`BEGIN ISOLATION LEVEL READ COMMITTED`) // the upsert waits for a row, then reads it
 	b.Queue(fmt.Sprintf(`SET LOCAL lock_timeout = %d`, listLineLockWait.Milliseconds()))
 	b.Queue(sqlListLine, pgx.NamedArgs{"kind": t.Kind, "priority": t.Priority, "tenant": t.Tenant})
 	b.Queue(`COMMIT`)
