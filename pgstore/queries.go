@@ -688,7 +688,7 @@ WHERE NOT @notify::boolean OR ins.run_after > now() OR idemgate_tasks_notify(ins
 		run_after, priority, turn)
 	SELECT u.tenant, u.owner, u.kind, u.runtime, u.network, u.key, u.fingerprint, u.params, u.trace,
 		greatest(u.run_after, now()), u.priority,
-		CASE WHEN u.run_after > now() THEN ` + unplaced + ` ELSE (SELECT array_agg(` + turnOf("l.kind", "l.priority", "l.tenant") + ` ORDER BY l.line)
+		CASE WHEN u.run_after > now() THEN ` + unplaced + ` ELSE (SELECT pg_catalog.array_agg(` + turnOf("l.kind", "l.priority", "l.tenant") + ` ORDER BY l.line)
 			FROM (SELECT DISTINCT ON (line) line, kind, priority, tenant
 				FROM unnest(@lines_of::int[], @kinds::text[], @priorities::smallint[], @tenants::text[])
 					AS v(line, kind, priority, tenant)
@@ -712,7 +712,7 @@ FROM unnest(@tenants::text[], @keys::text[], @runtimes::text[], @networks::text[
 CROSS JOIN LATERAL (SELECT ` + taskColumns + ` FROM idemgate_tasks h
 	WHERE h.tenant = x.tenant AND h.idempotency_key = x.key AND h.runtime = x.runtime AND h.network = x.network
 	LIMIT 1) t
-WHERE (SELECT count(*) FROM ins) < cardinality(@keys::text[])`
+WHERE (SELECT count(*) FROM ins) < pg_catalog.cardinality(@keys::text[])`
 
 	// sqlByKey reads a task back by its full key.
 	sqlByKey = `SELECT ` + taskColumns + `, true AS duplicate FROM idemgate_tasks
@@ -785,7 +785,7 @@ SELECT *, false AS duplicate FROM can WHERE idemgate_tasks_notify_cancel(can.id)
 	sqlPrune = `WITH doomed AS (
 	SELECT id FROM idemgate_tasks
 	WHERE state IN ('succeeded', 'failed', 'cancelled')
-		AND finished_at < now() - @older_us::bigint * interval '1 microsecond'
+		AND finished_at < now() - @older_us::bigint::float8 * interval '1 microsecond'
 	ORDER BY finished_at
 	LIMIT @limit
 	FOR UPDATE SKIP LOCKED
@@ -854,13 +854,13 @@ FROM idemgate_tasks WHERE state = 'uncertain' AND locked_by IS NOT NULL AND run_
 // limited says whether any of @kinds (all when empty) has limits or is
 // paused: while none has, workers claim with claimFreeSQL.
 const sqlLockLimitedKinds = `SELECT ` + claimSettings + ` AS settings,
-	(SELECT cardinality(set_config('idemgate.locked_kinds', coalesce(array_agg(k.kind), '{}')::text, true)::text[])
+	(SELECT pg_catalog.cardinality(set_config('idemgate.locked_kinds', coalesce(pg_catalog.array_agg(k.kind), '{}')::text, true)::text[])
 	FROM (SELECT l.kind, pg_advisory_xact_lock(8192, hashtext(l.kind)) FROM idemgate_kind_limits l
 		WHERE ` + hasLimits + `
-			AND (cardinality(coalesce(@kinds::text[], '{}')) = 0 OR l.kind = ANY(@kinds::text[]))
+			AND (pg_catalog.cardinality(coalesce(@kinds::text[], '{}')) = 0 OR l.kind = ANY(@kinds::text[]))
 		ORDER BY hashtext(l.kind), l.kind) k) AS locked,
 	EXISTS (SELECT FROM idemgate_kind_limits l WHERE ` + hasLimits + `
-		AND (cardinality(coalesce(@kinds::text[], '{}')) = 0 OR l.kind = ANY(@kinds::text[]))) AS limited`
+		AND (pg_catalog.cardinality(coalesce(@kinds::text[], '{}')) = 0 OR l.kind = ANY(@kinds::text[]))) AS limited`
 
 // claimSettings are the settings of a claim's transaction: JIT off (see
 // sqlLockLimitedKinds) and the claim's generic plan. A claim's LIMIT is a
@@ -897,7 +897,7 @@ const holding = `(h.state = 'running' AND h.lease_until > now()
 // the transaction's: a claim's transaction may have waited for the lock
 // of its kinds, and the bucket refills only until the claim is made.
 const tokensNow = `least(greatest(1, l.starts_per_second),
-	l.tokens + l.starts_per_second * greatest(0, extract(epoch FROM statement_timestamp() - l.refilled_at)))`
+	l.tokens + l.starts_per_second * greatest(0, extract(epoch FROM statement_timestamp() - l.refilled_at))::float8)`
 
 // lockedKinds are the kinds whose locks sqlLockLimitedKinds took in this
 // transaction (none outside one).
@@ -942,7 +942,7 @@ const (
 	runnablePick = `priority DESC, kind_rank, turn NULLS FIRST, run_after`
 	runnableDue  = `d.state IN ('pending', 'retrying') AND d.run_after <= now() AND (d.turn IS NULL OR d.turn >= 0)`
 	notHeld      = `id <> ALL(coalesce(@held::uuid[], '{}'))`
-	anyOfKinds   = `(cardinality(coalesce(@kinds::text[], '{}')) = 0 OR %s = ANY(@kinds::text[]))`
+	anyOfKinds   = `(pg_catalog.cardinality(coalesce(@kinds::text[], '{}')) = 0 OR %s = ANY(@kinds::text[]))`
 	// noRoom is true of a task t whose kind can start nothing now.
 	noRoom = `EXISTS (SELECT FROM lim WHERE lim.kind = t.kind AND lim.room = 0)`
 	// tenantCapped is true of a task t whose tenant is at its kind's
@@ -1260,7 +1260,7 @@ var sqlClaimUncertain = claimSQL(claimShape{
 	pick:  "run_after",
 	due:   `d.state = 'uncertain' AND d.run_after <= now()`,
 	set: `attempt = t.attempt + 1,
-	run_after = now() + @lease_us::bigint * interval '1 microsecond', locked_by = @worker,
+	run_after = now() + @lease_us::bigint::float8 * interval '1 microsecond', locked_by = @worker,
 	updated_at = now()`,
 })
 
@@ -1374,7 +1374,7 @@ const (
 	// claimSet is the SET list of a claim: the attempt's lease and the
 	// kind's lost-attempt policy, which rescuers apply to the row.
 	claimSet = `state = 'running', attempt = t.attempt + 1, tries = t.tries + 1,
-	lease_until = now() + @lease_us::bigint * interval '1 microsecond', locked_by = @worker,
+	lease_until = now() + @lease_us::bigint::float8 * interval '1 microsecond', locked_by = @worker,
 	lost = CASE WHEN t.kind = ANY(@uncertain_kinds::text[]) THEN 'uncertain' ELSE 'retry' END,
 	updated_at = now()`
 
@@ -1425,7 +1425,7 @@ RETURNING state`
 	sqlUncertain = `UPDATE idemgate_tasks SET
 	state = CASE WHEN finished_at IS NOT NULL THEN 'cancelled' ELSE 'uncertain' END,
 	error = CASE WHEN finished_at IS NOT NULL THEN error ELSE @error::text END,
-	run_after = now() + @after_us::bigint * interval '1 microsecond',
+	run_after = now() + @after_us::bigint::float8 * interval '1 microsecond',
 	lease_until = NULL, locked_by = NULL, updated_at = now()
 WHERE id = @id::uuid AND attempt = @attempt AND state = @from
 RETURNING state`
@@ -1433,11 +1433,11 @@ RETURNING state`
 	// backoff is the delay before try number tries + 1, in µs:
 	// min(@backoff_max_us, @backoff_base_us·2^(tries−1)), less a random
 	// jitter of up to @jitter of it.
-	backoff = `least(@backoff_max_us::float8, @backoff_base_us::float8 * power(2, least(greatest(tries - 1, 0), 40)))
+	backoff = `least(@backoff_max_us::float8, @backoff_base_us::float8 * power(2::float8, least(greatest(tries - 1, 0), 40)::float8))
 	* (1 - @jitter::float8 * random())`
 
 	// tBackoff is backoff for the alias t.
-	tBackoff = `least(@backoff_max_us::float8, @backoff_base_us::float8 * power(2, least(greatest(t.tries - 1, 0), 40)))
+	tBackoff = `least(@backoff_max_us::float8, @backoff_base_us::float8 * power(2::float8, least(greatest(t.tries - 1, 0), 40)::float8))
 	* (1 - @jitter::float8 * random())`
 
 	// sqlRetry requeues a task after @after_us, or after the backoff when
@@ -1447,7 +1447,7 @@ RETURNING state`
 	state = CASE WHEN finished_at IS NOT NULL THEN 'cancelled'
 		WHEN tries >= @max_attempts::int THEN 'failed' ELSE 'retrying' END,
 	error = CASE WHEN finished_at IS NOT NULL THEN error
-		WHEN tries >= @max_attempts::int THEN 'gave up after ' || tries || ' attempts: ' || @error::text
+		WHEN tries >= @max_attempts::int THEN 'gave up after ' || tries::text || ' attempts: ' || @error::text
 		ELSE @error::text END,
 	run_after = now() + (CASE WHEN @after_us::bigint >= 0 THEN @after_us::bigint::float8
 		ELSE ` + backoff + ` END) * interval '1 microsecond',
@@ -1469,14 +1469,14 @@ RETURNING state`
 		state = CASE WHEN finished_at IS NOT NULL THEN 'cancelled' WHEN lost = 'uncertain' THEN 'uncertain'
 			WHEN tries >= @max_attempts::int THEN 'failed' ELSE 'retrying' END,
 		error = CASE WHEN finished_at IS NOT NULL THEN error
-			WHEN lost = 'uncertain' THEN 'released at shutdown on attempt ' || tries
+			WHEN lost = 'uncertain' THEN 'released at shutdown on attempt ' || tries::text
 				|| ': the upstream outcome is unknown'
-			WHEN tries >= @max_attempts::int THEN 'released at shutdown on attempt ' || tries || ' of '
-				|| @max_attempts::int || ': the handler did not finish in time'
+			WHEN tries >= @max_attempts::int THEN 'released at shutdown on attempt ' || tries::text || ' of '
+				|| @max_attempts::int::text || ': the handler did not finish in time'
 			ELSE error END,
 		finished_at = CASE WHEN finished_at IS NOT NULL THEN finished_at
 			WHEN lost <> 'uncertain' AND tries >= @max_attempts::int THEN now() END,
-		run_after = CASE WHEN lost = 'uncertain' THEN now() + @reconcile_us::bigint * interval '1 microsecond'
+		run_after = CASE WHEN lost = 'uncertain' THEN now() + @reconcile_us::bigint::float8 * interval '1 microsecond'
 			ELSE now() END,
 		lease_until = NULL, locked_by = NULL, updated_at = now()
 	WHERE id = @id::uuid AND attempt = @attempt AND state = 'running'
@@ -1496,7 +1496,7 @@ SELECT state FROM rel WHERE CASE WHEN rel.state = 'retrying' THEN idemgate_tasks
 	FOR UPDATE OF t
 )
 UPDATE idemgate_tasks t
-SET lease_until = now() + @lease_us::bigint * interval '1 microsecond'
+SET lease_until = now() + @lease_us::bigint::float8 * interval '1 microsecond'
 FROM locked WHERE t.id = locked.id
 RETURNING t.id::text AS id, t.attempt, t.finished_at IS NOT NULL AS cancelled`
 
@@ -1532,9 +1532,9 @@ UPDATE idemgate_tasks t SET
 	state = CASE WHEN t.finished_at IS NOT NULL THEN 'cancelled' WHEN t.lost = 'uncertain' THEN 'uncertain'
 		WHEN t.tries >= @max_attempts::int THEN 'failed' ELSE 'retrying' END,
 	error = CASE WHEN t.finished_at IS NOT NULL THEN t.error
-		WHEN t.lost = 'uncertain' THEN 'lease expired on attempt ' || t.tries
+		WHEN t.lost = 'uncertain' THEN 'lease expired on attempt ' || t.tries::text
 			|| ': the upstream outcome is unknown'
-		WHEN t.tries >= @max_attempts::int THEN 'lease expired on attempt ' || t.tries || ' of ' || @max_attempts::int
+		WHEN t.tries >= @max_attempts::int THEN 'lease expired on attempt ' || t.tries::text || ' of ' || @max_attempts::int::text
 		ELSE 'lease expired' END,
 	run_after = now() + (CASE WHEN t.lost = 'uncertain' THEN @reconcile_us::bigint::float8
 		ELSE ` + tBackoff + ` END) * interval '1 microsecond',
