@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgate/idemgate/internal/wait"
 )
@@ -357,5 +358,88 @@ func TestSchemaFunctionsIgnoreTemporaryTables(t *testing.T) {
 	}
 	if got, want := waitingLines(t, s), []string{"image/0/temp-session", "image/0/waits"}; !slices.Equal(got, want) || inTemp != 0 {
 		t.Fatalf("the schema's waiting lines %v (want %v); %d in the session's temporary table (want 0)", got, want, inTemp)
+	}
+}
+
+// v11 revokes EXECUTE on the schema's functions from PUBLIC and grants it
+// to the roles that may write the tasks table when it runs: such a role
+// submits, cancels and sweeps as before; a role without it cannot call
+// the functions; and the trigger fires for any writer.
+func TestFunctionGrantsFollowTheTableGrants(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	ctx := hangBound(t)
+	owner := newStore(db.pool(t))
+	owner.test = &storeTestHooks{migrateSkip: []int{11}}
+	if err := owner.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var dbname string
+	if err := owner.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&dbname); err != nil {
+		t.Fatal(err)
+	}
+	app := pgx.Identifier{"app_" + strings.ReplaceAll(dbname, "-", "_")}.Sanitize()
+	reader := pgx.Identifier{"reader_" + strings.ReplaceAll(dbname, "-", "_")}.Sanitize()
+	for _, q := range []string{
+		`CREATE ROLE ` + app + ` LOGIN NOSUPERUSER`,
+		`CREATE ROLE ` + reader + ` LOGIN NOSUPERUSER`,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON idemgate_tasks, idemgate_waiting_tenants, idemgate_kind_limits TO ` + app,
+		`GRANT SELECT ON idemgate_tasks TO ` + reader,
+	} {
+		if _, err := owner.pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, r := range []string{app, reader} {
+			_, _ = owner.pool.Exec(context.Background(), `DROP OWNED BY `+r)
+			_, _ = owner.pool.Exec(context.Background(), `DROP ROLE `+r)
+		}
+	})
+	owner.test = nil
+	if err := owner.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		role string
+		want bool
+	}{{"PUBLIC", false}, {app, true}, {reader, false}} {
+		for _, f := range []string{"idemgate_tasks_notify(text)", "idemgate_tasks_notify_cancel(text)",
+			"idemgate_sweep_waiting(text, smallint, text, integer, bigint)"} {
+			var got bool
+			q := `SELECT has_function_privilege($1, $2, 'EXECUTE')`
+			args := []any{strings.Trim(c.role, `"`), f}
+			if c.role == "PUBLIC" {
+				q = `SELECT EXISTS (SELECT FROM pg_proc p CROSS JOIN LATERAL aclexplode(p.proacl) a
+					WHERE p.oid = $1::regprocedure AND a.grantee = 0)`
+				args = args[1:]
+			}
+			if err := owner.pool.QueryRow(ctx, q, args...).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got != c.want {
+				t.Errorf("%s may execute %s: %v; want %v", c.role, f, got, c.want)
+			}
+		}
+	}
+	cfg, err := pgxpool.ParseConfig(db.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = strings.Trim(app, `"`), ""
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s := newStore(pool)
+	got := mustSubmit(t, s, tenantTask("app", "k1"))
+	if _, err := s.Cancel(ctx, got.Tenant, got.Owner, got.ID); err != nil {
+		t.Fatal(err)
+	}
+	mustSubmit(t, s, tenantTask("app", "k2"))
+	sweepAll(t, s)
+	if got := waitingLines(t, owner); !slices.Equal(got, []string{"image/0/app"}) {
+		t.Fatalf("waiting lines after the app role's Submits and sweep: %v", got)
 	}
 }
