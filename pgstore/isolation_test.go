@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -287,6 +288,84 @@ func TestSubmitTxOfANewLineUnderEveryIsolationLevel(t *testing.T) {
 			}
 			if n := orphanLines(t, s); n != 0 {
 				t.Fatalf("%d lines with waiting tasks are not listed", n)
+			}
+		})
+	}
+}
+
+// Concurrent identical Submits create one task and all get its ID
+// whatever default_transaction_isolation says, and so do SubmitManys of
+// overlapping batches: each statement is a transaction of its own, and
+// a key (or a line) a concurrent statement committed after it began is
+// found by running it again.
+func TestSubmitStormUnderEveryIsolationLevel(t *testing.T) {
+	t.Parallel()
+	for _, level := range isolationLevels {
+		t.Run(level, func(t *testing.T) {
+			t.Parallel()
+			s, db := setup(t)
+			ctx := hangBound(t)
+			const stores, perStore = 4, 16
+			var (
+				start = make(chan struct{})
+				wg    sync.WaitGroup
+				mu    sync.Mutex
+				ids   = map[string]int{}
+				errs  []error
+			)
+			for range stores {
+				sl := db.storeAt(t, level)
+				for i := range perStore {
+					wg.Go(func() {
+						<-start
+						var got []Task
+						if i%2 == 0 {
+							task, err := sl.Submit(ctx, tenantTask("storm", "k1"))
+							if err != nil {
+								mu.Lock()
+								errs = append(errs, err)
+								mu.Unlock()
+								return
+							}
+							got = []Task{task}
+						} else {
+							rs, err := sl.SubmitMany(ctx, []NewTask{tenantTask("storm", "k1"), tenantTask(fmt.Sprintf("many-%d", i), "k2")})
+							if err != nil {
+								mu.Lock()
+								errs = append(errs, err)
+								mu.Unlock()
+								return
+							}
+							for _, r := range rs {
+								if r.Err != nil {
+									mu.Lock()
+									errs = append(errs, r.Err)
+									mu.Unlock()
+									return
+								}
+								got = append(got, r.Task)
+							}
+						}
+						mu.Lock()
+						defer mu.Unlock()
+						for _, task := range got {
+							if task.Tenant == "storm" {
+								ids[task.ID]++
+							}
+						}
+					})
+				}
+			}
+			close(start)
+			wg.Wait()
+			if len(errs) > 0 {
+				t.Fatalf("%d submits failed under %s, first: %v", len(errs), level, errs[0])
+			}
+			if len(ids) != 1 {
+				t.Fatalf("the storm's key got IDs %v; want one", ids)
+			}
+			if n := countRows(t, s.pool, "tenant = 'storm'"); n != 1 {
+				t.Fatalf("%d rows hold the storm's key; want 1", n)
 			}
 		})
 	}

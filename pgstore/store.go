@@ -367,8 +367,16 @@ func submit(ctx context.Context, q querier, t NewTask, notify, savepoints bool) 
 		"network": t.Network, "key": t.IdempotencyKey, "fingerprint": t.Fingerprint, "params": params,
 		"trace": storableText(t.Trace), "run_after": runAfterArg(t.RunAfter), "priority": t.Priority,
 		"notify": notify}
+	var serialization error
 	for range submitTries {
 		got, found, err := submitOnce(ctx, q, args, savepoints)
+		if err != nil && !savepoints && sqlState(err) == codeSerializationFailure {
+			// A statement of its own, under a REPEATABLE READ or
+			// SERIALIZABLE default, met a holder committed after its
+			// snapshot: the next statement's snapshot sees it.
+			serialization = err
+			continue
+		}
 		if err != nil {
 			return Task{}, err
 		}
@@ -379,6 +387,9 @@ func submit(ctx context.Context, q querier, t NewTask, notify, savepoints bool) 
 			return Task{}, ErrConflict
 		}
 		return got, nil
+	}
+	if serialization != nil {
+		return Task{}, serialization
 	}
 	return Task{}, fmt.Errorf("pgstore: submit: key is held, but no task with the full key (tenant, key, runtime, network) "+
 		"became visible after %d tries (a task of another runtime or network holds it while the narrow v1 index is in force?)", submitTries)
