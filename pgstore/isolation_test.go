@@ -370,3 +370,106 @@ func TestSubmitStormUnderEveryIsolationLevel(t *testing.T) {
 		})
 	}
 }
+
+// waitRowLockWaiter waits until a session waits for another transaction
+// (a row it locked).
+func waitRowLockWaiter(t testing.TB, pool *pgxpool.Pool) {
+	t.Helper()
+	wait.For(t, patience, "a session waits for another transaction's row lock", func() bool {
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks
+			WHERE locktype IN ('transactionid', 'tuple') AND NOT granted`).Scan(&n); err != nil {
+			t.Error(err)
+			return true
+		}
+		return n > 0
+	})
+}
+
+// A call that changes a row another transaction changed and committed
+// while the call waited for its lock reads the row as committed and
+// does its work, whatever default_transaction_isolation says: Cancel,
+// Recover, the operator's Retry and UpdateKindLimits. Under REPEATABLE
+// READ and SERIALIZABLE the statement (or UpdateKindLimits' transaction)
+// kept its older snapshot and failed with a serialization failure.
+func TestCallsThatWaitForARowUnderEveryIsolationLevel(t *testing.T) {
+	t.Parallel()
+	type call struct {
+		name  string
+		given func(t *testing.T, s *Store) string // returns the row's id, or a kind
+		touch string                              // the other transaction's change, $1 the id or kind
+		when  func(ctx context.Context, s *Store, key string) error
+	}
+	failedWithPartial := func(t *testing.T, s *Store) string {
+		got := mustSubmit(t, s, newTask("k1"))
+		if _, err := s.pool.Exec(context.Background(), `UPDATE idemgate_tasks SET state = 'failed',
+			finished_at = now(), results = '[{"part":1}]' WHERE id = $1::uuid`, got.ID); err != nil {
+			t.Fatal(err)
+		}
+		return got.ID
+	}
+	calls := []call{
+		{name: "Cancel", given: func(t *testing.T, s *Store) string { return mustSubmit(t, s, newTask("k1")).ID },
+			touch: `UPDATE idemgate_tasks SET updated_at = now() WHERE id = $1::uuid`,
+			when: func(ctx context.Context, s *Store, id string) error {
+				_, err := s.Cancel(ctx, "acme", "owner-a", id)
+				return err
+			}},
+		{name: "Recover", given: failedWithPartial,
+			touch: `UPDATE idemgate_tasks SET updated_at = now() WHERE id = $1::uuid`,
+			when: func(ctx context.Context, s *Store, id string) error {
+				_, err := s.Recover(ctx, "acme", "owner-a", id)
+				return err
+			}},
+		{name: "Operator.Retry", given: failedWithPartial,
+			touch: `UPDATE idemgate_tasks SET updated_at = now() WHERE id = $1::uuid`,
+			when: func(ctx context.Context, s *Store, id string) error {
+				_, err := s.Operator().Retry(ctx, id)
+				return err
+			}},
+		{name: "UpdateKindLimits", given: func(t *testing.T, s *Store) string {
+			if err := s.SetKindLimits(context.Background(), "image", KindLimits{MaxRunning: 1}); err != nil {
+				t.Fatal(err)
+			}
+			return "image"
+		},
+			touch: `UPDATE idemgate_kind_limits SET max_running = max_running + 1 WHERE kind = $1`,
+			when: func(ctx context.Context, s *Store, kind string) error {
+				got, err := s.UpdateKindLimits(ctx, kind, func(l KindLimits) KindLimits { l.MaxRunning++; return l })
+				if err == nil && got.MaxRunning != 3 {
+					err = fmt.Errorf("MaxRunning %d; want 3: the other update was lost", got.MaxRunning)
+				}
+				return err
+			}},
+	}
+	for _, c := range calls {
+		for _, level := range isolationLevels {
+			t.Run(c.name+"/"+level, func(t *testing.T) {
+				t.Parallel()
+				s, db := setup(t)
+				ctx := hangBound(t)
+				key := c.given(t, s)
+				sl := db.storeAt(t, level)
+				// Another transaction changes the row and holds it until the
+				// call waits for it, its snapshot taken.
+				other, err := s.pool.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer other.Rollback(context.Background()) //nolint:errcheck // committed below
+				if _, err := other.Exec(ctx, c.touch, key); err != nil {
+					t.Fatal(err)
+				}
+				done := make(chan error, 1)
+				go func() { done <- c.when(ctx, sl, key) }()
+				waitRowLockWaiter(t, s.pool)
+				if err := other.Commit(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if err := <-done; err != nil {
+					t.Fatalf("%s under %s, its row changed while it waited: %v", c.name, level, err)
+				}
+			})
+		}
+	}
+}

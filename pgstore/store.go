@@ -447,6 +447,22 @@ func run(ctx context.Context, q querier, savepoint bool, sql string, args ...any
 	return got, found, sp.Commit(ctx)
 }
 
+// queryTaskAlone is queryTask of a statement that is a transaction of
+// its own, run again on a serialization failure: under a REPEATABLE READ
+// or SERIALIZABLE default, a row the statement waited for and found
+// changed by a transaction that committed after its snapshot fails it
+// (40001), where READ COMMITTED would have read the row again; the next
+// statement's snapshot sees the change.
+func queryTaskAlone(ctx context.Context, q querier, sql string, args ...any) (t Task, found bool, err error) {
+	for range submitTries {
+		t, found, err = queryTask(ctx, q, sql, args...)
+		if sqlState(err) != codeSerializationFailure {
+			break
+		}
+	}
+	return t, found, err
+}
+
 // queryTask returns the first task the query yields, if any.
 func queryTask(ctx context.Context, q querier, sql string, args ...any) (Task, bool, error) {
 	rows, err := q.Query(ctx, sql, args...)
@@ -532,7 +548,7 @@ func (s *Store) Recover(ctx context.Context, tenant, owner, id string) (Task, er
 	if !validID(id) {
 		return Task{}, ErrNotFound
 	}
-	t, found, err := queryTask(ctx, s.pool, sqlRecover, pgx.NamedArgs{"id": id, "tenant": tenant, "owner": owner,
+	t, found, err := queryTaskAlone(ctx, s.pool, sqlRecover, pgx.NamedArgs{"id": id, "tenant": tenant, "owner": owner,
 		"max_recoveries": MaxRecoveries})
 	if err != nil {
 		return Task{}, interpretError("recover", err)
@@ -574,7 +590,7 @@ func (s *Store) cancel(ctx context.Context, sc scope, id string) (Task, error) {
 	if !validID(id) {
 		return Task{}, ErrNotFound
 	}
-	t, found, err := queryTask(ctx, s.pool, sqlCancel, sc.args(id))
+	t, found, err := queryTaskAlone(ctx, s.pool, sqlCancel, sc.args(id))
 	if err != nil {
 		return Task{}, interpretError("cancel", err)
 	}
