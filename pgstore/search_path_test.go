@@ -320,7 +320,7 @@ func exerciseStore(t *testing.T, s *Store) {
 
 // The schema's functions read and write the schema's tables, never a
 // session's temporary tables of the same names (their search_path puts
-// pg_temp last): a session whose own temporary idemgate_tasks is empty
+// pg_temp last), and call no function or operator of pg_temp: a session whose own temporary idemgate_tasks is empty
 // and whose temporary idemgate_waiting_tenants takes any row still lists
 // its tasks' lines in the schema's table, and its sweep keeps them. With
 // pg_temp searched first, the trigger listed the line in the temporary
@@ -339,6 +339,14 @@ func TestSchemaFunctionsIgnoreTemporaryTables(t *testing.T) {
 	defer conn.Conn().Close(context.Background()) //nolint:errcheck // its temporary tables go with it
 	if _, err := conn.Exec(ctx, `CREATE TEMP TABLE idemgate_tasks (LIKE public.idemgate_tasks);
 		CREATE TEMP TABLE idemgate_waiting_tenants (LIKE public.idemgate_waiting_tenants INCLUDING ALL)`); err != nil {
+		t.Fatal(err)
+	}
+	// Functions and operators in pg_temp fail whatever calls them.
+	if _, err := conn.Exec(ctx, `CREATE FUNCTION pg_temp.hashtext(text) RETURNS integer LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'planted pg_temp.hashtext ran'; END $$;
+		CREATE FUNCTION pg_temp.planted_cat2(text, smallint) RETURNS text LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'planted pg_temp.||(text, smallint) ran'; END $$;
+		CREATE OPERATOR pg_temp.|| (LEFTARG = text, RIGHTARG = smallint, FUNCTION = pg_temp.planted_cat2)`); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := conn.Exec(ctx, `INSERT INTO public.idemgate_tasks
