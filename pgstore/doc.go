@@ -122,7 +122,12 @@
 // statement triggers, which a claim walks past capped tenants; version 10
 // drops the index of every kind's waiting tasks (a worker of any kind
 // reads each kind's line on the claim index), so that an insert writes
-// four indexes, not five. The
+// four indexes, not five; version 11 pins the search_path of the
+// schema's functions (pg_catalog, the schema, pg_temp), spells their
+// operators, grants EXECUTE to the roles that may write the tasks instead
+// of PUBLIC, and lets the trigger list lines under any isolation level.
+// Every migration runs under READ COMMITTED whatever
+// default_transaction_isolation says. The
 // migrating session's search_path is pinned to the schema it migrates,
 // and what a step drops is read back from that schema's catalog and named
 // by it, so a migration never touches another schema.

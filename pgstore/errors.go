@@ -17,6 +17,10 @@ const (
 	codeInvalidText        = "22P02" // Params is not JSON
 	codeUntranslatableChar = "22P05" // \u0000 in jsonb
 	codeCharNotInRepertory = "22021" // NUL or invalid UTF-8 in text
+	// codeSerializationFailure: under REPEATABLE READ or SERIALIZABLE, a
+	// row a concurrent transaction committed after the statement's
+	// snapshot conflicts with the statement's (a held key).
+	codeSerializationFailure = "40001"
 )
 
 // sqlState returns err's SQLSTATE, or "" when the server did not answer

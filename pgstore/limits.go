@@ -97,7 +97,10 @@ func (s *Store) UpdateKindLimits(ctx context.Context, kind string, f func(KindLi
 		return KindLimits{}, errors.New("pgstore: update kind limits: nil func")
 	}
 	var l KindLimits
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	// READ COMMITTED whatever the database's default: the lock statement
+	// waits for a concurrent update of the row and must read its result,
+	// where a REPEATABLE READ snapshot would fail with 40001.
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		rows, _ := tx.Query(ctx, sqlLockKindLimits, pgx.NamedArgs{"kind": kind})
 		old, err := pgx.CollectOneRow(rows, pgx.RowToStructByPos[KindLimits])
 		if err != nil {

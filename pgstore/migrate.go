@@ -88,6 +88,9 @@ var migrations = []migrate.Migration{
 	{Version: 10, Name: "drop the any-kind runnable index", Steps: []migrate.Step{
 		{Name: "drop v8's runnable index concurrently", Run: migrate.DropIndex(tasksTable, indexRunnableV8)},
 	}},
+	{Version: 11, Name: "the schema's functions: pinned search_path, operators spelled, EXECUTE granted; lines listed under any isolation", Steps: []migrate.Step{
+		{Name: "replace the functions and list the lines with waiting tasks", Run: migrate.TxExec(sqlV11Harden)},
+	}},
 }
 
 // Migrate brings the schema to the newest version. It is idempotent and

@@ -77,7 +77,7 @@ func (o Operator) Retry(ctx context.Context, id string) (Task, error) {
 	if !validID(id) {
 		return Task{}, ErrNotFound
 	}
-	t, found, err := queryTask(ctx, o.s.pool, sqlOperatorRetry, pgx.NamedArgs{"id": id})
+	t, found, err := queryTaskAlone(ctx, o.s.pool, sqlOperatorRetry, pgx.NamedArgs{"id": id})
 	if err != nil {
 		return Task{}, interpretError("retry", err)
 	}

@@ -360,6 +360,168 @@ ON CONFLICT DO NOTHING`
 	ON idemgate_tasks (tenant, idempotency_key, runtime, network)`
 )
 
+// v11: the schema's functions, hardened. Each runs with search_path
+// pg_catalog, the schema, pg_temp (pinned: a caller's search_path never
+// applies, a temporary table never shadows the schema's), and spells
+// every operator OPERATOR(pg_catalog.…) and every function call
+// pg_catalog.…: pinning alone would not do, since the schema (public,
+// often) is on the path, and an operator or function planted there with
+// the exact argument types of a call that pg_catalog serves only through
+// a cast or a polymorphic type (bigint * interval, text || smallint,
+// array_agg(text)) would be chosen over pg_catalog's. EXECUTE is revoked
+// from PUBLIC and granted to the roles that may write the tasks table
+// when v11 runs (a trigger function needs no grant to fire). An
+// OPERATOR(…) binds as any user-defined operator (left to right, tighter
+// than comparisons): each is parenthesized.
+//
+// The trigger lists its lines under any isolation level. Under
+// REPEATABLE READ or SERIALIZABLE, INSERT … ON CONFLICT DO NOTHING
+// fails (40001, "could not serialize access due to concurrent update",
+// no detail) when the conflicting row was committed after the
+// transaction's snapshot: the line is listed, by another transaction
+// (SubmitTx's own listing, committed on another connection, included).
+// The trigger takes that failure as "listed", line by line, and lets
+// any other serialization failure (SSI's carry a detail) through. Each
+// line's shared lock is taken outside the subtransaction that may fail,
+// so that it is held until the caller commits, as under READ COMMITTED.
+var sqlV11Harden = `CREATE OR REPLACE FUNCTION idemgate_tasks_notify(kind text) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+	PERFORM pg_catalog.pg_notify('idemgate_tasks'::pg_catalog.text, kind);
+	RETURN true;
+END $$;
+CREATE OR REPLACE FUNCTION idemgate_tasks_notify_cancel(id text) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+	PERFORM pg_catalog.pg_notify('idemgate_tasks_cancel'::pg_catalog.text, id);
+	RETURN true;
+END $$;
+CREATE OR REPLACE FUNCTION idemgate_tasks_waiting() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+	line record;
+	detail text;
+BEGIN
+	IF pg_catalog.current_setting('transaction_isolation'::pg_catalog.text) OPERATOR(pg_catalog.=) 'read committed'::pg_catalog.text THEN
+		` + waitingInsertV11 + `;
+		RETURN NULL;
+	END IF;
+	BEGIN
+		` + waitingInsertV11 + `;
+		RETURN NULL;
+	EXCEPTION WHEN serialization_failure THEN
+		GET STACKED DIAGNOSTICS detail = PG_EXCEPTION_DETAIL;
+		IF detail IS NOT NULL AND detail OPERATOR(pg_catalog.<>) ''::pg_catalog.text THEN
+			RAISE;
+		END IF;
+	END;
+	FOR line IN ` + waitingLinesV11 + ` LOOP
+		PERFORM pg_catalog.pg_advisory_xact_lock_shared(8193, ` + lineLockV11("line") + `);
+		BEGIN
+			INSERT INTO idemgate_waiting_tenants (kind, priority, tenant) VALUES (line.kind, line.priority, line.tenant)
+			ON CONFLICT DO NOTHING;
+		EXCEPTION WHEN serialization_failure THEN
+			GET STACKED DIAGNOSTICS detail = PG_EXCEPTION_DETAIL;
+			IF detail IS NOT NULL AND detail OPERATOR(pg_catalog.<>) ''::pg_catalog.text THEN
+				RAISE;
+			END IF;
+		END;
+	END LOOP;
+	RETURN NULL;
+END $$;
+CREATE OR REPLACE FUNCTION idemgate_sweep_waiting(after_kind text, after_priority smallint, after_tenant text,
+	batch integer, min_age_us bigint, OUT examined bigint, OUT last_kind text, OUT last_priority smallint, OUT last_tenant text,
+	OUT removed bigint) LANGUAGE plpgsql AS $$
+DECLARE
+	ks text[];
+	ps smallint[];
+	ts text[];
+BEGIN
+	removed := 0;
+	WITH b AS (
+		SELECT w.kind, w.priority, w.tenant, w.listed_at FROM idemgate_waiting_tenants w
+		WHERE ROW(w.kind, w.priority, w.tenant) OPERATOR(pg_catalog.>) ROW(after_kind, after_priority, after_tenant)
+		ORDER BY w.kind, w.priority, w.tenant
+		LIMIT batch
+	), e AS (
+		SELECT w.kind, w.priority, w.tenant FROM (SELECT * FROM b w
+			WHERE w.listed_at OPERATOR(pg_catalog.<=) (pg_catalog.now() OPERATOR(pg_catalog.-)
+				(min_age_us::pg_catalog.float8 OPERATOR(pg_catalog.*) '1 microsecond'::pg_catalog.interval))
+			AND ` + waitingEmptyV11 + ` OFFSET 0) w
+		WHERE pg_catalog.pg_try_advisory_xact_lock(8193, ` + lineLockV11("w") + `)
+	)
+	SELECT (SELECT pg_catalog.count(*) FROM b), l.kind, l.priority, l.tenant, a.ks, a.ps, a.ts
+	INTO examined, last_kind, last_priority, last_tenant, ks, ps, ts
+	FROM (SELECT pg_catalog.array_agg(kind) AS ks, pg_catalog.array_agg(priority) AS ps,
+		pg_catalog.array_agg(tenant) AS ts FROM e) a
+	LEFT JOIN LATERAL (SELECT * FROM b ORDER BY kind DESC, priority DESC, tenant DESC LIMIT 1) l ON true;
+	-- Only READ COMMITTED gives the next statement a snapshot newer than
+	-- the locks; under another isolation the lines are left for a sweep
+	-- that runs under it.
+	IF ks IS NULL OR pg_catalog.current_setting('transaction_isolation'::pg_catalog.text)
+		OPERATOR(pg_catalog.<>) 'read committed'::pg_catalog.text THEN
+		RETURN;
+	END IF;
+	DELETE FROM idemgate_waiting_tenants w
+	USING ROWS FROM (pg_catalog.unnest(ks), pg_catalog.unnest(ps), pg_catalog.unnest(ts)) AS e(kind, priority, tenant)
+	WHERE w.kind OPERATOR(pg_catalog.=) e.kind AND w.priority OPERATOR(pg_catalog.=) e.priority
+		AND w.tenant OPERATOR(pg_catalog.=) e.tenant AND ` + waitingEmptyV11 + `;
+	GET DIAGNOSTICS removed = ROW_COUNT;
+END $$;
+DO $$
+DECLARE
+	f text;
+	r record;
+BEGIN
+	FOREACH f IN ARRAY ARRAY['idemgate_tasks_notify(text)', 'idemgate_tasks_notify_cancel(text)', 'idemgate_tasks_waiting()',
+		'idemgate_sweep_waiting(text, smallint, text, integer, bigint)'] LOOP
+		EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp', f, pg_catalog.current_schema());
+		EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
+		FOR r IN SELECT DISTINCT CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+				ELSE pg_catalog.quote_ident(g.rolname::pg_catalog.text) END AS role
+			FROM pg_catalog.pg_class c CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) a
+			LEFT JOIN pg_catalog.pg_roles g ON g.oid OPERATOR(pg_catalog.=) a.grantee
+			WHERE c.oid OPERATOR(pg_catalog.=) 'idemgate_tasks'::pg_catalog.regclass
+				AND a.privilege_type OPERATOR(pg_catalog.=) ANY ('{INSERT,UPDATE,DELETE}'::pg_catalog.text[]) LOOP
+			EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', f, r.role);
+		END LOOP;
+	END LOOP;
+END $$;
+-- A line missed by v9's fill (run under REPEATABLE READ or SERIALIZABLE,
+-- it could miss a task committed while it waited for its lock) is listed
+-- now: the triggers list every task written since.
+INSERT INTO idemgate_waiting_tenants (kind, priority, tenant)
+SELECT DISTINCT kind, priority, tenant FROM idemgate_tasks
+WHERE state IN ('pending', 'retrying') AND (turn IS NULL OR turn >= 0)
+ON CONFLICT DO NOTHING`
+
+// The pieces of v11's functions.
+const (
+	// waitingLinesV11 are the placed waiting lines of the statement's new
+	// rows, each once, in key order.
+	waitingLinesV11 = `SELECT DISTINCT n.kind, n.priority, n.tenant FROM idemgate_new_tasks n
+		WHERE n.state OPERATOR(pg_catalog.=) ANY ('{pending,retrying}'::pg_catalog.text[])
+			AND (n.turn IS NULL OR n.turn OPERATOR(pg_catalog.>=) 0) ORDER BY 1, 2, 3`
+	// waitingInsertV11 lists the statement's lines, each locked shared
+	// (the lateral call) just before its row is inserted.
+	waitingInsertV11 = `INSERT INTO idemgate_waiting_tenants (kind, priority, tenant)
+		SELECT w.kind, w.priority, w.tenant FROM (` + waitingLinesV11 + `) w
+		CROSS JOIN LATERAL pg_catalog.pg_advisory_xact_lock_shared(8193, ` + lineLockV11Expr + `) l
+		ON CONFLICT DO NOTHING`
+	// waitingEmptyV11 is waitingEmpty, spelled.
+	waitingEmptyV11 = `NOT EXISTS (SELECT FROM idemgate_tasks t WHERE t.kind OPERATOR(pg_catalog.=) w.kind
+		AND t.priority OPERATOR(pg_catalog.=) w.priority AND t.tenant OPERATOR(pg_catalog.=) w.tenant
+		AND t.state OPERATOR(pg_catalog.=) ANY ('{pending,retrying}'::pg_catalog.text[])
+		AND (t.turn IS NULL OR t.turn OPERATOR(pg_catalog.>=) 0))`
+	// lineLockV11Expr is the second key of line w's lock (v9's, the same
+	// value: the hash of "kind/priority/tenant", modulo 64).
+	lineLockV11Expr = `pg_catalog.hashtext(w.kind OPERATOR(pg_catalog.||) '/'::pg_catalog.text OPERATOR(pg_catalog.||)
+		w.priority::pg_catalog.text OPERATOR(pg_catalog.||) '/'::pg_catalog.text OPERATOR(pg_catalog.||) w.tenant)
+		OPERATOR(pg_catalog.&) 63`
+)
+
+// lineLockV11 is lineLockV11Expr of the line named alias.
+func lineLockV11(alias string) string {
+	return strings.ReplaceAll(lineLockV11Expr, "w.", alias+".")
+}
+
 // turnOf is the turn of a new task of (kind, priority, tenant), SQL
 // expressions all three: the turn after the tenant's last task waiting in
 // that line, but never before the line's next turn (the lowest turn of
@@ -526,7 +688,7 @@ WHERE NOT @notify::boolean OR ins.run_after > now() OR idemgate_tasks_notify(ins
 		run_after, priority, turn)
 	SELECT u.tenant, u.owner, u.kind, u.runtime, u.network, u.key, u.fingerprint, u.params, u.trace,
 		greatest(u.run_after, now()), u.priority,
-		CASE WHEN u.run_after > now() THEN ` + unplaced + ` ELSE (SELECT array_agg(` + turnOf("l.kind", "l.priority", "l.tenant") + ` ORDER BY l.line)
+		CASE WHEN u.run_after > now() THEN ` + unplaced + ` ELSE (SELECT pg_catalog.array_agg(` + turnOf("l.kind", "l.priority", "l.tenant") + ` ORDER BY l.line)
 			FROM (SELECT DISTINCT ON (line) line, kind, priority, tenant
 				FROM unnest(@lines_of::int[], @kinds::text[], @priorities::smallint[], @tenants::text[])
 					AS v(line, kind, priority, tenant)
@@ -550,7 +712,7 @@ FROM unnest(@tenants::text[], @keys::text[], @runtimes::text[], @networks::text[
 CROSS JOIN LATERAL (SELECT ` + taskColumns + ` FROM idemgate_tasks h
 	WHERE h.tenant = x.tenant AND h.idempotency_key = x.key AND h.runtime = x.runtime AND h.network = x.network
 	LIMIT 1) t
-WHERE (SELECT count(*) FROM ins) < cardinality(@keys::text[])`
+WHERE (SELECT count(*) FROM ins) < pg_catalog.cardinality(@keys::text[])`
 
 	// sqlByKey reads a task back by its full key.
 	sqlByKey = `SELECT ` + taskColumns + `, true AS duplicate FROM idemgate_tasks
@@ -623,7 +785,7 @@ SELECT *, false AS duplicate FROM can WHERE idemgate_tasks_notify_cancel(can.id)
 	sqlPrune = `WITH doomed AS (
 	SELECT id FROM idemgate_tasks
 	WHERE state IN ('succeeded', 'failed', 'cancelled')
-		AND finished_at < now() - @older_us::bigint * interval '1 microsecond'
+		AND finished_at < now() - @older_us::bigint::float8 * interval '1 microsecond'
 	ORDER BY finished_at
 	LIMIT @limit
 	FOR UPDATE SKIP LOCKED
@@ -692,13 +854,13 @@ FROM idemgate_tasks WHERE state = 'uncertain' AND locked_by IS NOT NULL AND run_
 // limited says whether any of @kinds (all when empty) has limits or is
 // paused: while none has, workers claim with claimFreeSQL.
 const sqlLockLimitedKinds = `SELECT ` + claimSettings + ` AS settings,
-	(SELECT cardinality(set_config('idemgate.locked_kinds', coalesce(array_agg(k.kind), '{}')::text, true)::text[])
+	(SELECT pg_catalog.cardinality(set_config('idemgate.locked_kinds', coalesce(pg_catalog.array_agg(k.kind), '{}')::text, true)::text[])
 	FROM (SELECT l.kind, pg_advisory_xact_lock(8192, hashtext(l.kind)) FROM idemgate_kind_limits l
 		WHERE ` + hasLimits + `
-			AND (cardinality(coalesce(@kinds::text[], '{}')) = 0 OR l.kind = ANY(@kinds::text[]))
+			AND (pg_catalog.cardinality(coalesce(@kinds::text[], '{}')) = 0 OR l.kind = ANY(@kinds::text[]))
 		ORDER BY hashtext(l.kind), l.kind) k) AS locked,
 	EXISTS (SELECT FROM idemgate_kind_limits l WHERE ` + hasLimits + `
-		AND (cardinality(coalesce(@kinds::text[], '{}')) = 0 OR l.kind = ANY(@kinds::text[]))) AS limited`
+		AND (pg_catalog.cardinality(coalesce(@kinds::text[], '{}')) = 0 OR l.kind = ANY(@kinds::text[]))) AS limited`
 
 // claimSettings are the settings of a claim's transaction: JIT off (see
 // sqlLockLimitedKinds) and the claim's generic plan. A claim's LIMIT is a
@@ -735,7 +897,7 @@ const holding = `(h.state = 'running' AND h.lease_until > now()
 // the transaction's: a claim's transaction may have waited for the lock
 // of its kinds, and the bucket refills only until the claim is made.
 const tokensNow = `least(greatest(1, l.starts_per_second),
-	l.tokens + l.starts_per_second * greatest(0, extract(epoch FROM statement_timestamp() - l.refilled_at)))`
+	l.tokens + l.starts_per_second * greatest(0, extract(epoch FROM statement_timestamp() - l.refilled_at))::float8)`
 
 // lockedKinds are the kinds whose locks sqlLockLimitedKinds took in this
 // transaction (none outside one).
@@ -780,7 +942,7 @@ const (
 	runnablePick = `priority DESC, kind_rank, turn NULLS FIRST, run_after`
 	runnableDue  = `d.state IN ('pending', 'retrying') AND d.run_after <= now() AND (d.turn IS NULL OR d.turn >= 0)`
 	notHeld      = `id <> ALL(coalesce(@held::uuid[], '{}'))`
-	anyOfKinds   = `(cardinality(coalesce(@kinds::text[], '{}')) = 0 OR %s = ANY(@kinds::text[]))`
+	anyOfKinds   = `(pg_catalog.cardinality(coalesce(@kinds::text[], '{}')) = 0 OR %s = ANY(@kinds::text[]))`
 	// noRoom is true of a task t whose kind can start nothing now.
 	noRoom = `EXISTS (SELECT FROM lim WHERE lim.kind = t.kind AND lim.room = 0)`
 	// tenantCapped is true of a task t whose tenant is at its kind's
@@ -1098,7 +1260,7 @@ var sqlClaimUncertain = claimSQL(claimShape{
 	pick:  "run_after",
 	due:   `d.state = 'uncertain' AND d.run_after <= now()`,
 	set: `attempt = t.attempt + 1,
-	run_after = now() + @lease_us::bigint * interval '1 microsecond', locked_by = @worker,
+	run_after = now() + @lease_us::bigint::float8 * interval '1 microsecond', locked_by = @worker,
 	updated_at = now()`,
 })
 
@@ -1212,7 +1374,7 @@ const (
 	// claimSet is the SET list of a claim: the attempt's lease and the
 	// kind's lost-attempt policy, which rescuers apply to the row.
 	claimSet = `state = 'running', attempt = t.attempt + 1, tries = t.tries + 1,
-	lease_until = now() + @lease_us::bigint * interval '1 microsecond', locked_by = @worker,
+	lease_until = now() + @lease_us::bigint::float8 * interval '1 microsecond', locked_by = @worker,
 	lost = CASE WHEN t.kind = ANY(@uncertain_kinds::text[]) THEN 'uncertain' ELSE 'retry' END,
 	updated_at = now()`
 
@@ -1263,7 +1425,7 @@ RETURNING state`
 	sqlUncertain = `UPDATE idemgate_tasks SET
 	state = CASE WHEN finished_at IS NOT NULL THEN 'cancelled' ELSE 'uncertain' END,
 	error = CASE WHEN finished_at IS NOT NULL THEN error ELSE @error::text END,
-	run_after = now() + @after_us::bigint * interval '1 microsecond',
+	run_after = now() + @after_us::bigint::float8 * interval '1 microsecond',
 	lease_until = NULL, locked_by = NULL, updated_at = now()
 WHERE id = @id::uuid AND attempt = @attempt AND state = @from
 RETURNING state`
@@ -1271,11 +1433,11 @@ RETURNING state`
 	// backoff is the delay before try number tries + 1, in µs:
 	// min(@backoff_max_us, @backoff_base_us·2^(tries−1)), less a random
 	// jitter of up to @jitter of it.
-	backoff = `least(@backoff_max_us::float8, @backoff_base_us::float8 * power(2, least(greatest(tries - 1, 0), 40)))
+	backoff = `least(@backoff_max_us::float8, @backoff_base_us::float8 * power(2::float8, least(greatest(tries - 1, 0), 40)::float8))
 	* (1 - @jitter::float8 * random())`
 
 	// tBackoff is backoff for the alias t.
-	tBackoff = `least(@backoff_max_us::float8, @backoff_base_us::float8 * power(2, least(greatest(t.tries - 1, 0), 40)))
+	tBackoff = `least(@backoff_max_us::float8, @backoff_base_us::float8 * power(2::float8, least(greatest(t.tries - 1, 0), 40)::float8))
 	* (1 - @jitter::float8 * random())`
 
 	// sqlRetry requeues a task after @after_us, or after the backoff when
@@ -1285,7 +1447,7 @@ RETURNING state`
 	state = CASE WHEN finished_at IS NOT NULL THEN 'cancelled'
 		WHEN tries >= @max_attempts::int THEN 'failed' ELSE 'retrying' END,
 	error = CASE WHEN finished_at IS NOT NULL THEN error
-		WHEN tries >= @max_attempts::int THEN 'gave up after ' || tries || ' attempts: ' || @error::text
+		WHEN tries >= @max_attempts::int THEN 'gave up after ' || tries::text || ' attempts: ' || @error::text
 		ELSE @error::text END,
 	run_after = now() + (CASE WHEN @after_us::bigint >= 0 THEN @after_us::bigint::float8
 		ELSE ` + backoff + ` END) * interval '1 microsecond',
@@ -1307,14 +1469,14 @@ RETURNING state`
 		state = CASE WHEN finished_at IS NOT NULL THEN 'cancelled' WHEN lost = 'uncertain' THEN 'uncertain'
 			WHEN tries >= @max_attempts::int THEN 'failed' ELSE 'retrying' END,
 		error = CASE WHEN finished_at IS NOT NULL THEN error
-			WHEN lost = 'uncertain' THEN 'released at shutdown on attempt ' || tries
+			WHEN lost = 'uncertain' THEN 'released at shutdown on attempt ' || tries::text
 				|| ': the upstream outcome is unknown'
-			WHEN tries >= @max_attempts::int THEN 'released at shutdown on attempt ' || tries || ' of '
-				|| @max_attempts::int || ': the handler did not finish in time'
+			WHEN tries >= @max_attempts::int THEN 'released at shutdown on attempt ' || tries::text || ' of '
+				|| @max_attempts::int::text || ': the handler did not finish in time'
 			ELSE error END,
 		finished_at = CASE WHEN finished_at IS NOT NULL THEN finished_at
 			WHEN lost <> 'uncertain' AND tries >= @max_attempts::int THEN now() END,
-		run_after = CASE WHEN lost = 'uncertain' THEN now() + @reconcile_us::bigint * interval '1 microsecond'
+		run_after = CASE WHEN lost = 'uncertain' THEN now() + @reconcile_us::bigint::float8 * interval '1 microsecond'
 			ELSE now() END,
 		lease_until = NULL, locked_by = NULL, updated_at = now()
 	WHERE id = @id::uuid AND attempt = @attempt AND state = 'running'
@@ -1334,7 +1496,7 @@ SELECT state FROM rel WHERE CASE WHEN rel.state = 'retrying' THEN idemgate_tasks
 	FOR UPDATE OF t
 )
 UPDATE idemgate_tasks t
-SET lease_until = now() + @lease_us::bigint * interval '1 microsecond'
+SET lease_until = now() + @lease_us::bigint::float8 * interval '1 microsecond'
 FROM locked WHERE t.id = locked.id
 RETURNING t.id::text AS id, t.attempt, t.finished_at IS NOT NULL AS cancelled`
 
@@ -1370,9 +1532,9 @@ UPDATE idemgate_tasks t SET
 	state = CASE WHEN t.finished_at IS NOT NULL THEN 'cancelled' WHEN t.lost = 'uncertain' THEN 'uncertain'
 		WHEN t.tries >= @max_attempts::int THEN 'failed' ELSE 'retrying' END,
 	error = CASE WHEN t.finished_at IS NOT NULL THEN t.error
-		WHEN t.lost = 'uncertain' THEN 'lease expired on attempt ' || t.tries
+		WHEN t.lost = 'uncertain' THEN 'lease expired on attempt ' || t.tries::text
 			|| ': the upstream outcome is unknown'
-		WHEN t.tries >= @max_attempts::int THEN 'lease expired on attempt ' || t.tries || ' of ' || @max_attempts::int
+		WHEN t.tries >= @max_attempts::int THEN 'lease expired on attempt ' || t.tries::text || ' of ' || @max_attempts::int::text
 		ELSE 'lease expired' END,
 	run_after = now() + (CASE WHEN t.lost = 'uncertain' THEN @reconcile_us::bigint::float8
 		ELSE ` + tBackoff + ` END) * interval '1 microsecond',

@@ -247,9 +247,15 @@ func (s *Store) Submit(ctx context.Context, t NewTask) (Task, error) {
 // enqueue follow-up work atomically with its own writes. The task (and
 // its notification) exists only if tx commits. It runs under a savepoint,
 // so a unique violation met while the key index is being rebuilt does not
-// abort tx. Use it under READ COMMITTED: under REPEATABLE READ or
-// SERIALIZABLE a concurrent duplicate surfaces as a serialization failure
-// the caller must retry.
+// abort tx. It works under every isolation level, but under REPEATABLE
+// READ or SERIALIZABLE a concurrent duplicate (the same key submitted by
+// a transaction that committed after tx's snapshot) surfaces as a
+// serialization failure (SQLSTATE 40001), and so, under SERIALIZABLE, may
+// a conflict Postgres' serializable checks find among tx's reads and
+// writes: the savepoint is rolled back, and the caller rolls tx back and
+// runs it again, as for any serialization failure. The listing of the
+// task's line (below) never fails tx: a line another transaction listed
+// after tx's snapshot counts as listed (schema v11).
 //
 // Before the task, it lists the task's line (kind, priority, tenant) for
 // the claim of capped tenants (schema v9) in a statement of its own,
@@ -298,7 +304,7 @@ func (s *Store) listLine(ctx context.Context, t NewTask) {
 	}
 	defer conn.Release()
 	b := &pgx.Batch{}
-	b.Queue(`BEGIN`)
+	b.Queue(`BEGIN ISOLATION LEVEL READ COMMITTED`) // the upsert waits for a row, then reads it
 	b.Queue(fmt.Sprintf(`SET LOCAL lock_timeout = %d`, listLineLockWait.Milliseconds()))
 	b.Queue(sqlListLine, pgx.NamedArgs{"kind": t.Kind, "priority": t.Priority, "tenant": t.Tenant})
 	b.Queue(`COMMIT`)
@@ -361,8 +367,16 @@ func submit(ctx context.Context, q querier, t NewTask, notify, savepoints bool) 
 		"network": t.Network, "key": t.IdempotencyKey, "fingerprint": t.Fingerprint, "params": params,
 		"trace": storableText(t.Trace), "run_after": runAfterArg(t.RunAfter), "priority": t.Priority,
 		"notify": notify}
+	var serialization error
 	for range submitTries {
 		got, found, err := submitOnce(ctx, q, args, savepoints)
+		if err != nil && !savepoints && sqlState(err) == codeSerializationFailure {
+			// A statement of its own, under a REPEATABLE READ or
+			// SERIALIZABLE default, met a holder committed after its
+			// snapshot: the next statement's snapshot sees it.
+			serialization = err
+			continue
+		}
 		if err != nil {
 			return Task{}, err
 		}
@@ -373,6 +387,9 @@ func submit(ctx context.Context, q querier, t NewTask, notify, savepoints bool) 
 			return Task{}, ErrConflict
 		}
 		return got, nil
+	}
+	if serialization != nil {
+		return Task{}, serialization
 	}
 	return Task{}, fmt.Errorf("pgstore: submit: key is held, but no task with the full key (tenant, key, runtime, network) "+
 		"became visible after %d tries (a task of another runtime or network holds it while the narrow v1 index is in force?)", submitTries)
@@ -428,6 +445,22 @@ func run(ctx context.Context, q querier, savepoint bool, sql string, args ...any
 		return Task{}, false, err
 	}
 	return got, found, sp.Commit(ctx)
+}
+
+// queryTaskAlone is queryTask of a statement that is a transaction of
+// its own, run again on a serialization failure: under a REPEATABLE READ
+// or SERIALIZABLE default, a row the statement waited for and found
+// changed by a transaction that committed after its snapshot fails it
+// (40001), where READ COMMITTED would have read the row again; the next
+// statement's snapshot sees the change.
+func queryTaskAlone(ctx context.Context, q querier, sql string, args ...any) (t Task, found bool, err error) {
+	for range submitTries {
+		t, found, err = queryTask(ctx, q, sql, args...)
+		if sqlState(err) != codeSerializationFailure {
+			break
+		}
+	}
+	return t, found, err
 }
 
 // queryTask returns the first task the query yields, if any.
@@ -515,7 +548,7 @@ func (s *Store) Recover(ctx context.Context, tenant, owner, id string) (Task, er
 	if !validID(id) {
 		return Task{}, ErrNotFound
 	}
-	t, found, err := queryTask(ctx, s.pool, sqlRecover, pgx.NamedArgs{"id": id, "tenant": tenant, "owner": owner,
+	t, found, err := queryTaskAlone(ctx, s.pool, sqlRecover, pgx.NamedArgs{"id": id, "tenant": tenant, "owner": owner,
 		"max_recoveries": MaxRecoveries})
 	if err != nil {
 		return Task{}, interpretError("recover", err)
@@ -557,7 +590,7 @@ func (s *Store) cancel(ctx context.Context, sc scope, id string) (Task, error) {
 	if !validID(id) {
 		return Task{}, ErrNotFound
 	}
-	t, found, err := queryTask(ctx, s.pool, sqlCancel, sc.args(id))
+	t, found, err := queryTaskAlone(ctx, s.pool, sqlCancel, sc.args(id))
 	if err != nil {
 		return Task{}, interpretError("cancel", err)
 	}

@@ -73,6 +73,12 @@ func (s *Store) SubmitMany(ctx context.Context, ts []NewTask) ([]SubmitResult, e
 	stored := make(map[fullKey]Task, len(todo))
 	for range submitTries {
 		rows, err := s.submitBatch(ctx, ts, todo, notify)
+		if sqlState(err) == codeSerializationFailure {
+			// Under a REPEATABLE READ or SERIALIZABLE default, a key held
+			// by a row committed after the statement's snapshot: the next
+			// statement's snapshot sees it.
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}

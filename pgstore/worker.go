@@ -335,8 +335,12 @@ func (w *Worker) claimStatement(n int) (string, pgx.NamedArgs) {
 // limits (claimFreeSQL) runs after sqlClaimSettings; a claim with limits
 // after sqlLockLimitedKinds, which sets them too: its snapshot is taken
 // after the locks are granted, so it sees every claim of a limited kind
-// committed before. A kind it reports held back by its limits is emitted
-// as WorkerHeldBack.
+// committed before. That needs READ COMMITTED, whatever the database's
+// default_transaction_isolation: under REPEATABLE READ or SERIALIZABLE
+// the transaction's one snapshot is taken at the lock statement, before
+// the locks are granted, and the claim would count the kind's attempts
+// as they were before it waited. A kind it reports held back by its
+// limits is emitted as WorkerHeldBack.
 func (w *Worker) runClaim(ctx context.Context, sql string, args pgx.NamedArgs) ([]Task, error) {
 	if w.test != nil && w.test.plainClaim != "" && (sql == w.claimSQL || sql == w.claimFreeSQL) {
 		rows, _ := w.store.pool.Query(ctx, w.test.plainClaim, args)
@@ -344,7 +348,7 @@ func (w *Worker) runClaim(ctx context.Context, sql string, args pgx.NamedArgs) (
 	}
 	free := sql == w.claimFreeSQL
 	var b pgx.Batch
-	b.Queue("BEGIN")
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	if free {
 		b.Queue(sqlClaimSettings)
 	} else {

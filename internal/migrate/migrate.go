@@ -79,8 +79,15 @@ type Runner struct {
 // the lock holder touches). Transactional versions give up after 5s
 // waiting for a table lock, rather than queue the table's readers and
 // writers behind them.
+//
+// Every transaction of the session is READ COMMITTED, whatever the
+// database's default_transaction_isolation: a step that takes a table
+// lock and then reads the table (pgstore's v9 fills a table from the
+// tasks after its triggers hold them) must read after the lock is
+// granted, and under REPEATABLE READ the transaction's snapshot is that
+// of its first statement, taken before the wait.
 const (
-	sqlTimeouts      = `SET statement_timeout = '15min'; SET lock_timeout = 0`
+	sqlTimeouts      = `SET statement_timeout = '15min'; SET lock_timeout = 0; SET default_transaction_isolation = 'read committed'`
 	sqlTxLockTimeout = `SET LOCAL lock_timeout = '5s'`
 	sqlTryLock       = `SELECT pg_try_advisory_lock($1, hashtext(current_schema()))`
 	sqlUnlock        = `SELECT pg_advisory_unlock($1, hashtext(current_schema()))`

@@ -69,7 +69,8 @@ BEGIN
 	PERFORM set_config('search_path', quote_ident(current_schema()), false);
 END $$`
 	sqlScriptTimeouts = `SET statement_timeout = '15min';
-SET lock_timeout = 0`
+SET lock_timeout = 0;
+SET default_transaction_isolation = 'read committed'`
 	// sqlScriptGuard refuses a version recorded already, then takes Run's
 	// advisory lock without waiting (a session waiting for it would hold
 	// a snapshot that Run's CREATE INDEX CONCURRENTLY waits for), so that
