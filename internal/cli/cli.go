@@ -17,11 +17,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -240,7 +244,10 @@ func (c *common) openPool(ctx context.Context) (*pgxpool.Pool, string, error) {
 	}
 	cfg, err := pgxpool.ParseConfig(c.databaseURL)
 	if err != nil {
-		return nil, "", fmt.Errorf("DATABASE_URL: %w", err) // pgconn hides the password
+		// pgconn's error quotes the string with its passwords masked on a
+		// best-effort basis only (its own words), and a wrapped url.Error
+		// quotes it as given: say nothing of the string.
+		return nil, "", errors.New("DATABASE_URL: not a postgres:// URL or key=value string that pgx can read (not shown: it may hold a password)")
 	}
 	if c.schema != "" {
 		cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{c.schema}.Sanitize()
@@ -255,7 +262,7 @@ func (c *common) openPool(ctx context.Context) (*pgxpool.Pool, string, error) {
 	var schema *string
 	if err := pool.QueryRow(pctx, "SELECT current_schema()").Scan(&schema); err != nil {
 		pool.Close()
-		return nil, "", fmt.Errorf("postgres %s: %w", redisurl.Redact(c.databaseURL), err)
+		return nil, "", fmt.Errorf("postgres %s: %w", pgTarget(cfg.ConnConfig.Config), err)
 	}
 	if schema == nil {
 		pool.Close()
@@ -265,6 +272,15 @@ func (c *common) openPool(ctx context.Context) (*pgxpool.Pool, string, error) {
 		return nil, "", errors.New("the connection's search_path names no existing schema: set -schema")
 	}
 	return pool, *schema, nil
+}
+
+// pgTarget names the server and database cfg connects to, for an error:
+// built from the parsed fields, not the string, which may carry a password
+// in its user info, in a query parameter (password=, sslpassword=) or in
+// a key=value pair.
+func pgTarget(cfg pgconn.Config) string {
+	return fmt.Sprintf("postgres://%s@%s/%s", url.PathEscape(cfg.User),
+		net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))), url.PathEscape(cfg.Database))
 }
 
 // openRedis connects to REDIS_URL.
