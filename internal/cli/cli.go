@@ -138,7 +138,7 @@ func verb(args []string, nounUsage string, env Env) (string, []string, []string,
 
 // boolFlags are the flags that take no value, so that one given before
 // the verb does not take the verb for its value.
-var boolFlags = map[string]bool{"json": true, "yes": true, "check": true, "pending": true, "finished": true, "new-kind": true}
+var boolFlags = map[string]bool{"json": true, "yes": true, "check": true, "pending": true, "finished": true, "new-kind": true, "force": true}
 
 // common are the flags every command takes.
 type common struct {
@@ -331,17 +331,31 @@ func StdinIsTerminal(f *os.File) bool {
 }
 
 // confirm asks the person at the terminal to type yes before what (a
-// phrase such as "cancel task X (...)") is done, after show has printed
-// what it acts on. Without a terminal it refuses: a script says -yes.
-func confirm(env Env, what string, show func()) error {
+// phrase such as "cancel task X (...)") is done, after show has written
+// what it acts on to w, the terminal's stderr: stdout may be a file or
+// carry -json. Without a terminal it refuses: a script says -yes. Ctrl-C
+// (ctx done) at the prompt ends it, not confirmed.
+func confirm(ctx context.Context, env Env, what string, show func(w io.Writer)) error {
 	if !env.StdinIsTerminal {
 		return fmt.Errorf("refusing to %s without a confirmation: pass -yes", strings.SplitN(what, " (", 2)[0])
 	}
-	show()
+	show(env.Stderr)
 	fmt.Fprintf(env.Stderr, "About to %s.\nType yes to go on: ", what)
-	answer, _ := bufio.NewReader(env.Stdin).ReadString('\n')
-	if strings.TrimSpace(answer) != "yes" {
-		return errors.New("not confirmed: nothing changed")
+	// The read cannot be interrupted; on Ctrl-C the command ends and the
+	// process with it, and the goroutine with the process.
+	answer := make(chan string, 1)
+	go func() {
+		a, _ := bufio.NewReader(env.Stdin).ReadString('\n')
+		answer <- a
+	}()
+	select {
+	case <-ctx.Done():
+		fmt.Fprintln(env.Stderr)
+		return errors.New("interrupted at the confirmation: nothing changed")
+	case a := <-answer:
+		if strings.TrimSpace(a) != "yes" {
+			return errors.New("not confirmed: nothing changed")
+		}
+		return nil
 	}
-	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -20,10 +21,16 @@ const recordsUsage = `Usage: %[1]s records show | release [flags]
                     holds it) or finished (it holds the answer), when its
                     lease or retention ends, the stored status and size, the
                     fingerprint. User and request id appear as digests only.
-  records release   free a stuck claim so that the client's retry runs
-                    (the request that held it can no longer finish it);
+  records release   free a stuck claim so that the client's retry runs;
                     with -finished, also forget a stored answer. Asks for a
                     confirmation; -yes confirms without a terminal.
+
+A claim is live while its lease is renewed: the middleware renews it every
+Lease/3 while the handler runs (or hangs). release refuses a claim renewed
+within the last 2/3 of its lease (more than a third of it left), and one
+whose token records no lease (an older idemgate's), unless -force: the
+handler that holds a live claim still runs, and the client's retry would
+run it a second time, so its effects (a charge, an email) may happen twice.
 
 The key, as the middleware derives it:
   -tenant T -user U -request-id R -kind K     (or -key idem:…, as stored)
@@ -82,10 +89,11 @@ func Records(ctx context.Context, args []string, env Env) error {
 	c.jsonFlag(fs)
 	var k keyFlags
 	k.add(fs)
-	var finished, yes bool
+	var finished, yes, force bool
 	if sub == "release" {
 		fs.BoolVar(&finished, "finished", false, "also forget a finished record's stored answer (the next request with the key runs again)")
 		fs.BoolVar(&yes, "yes", false, "confirm without asking")
+		fs.BoolVar(&force, "force", false, "release a live claim too (or one whose holder cannot be told): its handler may still run, and its effects may happen twice")
 	}
 	if _, err := parseOperands(fs, pre, args, 0, false); err != nil {
 		return err
@@ -144,17 +152,30 @@ func Records(ctx context.Context, args []string, env Env) error {
 		out.record(row) //nolint:errcheck // the error below matters more
 		return errors.New("the record is finished: it holds the answer the client's retries get. Pass -finished to forget that answer (the next request with this key runs the handler again)")
 	}
-	what := "release the claim (the request holding it can no longer finish it; the client's retry will run)"
+	if !info.Finished && row.Holder != holderStuck && !force {
+		out.record(row) //nolint:errcheck // the error below matters more
+		return errors.New(refuseLive(row))
+	}
+	what := "release the claim (" + releaseEffect(row) + ")"
 	if info.Finished {
 		what = fmt.Sprintf("forget the stored answer (status %d, %d bytes; the next request with this key runs again)", info.Status, info.BodySize)
 	}
 	if !yes {
-		if err := confirm(env, what, func() {
-			if !c.json {
-				out.record(row) //nolint:errcheck
-			}
+		if err := confirm(ctx, env, what, func(w io.Writer) {
+			printer{w: w}.record(row) //nolint:errcheck // the answer below matters more
 		}); err != nil {
 			return err
+		}
+		// A person took time to answer: a holder judged stuck may have
+		// renewed since. Read the record again, as Forget would act on it.
+		again, err := insp.Inspect(ctx, key)
+		if err != nil && !errors.Is(err, middleware.ErrNoRecord) {
+			return err
+		}
+		if err == nil && again.Token == info.Token && again.Finished == info.Finished && !info.Finished && !force {
+			if r := recordRowOf(key, k.store, again, time.Now()); r.Holder != holderStuck {
+				return errors.New("the claim was renewed while you answered: " + refuseLive(r))
+			}
 		}
 	}
 	if err := insp.Forget(ctx, key, info.Token, info.Finished); err != nil {
@@ -173,8 +194,69 @@ func Records(ctx context.Context, args []string, env Env) error {
 	if info.Finished {
 		state = "stored answer forgotten"
 	}
-	_, err = fmt.Fprintf(env.Stdout, "%s: %s (token %s)\n", state, shortKey(key), info.Token)
-	return err
+	if _, err := fmt.Fprintf(env.Stdout, "%s: %s (token %s)\n", state, shortKey(key), info.Token); err != nil {
+		return err
+	}
+	if !info.Finished && row.Holder != holderStuck {
+		fmt.Fprintf(env.Stderr, "warning: %s; if it still runs, its effects may happen twice once the client retries.\n", holderPhrase(row))
+	}
+	return nil
+}
+
+// The holder of a claim, as the tools judge it from the lease.
+const (
+	// holderLive: renewed within the last 2/3 of its lease. The
+	// middleware renews every Lease/3 while the handler runs, so a running
+	// (or hung) handler's claim has more than a third of its lease left
+	// but for a renewal that stalled past a whole renewal period.
+	holderLive = "live"
+	// holderStuck: not renewed for 2/3 of its lease or more: two
+	// renewals in a row did not land, so its holder has most likely
+	// crashed or lost the store. (A holder cut off from the store may
+	// still be running; that is why release still asks.)
+	holderStuck = "stuck"
+	// holderUnknown: the token records no lease (an older idemgate's
+	// claim, or a lease over about 49 days): live and stuck look alike.
+	holderUnknown = "unknown"
+)
+
+// holderOf judges a claim's holder.
+func holderOf(info middleware.RecordInfo) (holder string, sinceRenewal time.Duration) {
+	if info.Lease <= 0 {
+		return holderUnknown, 0
+	}
+	sinceRenewal = max(info.Lease-info.Left, 0)
+	if sinceRenewal < info.Lease*2/3 {
+		return holderLive, sinceRenewal
+	}
+	return holderStuck, sinceRenewal
+}
+
+// holderPhrase says who holds a claimed record, in a phrase.
+func holderPhrase(r recordRow) string {
+	switch r.Holder {
+	case holderLive:
+		return fmt.Sprintf("its handler is running (or hung): the claim was renewed %s ago, within 2/3 of its %s lease (it is renewed every %s while the handler runs)",
+			r.SinceRenewal, r.Lease, r.RenewEvery)
+	case holderStuck:
+		return fmt.Sprintf("its holder has stopped renewing it: last renewed %s ago, 2/3 of its %s lease or more (it is renewed every %s while the handler runs)",
+			r.SinceRenewal, r.Lease, r.RenewEvery)
+	}
+	return "it was claimed by an idemgate that records no lease in its token, so a running handler cannot be told from a stuck one"
+}
+
+// refuseLive is the refusal to release a claim that is not stuck.
+func refuseLive(r recordRow) string {
+	return fmt.Sprintf("refusing to release the claim: %s. Released, the client's retry runs the handler again while this one may still run, and its effects (a charge, an email) may happen twice. Wait for the lease to run out (%s left) or the handler to finish; pass -force to release it anyway",
+		holderPhrase(r), r.Left)
+}
+
+// releaseEffect says what releasing a claim does, for the confirmation.
+func releaseEffect(r recordRow) string {
+	if r.Holder == holderStuck {
+		return holderPhrase(r) + "; the client's retry will run the handler again, and if the holder still runs after all, its effects may happen twice"
+	}
+	return "FORCED: " + holderPhrase(r) + "; the client's retry will run the handler again while this one may still run: its effects may happen twice"
 }
 
 // recordRow is a record as the tools print it.
@@ -195,6 +277,13 @@ type recordRow struct {
 	Headers       []string  `json:"headers,omitempty"` // names only
 	BodyBytes     int       `json:"body_bytes"`
 	StoredBytes   int       `json:"stored_bytes"`
+	// A claim's times, where its token records them (see holderOf).
+	ClaimedAt    *time.Time `json:"claimed_at,omitempty"`
+	RenewedAt    *time.Time `json:"renewed_at,omitempty"`
+	Lease        string     `json:"lease,omitempty"`
+	RenewEvery   string     `json:"renew_every,omitempty"`
+	SinceRenewal string     `json:"since_renewal,omitempty"`
+	Holder       string     `json:"holder,omitempty"` // live, stuck or unknown (claimed only)
 }
 
 func recordRowOf(key, store string, info middleware.RecordInfo, now time.Time) recordRow {
@@ -204,6 +293,22 @@ func recordRowOf(key, store string, info middleware.RecordInfo, now time.Time) r
 		StoredBytes: info.Size, Kind: info.Kind}
 	if info.Finished {
 		r.State = "finished"
+	}
+	if !info.ClaimedAt.IsZero() {
+		at := info.ClaimedAt.UTC()
+		r.ClaimedAt = &at
+	}
+	if !info.Finished {
+		var since time.Duration
+		r.Holder, since = holderOf(info)
+		if r.Holder != holderUnknown {
+			at := now.Add(-since).UTC().Truncate(time.Millisecond)
+			r.RenewedAt, r.Lease, r.RenewEvery = &at, info.Lease.String(), (info.Lease / 3).String()
+			r.SinceRenewal = since.Round(time.Second).String()
+			if since < time.Second {
+				r.SinceRenewal = since.Round(time.Millisecond).String()
+			}
+		}
 	}
 	for name := range info.Header {
 		r.Headers = append(r.Headers, name)
@@ -234,7 +339,18 @@ func (p printer) record(r recordRow) error {
 	} else if r.Kind != "" {
 		lines = append(lines, [2]string{"kind", r.Kind})
 	}
-	lines = append(lines, [2]string{"state", state}, [2]string{until, r.Until.Format(time.RFC3339) + " (in " + r.Left + ")"},
+	lines = append(lines, [2]string{"state", state}, [2]string{until, r.Until.Format(time.RFC3339) + " (in " + r.Left + ")"})
+	if r.ClaimedAt != nil {
+		lines = append(lines, [2]string{"claimed", r.ClaimedAt.Format(time.RFC3339Nano) + " (by the claiming node's clock)"})
+	}
+	if r.State == "claimed" {
+		if r.RenewedAt != nil {
+			lines = append(lines, [2]string{"lease", r.Lease + ", renewed every " + r.RenewEvery + " while the handler runs"},
+				[2]string{"last renewed", r.RenewedAt.Format(time.RFC3339Nano) + " (" + r.SinceRenewal + " ago)"})
+		}
+		lines = append(lines, [2]string{"holder", r.Holder + ": " + holderPhrase(r)})
+	}
+	lines = append(lines,
 		[2]string{"token", r.Token}, [2]string{"fingerprint", r.Fingerprint},
 		[2]string{"field digests", fmt.Sprint(r.Fields)})
 	if r.State == "finished" {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -184,10 +185,8 @@ func confirmTask(ctx context.Context, op pgstore.Operator, env Env, out printer,
 	default:
 		return nil
 	}
-	return confirm(env, what, func() {
-		if !out.json {
-			out.task(t) //nolint:errcheck // the answer below matters more
-		}
+	return confirm(ctx, env, what, func(w io.Writer) {
+		printer{w: w}.task(t) //nolint:errcheck // the answer below matters more
 	})
 }
 
