@@ -227,8 +227,10 @@ func printSQL(p printer, schema string, pkgs []pkg, states map[string][]migrate.
 	var b strings.Builder
 	b.WriteString("-- idemgate migrations. Run with: psql -X -v ON_ERROR_STOP=1 -f <this file>\n")
 	b.WriteString("-- (never psql -1 or --single-transaction: CONCURRENTLY steps cannot run in a transaction).\n")
+	setSchema := ""
 	if schema != "" {
-		b.WriteString("SET search_path TO " + pgx.Identifier{schema}.Sanitize() + ";\n")
+		setSchema = "SET search_path TO " + pgx.Identifier{schema}.Sanitize() + ";\n"
+		b.WriteString(setSchema)
 	}
 	for _, pk := range pkgs {
 		script := pk.sql()
@@ -245,11 +247,15 @@ func printSQL(p printer, schema string, pkgs []pkg, states map[string][]migrate.
 		_, err := fmt.Fprint(p.w, b.String())
 		return err
 	}
-	return p.encode(chunksOf(b.String()))
+	return p.encode(chunksOf(b.String(), setSchema))
 }
 
-// chunksOf splits a script at its setup and version markers.
-func chunksOf(script string) []sqlChunk {
+// chunksOf splits a script at its setup and version markers. Each chunk
+// has setSchema (the script's SET search_path, if any) after its marker
+// line, where the script says it once, in its header: a tool applies a chunk in a session of
+// its own, or applies only some of them, and each must migrate the
+// schema asked for.
+func chunksOf(script, setSchema string) []sqlChunk {
 	var out []sqlChunk
 	var cur *sqlChunk
 	var body strings.Builder
@@ -266,6 +272,8 @@ func chunksOf(script string) []sqlChunk {
 			flush()
 			name, _, _ := strings.Cut(strings.TrimPrefix(line, migrate.MarkSetup), ":")
 			cur = &sqlChunk{Package: name, Name: "setup"}
+			body.WriteString(line + setSchema) // after the marker, which stays the first line
+			continue
 		case strings.HasPrefix(line, migrate.MarkBegin):
 			flush()
 			var c sqlChunk
@@ -277,6 +285,8 @@ func chunksOf(script string) []sqlChunk {
 				c.Name = strings.TrimSpace(c.Name)
 			}
 			cur = &c
+			body.WriteString(line + setSchema)
+			continue
 		case cur == nil:
 			continue // the header
 		}
