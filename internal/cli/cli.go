@@ -106,11 +106,21 @@ func ExitCode(err error, stderr io.Writer, prefix string) int {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return ExitOK
 	case errors.Is(err, ErrUsage):
+		if _, ok := err.(badInput); ok {
+			fmt.Fprintf(stderr, "%s: %v\n", prefix, err)
+		}
 		return ExitUsage
 	}
 	fmt.Fprintf(stderr, "%s: %v\n", prefix, err)
 	return ExitError
 }
+
+// badInput is bad usage that no flag set has printed: a URL from the
+// environment that cannot be what was meant. ExitCode prints it.
+type badInput struct{ msg string }
+
+func (e badInput) Error() string        { return e.msg }
+func (e badInput) Is(target error) bool { return target == ErrUsage }
 
 // verb splits a noun's arguments into its verb and the rest; -json (and
 // -schema S) may come before the verb, as in "tasks -json list".
@@ -247,7 +257,7 @@ func (c *common) openPool(ctx context.Context) (*pgxpool.Pool, string, error) {
 		// pgconn's error quotes the string with its passwords masked on a
 		// best-effort basis only (its own words), and a wrapped url.Error
 		// quotes it as given: say nothing of the string.
-		return nil, "", errors.New("DATABASE_URL: not a postgres:// URL or key=value string that pgx can read (not shown: it may hold a password)")
+		return nil, "", badInput{"DATABASE_URL: not a postgres:// URL or key=value string that pgx can read (not shown: it may hold a password)"}
 	}
 	if c.schema != "" {
 		cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{c.schema}.Sanitize()
@@ -293,7 +303,7 @@ func (c *common) openRedis(ctx context.Context) (redis.UniversalClient, error) {
 	}
 	opts, topology, err := redisurl.Parse(c.redisURL)
 	if err != nil {
-		return nil, fmt.Errorf("REDIS_URL: %w", err)
+		return nil, badInput{"REDIS_URL: " + err.Error()}
 	}
 	client := redis.NewUniversalClient(opts)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)

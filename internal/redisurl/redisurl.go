@@ -71,6 +71,13 @@ func Parse(s string) (*redis.UniversalOptions, Topology, error) {
 			PoolSize: o.PoolSize, MinIdleConns: o.MinIdleConns,
 		}, Sentinel, nil
 	case len(q["addr"]) > 0:
+		// go-redis ignores a cluster URL's path: a database number there
+		// would be dropped without a word.
+		if db := strings.Trim(u.Path, "/"); db != "" && db != "0" || q.Has("db") && q.Get("db") != "0" {
+			return nil, "", errors.New("a cluster URL names a database: a cluster has only database 0; drop the /N (or db=)")
+		}
+		q.Del("db")
+		u.Path, u.RawQuery = "", q.Encode()
 		o, err := redis.ParseClusterURL(u.String())
 		if err != nil {
 			return nil, "", redactErr(err)

@@ -120,3 +120,32 @@ func TestRedactHidesEverySecret(t *testing.T) {
 		})
 	}
 }
+
+// A cluster has only database 0: a cluster URL naming another one (in the
+// path or as db=) is refused, not read as database 0 without a word.
+func TestParseRefusesAClusterDatabase(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		given   string
+		wantErr bool
+	}{
+		{name: "seed list, path", given: "redis://h1:7000,h2:7001/3", wantErr: true},
+		{name: "addr parameters, path", given: "redis://h1:7000/2?addr=h2:7001", wantErr: true},
+		{name: "seed list, db parameter", given: "redis://h1:7000,h2:7001?db=1", wantErr: true},
+		{name: "seed list, database 0", given: "redis://h1:7000,h2:7001/0"},
+		{name: "seed list, no database", given: "redis://h1:7000,h2:7001/"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, topo, err := Parse(tt.given)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("Parse(%q) = %s, %v; want an error: %v", tt.given, topo, err, tt.wantErr)
+			}
+			if err != nil && !strings.Contains(err.Error(), "database") {
+				t.Fatalf("error %q does not say why", err)
+			}
+		})
+	}
+}
