@@ -29,7 +29,8 @@ const migrateUsage = `Usage: %[1]s migrate up | status | sql [flags]
                    "migrate up" would, so either finds the other's work done.
 
 Flags: -package pgstore|pgrecords (default both), -schema, -json;
-status: -check (exit 1 when a version is pending); sql: -pending.
+status: -check (exit 1 when a version is pending or newer than this
+idemgate); sql: -pending.
 `
 
 // pkg is one package's migrations as the command sees them.
@@ -102,7 +103,7 @@ func Migrate(ctx context.Context, args []string, env Env) error {
 	switch sub {
 	case "up":
 	case "status":
-		fs.BoolVar(&check, "check", false, "exit 1 when a version is pending")
+		fs.BoolVar(&check, "check", false, "exit 1 when a version is pending, or one is newer than this idemgate knows")
 	case "sql":
 		fs.BoolVar(&pending, "pending", false, "only the versions DATABASE_URL's schema lacks (reads the database)")
 	default:
@@ -158,6 +159,11 @@ func Migrate(ctx context.Context, args []string, env Env) error {
 		for _, p := range pkgs {
 			if n := len(migrate.Pending(states[p.name])); n > 0 {
 				return fmt.Errorf("schema %s: %s has %d pending version(s)", schema, p.name, n)
+			}
+			// A newer idemgate migrated further: this binary cannot vouch
+			// for the schema, and one deploying it would roll code back.
+			if n := countUnknown(states[p.name]); n > 0 {
+				return fmt.Errorf("schema %s: %s has %d version(s) newer than this idemgate knows (a newer idemgate applied them): use that idemgate, or check that this one is the version meant to run", schema, p.name, n)
 			}
 		}
 	}
