@@ -289,7 +289,7 @@ type recordRow struct {
 func recordRowOf(key, store string, info middleware.RecordInfo, now time.Time) recordRow {
 	r := recordRow{Key: key, Store: store, State: "claimed", Token: info.Token.String(),
 		Until: now.Add(info.Left).UTC().Truncate(time.Millisecond), Left: info.Left.Round(time.Second).String(),
-		Fingerprint: info.Fingerprint, Fields: info.Fields, Status: info.Status, BodyBytes: info.BodySize,
+		Fingerprint: shownFingerprint(info.Fingerprint), Fields: info.Fields, Status: info.Status, BodyBytes: info.BodySize,
 		StoredBytes: info.Size, Kind: info.Kind}
 	if info.Finished {
 		r.State = "finished"
@@ -351,7 +351,7 @@ func (p printer) record(r recordRow) error {
 		lines = append(lines, [2]string{"holder", r.Holder + ": " + holderPhrase(r)})
 	}
 	lines = append(lines,
-		[2]string{"token", r.Token}, [2]string{"fingerprint", r.Fingerprint},
+		[2]string{"token", r.Token}, [2]string{"fingerprint", fingerprintLine(r.Fingerprint)},
 		[2]string{"field digests", fmt.Sprint(r.Fields)})
 	if r.State == "finished" {
 		lines = append(lines, [2]string{"status", fmt.Sprint(r.Status)}, [2]string{"headers", strings.Join(r.Headers, ", ")},
@@ -362,6 +362,28 @@ func (p printer) record(r recordRow) error {
 		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
 	}
 	return tw.Flush()
+}
+
+// fingerprintShown is how many hex digits of a v1 fingerprint the tools
+// print: the 192 bits the Redis store keeps (Postgres keeps all 256), so
+// that one request's record prints alike in every store.
+const fingerprintShown = 48
+
+// shownFingerprint is fp as the tools print it: a v1 fingerprint cut to
+// fingerprintShown hex digits, any other as stored.
+func shownFingerprint(fp string) string {
+	if len(fp) > 3+fingerprintShown && strings.HasPrefix(fp, "v1:") {
+		return fp[:3+fingerprintShown]
+	}
+	return fp
+}
+
+// fingerprintLine says, for a v1 fingerprint, that it is a prefix.
+func fingerprintLine(fp string) string {
+	if strings.HasPrefix(fp, "v1:") && len(fp) == 3+fingerprintShown {
+		return fp + " (its first 192 bits)"
+	}
+	return fp
 }
 
 // shortKey shortens the digests of a keyspace key for a line of text.
