@@ -30,6 +30,9 @@ func TestTasksRefuseAKindThatIsAlmostKnown(t *testing.T) {
 			if code == ExitError && !strings.Contains(stderr, "-new-kind") {
 				t.Errorf("the refusal does not say how to mean it: %s", stderr)
 			}
+			if want := strings.TrimSpace(strings.ToLower(args[1])); want != "imgaes" && !strings.Contains(stderr, `did you mean "`+want+`"`) {
+				t.Errorf("the refusal does not name the known kind %q: %s", want, stderr)
+			}
 		})
 	}
 	l, err := o.Store.KindLimits(context.Background(), "Images")

@@ -168,10 +168,10 @@ func Tasks(ctx context.Context, args []string, env Env) error {
 			hint := ""
 			if s := suggestKind(operand); s != "" && s != operand {
 				if known, err := kindKnown(ctx, pool, s); err == nil && known {
-					hint = fmt.Sprintf("; did you mean %q?", s)
+					hint = fmt.Sprintf(" did you mean %q?", s)
 				}
 			}
-			return fmt.Errorf("no task or limit has ever named kind %q (a typo?)%s Pass -new-kind to set it before its first task", operand, hint)
+			return fmt.Errorf("no task or limit has ever named kind %q (a typo?%s); pass -new-kind to set it before its first task", operand, hint)
 		}
 	}
 	l, err := changeLimits(ctx, store, sub, operand, limits)
