@@ -27,7 +27,7 @@ const recordsUsage = `Usage: %[1]s records show | release [flags]
 
 A claim is live while its lease is renewed: the middleware renews it every
 Lease/3 while the handler runs (or hangs). release refuses a claim renewed
-within the last 2/3 of its lease (more than a third of it left), and one
+within the last 3/4 of its lease (more than a quarter of it left), and one
 whose token records no lease (an older idemgate's), unless -force: the
 handler that holds a live claim still runs, and the client's retry would
 run it a second time, so its effects (a charge, an email) may happen twice.
@@ -198,20 +198,25 @@ func Records(ctx context.Context, args []string, env Env) error {
 		return err
 	}
 	if !info.Finished && row.Holder != holderStuck {
-		fmt.Fprintf(env.Stderr, "warning: %s; if it still runs, its effects may happen twice once the client retries.\n", holderPhrase(row))
+		fmt.Fprintf(env.Stderr, "warning: the claim released was %s; if that handler still runs, its effects may happen twice once the client retries.\n", holderPhrase(row))
 	}
 	return nil
 }
 
 // The holder of a claim, as the tools judge it from the lease.
+//
+// The middleware renews a claim every Lease/3 while its handler runs; a
+// renewal that fails is tried again Lease/3 after it began, so a live
+// holder's one failed renewal is retried 2/3 of a lease after its last
+// success. Judging stuck at 2/3 would catch such a holder in the middle
+// of its retry; stuckAfter leaves that retry a twelfth of the lease (the
+// least the middleware waits between tries) to land.
 const (
-	// holderLive: renewed within the last 2/3 of its lease. The
-	// middleware renews every Lease/3 while the handler runs, so a running
-	// (or hung) handler's claim has more than a third of its lease left
-	// but for a renewal that stalled past a whole renewal period.
+	// holderLive: renewed within the last 3/4 of its lease: a running
+	// (or hung) handler's claim, also one whose store lost a renewal.
 	holderLive = "live"
-	// holderStuck: not renewed for 2/3 of its lease or more: two
-	// renewals in a row did not land, so its holder has most likely
+	// holderStuck: not renewed for 3/4 of its lease or more: at least
+	// two renewals in a row did not land, so its holder has most likely
 	// crashed or lost the store. (A holder cut off from the store may
 	// still be running; that is why release still asks.)
 	holderStuck = "stuck"
@@ -220,34 +225,39 @@ const (
 	holderUnknown = "unknown"
 )
 
+// stuckAfter is the part of its lease after which a claim not renewed
+// is stuck.
+const stuckAfterNum, stuckAfterDen = 3, 4
+
 // holderOf judges a claim's holder.
 func holderOf(info middleware.RecordInfo) (holder string, sinceRenewal time.Duration) {
 	if info.Lease <= 0 {
 		return holderUnknown, 0
 	}
 	sinceRenewal = max(info.Lease-info.Left, 0)
-	if sinceRenewal < info.Lease*2/3 {
+	if sinceRenewal < info.Lease/stuckAfterDen*stuckAfterNum {
 		return holderLive, sinceRenewal
 	}
 	return holderStuck, sinceRenewal
 }
 
-// holderPhrase says who holds a claimed record, in a phrase.
+// holderPhrase says who holds a claimed record, in a phrase that starts
+// with the verdict.
 func holderPhrase(r recordRow) string {
 	switch r.Holder {
 	case holderLive:
-		return fmt.Sprintf("its handler is running (or hung): the claim was renewed %s ago, within 2/3 of its %s lease (it is renewed every %s while the handler runs)",
+		return fmt.Sprintf("live: renewed %s ago, within 3/4 of its %s lease (renewed every %s while its handler runs): its handler is running, or hung",
 			r.SinceRenewal, r.Lease, r.RenewEvery)
 	case holderStuck:
-		return fmt.Sprintf("its holder has stopped renewing it: last renewed %s ago, 2/3 of its %s lease or more (it is renewed every %s while the handler runs)",
+		return fmt.Sprintf("stuck: not renewed for %s, 3/4 of its %s lease or more (renewed every %s while its handler runs): its holder has most likely crashed or lost the store",
 			r.SinceRenewal, r.Lease, r.RenewEvery)
 	}
-	return "it was claimed by an idemgate that records no lease in its token, so a running handler cannot be told from a stuck one"
+	return "unknown: claimed by an idemgate that records no lease in its token: a running handler cannot be told from a stuck one"
 }
 
 // refuseLive is the refusal to release a claim that is not stuck.
 func refuseLive(r recordRow) string {
-	return fmt.Sprintf("refusing to release the claim: %s. Released, the client's retry runs the handler again while this one may still run, and its effects (a charge, an email) may happen twice. Wait for the lease to run out (%s left) or the handler to finish; pass -force to release it anyway",
+	return fmt.Sprintf("refusing to release a claim that is %s. Released, the client's retry runs the handler again while this one may still run, and its effects (a charge, an email) may happen twice. Wait for the lease to run out (%s left) or the handler to finish; pass -force to release it anyway",
 		holderPhrase(r), r.Left)
 }
 
@@ -341,14 +351,14 @@ func (p printer) record(r recordRow) error {
 	}
 	lines = append(lines, [2]string{"state", state}, [2]string{until, r.Until.Format(time.RFC3339) + " (in " + r.Left + ")"})
 	if r.ClaimedAt != nil {
-		lines = append(lines, [2]string{"claimed", r.ClaimedAt.Format(time.RFC3339Nano) + " (by the claiming node's clock)"})
+		lines = append(lines, [2]string{"claimed", r.ClaimedAt.Format(millisUTC) + " (by the claiming node's clock)"})
 	}
 	if r.State == "claimed" {
 		if r.RenewedAt != nil {
 			lines = append(lines, [2]string{"lease", r.Lease + ", renewed every " + r.RenewEvery + " while the handler runs"},
-				[2]string{"last renewed", r.RenewedAt.Format(time.RFC3339Nano) + " (" + r.SinceRenewal + " ago)"})
+				[2]string{"last renewed", r.RenewedAt.Format(millisUTC) + " (" + r.SinceRenewal + " ago)"})
 		}
-		lines = append(lines, [2]string{"holder", r.Holder + ": " + holderPhrase(r)})
+		lines = append(lines, [2]string{"holder", holderPhrase(r)})
 	}
 	lines = append(lines,
 		[2]string{"token", r.Token}, [2]string{"fingerprint", fingerprintLine(r.Fingerprint)},
@@ -363,6 +373,9 @@ func (p printer) record(r recordRow) error {
 	}
 	return tw.Flush()
 }
+
+// millisUTC prints a UTC time to the millisecond, always three digits.
+const millisUTC = "2006-01-02T15:04:05.000Z07:00"
 
 // fingerprintShown is how many hex digits of a v1 fingerprint the tools
 // print: the 192 bits the Redis store keeps (Postgres keeps all 256), so

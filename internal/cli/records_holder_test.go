@@ -238,3 +238,34 @@ func TestRecordsReleaseTellsAStuckClaim(t *testing.T) {
 		})
 	}
 }
+
+// A live holder whose one renewal failed retries 2/3 of a lease after its
+// last success and may take up to Lease/12 more to land: it is still
+// live. Only a claim not renewed for 3/4 of its lease is stuck.
+func TestHolderOfLeavesAFailedRenewalTimeToLand(t *testing.T) {
+	t.Parallel()
+	const lease = 30 * time.Second
+	tests := []struct {
+		name  string
+		since time.Duration // since the last renewal
+		lease time.Duration
+		want  string
+	}{
+		{name: "just renewed", since: 0, lease: lease, want: holderLive},
+		{name: "one renewal period", since: lease / 3, lease: lease, want: holderLive},
+		{name: "a failed renewal's retry begins", since: lease * 2 / 3, lease: lease, want: holderLive},
+		{name: "the retry lands late", since: lease*2/3 + lease/12 - time.Millisecond, lease: lease, want: holderLive},
+		{name: "three quarters", since: lease * 3 / 4, lease: lease, want: holderStuck},
+		{name: "about to run out", since: lease - time.Millisecond, lease: lease, want: holderStuck},
+		{name: "no lease recorded", since: time.Second, lease: 0, want: holderUnknown},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			info := middleware.RecordInfo{Lease: tt.lease, Left: tt.lease - tt.since}
+			if got, _ := holderOf(info); got != tt.want {
+				t.Fatalf("holderOf(lease %v, renewed %v ago) = %s, want %s", tt.lease, tt.since, got, tt.want)
+			}
+		})
+	}
+}
