@@ -128,15 +128,20 @@ func newClaimToken(now time.Time, lease time.Duration) Token {
 	return t
 }
 
+// tokenEpoch is when tokens began to carry times: a token whose time is
+// older is one of an older idemgate's random tokens that happens to have
+// the version and variant bits (1 in 64 of them).
+var tokenEpoch = time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+
 // ClaimTimes returns the time a claim was made and the lease it was made
 // for, as the claiming node recorded them in its token; ok is false for a
 // token that records neither (an older idemgate's: 128 random bits).
 // lease is zero when unknown.
 func (t Token) ClaimTimes() (at time.Time, lease time.Duration, ok bool) {
-	if t[6]&0xf0 != tokenVersion || t[8]&0xc0 != tokenVariant {
+	ms := int64(binary.BigEndian.Uint64(t[:8]) >> 16)
+	if t[6]&0xf0 != tokenVersion || t[8]&0xc0 != tokenVariant || ms < tokenEpoch {
 		return time.Time{}, 0, false
 	}
-	ms := int64(binary.BigEndian.Uint64(t[:8]) >> 16)
 	return time.UnixMilli(ms), time.Duration(binary.BigEndian.Uint32(t[9:13])) * time.Millisecond, true
 }
 

@@ -23,6 +23,7 @@ func TestClaimTokenCarriesClaimTimeAndLease(t *testing.T) {
 		{name: "lease too long to record", given: newClaimToken(at, 60*24*time.Hour), wantOK: true, wantAt: at},
 		{name: "random token (version 4 bits)", given: Token{0: 0xde, 6: 0x4a, 8: 0xb1, 9: 0xff}},
 		{name: "random token (version 8, wrong variant)", given: Token{6: 0x8a, 8: 0xc1}},
+		{name: "random token with the version and variant bits, a time before tokens had one", given: Token{0: 0x01, 6: 0x8a, 8: 0x81, 12: 0x10}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

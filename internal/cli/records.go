@@ -229,9 +229,11 @@ const (
 // is stuck.
 const stuckAfterNum, stuckAfterDen = 3, 4
 
-// holderOf judges a claim's holder.
-func holderOf(info middleware.RecordInfo) (holder string, sinceRenewal time.Duration) {
-	if info.Lease <= 0 {
+// holderOf judges a claim's holder at now. Times that cannot be (a claim
+// from the future, more lease left than the claim was made for) are an
+// older idemgate's random token that parsed as times: unknown.
+func holderOf(info middleware.RecordInfo, now time.Time) (holder string, sinceRenewal time.Duration) {
+	if info.Lease <= 0 || info.ClaimedAt.After(now.Add(time.Hour)) || info.Left > info.Lease+time.Second {
 		return holderUnknown, 0
 	}
 	sinceRenewal = max(info.Lease-info.Left, 0)
@@ -310,7 +312,7 @@ func recordRowOf(key, store string, info middleware.RecordInfo, now time.Time) r
 	}
 	if !info.Finished {
 		var since time.Duration
-		r.Holder, since = holderOf(info)
+		r.Holder, since = holderOf(info, now)
 		if r.Holder != holderUnknown {
 			at := now.Add(-since).UTC().Truncate(time.Millisecond)
 			r.RenewedAt, r.Lease, r.RenewEvery = &at, info.Lease.String(), (info.Lease / 3).String()

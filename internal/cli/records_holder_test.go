@@ -246,10 +246,11 @@ func TestHolderOfLeavesAFailedRenewalTimeToLand(t *testing.T) {
 	t.Parallel()
 	const lease = 30 * time.Second
 	tests := []struct {
-		name  string
-		since time.Duration // since the last renewal
-		lease time.Duration
-		want  string
+		name      string
+		since     time.Duration // since the last renewal
+		lease     time.Duration
+		claimedIn time.Duration // from now
+		want      string
 	}{
 		{name: "just renewed", since: 0, lease: lease, want: holderLive},
 		{name: "one renewal period", since: lease / 3, lease: lease, want: holderLive},
@@ -258,12 +259,15 @@ func TestHolderOfLeavesAFailedRenewalTimeToLand(t *testing.T) {
 		{name: "three quarters", since: lease * 3 / 4, lease: lease, want: holderStuck},
 		{name: "about to run out", since: lease - time.Millisecond, lease: lease, want: holderStuck},
 		{name: "no lease recorded", since: time.Second, lease: 0, want: holderUnknown},
+		{name: "more left than the lease", since: -time.Minute, lease: lease, want: holderUnknown},
+		{name: "claimed in the future", since: time.Second, lease: lease, claimedIn: 48 * time.Hour, want: holderUnknown},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			info := middleware.RecordInfo{Lease: tt.lease, Left: tt.lease - tt.since}
-			if got, _ := holderOf(info); got != tt.want {
+			now := time.Now()
+			info := middleware.RecordInfo{Lease: tt.lease, Left: tt.lease - tt.since, ClaimedAt: now.Add(tt.claimedIn - tt.since)}
+			if got, _ := holderOf(info, now); got != tt.want {
 				t.Fatalf("holderOf(lease %v, renewed %v ago) = %s, want %s", tt.lease, tt.since, got, tt.want)
 			}
 		})
