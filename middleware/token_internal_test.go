@@ -39,3 +39,17 @@ func TestClaimTokenCarriesClaimTimeAndLease(t *testing.T) {
 		t.Fatalf("two tokens of one millisecond and lease are equal: %s", a)
 	}
 }
+
+func BenchmarkNewToken(b *testing.B) {
+	b.Run("random", func(b *testing.B) {
+		for b.Loop() {
+			_ = newToken()
+		}
+	})
+	b.Run("claim", func(b *testing.B) {
+		now := time.Now()
+		for b.Loop() {
+			_ = newClaimToken(now, 30*time.Second)
+		}
+	})
+}
