@@ -45,6 +45,13 @@ type RecordInfo struct {
 	// Left is the time left on the lease (claimed) or the retention
 	// (finished), by the store's clock.
 	Left time.Duration
+	// ClaimedAt and Lease are when the claim was made, by the claiming
+	// node's clock, and the lease it was made for (Config.Lease), from
+	// the token (Token.ClaimTimes); zero when the token records them not
+	// (an older idemgate's claim). Every renewal sets the lease back to
+	// Lease, so a claim was last renewed (or made) Lease - Left ago.
+	ClaimedAt time.Time
+	Lease     time.Duration
 	// Fingerprint is the stored fingerprint: as the middleware computed
 	// it, or, where the store keeps only a prefix of its digest
 	// (RedisStore), "v1:" and that prefix in hex.

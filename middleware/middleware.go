@@ -157,7 +157,7 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 	}
 	st.req.Fingerprint = st.rt.target.Sum(names, values, r.URL.RawQuery, inner)
 
-	st.token = newToken()
+	st.token = newClaimToken(m.now(), m.cfg.Lease)
 	claim := ClaimRequest{
 		Fingerprint: st.req.Fingerprint,
 		Owner:       st.req.Key.Owner(),

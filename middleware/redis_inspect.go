@@ -41,6 +41,7 @@ func (s *RedisStore) Inspect(ctx context.Context, key string) (RecordInfo, error
 	info := RecordInfo{Finished: r.finished, Fingerprint: r.fp, Owner: r.owner, Kind: r.kind,
 		Fields: len(r.sums) / storedSum, Size: len(v)}
 	copy(info.Token[:], r.token)
+	info.ClaimedAt, info.Lease, _ = info.Token.ClaimTimes()
 	if r.rawFP {
 		info.Fingerprint = "v1:" + hex.EncodeToString([]byte(r.fp))
 	}

@@ -49,6 +49,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (middleware.RecordInfo,
 		return middleware.RecordInfo{}, fmt.Errorf("pgrecords: inspect: %w", err)
 	}
 	info.Token, info.Left = token.Bytes, time.Duration(left)*time.Microsecond
+	info.ClaimedAt, info.Lease, _ = info.Token.ClaimTimes()
 	if sums != nil {
 		info.Fields = *sums / len(fingerprint.FieldSum{})
 	}

@@ -145,7 +145,7 @@ func TestUsage(t *testing.T) {
 		{"tasks list -limit 0", []string{"tasks", "list", "-limit", "0"}, 2, "-limit 0: want 1 to 1000"},
 		{"no DATABASE_URL", []string{"migrate", "status"}, 1, "DATABASE_URL (or -database-url) is required"},
 		{"no REDIS_URL", []string{"records", "show", "-store", "redis", "-key", "k"}, 1, "REDIS_URL (or -redis-url) is required"},
-		{"a REDIS_URL that is not one", []string{"records", "show", "-store", "redis", "-key", "k", "-redis-url", "http://h:1"}, 1, "scheme"},
+		{"a REDIS_URL that is not one", []string{"records", "show", "-store", "redis", "-key", "k", "-redis-url", "http://h:1"}, 2, "scheme"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -102,4 +103,47 @@ func TestMigrateScriptTwiceIntoAQuotedSchema(t *testing.T) {
 		t.Fatalf("the script wrote outside its schema, in public:\n%s", got)
 	}
 	must(t, 0, []string{"DATABASE_URL=" + bySQL}, "migrate", "status", "-check", "-schema", schema)
+}
+
+// A migration tool applies "migrate sql -schema S -json" chunk by chunk,
+// each in a session of its own: every chunk names S itself, so the
+// schema is the one "migrate up -schema S" makes and public stays empty.
+func TestMigrateSQLJSONChunksEachTargetTheSchema(t *testing.T) {
+	t.Parallel()
+	psql, err := exec.LookPath("psql")
+	if err != nil {
+		t.Skip("no psql")
+	}
+	const schema = "billing"
+	byUp, byChunks := testenv.PostgresDSN(t), testenv.PostgresDSN(t)
+	for _, dsn := range []string{byUp, byChunks} {
+		if _, err := pool(t, dsn).Exec(context.Background(), "CREATE SCHEMA "+schema); err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(t, 0, []string{"DATABASE_URL=" + byUp}, "migrate", "up", "-schema", schema)
+	var chunks []struct {
+		Package string
+		Version int
+		SQL     string
+	}
+	r := must(t, 0, nil, "migrate", "sql", "-schema", schema, "-json")
+	if err := json.Unmarshal([]byte(r.stdout), &chunks); err != nil || len(chunks) < 4 {
+		t.Fatalf("sql -json: %v\n%.2000s", err, r.stdout)
+	}
+	f := filepath.Join(t.TempDir(), "chunk.sql")
+	for _, c := range chunks {
+		if err := os.WriteFile(f, []byte(c.SQL), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command(psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", f, byChunks).CombinedOutput(); err != nil {
+			t.Fatalf("psql -f %s v%d: %v\n%s", c.Package, c.Version, err, out)
+		}
+	}
+	if got := describe(t, byChunks); got != "" {
+		t.Fatalf("the chunks migrated public, not %s:\n%.1500s", schema, got)
+	}
+	if a, b := describeSchema(t, byUp, schema), describeSchema(t, byChunks, schema); a != b {
+		t.Fatalf("migrate up -schema:\n%s\nsql -json chunks:\n%s", a, b)
+	}
 }

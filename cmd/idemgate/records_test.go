@@ -3,6 +3,7 @@ package main_test
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -57,8 +58,8 @@ func (b recordsBench) claim(t *testing.T) (middleware.Token, string, []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var tok middleware.Token
-	_, _ = rand.Read(tok[:])
+	// A stuck claim: made 3 minutes ago for 4 (see middleware.Token.ClaimTimes), a minute left.
+	tok := stuckToken()
 	res, err := b.store.Claim(context.Background(), k.String(), middleware.ClaimRequest{
 		Fingerprint: fingerprint.Fingerprint("v1:" + strings.Repeat("ab", 32)), Owner: k.Owner(), Kind: k.Kind(),
 		Lease: time.Minute, Token: tok})
@@ -185,6 +186,18 @@ func keyParts(t *testing.T, key string) (owner, kind string) {
 		t.Fatalf("not a keyspace key: %q", key)
 	}
 	return p[3], p[2]
+}
+
+// stuckToken returns a token laid out as the middleware makes it (see
+// middleware.Token.ClaimTimes): claimed 3 minutes ago for a 4-minute lease.
+func stuckToken() middleware.Token {
+	var t middleware.Token
+	_, _ = rand.Read(t[:])
+	binary.BigEndian.PutUint64(t[:8], uint64(time.Now().Add(-3*time.Minute).UnixMilli())<<16|uint64(binary.BigEndian.Uint16(t[6:8])))
+	t[6] = 0x80 | t[6]&0x0f
+	t[8] = 0x80 | t[8]&0x3f
+	binary.BigEndian.PutUint32(t[9:13], uint32((4 * time.Minute).Milliseconds()))
+	return t
 }
 
 func itoa(n int) string {

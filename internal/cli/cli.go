@@ -17,11 +17,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -102,11 +106,21 @@ func ExitCode(err error, stderr io.Writer, prefix string) int {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return ExitOK
 	case errors.Is(err, ErrUsage):
+		if _, ok := err.(badInput); ok {
+			fmt.Fprintf(stderr, "%s: %v\n", prefix, err)
+		}
 		return ExitUsage
 	}
 	fmt.Fprintf(stderr, "%s: %v\n", prefix, err)
 	return ExitError
 }
+
+// badInput is bad usage that no flag set has printed: a URL from the
+// environment that cannot be what was meant. ExitCode prints it.
+type badInput struct{ msg string }
+
+func (e badInput) Error() string        { return e.msg }
+func (e badInput) Is(target error) bool { return target == ErrUsage }
 
 // verb splits a noun's arguments into its verb and the rest; -json (and
 // -schema S) may come before the verb, as in "tasks -json list".
@@ -134,7 +148,7 @@ func verb(args []string, nounUsage string, env Env) (string, []string, []string,
 
 // boolFlags are the flags that take no value, so that one given before
 // the verb does not take the verb for its value.
-var boolFlags = map[string]bool{"json": true, "yes": true, "check": true, "pending": true, "finished": true, "new-kind": true}
+var boolFlags = map[string]bool{"json": true, "yes": true, "check": true, "pending": true, "finished": true, "new-kind": true, "force": true}
 
 // common are the flags every command takes.
 type common struct {
@@ -240,7 +254,10 @@ func (c *common) openPool(ctx context.Context) (*pgxpool.Pool, string, error) {
 	}
 	cfg, err := pgxpool.ParseConfig(c.databaseURL)
 	if err != nil {
-		return nil, "", fmt.Errorf("DATABASE_URL: %w", err) // pgconn hides the password
+		// pgconn's error quotes the string with its passwords masked on a
+		// best-effort basis only (its own words), and a wrapped url.Error
+		// quotes it as given: say nothing of the string.
+		return nil, "", badInput{"DATABASE_URL: not a postgres:// URL or key=value string that pgx can read (not shown: it may hold a password)"}
 	}
 	if c.schema != "" {
 		cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{c.schema}.Sanitize()
@@ -255,7 +272,7 @@ func (c *common) openPool(ctx context.Context) (*pgxpool.Pool, string, error) {
 	var schema *string
 	if err := pool.QueryRow(pctx, "SELECT current_schema()").Scan(&schema); err != nil {
 		pool.Close()
-		return nil, "", fmt.Errorf("postgres %s: %w", redisurl.Redact(c.databaseURL), err)
+		return nil, "", fmt.Errorf("postgres %s: %w", pgTarget(cfg.ConnConfig.Config), err)
 	}
 	if schema == nil {
 		pool.Close()
@@ -265,6 +282,15 @@ func (c *common) openPool(ctx context.Context) (*pgxpool.Pool, string, error) {
 		return nil, "", errors.New("the connection's search_path names no existing schema: set -schema")
 	}
 	return pool, *schema, nil
+}
+
+// pgTarget names the server and database cfg connects to, for an error:
+// built from the parsed fields, not the string, which may carry a password
+// in its user info, in a query parameter (password=, sslpassword=) or in
+// a key=value pair.
+func pgTarget(cfg pgconn.Config) string {
+	return fmt.Sprintf("postgres://%s@%s/%s", url.PathEscape(cfg.User),
+		net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))), url.PathEscape(cfg.Database))
 }
 
 // openRedis connects to REDIS_URL.
@@ -277,7 +303,7 @@ func (c *common) openRedis(ctx context.Context) (redis.UniversalClient, error) {
 	}
 	opts, topology, err := redisurl.Parse(c.redisURL)
 	if err != nil {
-		return nil, fmt.Errorf("REDIS_URL: %w", err)
+		return nil, badInput{"REDIS_URL: " + err.Error()}
 	}
 	client := redis.NewUniversalClient(opts)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -315,17 +341,31 @@ func StdinIsTerminal(f *os.File) bool {
 }
 
 // confirm asks the person at the terminal to type yes before what (a
-// phrase such as "cancel task X (...)") is done, after show has printed
-// what it acts on. Without a terminal it refuses: a script says -yes.
-func confirm(env Env, what string, show func()) error {
+// phrase such as "cancel task X (...)") is done, after show has written
+// what it acts on to w, the terminal's stderr: stdout may be a file or
+// carry -json. Without a terminal it refuses: a script says -yes. Ctrl-C
+// (ctx done) at the prompt ends it, not confirmed.
+func confirm(ctx context.Context, env Env, what string, show func(w io.Writer)) error {
 	if !env.StdinIsTerminal {
 		return fmt.Errorf("refusing to %s without a confirmation: pass -yes", strings.SplitN(what, " (", 2)[0])
 	}
-	show()
+	show(env.Stderr)
 	fmt.Fprintf(env.Stderr, "About to %s.\nType yes to go on: ", what)
-	answer, _ := bufio.NewReader(env.Stdin).ReadString('\n')
-	if strings.TrimSpace(answer) != "yes" {
-		return errors.New("not confirmed: nothing changed")
+	// The read cannot be interrupted; on Ctrl-C the command ends and the
+	// process with it, and the goroutine with the process.
+	answer := make(chan string, 1)
+	go func() {
+		a, _ := bufio.NewReader(env.Stdin).ReadString('\n')
+		answer <- a
+	}()
+	select {
+	case <-ctx.Done():
+		fmt.Fprintln(env.Stderr)
+		return errors.New("interrupted at the confirmation: nothing changed")
+	case a := <-answer:
+		if strings.TrimSpace(a) != "yes" {
+			return errors.New("not confirmed: nothing changed")
+		}
+		return nil
 	}
-	return nil
 }

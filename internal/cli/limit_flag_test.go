@@ -49,3 +49,38 @@ func TestListLimitAcceptsWhatItsHelpSays(t *testing.T) {
 		})
 	}
 }
+
+// A limit out of the range pgstore stores is bad usage (exit 2), found
+// before a database is reached, and named by its flag, not by a Go field.
+func TestLimitFlagsOutOfRangeAreUsageErrors(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		given    []string
+		wantCode int
+		wantFlag string
+	}{
+		{name: "negative max-running", given: []string{"-max-running", "-1"}, wantCode: ExitUsage, wantFlag: "-max-running"},
+		{name: "max-running beyond int32", given: []string{"-max-running", "2147483648"}, wantCode: ExitUsage, wantFlag: "-max-running"},
+		{name: "negative per tenant", given: []string{"-max-running-per-tenant=-3"}, wantCode: ExitUsage, wantFlag: "-max-running-per-tenant"},
+		{name: "rate too fast", given: []string{"-starts-per-second", "1000001"}, wantCode: ExitUsage, wantFlag: "-starts-per-second"},
+		{name: "negative rate", given: []string{"-starts-per-second=-0.5"}, wantCode: ExitUsage, wantFlag: "-starts-per-second"},
+		{name: "NaN rate", given: []string{"-starts-per-second", "NaN"}, wantCode: ExitUsage, wantFlag: "-starts-per-second"},
+		{name: "infinite rate", given: []string{"-starts-per-second", "+Inf"}, wantCode: ExitUsage, wantFlag: "-starts-per-second"},
+		{name: "the most", given: []string{"-max-running", "2147483647", "-max-running-per-tenant", "0", "-starts-per-second", "1000000"}, wantCode: ExitError, wantFlag: "DATABASE_URL"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr bytes.Buffer
+			env := Env{Prog: "idemgate", Getenv: func(string) string { return "" }, Stdin: strings.NewReader(""), Stdout: &stdout, Stderr: &stderr}
+			code := Main(context.Background(), append([]string{"tasks", "limits", "images", "-new-kind"}, tt.given...), env)
+			if code != tt.wantCode || !strings.Contains(stderr.String(), tt.wantFlag) {
+				t.Fatalf("exit %d, want %d naming %s\n%s", code, tt.wantCode, tt.wantFlag, stderr.String())
+			}
+			if strings.Contains(stderr.String(), "MaxRunning") || strings.Contains(stderr.String(), "StartsPerSecond") {
+				t.Errorf("names a Go field, not the flag: %s", stderr.String())
+			}
+		})
+	}
+}

@@ -29,7 +29,8 @@ const migrateUsage = `Usage: %[1]s migrate up | status | sql [flags]
                    "migrate up" would, so either finds the other's work done.
 
 Flags: -package pgstore|pgrecords (default both), -schema, -json;
-status: -check (exit 1 when a version is pending); sql: -pending.
+status: -check (exit 1 when a version is pending or newer than this
+idemgate); sql: -pending.
 `
 
 // pkg is one package's migrations as the command sees them.
@@ -102,7 +103,7 @@ func Migrate(ctx context.Context, args []string, env Env) error {
 	switch sub {
 	case "up":
 	case "status":
-		fs.BoolVar(&check, "check", false, "exit 1 when a version is pending")
+		fs.BoolVar(&check, "check", false, "exit 1 when a version is pending, or one is newer than this idemgate knows")
 	case "sql":
 		fs.BoolVar(&pending, "pending", false, "only the versions DATABASE_URL's schema lacks (reads the database)")
 	default:
@@ -158,6 +159,11 @@ func Migrate(ctx context.Context, args []string, env Env) error {
 		for _, p := range pkgs {
 			if n := len(migrate.Pending(states[p.name])); n > 0 {
 				return fmt.Errorf("schema %s: %s has %d pending version(s)", schema, p.name, n)
+			}
+			// A newer idemgate migrated further: this binary cannot vouch
+			// for the schema, and one deploying it would roll code back.
+			if n := countUnknown(states[p.name]); n > 0 {
+				return fmt.Errorf("schema %s: %s has %d version(s) newer than this idemgate knows (a newer idemgate applied them): use that idemgate, or check that this one is the version meant to run", schema, p.name, n)
 			}
 		}
 	}
@@ -227,8 +233,10 @@ func printSQL(p printer, schema string, pkgs []pkg, states map[string][]migrate.
 	var b strings.Builder
 	b.WriteString("-- idemgate migrations. Run with: psql -X -v ON_ERROR_STOP=1 -f <this file>\n")
 	b.WriteString("-- (never psql -1 or --single-transaction: CONCURRENTLY steps cannot run in a transaction).\n")
+	setSchema := ""
 	if schema != "" {
-		b.WriteString("SET search_path TO " + pgx.Identifier{schema}.Sanitize() + ";\n")
+		setSchema = "SET search_path TO " + pgx.Identifier{schema}.Sanitize() + ";\n"
+		b.WriteString(setSchema)
 	}
 	for _, pk := range pkgs {
 		script := pk.sql()
@@ -245,11 +253,15 @@ func printSQL(p printer, schema string, pkgs []pkg, states map[string][]migrate.
 		_, err := fmt.Fprint(p.w, b.String())
 		return err
 	}
-	return p.encode(chunksOf(b.String()))
+	return p.encode(chunksOf(b.String(), setSchema))
 }
 
-// chunksOf splits a script at its setup and version markers.
-func chunksOf(script string) []sqlChunk {
+// chunksOf splits a script at its setup and version markers. Each chunk
+// has setSchema (the script's SET search_path, if any) after its marker
+// line, where the script says it once, in its header: a tool applies a chunk in a session of
+// its own, or applies only some of them, and each must migrate the
+// schema asked for.
+func chunksOf(script, setSchema string) []sqlChunk {
 	var out []sqlChunk
 	var cur *sqlChunk
 	var body strings.Builder
@@ -266,6 +278,8 @@ func chunksOf(script string) []sqlChunk {
 			flush()
 			name, _, _ := strings.Cut(strings.TrimPrefix(line, migrate.MarkSetup), ":")
 			cur = &sqlChunk{Package: name, Name: "setup"}
+			body.WriteString(line + setSchema) // after the marker, which stays the first line
+			continue
 		case strings.HasPrefix(line, migrate.MarkBegin):
 			flush()
 			var c sqlChunk
@@ -277,6 +291,8 @@ func chunksOf(script string) []sqlChunk {
 				c.Name = strings.TrimSpace(c.Name)
 			}
 			cur = &c
+			body.WriteString(line + setSchema)
+			continue
 		case cur == nil:
 			continue // the header
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -20,10 +21,16 @@ const recordsUsage = `Usage: %[1]s records show | release [flags]
                     holds it) or finished (it holds the answer), when its
                     lease or retention ends, the stored status and size, the
                     fingerprint. User and request id appear as digests only.
-  records release   free a stuck claim so that the client's retry runs
-                    (the request that held it can no longer finish it);
+  records release   free a stuck claim so that the client's retry runs;
                     with -finished, also forget a stored answer. Asks for a
                     confirmation; -yes confirms without a terminal.
+
+A claim is live while its lease is renewed: the middleware renews it every
+Lease/3 while the handler runs (or hangs). release refuses a claim renewed
+within the last 3/4 of its lease (more than a quarter of it left), and one
+whose token records no lease (an older idemgate's), unless -force: the
+handler that holds a live claim still runs, and the client's retry would
+run it a second time, so its effects (a charge, an email) may happen twice.
 
 The key, as the middleware derives it:
   -tenant T -user U -request-id R -kind K     (or -key idem:…, as stored)
@@ -82,10 +89,11 @@ func Records(ctx context.Context, args []string, env Env) error {
 	c.jsonFlag(fs)
 	var k keyFlags
 	k.add(fs)
-	var finished, yes bool
+	var finished, yes, force bool
 	if sub == "release" {
 		fs.BoolVar(&finished, "finished", false, "also forget a finished record's stored answer (the next request with the key runs again)")
 		fs.BoolVar(&yes, "yes", false, "confirm without asking")
+		fs.BoolVar(&force, "force", false, "release a live claim too (or one whose holder cannot be told): its handler may still run, and its effects may happen twice")
 	}
 	if _, err := parseOperands(fs, pre, args, 0, false); err != nil {
 		return err
@@ -144,17 +152,30 @@ func Records(ctx context.Context, args []string, env Env) error {
 		out.record(row) //nolint:errcheck // the error below matters more
 		return errors.New("the record is finished: it holds the answer the client's retries get. Pass -finished to forget that answer (the next request with this key runs the handler again)")
 	}
-	what := "release the claim (the request holding it can no longer finish it; the client's retry will run)"
+	if !info.Finished && row.Holder != holderStuck && !force {
+		out.record(row) //nolint:errcheck // the error below matters more
+		return errors.New(refuseLive(row))
+	}
+	what := "release the claim (" + releaseEffect(row) + ")"
 	if info.Finished {
 		what = fmt.Sprintf("forget the stored answer (status %d, %d bytes; the next request with this key runs again)", info.Status, info.BodySize)
 	}
 	if !yes {
-		if err := confirm(env, what, func() {
-			if !c.json {
-				out.record(row) //nolint:errcheck
-			}
+		if err := confirm(ctx, env, what, func(w io.Writer) {
+			printer{w: w}.record(row) //nolint:errcheck // the answer below matters more
 		}); err != nil {
 			return err
+		}
+		// A person took time to answer: a holder judged stuck may have
+		// renewed since. Read the record again, as Forget would act on it.
+		again, err := insp.Inspect(ctx, key)
+		if err != nil && !errors.Is(err, middleware.ErrNoRecord) {
+			return err
+		}
+		if err == nil && again.Token == info.Token && again.Finished == info.Finished && !info.Finished && !force {
+			if r := recordRowOf(key, k.store, again, time.Now()); r.Holder != holderStuck {
+				return errors.New("the claim was renewed while you answered: " + refuseLive(r))
+			}
 		}
 	}
 	if err := insp.Forget(ctx, key, info.Token, info.Finished); err != nil {
@@ -173,8 +194,81 @@ func Records(ctx context.Context, args []string, env Env) error {
 	if info.Finished {
 		state = "stored answer forgotten"
 	}
-	_, err = fmt.Fprintf(env.Stdout, "%s: %s (token %s)\n", state, shortKey(key), info.Token)
-	return err
+	if _, err := fmt.Fprintf(env.Stdout, "%s: %s (token %s)\n", state, shortKey(key), info.Token); err != nil {
+		return err
+	}
+	if !info.Finished && row.Holder != holderStuck {
+		fmt.Fprintf(env.Stderr, "warning: the claim released was %s; if that handler still runs, its effects may happen twice once the client retries.\n", holderPhrase(row))
+	}
+	return nil
+}
+
+// The holder of a claim, as the tools judge it from the lease.
+//
+// The middleware renews a claim every Lease/3 while its handler runs; a
+// renewal that fails is tried again Lease/3 after it began, so a live
+// holder's one failed renewal is retried 2/3 of a lease after its last
+// success. Judging stuck at 2/3 would catch such a holder in the middle
+// of its retry; stuckAfter leaves that retry a twelfth of the lease (the
+// least the middleware waits between tries) to land.
+const (
+	// holderLive: renewed within the last 3/4 of its lease: a running
+	// (or hung) handler's claim, also one whose store lost a renewal.
+	holderLive = "live"
+	// holderStuck: not renewed for 3/4 of its lease or more: at least
+	// two renewals in a row did not land, so its holder has most likely
+	// crashed or lost the store. (A holder cut off from the store may
+	// still be running; that is why release still asks.)
+	holderStuck = "stuck"
+	// holderUnknown: the token records no lease (an older idemgate's
+	// claim, or a lease over about 49 days): live and stuck look alike.
+	holderUnknown = "unknown"
+)
+
+// stuckAfter is the part of its lease after which a claim not renewed
+// is stuck.
+const stuckAfterNum, stuckAfterDen = 3, 4
+
+// holderOf judges a claim's holder at now. Times that cannot be (a claim
+// from the future, more lease left than the claim was made for) are an
+// older idemgate's random token that parsed as times: unknown.
+func holderOf(info middleware.RecordInfo, now time.Time) (holder string, sinceRenewal time.Duration) {
+	if info.Lease <= 0 || info.ClaimedAt.After(now.Add(time.Hour)) || info.Left > info.Lease+time.Second {
+		return holderUnknown, 0
+	}
+	sinceRenewal = max(info.Lease-info.Left, 0)
+	if sinceRenewal < info.Lease/stuckAfterDen*stuckAfterNum {
+		return holderLive, sinceRenewal
+	}
+	return holderStuck, sinceRenewal
+}
+
+// holderPhrase says who holds a claimed record, in a phrase that starts
+// with the verdict.
+func holderPhrase(r recordRow) string {
+	switch r.Holder {
+	case holderLive:
+		return fmt.Sprintf("live: renewed %s ago, within 3/4 of its %s lease (renewed every %s while its handler runs): its handler is running, or hung",
+			r.SinceRenewal, r.Lease, r.RenewEvery)
+	case holderStuck:
+		return fmt.Sprintf("stuck: not renewed for %s, 3/4 of its %s lease or more (renewed every %s while its handler runs): its holder has most likely crashed or lost the store",
+			r.SinceRenewal, r.Lease, r.RenewEvery)
+	}
+	return "unknown: claimed by an idemgate that records no lease in its token: a running handler cannot be told from a stuck one"
+}
+
+// refuseLive is the refusal to release a claim that is not stuck.
+func refuseLive(r recordRow) string {
+	return fmt.Sprintf("refusing to release a claim that is %s. Released, the client's retry runs the handler again while this one may still run, and its effects (a charge, an email) may happen twice. Wait for the lease to run out (%s left) or the handler to finish; pass -force to release it anyway",
+		holderPhrase(r), r.Left)
+}
+
+// releaseEffect says what releasing a claim does, for the confirmation.
+func releaseEffect(r recordRow) string {
+	if r.Holder == holderStuck {
+		return holderPhrase(r) + "; the client's retry will run the handler again, and if the holder still runs after all, its effects may happen twice"
+	}
+	return "FORCED: " + holderPhrase(r) + "; the client's retry will run the handler again while this one may still run: its effects may happen twice"
 }
 
 // recordRow is a record as the tools print it.
@@ -195,15 +289,38 @@ type recordRow struct {
 	Headers       []string  `json:"headers,omitempty"` // names only
 	BodyBytes     int       `json:"body_bytes"`
 	StoredBytes   int       `json:"stored_bytes"`
+	// A claim's times, where its token records them (see holderOf).
+	ClaimedAt    *time.Time `json:"claimed_at,omitempty"`
+	RenewedAt    *time.Time `json:"renewed_at,omitempty"`
+	Lease        string     `json:"lease,omitempty"`
+	RenewEvery   string     `json:"renew_every,omitempty"`
+	SinceRenewal string     `json:"since_renewal,omitempty"`
+	Holder       string     `json:"holder,omitempty"` // live, stuck or unknown (claimed only)
 }
 
 func recordRowOf(key, store string, info middleware.RecordInfo, now time.Time) recordRow {
 	r := recordRow{Key: key, Store: store, State: "claimed", Token: info.Token.String(),
 		Until: now.Add(info.Left).UTC().Truncate(time.Millisecond), Left: info.Left.Round(time.Second).String(),
-		Fingerprint: info.Fingerprint, Fields: info.Fields, Status: info.Status, BodyBytes: info.BodySize,
+		Fingerprint: shownFingerprint(info.Fingerprint), Fields: info.Fields, Status: info.Status, BodyBytes: info.BodySize,
 		StoredBytes: info.Size, Kind: info.Kind}
 	if info.Finished {
 		r.State = "finished"
+	}
+	if !info.ClaimedAt.IsZero() {
+		at := info.ClaimedAt.UTC()
+		r.ClaimedAt = &at
+	}
+	if !info.Finished {
+		var since time.Duration
+		r.Holder, since = holderOf(info, now)
+		if r.Holder != holderUnknown {
+			at := now.Add(-since).UTC().Truncate(time.Millisecond)
+			r.RenewedAt, r.Lease, r.RenewEvery = &at, info.Lease.String(), (info.Lease / 3).String()
+			r.SinceRenewal = since.Round(time.Second).String()
+			if since < time.Second {
+				r.SinceRenewal = since.Round(time.Millisecond).String()
+			}
+		}
 	}
 	for name := range info.Header {
 		r.Headers = append(r.Headers, name)
@@ -234,8 +351,19 @@ func (p printer) record(r recordRow) error {
 	} else if r.Kind != "" {
 		lines = append(lines, [2]string{"kind", r.Kind})
 	}
-	lines = append(lines, [2]string{"state", state}, [2]string{until, r.Until.Format(time.RFC3339) + " (in " + r.Left + ")"},
-		[2]string{"token", r.Token}, [2]string{"fingerprint", r.Fingerprint},
+	lines = append(lines, [2]string{"state", state}, [2]string{until, r.Until.Format(time.RFC3339) + " (in " + r.Left + ")"})
+	if r.ClaimedAt != nil {
+		lines = append(lines, [2]string{"claimed", r.ClaimedAt.Format(millisUTC) + " (by the claiming node's clock)"})
+	}
+	if r.State == "claimed" {
+		if r.RenewedAt != nil {
+			lines = append(lines, [2]string{"lease", r.Lease + ", renewed every " + r.RenewEvery + " while the handler runs"},
+				[2]string{"last renewed", r.RenewedAt.Format(millisUTC) + " (" + r.SinceRenewal + " ago)"})
+		}
+		lines = append(lines, [2]string{"holder", holderPhrase(r)})
+	}
+	lines = append(lines,
+		[2]string{"token", r.Token}, [2]string{"fingerprint", fingerprintLine(r.Fingerprint)},
 		[2]string{"field digests", fmt.Sprint(r.Fields)})
 	if r.State == "finished" {
 		lines = append(lines, [2]string{"status", fmt.Sprint(r.Status)}, [2]string{"headers", strings.Join(r.Headers, ", ")},
@@ -246,6 +374,31 @@ func (p printer) record(r recordRow) error {
 		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
 	}
 	return tw.Flush()
+}
+
+// millisUTC prints a UTC time to the millisecond, always three digits.
+const millisUTC = "2006-01-02T15:04:05.000Z07:00"
+
+// fingerprintShown is how many hex digits of a v1 fingerprint the tools
+// print: the 192 bits the Redis store keeps (Postgres keeps all 256), so
+// that one request's record prints alike in every store.
+const fingerprintShown = 48
+
+// shownFingerprint is fp as the tools print it: a v1 fingerprint cut to
+// fingerprintShown hex digits, any other as stored.
+func shownFingerprint(fp string) string {
+	if len(fp) > 3+fingerprintShown && strings.HasPrefix(fp, "v1:") {
+		return fp[:3+fingerprintShown]
+	}
+	return fp
+}
+
+// fingerprintLine says, for a v1 fingerprint, that it is a prefix.
+func fingerprintLine(fp string) string {
+	if strings.HasPrefix(fp, "v1:") && len(fp) == 3+fingerprintShown {
+		return fp + " (its first 192 bits)"
+	}
+	return fp
 }
 
 // shortKey shortens the digests of a keyspace key for a line of text.

@@ -3,7 +3,6 @@ package cli
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -41,11 +40,10 @@ func TestRecordsReleaseConfirmation(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var tok middleware.Token
-		_, _ = rand.Read(tok[:])
+		// A stuck claim: made 3 minutes ago for 4, a minute left.
 		res, err := store.Claim(ctx, k.String(), middleware.ClaimRequest{
 			Fingerprint: fingerprint.Fingerprint("v1:" + strings.Repeat("ab", 32)), Owner: k.Owner(), Kind: k.Kind(),
-			Lease: time.Minute, Token: tok})
+			Lease: time.Minute, Token: claimToken(time.Now().Add(-3*time.Minute), 4*time.Minute)})
 		if err != nil || res.Status != middleware.Claimed {
 			t.Fatalf("claim: %v %v", res.Status, err)
 		}

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"math"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -86,6 +88,14 @@ func Tasks(ctx context.Context, args []string, env Env) error {
 	if len(ops) == 1 {
 		operand = ops[0]
 	}
+	if newKind {
+		if err := checkKind(operand); err != nil {
+			return usageError(fs, "%v", err)
+		}
+	}
+	if err := limits.check(); err != nil {
+		return usageError(fs, "%v", err)
+	}
 	if sub == "list" && (f.Limit < 1 || f.Limit > pgstore.MaxListLimit) {
 		return usageError(fs, "-limit %d: want 1 to %d", f.Limit, pgstore.MaxListLimit)
 	}
@@ -155,7 +165,13 @@ func Tasks(ctx context.Context, args []string, env Env) error {
 			return err
 		}
 		if !known {
-			return fmt.Errorf("no task or limit has ever named kind %q (a typo?); pass -new-kind to set it before its first task", operand)
+			hint := ""
+			if s := suggestKind(operand); s != "" && s != operand {
+				if known, err := kindKnown(ctx, pool, s); err == nil && known {
+					hint = fmt.Sprintf(" did you mean %q?", s)
+				}
+			}
+			return fmt.Errorf("no task or limit has ever named kind %q (a typo?%s); pass -new-kind to set it before its first task", operand, hint)
 		}
 	}
 	l, err := changeLimits(ctx, store, sub, operand, limits)
@@ -184,10 +200,8 @@ func confirmTask(ctx context.Context, op pgstore.Operator, env Env, out printer,
 	default:
 		return nil
 	}
-	return confirm(env, what, func() {
-		if !out.json {
-			out.task(t) //nolint:errcheck // the answer below matters more
-		}
+	return confirm(ctx, env, what, func(w io.Writer) {
+		printer{w: w}.task(t) //nolint:errcheck // the answer below matters more
 	})
 }
 
@@ -265,6 +279,53 @@ func (f limitFlags) apply(l *pgstore.KindLimits) {
 	if f.rate.set {
 		l.StartsPerSecond = f.rate.v
 	}
+}
+
+// check refuses, by flag name, a limit that pgstore would refuse (by Go
+// field name, after a connection): a command line is checked before any
+// database is reached.
+func (f limitFlags) check() error {
+	switch {
+	case f.maxRunning.set && (f.maxRunning.v < 0 || f.maxRunning.v > math.MaxInt32):
+		return fmt.Errorf("-max-running %d: want 0 (no limit) to %d", f.maxRunning.v, math.MaxInt32)
+	case f.perTenant.set && (f.perTenant.v < 0 || f.perTenant.v > math.MaxInt32):
+		return fmt.Errorf("-max-running-per-tenant %d: want 0 (no limit) to %d", f.perTenant.v, math.MaxInt32)
+	case f.rate.set && !(f.rate.v >= 0 && f.rate.v <= pgstore.MaxStartsPerSecond): // NaN fails both
+		return fmt.Errorf("-starts-per-second %v: want 0 (no limit) to %d", f.rate.v, pgstore.MaxStartsPerSecond)
+	}
+	return nil
+}
+
+// kindSyntax is the syntax of a kind, as keyspace derives it from a route
+// (keyspace.KindFor) and checks it: no task submitted through the
+// middleware has any other kind.
+const kindSyntax = "[a-z0-9][a-z0-9_-]{0,63}"
+
+// checkKind refuses a kind no task can have, with what was likely meant.
+func checkKind(kind string) error {
+	ok := len(kind) > 0 && len(kind) <= 64
+	for i := 0; ok && i < len(kind); i++ {
+		c := kind[i]
+		ok = 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || i > 0 && (c == '_' || c == '-')
+	}
+	if ok {
+		return nil
+	}
+	msg := fmt.Sprintf("kind %q: no task can have it (a kind is %s)", kind, kindSyntax)
+	if s := suggestKind(kind); s != "" {
+		msg += fmt.Sprintf("; did you mean %q?", s)
+	}
+	return errors.New(msg)
+}
+
+// suggestKind returns kind in the kind syntax, if it differs only in case,
+// surrounding space or spaces for dashes; else "".
+func suggestKind(kind string) string {
+	s := strings.Join(strings.Fields(strings.ToLower(kind)), "-")
+	if s == "" || s == kind || checkKind(s) != nil {
+		return ""
+	}
+	return s
 }
 
 // intFlag and floatFlag remember whether they were given.

@@ -233,9 +233,9 @@ func TestTasksBadInput(t *testing.T) {
 		{"a kind never named", []string{"pause", "imgaes"}, 1, `no task or limit has ever named kind "imgaes"`},
 		{"a kind never named, limits", []string{"limits", "imgaes", "-max-running", "2"}, 1, "pass -new-kind"},
 		{"a kind never named, resume", []string{"resume", "imgaes"}, 1, "a typo?"},
-		{"rate above the bound", []string{"limits", "images", "-starts-per-second", "2e6"}, 1, "StartsPerSecond"},
-		{"negative limit", []string{"limits", "images", "-max-running", "-1"}, 1, "MaxRunning"},
-		{"rate not a number", []string{"limits", "images", "-starts-per-second", "NaN"}, 1, "StartsPerSecond"},
+		{"rate above the bound", []string{"limits", "images", "-starts-per-second", "2e6"}, 2, "-starts-per-second"},
+		{"negative limit", []string{"limits", "images", "-max-running", "-1"}, 2, "-max-running"},
+		{"rate not a number", []string{"limits", "images", "-starts-per-second", "NaN"}, 2, "-starts-per-second"},
 		{"not a number", []string{"limits", "images", "-max-running", "eight"}, 2, "invalid value"},
 	}
 	for _, tt := range tests {

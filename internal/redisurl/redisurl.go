@@ -71,6 +71,13 @@ func Parse(s string) (*redis.UniversalOptions, Topology, error) {
 			PoolSize: o.PoolSize, MinIdleConns: o.MinIdleConns,
 		}, Sentinel, nil
 	case len(q["addr"]) > 0:
+		// go-redis ignores a cluster URL's path: a database number there
+		// would be dropped without a word.
+		if db := strings.Trim(u.Path, "/"); db != "" && db != "0" || q.Has("db") && q.Get("db") != "0" {
+			return nil, "", errors.New("a cluster URL names a database: a cluster has only database 0; drop the /N (or db=)")
+		}
+		q.Del("db")
+		u.Path, u.RawQuery = "", q.Encode()
 		o, err := redis.ParseClusterURL(u.String())
 		if err != nil {
 			return nil, "", redactErr(err)
@@ -105,12 +112,43 @@ func redactErr(err error) error {
 	return err
 }
 
-// Redact returns s, a URL, with its password hidden, for printing; a
-// string that does not parse as a URL is "(configured)".
+// Redact returns s, a URL, for printing: its user info's password and
+// the value of every query parameter that may hold a secret (see
+// IsSecretParam) replaced by "xxxxx". A string that does not parse as a
+// URL is "(configured)".
 func Redact(s string) string {
-	u, err := url.Parse(s)
+	u, err := url.Parse(strings.TrimSpace(s))
 	if err != nil || u.Scheme == "" {
 		return "(configured)"
 	}
+	if u.RawQuery != "" {
+		q, err := url.ParseQuery(u.RawQuery)
+		if err != nil {
+			return "(configured)" // a query that does not parse may hide a secret anywhere
+		}
+		for name, values := range q {
+			if IsSecretParam(name) {
+				for i := range values {
+					values[i] = "xxxxx"
+				}
+			}
+		}
+		u.RawQuery = q.Encode()
+	}
 	return u.Redacted()
+}
+
+// IsSecretParam reports whether a connection parameter of that name may
+// hold a secret: libpq's and pgx's password and sslpassword, go-redis'
+// password (Sentinel) and sentinel_password, and, to be safe with names
+// a driver may add, any name holding "pass", "secret", "token" or "key"
+// (sslkey, a file name, is masked with them), in any case.
+func IsSecretParam(name string) bool {
+	n := strings.ToLower(name)
+	for _, s := range []string{"pass", "secret", "token", "key"} {
+		if strings.Contains(n, s) {
+			return true
+		}
+	}
+	return false
 }

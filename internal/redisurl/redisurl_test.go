@@ -93,3 +93,59 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// Redact hides a password wherever a URL may carry one: the user info
+// and the query parameters that go-redis (Sentinel's password=) and
+// libpq (password=, sslpassword=) read.
+func TestRedactHidesEverySecret(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, given, want string
+	}{
+		{name: "user info", given: "redis://u:hunter2@h:1/0", want: "redis://u:xxxxx@h:1/0"},
+		{name: "sentinel password parameter", given: "redis://s1:26379?master_name=m&password=hunter2",
+			want: "redis://s1:26379?master_name=m&password=xxxxx"},
+		{name: "postgres sslpassword", given: "postgres://h/db?sslpassword=hunter2&sslmode=require",
+			want: "postgres://h/db?sslmode=require&sslpassword=xxxxx"},
+		{name: "upper case", given: "postgres://h/db?PASSWORD=hunter2", want: "postgres://h/db?PASSWORD=xxxxx"},
+		{name: "query that does not parse", given: "postgres://h/db?password=hunter2%zz", want: "(configured)"},
+		{name: "not a URL", given: "host=h password=hunter2", want: "(configured)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := Redact(tt.given); got != tt.want {
+				t.Fatalf("Redact(%q) = %q, want %q", tt.given, got, tt.want)
+			}
+		})
+	}
+}
+
+// A cluster has only database 0: a cluster URL naming another one (in the
+// path or as db=) is refused, not read as database 0 without a word.
+func TestParseRefusesAClusterDatabase(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		given   string
+		wantErr bool
+	}{
+		{name: "seed list, path", given: "redis://h1:7000,h2:7001/3", wantErr: true},
+		{name: "addr parameters, path", given: "redis://h1:7000/2?addr=h2:7001", wantErr: true},
+		{name: "seed list, db parameter", given: "redis://h1:7000,h2:7001?db=1", wantErr: true},
+		{name: "seed list, database 0", given: "redis://h1:7000,h2:7001/0"},
+		{name: "seed list, no database", given: "redis://h1:7000,h2:7001/"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, topo, err := Parse(tt.given)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("Parse(%q) = %s, %v; want an error: %v", tt.given, topo, err, tt.wantErr)
+			}
+			if err != nil && !strings.Contains(err.Error(), "database") {
+				t.Fatalf("error %q does not say why", err)
+			}
+		})
+	}
+}
