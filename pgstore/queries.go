@@ -1159,6 +1159,47 @@ ON CONFLICT (kind, priority, tenant) DO UPDATE SET listed_at = now()
 	sqlSweepWaiting = `SELECT examined, coalesce(last_kind, '') AS last_kind, coalesce(last_priority, 0) AS last_priority,
 	coalesce(last_tenant, '') AS last_tenant, removed
 FROM idemgate_sweep_waiting(@kind::text, @priority::smallint, @tenant::text, @limit::int, @min_age_us::bigint)`
+
+	// sqlUnlistedLines reads the lines with waiting tasks after @kind,
+	// @priority, @tenant, in key order, up to @limit, skipping from one
+	// line to the next on the tenant_turn index (one descent a line, never
+	// a read of its backlog), and says of each whether it has a placed
+	// waiting task that idemgate_waiting_tenants does not list: a task
+	// written with triggers off (session_replication_role = replica, as a
+	// data-only restore or a promoted logical replica writes it). The
+	// placed task is looked up by two descents (turn >= 0, then turn IS
+	// NULL), so a line's scheduled tasks (turn -1), which come first in
+	// the index, are never read through.
+	sqlUnlistedLines = `WITH RECURSIVE l AS (
+	(SELECT t.kind, t.priority, t.tenant FROM idemgate_tasks t
+	WHERE t.state IN ('pending', 'retrying')
+		AND (t.kind, t.priority, t.tenant) > (@kind::text, @priority::smallint, @tenant::text)
+	ORDER BY t.kind, t.priority, t.tenant
+	LIMIT 1)
+	UNION ALL
+	SELECT n.kind, n.priority, n.tenant FROM l CROSS JOIN LATERAL (
+		SELECT t.kind, t.priority, t.tenant FROM idemgate_tasks t
+		WHERE t.state IN ('pending', 'retrying') AND (t.kind, t.priority, t.tenant) > (l.kind, l.priority, l.tenant)
+		ORDER BY t.kind, t.priority, t.tenant
+		LIMIT 1) n
+)
+SELECT b.kind, b.priority, b.tenant,
+	NOT EXISTS (SELECT FROM idemgate_waiting_tenants w
+		WHERE w.kind = b.kind AND w.priority = b.priority AND w.tenant = b.tenant)
+	AND (EXISTS (SELECT FROM idemgate_tasks p WHERE p.kind = b.kind AND p.priority = b.priority
+			AND p.tenant = b.tenant AND p.state IN ('pending', 'retrying') AND p.turn >= 0)
+		OR EXISTS (SELECT FROM idemgate_tasks p WHERE p.kind = b.kind AND p.priority = b.priority
+			AND p.tenant = b.tenant AND p.state IN ('pending', 'retrying') AND p.turn IS NULL)) AS unlisted
+FROM (SELECT * FROM l LIMIT @limit) b`
+
+	// sqlListUnlisted lists one line that sqlUnlistedLines found
+	// unlisted. One line a statement, committed at once: it never holds a
+	// line's new row while it waits for another's, so it cannot deadlock
+	// with a transaction listing lines in another order. No advisory lock:
+	// the line's task is committed, so a sweep keeps the line.
+	sqlListUnlisted = `INSERT INTO idemgate_waiting_tenants (kind, priority, tenant)
+VALUES (@kind, @priority, @tenant)
+ON CONFLICT DO NOTHING`
 )
 
 // Kind limits.
