@@ -108,18 +108,28 @@ func TestMeasureAnyKindWorkerBesidePausedBacklog(t *testing.T) {
 		n, mp.Round(time.Millisecond), rounds, mb.Round(time.Millisecond), float64(mp)/float64(mb))
 }
 
-// claimReads runs the claim of up to n tasks of a worker of every kind
-// as the worker sends it (its lock statement first, so on the generic
-// plan), in a transaction it rolls back, and returns the claimed tasks
+// claimReads runs the claim of up to n tasks of a worker of kinds (every
+// kind: nil) as the worker sends it (the limited claim after its lock
+// statement while some kind has limits, else the free claim after its
+// settings: so on the generic plan), in a transaction it rolls back, and returns the claimed tasks
 // and the rows the claim read from idemgate_tasks, by index and
 // sequentially (pg_stat_xact_user_tables).
-func claimReads(t testing.TB, s *Store, n int) (claimed int, fetched, seqRead int64) {
+func claimReads(t testing.TB, s *Store, kinds []string, n int) (claimed int, fetched, seqRead int64) {
 	t.Helper()
 	ctx := context.Background()
-	w := newWorker(t, s, WorkerConfig{Handler: func(context.Context, Task) Outcome { return Outcome{} }})
+	w := newWorker(t, s, WorkerConfig{Kinds: kinds, Handler: func(context.Context, Task) Outcome { return Outcome{} }})
+	var limited bool
+	if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM idemgate_kind_limits l WHERE `+hasLimits+`)`).Scan(&limited); err != nil {
+		t.Fatal(err)
+	}
+	w.limited.Store(limited)
 	sql, args := w.claimStatement(n)
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, sqlLockLimitedKinds, pgx.NamedArgs{"kinds": nil}); err != nil {
+		settings := sqlClaimSettings
+		if limited {
+			settings = sqlLockLimitedKinds
+		}
+		if _, err := tx.Exec(ctx, settings, pgx.NamedArgs{"kinds": kinds}); err != nil {
 			return err
 		}
 		counts := func() (f, sr int64, err error) {
@@ -203,7 +213,7 @@ func TestAnyKindClaimBesidePausedBacklogReadsNoBacklog(t *testing.T) {
 			type reads struct{ claimed, fetched, seq int64 }
 			before := map[int]reads{}
 			for _, n := range []int{1, 16} {
-				c, f, sr := claimReads(t, s, n)
+				c, f, sr := claimReads(t, s, nil, n)
 				before[n] = reads{int64(c), f, sr}
 			}
 			pausedBacklog(t, s, 100_000, 500)
@@ -213,7 +223,7 @@ func TestAnyKindClaimBesidePausedBacklogReadsNoBacklog(t *testing.T) {
 				}
 			}
 			for _, n := range []int{1, 16} {
-				c, f, sr := claimReads(t, s, n)
+				c, f, sr := claimReads(t, s, nil, n)
 				b := before[n]
 				t.Logf("claim of %d: %d taken; rows read by index %d, sequentially %d (beside 500 paused tasks: %d, %d)",
 					n, c, f, sr, b.fetched, b.seq)

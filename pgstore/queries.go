@@ -727,7 +727,8 @@ const sqlLockLimitedKinds = `SELECT ` + claimSettings + ` AS settings,
 // id = ANY(ARRAY(…)) beside the join: by the join alone, the generic
 // plan took the picked rows for a tenth of the table and hashed it whole
 // (a sequential scan of every task at every claim).
-const claimSettings = `set_config('jit', 'off', true) || ' ' || set_config('plan_cache_mode', 'force_generic_plan', true)`
+const claimSettings = `set_config('jit', 'off', true) || ' ' || set_config('plan_cache_mode', 'force_generic_plan', true)
+	|| ' ' || set_config('enable_seqscan', 'off', true)`
 
 // sqlClaimSettings sets claimSettings in the transaction of a claim of
 // kinds without limits, which has no lock statement to carry them.
