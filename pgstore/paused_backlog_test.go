@@ -17,14 +17,12 @@ import (
 func pausedBacklog(t testing.TB, s *Store, tasks, tenants int) {
 	t.Helper()
 	ctx := context.Background()
-	for from := 0; from < tasks; from += 1000 {
-		var batch []NewTask
-		for i := from; i < min(tasks, from+1000); i++ {
-			batch = append(batch, tenantTask(fmt.Sprintf("tenant-%d", i%tenants), fmt.Sprintf("p-%d", i)))
-		}
-		if _, err := s.SubmitMany(ctx, batch); err != nil {
-			t.Fatal(err)
-		}
+	if _, err := s.pool.Exec(ctx, `INSERT INTO idemgate_tasks
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, turn)
+		SELECT 'tenant-' || g % $2, 'o', 'image', 'gpu', 'main', 'p-' || g, 'f', g / $2
+		FROM generate_series(0, $1 - 1) g
+		ON CONFLICT DO NOTHING`, tasks, tenants); err != nil {
+		t.Fatal(err)
 	}
 	if err := s.SetKindLimits(ctx, "image", KindLimits{Paused: true}); err != nil {
 		t.Fatal(err)
