@@ -154,3 +154,68 @@ func TestClaimGenericPlanReadsTheIndex(t *testing.T) {
 		}
 	}
 }
+
+// A claim's generic plan is made at a connection's first claim and kept
+// until the table's statistics change: a plan made on a small queue,
+// before the table was ever analyzed, still serves the claims once a
+// backlog has come (faster than autovacuum's first ANALYZE). Every shape
+// of claim then reads what it read on the small queue, not the backlog.
+// On the small queue's statistics the planner took the table for a few
+// pages: the per-tenant claim's lock of its candidates by primary key
+// became a sequential scan (100,601 rows read for a claim of 1 beside
+// 100k tasks), and before its state was spelled so that no partial
+// index applies (stillWaitingT), a bitmap of the whole claim index
+// (100,502 rows). Claims run with enable_seqscan off: every read of a
+// claim is meant to be an index read.
+func TestClaimPlannedOnASmallQueueReadsNoBacklogLater(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		kinds  []string
+		limits *KindLimits
+	}{
+		{name: "any kind", kinds: nil},
+		{name: "any kind, MaxRunningPerTenant", kinds: nil, limits: &KindLimits{MaxRunningPerTenant: 2}},
+		{name: "named kind", kinds: []string{"image"}},
+		{name: "named kind, MaxRunningPerTenant", kinds: []string{"image"}, limits: &KindLimits{MaxRunningPerTenant: 2}},
+		{name: "named kind, MaxRunning", kinds: []string{"image"}, limits: &KindLimits{MaxRunning: 100_000}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, _ := setup(t)
+			ctx := context.Background()
+			if _, err := s.pool.Exec(ctx, `ALTER TABLE idemgate_tasks SET (autovacuum_enabled = false)`); err != nil {
+				t.Fatal(err)
+			}
+			if tt.limits != nil {
+				if err := s.SetKindLimits(ctx, "image", *tt.limits); err != nil {
+					t.Fatal(err)
+				}
+			}
+			submitBacklog(t, s, "small", 500, "a", "b", "c", "d", "e", "f", "g", "h", "i", "j")
+			before := map[int][2]int64{}
+			for _, n := range []int{1, 16} {
+				_, f, sr := claimReads(t, s, tt.kinds, n)
+				before[n] = [2]int64{f, sr}
+			}
+			tenants := make([]string, 500)
+			for i := range tenants {
+				tenants[i] = fmt.Sprint("t-", i)
+			}
+			submitBacklog(t, s, "big", 100_000, tenants...)
+			for _, n := range []int{1, 16} {
+				c, f, sr := claimReads(t, s, tt.kinds, n)
+				b := before[n]
+				t.Logf("claim of %d: %d taken; rows read by index %d, sequentially %d (on the small queue: %d, %d)", n, c, f, sr, b[0], b[1])
+				if c != n {
+					t.Errorf("the claim of %d took %d tasks", n, c)
+				}
+				if f > 2*b[0]+64 || sr > 2*b[1]+64 {
+					t.Errorf("the claim of %d read %d rows by index and %d sequentially beside a backlog of 100k, %d and %d on the small queue",
+						n, f, sr, b[0], b[1])
+				}
+			}
+		})
+	}
+}

@@ -122,9 +122,9 @@ func TestClaimIgnoresLowPriorityBacklog(t *testing.T) {
 // At a 100k-task backlog of kind image, the claims stay index reads:
 // a claim of image (fair order) and, with image paused (or at its
 // MaxRunning), the claim of another kind by a worker that names its
-// kinds. A worker of every kind (WorkerConfig.Kinds empty) reads past
-// the held-back backlog at every claim: documented (WorkerConfig.Kinds,
-// docs/queue.md), and logged here for the guide's figure.
+// kinds. A worker of every kind (WorkerConfig.Kinds empty) no longer
+// reads the held-back backlog (v10); its figure is logged here for the
+// guide (TestAnyKindClaimBesidePausedBacklogReadsNoBacklog holds it).
 func TestClaimPlanWithPausedBacklog(t *testing.T) {
 	t.Parallel()
 	s, _ := setup(t)

@@ -25,10 +25,12 @@ type WorkerConfig struct {
 	// counts them and their age).
 	Reconcile Handler
 	// Kinds limits the worker to tasks of these kinds. Optional. Default:
-	// every kind. Name them: a worker of every kind reads past the
-	// backlog of a paused kind, or of a kind at its limits, at every
-	// claim (thousands of buffers a claim at a backlog of 100,000); a
-	// worker that names its kinds does not read a kind without room.
+	// every kind. A worker of every kind reads the head of each kind
+	// with waiting tasks at every claim (about 14 buffers a kind, never a
+	// kind's backlog, nor anything of a paused or full kind), and while
+	// any kind of the database has limits or is paused, it claims after
+	// the kinds' lock statement and writes each outcome at once instead
+	// of batching them. A worker that names its kinds pays for those only.
 	Kinds []string
 	// Policies sets how tasks of a kind run: their execution timeout and
 	// what a lost attempt becomes. A kind without an entry gets the zero

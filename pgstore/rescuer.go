@@ -30,6 +30,9 @@ type rescuer struct {
 	// starts after (the zero line: the first); only maintain's goroutine
 	// uses it.
 	after waitingLine
+	// listAfter is the line the next listing pass (listUnlisted) starts
+	// after; only maintain's goroutine uses it.
+	listAfter waitingLine
 	// swept is when maintain last swept (see sweepEvery).
 	swept time.Time
 	// minAge is how long a line stays listed at least (sweepMinAge; 0 in
@@ -49,13 +52,21 @@ const sweepMinAge = time.Minute
 // nothing.
 const sweepEvery = 5 * time.Second
 
-// maybeSweepWaiting sweeps if sweepEvery has passed since the last sweep.
+// maybeSweepWaiting sweeps, and lists the lines the triggers missed
+// (listUnlisted), if sweepEvery has passed since the last sweep.
 func (r *rescuer) maybeSweepWaiting(ctx context.Context) error {
 	if !r.swept.IsZero() && time.Since(r.swept) < sweepEvery {
 		return nil
 	}
 	r.swept = time.Now()
-	_, err := r.sweepWaiting(ctx)
+	if _, err := r.sweepWaiting(ctx); err != nil {
+		return err
+	}
+	listed, err := r.listUnlisted(ctx)
+	if listed > 0 {
+		r.cfg.Logger.Warn("pgstore: worker: listed waiting lines that no trigger had listed (tasks written with triggers off?)",
+			"lines", listed)
+	}
 	return err
 }
 
