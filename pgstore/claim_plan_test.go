@@ -203,7 +203,7 @@ func TestClaimPlannedOnASmallQueueReadsNoBacklogLater(t *testing.T) {
 			for i := range tenants {
 				tenants[i] = fmt.Sprint("t-", i)
 			}
-			submitBacklog(t, s, "big", 100_000, tenants...)
+			submitBacklog(t, s, "big", 20_000, tenants...)
 			for _, n := range []int{1, 16} {
 				c, f, sr := claimReads(t, s, tt.kinds, n)
 				b := before[n]
@@ -212,7 +212,7 @@ func TestClaimPlannedOnASmallQueueReadsNoBacklogLater(t *testing.T) {
 					t.Errorf("the claim of %d took %d tasks", n, c)
 				}
 				if f > 2*b[0]+64 || sr > 2*b[1]+64 {
-					t.Errorf("the claim of %d read %d rows by index and %d sequentially beside a backlog of 100k, %d and %d on the small queue",
+					t.Errorf("the claim of %d read %d rows by index and %d sequentially beside a backlog of 20k, %d and %d on the small queue",
 						n, f, sr, b[0], b[1])
 				}
 			}
