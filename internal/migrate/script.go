@@ -63,10 +63,10 @@ const (
 	// transaction. The schema is the connection's current one.
 	sqlScriptPin = `DO $$
 BEGIN
-	IF current_schema() IS NULL THEN
+	IF pg_catalog.current_schema() IS NULL THEN
 		RAISE EXCEPTION 'search_path names no existing schema to migrate';
 	END IF;
-	PERFORM set_config('search_path', quote_ident(current_schema()), false);
+	PERFORM pg_catalog.set_config('search_path', pg_catalog.quote_ident(pg_catalog.current_schema()::pg_catalog.text), false);
 END $$`
 	sqlScriptTimeouts = `SET statement_timeout = '15min';
 SET lock_timeout = 0`
@@ -82,11 +82,11 @@ BEGIN
 	IF EXISTS (SELECT 1 FROM %[1]s WHERE version = %[2]d) THEN
 		RAISE EXCEPTION '%[3]s v%[2]d is applied already: run only the versions after the newest applied one';
 	END IF;
-	IF NOT %[5]s(%[4]d, hashtext(current_schema())) THEN
+	IF NOT pg_catalog.%[5]s(%[4]d, pg_catalog.hashtext(pg_catalog.current_schema()::pg_catalog.text)) THEN
 		RAISE EXCEPTION 'another migration of %[3]s is running on this schema (idemgate migrate up, or a service''s Migrate): run v%[2]d again once it is done';
 	END IF;
 END $$`
-	sqlScriptUnlock = `SELECT pg_advisory_unlock(%d, hashtext(current_schema()))`
+	sqlScriptUnlock = `SELECT pg_catalog.pg_advisory_unlock(%d, pg_catalog.hashtext(pg_catalog.current_schema()::pg_catalog.text))`
 )
 
 // script is the text a Runner's migrations write in script mode.
