@@ -169,6 +169,7 @@ func TestPlantedObjectsNeverRun(t *testing.T) {
 			`SELECT public.idemgate_records_claim('planted', gen_random_uuid(), '\x00', NULL, 1000000)`,
 			`SELECT public.idemgate_records_commit_tx('planted', gen_random_uuid(), 1000000, '\x00')`,
 			`SELECT public.idemgate_records_commit_tx(NULL, NULL, NULL, NULL)`,
+			`SELECT public.idemgate_records_complete_tx('planted', gen_random_uuid(), 1000000, '\x00')`,
 		} {
 			tx, err := planter.Begin(ctx)
 			if err != nil {
