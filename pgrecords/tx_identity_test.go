@@ -2,6 +2,7 @@ package pgrecords_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
+	"github.com/idemgate/idemgate/pgstore"
 )
 
 // TestTxHandlerBeginsAnother: a handler (or a library under it) ends the
@@ -234,7 +236,19 @@ func TestTxHandlerSessionSetOutlivesRequest(t *testing.T) {
 func TestTxMarkNotRearmedAfterHandlerBeginsAnother(t *testing.T) {
 	t.Parallel()
 	pool, s := atomicDB(t)
+	tasks, err := pgstore.New(testCtx(t), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tasks.Migrate(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
 	paths := map[string]func(ctx context.Context, tx pgx.Tx) error{
+		"submit-tx": func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tasks.SubmitTx(ctx, tx, pgstore.NewTask{Tenant: "acme", Owner: "alice", Kind: "charge",
+				Runtime: "cpu", Network: "main", IdempotencyKey: "submit-tx", Fingerprint: "f", Params: json.RawMessage(`{}`)})
+			return err
+		},
 		"savepoint": func(ctx context.Context, tx pgx.Tx) error {
 			sp, err := tx.Begin(ctx)
 			if err != nil {
@@ -262,6 +276,9 @@ func TestTxMarkNotRearmedAfterHandlerBeginsAnother(t *testing.T) {
 			return err
 		},
 	}
+	// A path that fails answers 500 on any code: each must succeed in the
+	// new transaction for the test to prove anything.
+	var pathErrs sync.Map
 	e := atomicRoute(t, s, func(c echo.Context) error {
 		tx := pgrecords.Tx(c)
 		ctx := c.Request().Context()
@@ -274,6 +291,7 @@ func TestTxMarkNotRearmedAfterHandlerBeginsAnother(t *testing.T) {
 				return err
 			}
 			if err := paths[key](ctx, tx); err != nil {
+				pathErrs.Store(key, err)
 				return err
 			}
 		}
@@ -283,6 +301,9 @@ func TestTxMarkNotRearmedAfterHandlerBeginsAnother(t *testing.T) {
 		t.Run(key, func(t *testing.T) {
 			if rec := atomicSendMode(e, key, ""); rec.Code != http.StatusInternalServerError {
 				t.Errorf("first = %d %q, want 500 (the handler's transaction was replaced)", rec.Code, rec.Body)
+			}
+			if err, ok := pathErrs.Load(key); ok {
+				t.Fatalf("the %s path failed in the new transaction: %v", key, err)
 			}
 			if got := ledgerRows(t, pool, key); got != 0 {
 				t.Errorf("ledger rows after the first = %d, want 0 (rolled back by the handler)", got)
