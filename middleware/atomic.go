@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/labstack/echo/v4"
 )
@@ -124,14 +125,10 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 		// The body was too large to hold and is gone; the status the
 		// handler chose (a 429, a 503) and its Retry-After still say
 		// what the client should do.
-		retry := st.cw.sent.Get("Retry-After")
+		retry := handlerRetry(st.cw.status, st.cw.sent.Get("Retry-After"), m.now())
 		st.cw.takeBack(res)
-		if retry != "" {
-			res.Header().Set("Retry-After", retry)
-		}
-		secs, _ := strconv.Atoi(retry) // the handler's own delta-seconds, if it sent them
 		return m.problem(c, st.cw.status, CodeResponseTooLarge,
-			"The answer was larger than this endpoint can hold, so its transaction was rolled back.", max(secs, 0))
+			"The answer was larger than this endpoint can hold, so its transaction was rolled back.", retry)
 	case st.cw.overflow:
 		if aborted := st.rollback(tx); aborted != nil {
 			return st.txAborted(c, claimed, aborted)
@@ -156,21 +153,25 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 		return st.txAborted(c, claimed, err)
 	case errors.Is(err, ErrTxRefused):
 		// The database refused what the handler wrote (a deferred
-		// constraint): the handler's failure, answered as its error.
+		// constraint): the handler's failure, answered as its error
+		// (the application's error handler may map the database's
+		// error), with the hint that a retry would meet it again.
 		st.cw.takeBack(res)
 		if claimed {
 			st.release("commit_refused", st.cw.status)
 		}
+		res.Header().Set(shouldRetryHeader, "false")
 		return err
 	case errors.Is(err, ErrTxConflict):
 		// Rolled back for a concurrent transaction's sake: a retry may
 		// commit.
+		st.warn("idemgate: the transaction conflicted at its commit", "commit", err)
 		st.cw.takeBack(res)
 		if claimed {
 			st.release("commit_conflict", st.cw.status)
 		}
-		res.Header().Set("Retry-After", "1")
-		return echo.NewHTTPError(http.StatusServiceUnavailable).SetInternal(err)
+		return m.problem(c, http.StatusServiceUnavailable, CodeTxConflict,
+			"This request's transaction conflicted with a concurrent one and was rolled back; nothing of it took effect. Retry with the same key.", 1)
 	case errors.Is(err, ErrLeaseLost):
 		st.storeFailed(&st.ctx, "commit", err)
 		st.cw.takeBack(res)
@@ -213,14 +214,39 @@ func (st *call) rollback(tx Tx) (aborted error) {
 }
 
 // txAborted answers a request whose handler broke its transaction
-// (ErrTxAborted): nothing is stored, the claim is released so that the
-// retry runs, and the client gets echo's 500, as for a handler error. The
-// held answer is dropped.
+// (ErrTxAborted): nothing is stored, the claim is released so that a
+// resent request runs, and the client gets 500 transaction_aborted, not
+// to be retried automatically: each retry would run the handler again,
+// which would most likely break it again. The held answer is dropped.
 func (st *call) txAborted(c echo.Context, claimed bool, err error) error {
 	st.warn("idemgate: the handler broke its transaction", "commit", err)
 	st.cw.takeBack(c.Response())
 	if claimed {
 		st.release("tx_aborted", st.cw.status)
 	}
-	return echo.NewHTTPError(http.StatusInternalServerError).SetInternal(err)
+	return st.m.problem(c, http.StatusInternalServerError, CodeTxAborted,
+		"This request's handler broke its database transaction, so nothing of it was stored.", 0)
+}
+
+// handlerRetry is the Retry-After, in seconds, of an answer that keeps
+// the handler's status, whose own Retry-After was header: 0 (no retry)
+// unless the handler sent one or its status is one that clients retry
+// (408, 429, 502, 503, 504). A Retry-After in delta-seconds is kept, an
+// HTTP-date counts from now; either is at least 1.
+func handlerRetry(status int, header string, now time.Time) int {
+	if header != "" {
+		if secs, err := strconv.Atoi(header); err == nil {
+			return max(secs, 1)
+		}
+		if at, err := http.ParseTime(header); err == nil {
+			return retrySeconds(at.Sub(now))
+		}
+		return 1
+	}
+	switch status {
+	case http.StatusRequestTimeout, http.StatusTooManyRequests, http.StatusBadGateway,
+		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return 1
+	}
+	return 0
 }

@@ -25,6 +25,9 @@ type txStore struct {
 	middleware.Store
 	begun, committed, rolledBack atomic.Int64
 	loseNext                     atomic.Bool // the next completion finds its claim gone
+
+	// Set before the requests: what Begin, Commit and Rollback fail with.
+	beginErr, commitErr, rollbackErr error
 }
 
 type txCtxKey struct{}
@@ -32,6 +35,9 @@ type txCtxKey struct{}
 type fakeTx struct{ s *txStore }
 
 func (s *txStore) Begin(context.Context) (middleware.Tx, error) {
+	if s.beginErr != nil {
+		return nil, s.beginErr
+	}
 	s.begun.Add(1)
 	return fakeTx{s}, nil
 }
@@ -41,6 +47,10 @@ func (t fakeTx) Context(ctx context.Context) context.Context {
 }
 
 func (t fakeTx) Commit(ctx context.Context, c *middleware.Completion) error {
+	if t.s.commitErr != nil {
+		t.s.rolledBack.Add(1)
+		return t.s.commitErr
+	}
 	if c != nil {
 		if t.s.loseNext.Swap(false) {
 			t.s.rolledBack.Add(1)
@@ -57,7 +67,7 @@ func (t fakeTx) Commit(ctx context.Context, c *middleware.Completion) error {
 
 func (t fakeTx) Rollback(context.Context) error {
 	t.s.rolledBack.Add(1)
-	return nil
+	return t.s.rollbackErr
 }
 
 func atomicEnv(t *testing.T, h handlerFunc) (*env, *txStore) {

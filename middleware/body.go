@@ -5,7 +5,9 @@ import (
 	"errors"
 	"io"
 	"math"
+	"net"
 	"net/http"
+	"os"
 )
 
 // bodyReader restores the request body for the handler.
@@ -81,4 +83,12 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 		return nil, errBodyShort
 	}
 	return buf, nil
+}
+
+// timedOut reports whether a body read failed on a deadline (the server's
+// ReadTimeout, a connection's read deadline): the body may arrive in full
+// on a retry, unlike one that is malformed.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }

@@ -45,6 +45,8 @@
 //	body_too_large       413  body over MaxBodyBytes
 //	body_invalid         400  body the fingerprint cannot parse (reason and byte
 //	                          offset in detail, never body content)
+//	body_timeout         408  body did not arrive before the server's read
+//	                          deadline; Retry-After
 //	scope_invalid        400  tenant or user from Scope is empty or over 255 bytes
 //	key_reused           409  key used with other parameters (MismatchStatus, e.g. 422);
 //	                          with Fingerprint.Fields, "changed" lists the pointers
@@ -58,15 +60,21 @@
 //	lease_lost           503  Atomic route: the claim ran out and another request
 //	                          took the key over before the commit; rolled back
 //	response_too_large   500  Atomic route: answer over MaxResponseBytes; rolled back
+//	                          (or the handler's own uncacheable status, hinted as it)
+//	transaction_conflict 503  Atomic route: serialization failure or deadlock at the
+//	                          commit; rolled back; Retry-After
+//	transaction_aborted  500  Atomic route: the handler broke its transaction
 //
 // The codes are the Code constants (CodeKeyMissing, …): a wire contract
 // that clients may compare against. Every problem carries x-should-retry,
 // which generated API clients (Stainless: OpenAI's, Anthropic's SDKs, …)
 // obey over the status code: true, with Retry-After, for
-// request_in_progress, store_unavailable and lease_lost; false for the
-// others, so that such a client never resends a key_reused
-// (Code.Retryable). Config.ErrorHandler renders problems in the
-// application's own error format instead.
+// request_in_progress, store_unavailable, lease_lost, body_timeout and
+// transaction_conflict; false, without Retry-After, for the others, so
+// that such a client never resends a key_reused (Code.Retryable;
+// Problem.ShouldRetry for a response_too_large that keeps the handler's
+// status). Config.ErrorHandler renders problems in the application's own
+// error format instead.
 //
 // With the middleware on the whole app (e.Use) or a group, a request that
 // echo matches to no route of its method (a 404, a 405) passes through

@@ -141,6 +141,10 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 			return m.problem(c, http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
 				"The request body is larger than this endpoint accepts.", 0)
 		}
+		if timedOut(err) {
+			return m.problem(c, http.StatusRequestTimeout, CodeBodyTimeout,
+				"The request body did not arrive in time; retry.", 1)
+		}
 		return m.problem(c, http.StatusBadRequest, CodeBodyInvalid, "The request body could not be read.", 0)
 	}
 	st.body.Reset(body)

@@ -52,21 +52,44 @@ const (
 	// Config.MaxResponseBytes, so it could not be held for the commit and
 	// its transaction was rolled back. The status is 500 when the handler
 	// answered a status that would be stored (retrying will not help), and
-	// the handler's own status (with its Retry-After) when it would not,
-	// such as a 429 or a 503.
+	// the handler's own status when it would not, such as a 429 or a 503:
+	// then the answer says to retry (x-should-retry: true, Retry-After:
+	// the handler's, or 1) when the handler sent a Retry-After or its
+	// status is 408, 429, 502, 503 or 504, and not to otherwise (see
+	// Problem.ShouldRetry).
 	CodeResponseTooLarge Code = "response_too_large"
+	// CodeBodyTimeout (408, with Retry-After): the request body did not
+	// arrive before the server's read deadline (http.Server.ReadTimeout),
+	// a slow upload or a stalled link. Nothing was claimed; a retry can
+	// succeed.
+	CodeBodyTimeout Code = "body_timeout"
+	// CodeTxConflict (503, with Retry-After) on a Config.Atomic route: the
+	// database rolled the handler's transaction back at its commit for a
+	// concurrent transaction's sake (a serialization failure, a deadlock:
+	// ErrTxConflict). Nothing of this run took effect and the claim was
+	// released; a retry may commit.
+	CodeTxConflict Code = "transaction_conflict"
+	// CodeTxAborted (500) on a Config.Atomic route: the handler broke its
+	// transaction (ErrTxAborted: it answered after a statement of its
+	// failed, sent COMMIT or ROLLBACK itself, or began another), so the
+	// answer could not be stored. The claim was released, but a retry
+	// runs the same handler, which will most likely break it the same
+	// way: not retryable.
+	CodeTxAborted Code = "transaction_aborted"
 )
 
 // Retryable reports whether a retry of the same request with the same key
-// can succeed: true for request_in_progress, store_unavailable and
-// lease_lost, which also carry Retry-After; false for every other code,
-// whose answer a retry would only repeat (key_reused is a decision for
-// the caller, never an automatic retry). Every problem answer says which
-// in its x-should-retry header, which generated API clients (Stainless:
-// OpenAI's, Anthropic's, …) obey over the status code.
+// can succeed: true for request_in_progress, store_unavailable,
+// lease_lost, body_timeout and transaction_conflict, which also carry
+// Retry-After; false for every other code, whose answer a retry would
+// only repeat (key_reused is a decision for the caller, never an
+// automatic retry). Every problem answer says which in its x-should-retry
+// header, which generated API clients (Stainless: OpenAI's, Anthropic's,
+// …) obey over the status code; response_too_large with the handler's
+// own status follows that status (Problem.ShouldRetry).
 func (c Code) Retryable() bool {
 	switch c {
-	case CodeRequestInProgress, CodeStoreUnavailable, CodeLeaseLost:
+	case CodeRequestInProgress, CodeStoreUnavailable, CodeLeaseLost, CodeBodyTimeout, CodeTxConflict:
 		return true
 	}
 	return false
@@ -87,12 +110,20 @@ type Problem struct {
 	// key, the user or body content.
 	Detail string
 	// RetryAfter is how long to wait before a retry, in whole seconds, or
-	// 0 when the answer has no Retry-After.
+	// 0 when the answer has no Retry-After. It is set exactly when
+	// ShouldRetry is true.
 	RetryAfter time.Duration
 	// Changed lists the JSON Pointers of the fields that differ, for a
 	// key_reused with Config.Fingerprint.Fields (names, never values).
 	Changed []string
 }
+
+// ShouldRetry reports whether the answer tells the client to retry (the
+// x-should-retry header): when its code is Retryable, and for a
+// response_too_large that keeps the handler's own status, when that
+// status asked for a retry (its RetryAfter is set). A problem that says
+// to retry always carries a Retry-After, one that does not never does.
+func (p Problem) ShouldRetry() bool { return p.Code.Retryable() || p.RetryAfter > 0 }
 
 // problemTypeBase prefixes the code to make the RFC 9457 "type" URI.
 const problemTypeBase = "https://github.com/idemgate/idemgate#"
@@ -109,6 +140,9 @@ var problemTitles = map[Code]string{
 	CodeEncodingNotAcceptable: "Stored response encoding not acceptable",
 	CodeLeaseLost:             "Idempotency lease lost",
 	CodeResponseTooLarge:      "Response too large to store",
+	CodeBodyTimeout:           "Request body timed out",
+	CodeTxConflict:            "Transaction conflict",
+	CodeTxAborted:             "Transaction broken by the handler",
 }
 
 // problem answers a problem; retryAfter is in seconds, 0 for none.
@@ -124,13 +158,13 @@ func (m *idem) problem(c echo.Context, status int, code Code, detail string, ret
 // 200 for a problem.
 func (m *idem) answer(c echo.Context, p Problem) error {
 	h := c.Response().Header()
-	if p.Code.Retryable() {
+	h.Del("Retry-After")
+	if p.ShouldRetry() {
+		p.RetryAfter = time.Duration(retrySeconds(p.RetryAfter)) * time.Second
 		h.Set(shouldRetryHeader, "true")
+		h.Set("Retry-After", strconv.Itoa(retrySeconds(p.RetryAfter)))
 	} else {
 		h.Set(shouldRetryHeader, "false")
-	}
-	if p.RetryAfter > 0 {
-		h.Set("Retry-After", strconv.Itoa(retrySeconds(p.RetryAfter)))
 	}
 	h.Set("Cache-Control", "no-store")
 	if m.cfg.ErrorHandler != nil {

@@ -52,22 +52,24 @@ type Tx interface {
 // handler, not the store, broke the transaction: a statement of its failed
 // and it answered as if it had not (the transaction is aborted), or it
 // ended the transaction itself with a COMMIT or ROLLBACK statement. The
-// middleware answers 500 and releases the claim; nothing is stored.
+// middleware answers 500 transaction_aborted (not to be retried) and
+// releases the claim; nothing is stored.
 var ErrTxAborted = errors.New("idemgate: the handler aborted or ended its transaction")
 
 // ErrTxRefused is what Tx.Commit returns (wrapped, with the database's
 // error) when the database refused to commit what the handler wrote and
-// rolled it back: a constraint checked at COMMIT (DEFERRABLE INITIALLY
-// DEFERRED) failed. The middleware answers it as the handler's error
-// (echo's error handler sees the database's error) and releases the
-// claim.
+// rolled it back: a constraint or constraint trigger checked at COMMIT
+// (DEFERRABLE INITIALLY DEFERRED) failed on the handler's data, as it
+// would on every retry. The middleware answers it as the handler's error
+// (echo's error handler sees the database's error), with x-should-retry:
+// false, and releases the claim.
 var ErrTxRefused = errors.New("idemgate: the database refused to commit the handler's transaction")
 
 // ErrTxConflict is what Tx.Commit returns (wrapped, with the database's
 // error) when the database rolled the transaction back for a concurrent
 // one's sake (a serialization failure, a deadlock), which a retry may not
-// meet again. The middleware releases the claim and answers 503 with
-// Retry-After.
+// meet again. The middleware releases the claim and answers 503
+// transaction_conflict with Retry-After.
 var ErrTxConflict = errors.New("idemgate: the handler's transaction conflicted with another and was rolled back")
 
 type txLeaseKey struct{}

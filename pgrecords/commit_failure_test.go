@@ -3,6 +3,7 @@ package pgrecords_test
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -44,6 +45,15 @@ END
 $$;
 CREATE CONSTRAINT TRIGGER late_check AFTER INSERT ON late_check DEFERRABLE INITIALLY DEFERRED
 	FOR EACH ROW EXECUTE FUNCTION late_check();
+CREATE TABLE late_ratio (key text NOT NULL, part int NOT NULL, whole int NOT NULL);
+CREATE FUNCTION late_ratio() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM NEW.part / NEW.whole;
+	RETURN NULL;
+END
+$$;
+CREATE CONSTRAINT TRIGGER late_ratio AFTER INSERT ON late_ratio DEFERRABLE INITIALLY DEFERRED
+	FOR EACH ROW EXECUTE FUNCTION late_ratio();
 `
 
 // pgxTxSerializable opens a SERIALIZABLE transaction.
@@ -51,14 +61,16 @@ var pgxTxSerializable = pgx.TxOptions{IsoLevel: pgx.Serializable}
 
 // TestAtomicCommitFailures: the database refuses the COMMIT, or the
 // completion in front of it, with the outcome known (rolled back). An
-// integrity error (a deferred foreign key), or a deferred constraint
-// trigger that raises, is the handler's failure:
-// echo's error answer, the claim released with reason commit_refused, no
-// store_error. A serialization failure or a deadlock may succeed when
-// retried: 503 with Retry-After, the claim released with reason
-// commit_conflict, no store_error. The retry runs the handler again in
-// every case (nothing was stored), and commits once nothing stands in
-// its way.
+// integrity error (a deferred foreign key), a deferred constraint
+// trigger that raises, or one that fails on the handler's data (22012,
+// division by zero: a data exception, which fails the same way on every
+// retry) is the handler's failure: echo's error answer with
+// x-should-retry: false, the claim released with reason commit_refused,
+// no store_error. A serialization failure or a deadlock may succeed when
+// retried: 503 transaction_conflict with x-should-retry: true and
+// Retry-After, the claim released with reason commit_conflict, no
+// store_error. The retry runs the handler again in every case (nothing
+// was stored), and commits once nothing stands in its way.
 func TestAtomicCommitFailures(t *testing.T) {
 	t.Parallel()
 	pool, s := atomicDB(t)
@@ -148,6 +160,14 @@ func TestAtomicCommitFailures(t *testing.T) {
 					return err
 				}
 			}
+		case strings.HasPrefix(key, "deferred-division"):
+			whole := 0
+			if retry {
+				whole = 4
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO late_ratio VALUES ($1, 1, $2)`, key, whole); err != nil {
+				return err
+			}
 		case strings.HasPrefix(key, "deadlock"):
 			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(1)`); err != nil {
 				return err
@@ -175,6 +195,7 @@ func TestAtomicCommitFailures(t *testing.T) {
 	}{
 		{key: "foreign-key", wantStatus: 500, wantReason: "commit_refused"},
 		{key: "deferred-trigger", wantStatus: 500, wantReason: "commit_refused"},
+		{key: "deferred-division", wantStatus: 500, wantReason: "commit_refused"},
 		{key: "serialization", wantStatus: 503, wantRetry: "1", wantReason: "commit_conflict"},
 		{key: "deadlock", wantStatus: 503, wantRetry: "1", wantReason: "commit_conflict"},
 	} {
@@ -187,6 +208,12 @@ func TestAtomicCommitFailures(t *testing.T) {
 				strings.Contains(first.Body.String(), "store_unavailable") || strings.Contains(first.Body.String(), "written") {
 				t.Errorf("first = %d Retry-After=%q %q, want %d Retry-After=%q", first.Code, first.Header().Get("Retry-After"),
 					first.Body, tt.wantStatus, tt.wantRetry)
+			}
+			if got, want := first.Header().Get("X-Should-Retry"), strconv.FormatBool(tt.wantRetry != ""); got != want {
+				t.Errorf("first: x-should-retry %q, want %q", got, want)
+			}
+			if tt.wantRetry != "" && !strings.Contains(first.Body.String(), `"code":"transaction_conflict"`) {
+				t.Errorf("first = %q, want a transaction_conflict problem", first.Body)
 			}
 			mu.Lock()
 			var reasons []string

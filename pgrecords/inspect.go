@@ -20,15 +20,19 @@ const (
 	// on it by the database's clock.
 	// Microseconds left, saturated for an operator's 'infinity'.
 	sqlInspect = `SELECT token, finished,
-	(least(extract(epoch FROM expires_at) - extract(epoch FROM now()), 9e12) * 1e6)::bigint,
-	ident, octet_length(sums), response,
-	16 + octet_length(ident) + coalesce(octet_length(sums), 0) + coalesce(octet_length(response), 0)
-FROM idemgate_records WHERE key = $1 AND expires_at > now()`
+	(LEAST(EXTRACT(epoch FROM expires_at) OPERATOR(pg_catalog.-) EXTRACT(epoch FROM pg_catalog.now()), 9e12)
+		OPERATOR(pg_catalog.*) 1e6)::pg_catalog.int8,
+	ident, pg_catalog.octet_length(sums), response,
+	16 OPERATOR(pg_catalog.+) pg_catalog.octet_length(ident) OPERATOR(pg_catalog.+) COALESCE(pg_catalog.octet_length(sums), 0)
+		OPERATOR(pg_catalog.+) COALESCE(pg_catalog.octet_length(response), 0)
+FROM idemgate_records
+WHERE key OPERATOR(pg_catalog.=) $1::pg_catalog.text AND expires_at OPERATOR(pg_catalog.>) pg_catalog.now()`
 
 	// sqlForget deletes the live record under a key if it holds the token
 	// in the state asked: the operator's release, fenced like sqlRelease.
 	sqlForget = `DELETE FROM idemgate_records
-WHERE key = $1 AND token = $2 AND finished = $3 AND expires_at > now()`
+WHERE key OPERATOR(pg_catalog.=) $1::pg_catalog.text AND token OPERATOR(pg_catalog.=) $2::pg_catalog.uuid
+	AND finished OPERATOR(pg_catalog.=) $3::pg_catalog.bool AND expires_at OPERATOR(pg_catalog.>) pg_catalog.now()`
 )
 
 // Inspect implements middleware.Inspector.
@@ -41,7 +45,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (middleware.RecordInfo,
 		sums     *int
 		response []byte
 	)
-	err := s.pool.QueryRow(ctx, sqlInspect, key).Scan(&token, &info.Finished, &left, &ident, &sums, &response, &info.Size)
+	err := s.pool.QueryRow(ctx, s.q.inspect, key).Scan(&token, &info.Finished, &left, &ident, &sums, &response, &info.Size)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return middleware.RecordInfo{}, middleware.ErrNoRecord
@@ -72,7 +76,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (middleware.RecordInfo,
 
 // Forget implements middleware.Inspector.
 func (s *Store) Forget(ctx context.Context, key string, token middleware.Token, finished bool) error {
-	tag, err := s.pool.Exec(ctx, sqlForget, key, uuid(token), finished)
+	tag, err := s.pool.Exec(ctx, s.q.forget, key, uuid(token), finished)
 	if err != nil {
 		return fmt.Errorf("pgrecords: forget: %w", err)
 	}

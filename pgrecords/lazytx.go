@@ -20,7 +20,8 @@ import (
 // BEGIN costs no round trip of its own. The methods that need pgx's own
 // transaction (Begin for a savepoint, CopyFrom, LargeObjects, Prepare,
 // Conn) get one from conn.Begin; after a BEGIN already sent, its second
-// BEGIN only warns.
+// BEGIN only warns, and goes without the setup (the mark is set once, in
+// the transaction the store opened, never again).
 //
 // Every method holds mu while it uses the connection, and close takes it
 // too: a statement of a goroutine racing the commit runs before the
@@ -98,7 +99,16 @@ func (t *lazyTx) pgxTx(ctx context.Context) (pgx.Tx, error) {
 		}
 		// BEGIN and the setup in one round trip: a statement without
 		// arguments goes by the simple protocol, which takes several.
-		db, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: t.simpleBegin()})
+		begin := t.simpleBegin()
+		if t.begun {
+			// BEGIN went out with a statement of the handler's: a second
+			// one only warns. The setup must not go again: the handler may
+			// have ended the store's transaction and begun another
+			// (ROLLBACK; BEGIN), which the mark would then pass off as the
+			// store's, and the answer would commit without its writes.
+			begin = sqlBegin
+		}
+		db, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: begin})
 		if err != nil {
 			return nil, err
 		}

@@ -151,6 +151,111 @@ END
 $do$;
 `
 
+// sqlV4 rewrites every function of the schema so that nothing a role
+// can create on a search path runs in it (a role with CREATE on public
+// planted an operator public.*(bigint, interval), an exact match where
+// pg_catalog has only float8 * interval, and the SECURITY DEFINER
+// completion ran it with its owner's rights):
+//
+//   - every operator is pg_catalog's, named as such (OPERATOR(pg_catalog.*)),
+//     every function called by its pg_catalog name, every argument cast to
+//     the pg_catalog type the operator takes (bigint to float8, as the
+//     implicit cast did): a call that an exact match elsewhere could win
+//     has none left;
+//   - each function pins its search_path to pg_catalog, then its schema,
+//     then pg_temp (which PostgreSQL never searches for functions or
+//     operators, and here last for tables), and names its table by its
+//     schema;
+//   - EXECUTE is revoked from PUBLIC: only the owner (the role that ran
+//     Migrate) and roles granted it explicitly may call them (see
+//     docs/atomic-routes.md, "Roles").
+//
+// idemgate_records_complete_tx (v2) is no longer called by this code; it
+// gets the same treatment for a node of an older build during a rolling
+// upgrade.
+const sqlV4 = `
+DO $do$
+DECLARE
+	s text := pg_catalog.quote_ident(pg_catalog.current_schema()::pg_catalog.text);
+BEGIN
+	EXECUTE pg_catalog.format($f$
+CREATE OR REPLACE FUNCTION %1$s.idemgate_records_claim(p_key text, p_token uuid, p_ident bytea, p_sums bytea, p_lease_us bigint)
+RETURNS smallint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, %1$s, pg_temp
+AS $body$
+BEGIN
+	INSERT INTO %1$s.idemgate_records (key, token, finished, expires_at, ident, sums)
+	VALUES (p_key, p_token, false,
+		pg_catalog.now() OPERATOR(pg_catalog.+) (p_lease_us::pg_catalog.float8 OPERATOR(pg_catalog.*) '1 microsecond'::pg_catalog.interval),
+		p_ident, p_sums)
+	ON CONFLICT (key) DO NOTHING;
+	IF FOUND THEN
+		RETURN 1;
+	END IF;
+	UPDATE %1$s.idemgate_records SET token = p_token, finished = false,
+		expires_at = pg_catalog.now() OPERATOR(pg_catalog.+) (p_lease_us::pg_catalog.float8 OPERATOR(pg_catalog.*) '1 microsecond'::pg_catalog.interval),
+		ident = p_ident, sums = p_sums, response = NULL
+	WHERE key OPERATOR(pg_catalog.=) p_key AND expires_at OPERATOR(pg_catalog.<=) pg_catalog.now();
+	IF FOUND THEN
+		RETURN 1;
+	END IF;
+	RETURN 0;
+END
+$body$
+$f$, s);
+
+	EXECUTE pg_catalog.format($f$
+CREATE OR REPLACE FUNCTION %1$s.idemgate_records_commit_tx(p_key text, p_token uuid, p_retention_us bigint, p_response bytea)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, %1$s, pg_temp
+AS $body$
+BEGIN
+	IF NOT COALESCE(pg_catalog.current_setting('idemgate.tx', true) OPERATOR(pg_catalog.=) 'pgrecords'::pg_catalog.text, false) THEN
+		RAISE EXCEPTION 'idemgate: not the transaction the store opened' USING ERRCODE = 'IG002';
+	END IF;
+	IF p_key IS NULL THEN
+		RETURN;
+	END IF;
+	UPDATE %1$s.idemgate_records SET finished = true,
+		expires_at = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) (p_retention_us::pg_catalog.float8 OPERATOR(pg_catalog.*) '1 microsecond'::pg_catalog.interval),
+		response = p_response
+	WHERE key OPERATOR(pg_catalog.=) p_key AND token OPERATOR(pg_catalog.=) p_token AND NOT finished
+		AND expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp();
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'idemgate: lease lost' USING ERRCODE = 'IG001';
+	END IF;
+END
+$body$
+$f$, s);
+
+	EXECUTE pg_catalog.format($f$
+CREATE OR REPLACE FUNCTION %1$s.idemgate_records_complete_tx(p_key text, p_token uuid, p_retention_us bigint, p_response bytea)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, %1$s, pg_temp
+AS $body$
+BEGIN
+	UPDATE %1$s.idemgate_records SET finished = true,
+		expires_at = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) (p_retention_us::pg_catalog.float8 OPERATOR(pg_catalog.*) '1 microsecond'::pg_catalog.interval),
+		response = p_response
+	WHERE key OPERATOR(pg_catalog.=) p_key AND token OPERATOR(pg_catalog.=) p_token AND NOT finished
+		AND expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp();
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'idemgate: lease lost' USING ERRCODE = 'IG001';
+	END IF;
+END
+$body$
+$f$, s);
+
+	EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %1$s.idemgate_records_claim(text, uuid, bytea, bytea, bigint) FROM PUBLIC', s);
+	EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %1$s.idemgate_records_commit_tx(text, uuid, bigint, bytea) FROM PUBLIC', s);
+	EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %1$s.idemgate_records_complete_tx(text, uuid, bigint, bytea) FROM PUBLIC', s);
+END
+$do$;
+`
+
 const (
 	// sqlClaim is a claim: one read by primary key of the live record, if
 	// any. Only when there is none does it call idemgate_records_claim,
@@ -169,22 +274,25 @@ const (
 	// each comparing fingerprint, owner and kind, and the outcome computed
 	// in SQL cost about 1.6 times the instructions per claim; a CTE read
 	// twice, with the function in a UNION ALL branch, more still.)
-	sqlClaim = `SELECT c.token, c.finished, c.expires_at, now(), c.ident, c.sums,
-	CASE WHEN c.ident = $3 THEN c.response END,
-	CASE WHEN c.key IS NULL THEN idemgate_records_claim($1, $2, $3, $4, $5) END
+	sqlClaim = `SELECT c.token, c.finished, c.expires_at, pg_catalog.now(), c.ident, c.sums,
+	CASE WHEN c.ident OPERATOR(pg_catalog.=) $3::pg_catalog.bytea THEN c.response END,
+	CASE WHEN c.key IS NULL THEN idemgate_records_claim($1::pg_catalog.text, $2::pg_catalog.uuid, $3::pg_catalog.bytea, $4::pg_catalog.bytea, $5::pg_catalog.int8) END
 FROM (SELECT) AS one
-LEFT JOIN idemgate_records AS c ON c.key = $1 AND c.expires_at > now()`
+LEFT JOIN idemgate_records AS c ON c.key OPERATOR(pg_catalog.=) $1::pg_catalog.text AND c.expires_at OPERATOR(pg_catalog.>) pg_catalog.now()`
 
-	sqlExtend = `UPDATE idemgate_records SET expires_at = now() + $3 * interval '1 microsecond'
-WHERE key = $1 AND token = $2 AND NOT finished AND expires_at > now()`
+	sqlExtend = `UPDATE idemgate_records SET expires_at = pg_catalog.now() OPERATOR(pg_catalog.+) ($3::pg_catalog.int8::pg_catalog.float8 OPERATOR(pg_catalog.*) '1 microsecond'::pg_catalog.interval)
+WHERE ` + sqlLiveClaim
 
 	// sqlComplete finishes the claim. When it matches nothing,
 	// sqlCompleted tells a resent complete (the token's record is finished
 	// already, and keeps what it holds) from a lost lease.
-	sqlComplete = `UPDATE idemgate_records SET finished = true, expires_at = now() + $3 * interval '1 microsecond', response = $4
-WHERE key = $1 AND token = $2 AND NOT finished AND expires_at > now()`
+	sqlComplete = `UPDATE idemgate_records SET finished = true,
+	expires_at = pg_catalog.now() OPERATOR(pg_catalog.+) ($3::pg_catalog.int8::pg_catalog.float8 OPERATOR(pg_catalog.*) '1 microsecond'::pg_catalog.interval), response = $4::pg_catalog.bytea
+WHERE ` + sqlLiveClaim
 
-	sqlCompleted = `SELECT finished FROM idemgate_records WHERE key = $1 AND token = $2 AND expires_at > now()`
+	sqlCompleted = `SELECT finished FROM idemgate_records
+WHERE key OPERATOR(pg_catalog.=) $1::pg_catalog.text AND token OPERATOR(pg_catalog.=) $2::pg_catalog.uuid
+	AND expires_at OPERATOR(pg_catalog.>) pg_catalog.now()`
 
 	// sqlCommitTx finishes an Atomic route's record in the handler's
 	// transaction (see sqlV3); sqlCommit goes in
@@ -192,7 +300,7 @@ WHERE key = $1 AND token = $2 AND NOT finished AND expires_at > now()`
 	// tiny statement_timeout or lock_timeout (SET LOCAL) would cancel the
 	// completion, so both go back to the session's defaults for the rest
 	// of the transaction, each statement getting its own timer.
-	sqlCommitTx = `SELECT idemgate_records_commit_tx($1, $2, $3, $4)`
+	sqlCommitTx = `SELECT idemgate_records_commit_tx($1::pg_catalog.text, $2::pg_catalog.uuid, $3::pg_catalog.int8, $4::pg_catalog.bytea)`
 	sqlCommit   = `COMMIT`
 	sqlRollback = `ROLLBACK`
 
@@ -205,24 +313,29 @@ WHERE key = $1 AND token = $2 AND NOT finished AND expires_at > now()`
 	sqlMark = `SET LOCAL idemgate.tx = 'pgrecords'`
 	// sqlMarked tells, at a rollback, whether the transaction is still
 	// the one BEGIN opened.
-	sqlMarked = `SELECT current_setting('idemgate.tx', true) IS NOT DISTINCT FROM 'pgrecords'`
+	sqlMarked = `SELECT COALESCE(pg_catalog.current_setting('idemgate.tx', true) OPERATOR(pg_catalog.=) 'pgrecords'::pg_catalog.text, false)`
 
 	// sqlSession reads the schema the store's table lives in (Migrate's)
 	// and the session's idle_in_transaction_session_timeout, in ms.
-	sqlSession = `SELECT current_schema(), (SELECT setting::bigint FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout')`
+	sqlSession = `SELECT pg_catalog.current_schema(), (SELECT setting::pg_catalog.int8 FROM pg_catalog.pg_settings
+	WHERE name OPERATOR(pg_catalog.=) 'idle_in_transaction_session_timeout'::pg_catalog.text)`
 
-	sqlRelease = `DELETE FROM idemgate_records
-WHERE key = $1 AND token = $2 AND NOT finished AND expires_at > now()`
+	sqlRelease = `DELETE FROM idemgate_records WHERE ` + sqlLiveClaim
 
 	// sqlSweep deletes one batch of expired records. SKIP LOCKED lets many
 	// nodes sweep at once, each taking rows the others do not hold, and
 	// leaves a record that a claim is reclaiming to that claim; the outer
 	// condition checks the row again as it is deleted.
 	sqlSweep = `DELETE FROM idemgate_records
-WHERE ctid IN (
-	SELECT ctid FROM idemgate_records WHERE expires_at <= now()
-	LIMIT $1 FOR UPDATE SKIP LOCKED
-) AND expires_at <= now()`
+WHERE ctid OPERATOR(pg_catalog.=) ANY (
+	SELECT ctid FROM idemgate_records WHERE expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+	LIMIT $1::pg_catalog.int8 FOR UPDATE SKIP LOCKED
+) AND expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()`
+
+	// sqlLiveClaim matches the record of key $1 claimed with token $2
+	// whose lease has not run out.
+	sqlLiveClaim = `key OPERATOR(pg_catalog.=) $1::pg_catalog.text AND token OPERATOR(pg_catalog.=) $2::pg_catalog.uuid
+	AND NOT finished AND expires_at OPERATOR(pg_catalog.>) pg_catalog.now()`
 )
 
 // queries are the statements of a Store whose table lives in one schema,
@@ -233,7 +346,7 @@ WHERE ctid IN (
 // statements on that connection must still find its table and functions,
 // and not another schema's.
 type queries struct {
-	claim, extend, complete, completed, release, sweep, commitTx string
+	claim, extend, complete, completed, release, sweep, commitTx, inspect, forget string
 }
 
 // newQueries returns the queries of the schema whose quoted name is
@@ -244,5 +357,5 @@ func newQueries(schema string) queries {
 		return strings.ReplaceAll(sql, "idemgate_records", schema+".idemgate_records")
 	}
 	return queries{claim: q(sqlClaim), extend: q(sqlExtend), complete: q(sqlComplete), completed: q(sqlCompleted),
-		release: q(sqlRelease), sweep: q(sqlSweep), commitTx: q(sqlCommitTx)}
+		release: q(sqlRelease), sweep: q(sqlSweep), commitTx: q(sqlCommitTx), inspect: q(sqlInspect), forget: q(sqlForget)}
 }

@@ -103,6 +103,7 @@ var migrations = []migrate.Migration{
 	{Version: 1, Name: "create idemgate_records", SQL: sqlV1},
 	{Version: 2, Name: "create idemgate_records_complete_tx", SQL: sqlV2},
 	{Version: 3, Name: "create idemgate_records_commit_tx", SQL: sqlV3},
+	{Version: 4, Name: "pin the functions' operators and search_path, revoke EXECUTE from PUBLIC", SQL: sqlV4},
 }
 
 // Migrate brings the records table to the newest version in the pool's
@@ -111,12 +112,7 @@ var migrations = []migrate.Migration{
 // connection of its own. Its versions are recorded apart from pgstore's,
 // so both may live in one schema.
 func (s *Store) Migrate(ctx context.Context) error {
-	r := migrate.Runner{
-		Package:      "pgrecords",
-		VersionTable: "idemgate_records_migrations",
-		LockClass:    8192,
-		Migrations:   migrations,
-	}
+	r := migrationRunner()
 	return r.Run(ctx, s.pool)
 }
 

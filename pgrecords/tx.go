@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -243,22 +243,58 @@ func completeError(err error) error {
 // commitError is what Commit returns when its COMMIT failed with err. An
 // error the server answered (short of one that ends the session) means
 // that it rolled the transaction back: a serialization failure or a
-// deadlock, which a retry may not meet again; a rule the handler's writes
-// broke, checked at COMMIT (a deferred foreign key or other constraint,
-// class 23; a deferred constraint trigger that raised, class P0): the
-// handler's failure. Anything else (a cancellation, the server's
-// trouble, a connection that broke) is the store's, its outcome possibly
-// unknown.
+// deadlock, which a retry may not meet again (ErrTxConflict); a failure
+// of the server's or of its state of the moment (storeClasses: a
+// connection, resources, a lock not available, a cancellation or an
+// administrator's shutdown, an I/O or internal error), the store's; any
+// other is the handler's own writes failing what runs at COMMIT (a
+// deferred foreign key or other constraint, class 23; a deferred
+// constraint trigger that raised, class P0, or failed on the handler's
+// data, class 22 such as 22012 division by zero, or on its rights, class
+// 42): it fails the same way on every retry, so it is the handler's
+// failure (ErrTxRefused), not an outage to retry. An error the server
+// did not answer (a connection that broke, a FATAL one) is the store's,
+// its outcome possibly unknown.
 func commitError(err error) error {
 	var pgErr *pgconn.PgError
 	switch {
 	case !errors.As(err, &pgErr), pgErr.Severity == "FATAL", pgErr.Severity == "PANIC":
 	case pgErr.Code == "40001", pgErr.Code == "40P01":
 		return fmt.Errorf("pgrecords: commit: %w: %w", middleware.ErrTxConflict, err)
-	case strings.HasPrefix(pgErr.Code, "23"), strings.HasPrefix(pgErr.Code, "P0"):
+	case !storeFailure(pgErr.Code):
 		return fmt.Errorf("pgrecords: commit: %w: %w", middleware.ErrTxRefused, err)
 	}
 	return fmt.Errorf("pgrecords: commit: %w", err)
+}
+
+// storeClasses are the SQLSTATE classes of a failure that is the
+// server's, or its state's at that moment, rather than the data's: a
+// retry may not meet it again.
+var storeClasses = []string{
+	"08", // connection exception
+	"25", // invalid transaction state
+	"40", // transaction rollback (40001 and 40P01 are conflicts; 40003 statement completion unknown)
+	"53", // insufficient resources (disk full, out of memory, too many connections)
+	"55", // object not in prerequisite state (55P03 lock not available, 55006 object in use)
+	"57", // operator intervention (57014 query canceled, 57P01 admin shutdown, …)
+	"58", // system error (I/O)
+	"72", // snapshot failure
+	"F0", // configuration file error
+	"HV", // foreign data wrapper error (a remote server's trouble)
+	"XX", // internal error
+}
+
+// storeFailure reports whether SQLSTATE code is of a storeClasses class,
+// but 40002 (transaction integrity constraint violation: the data's). A
+// code that is no SQLSTATE is the store's.
+func storeFailure(code string) bool {
+	switch {
+	case code == "40002":
+		return false
+	case len(code) != 5:
+		return true
+	}
+	return slices.Contains(storeClasses, code[:2])
 }
 
 // Rollback implements middleware.Tx. It asks, in the ROLLBACK's round

@@ -2,6 +2,8 @@ package pgrecords_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -9,11 +11,13 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
+	"github.com/idemgate/idemgate/pgstore"
 )
 
 // TestTxHandlerBeginsAnother: a handler (or a library under it) ends the
@@ -217,5 +221,100 @@ func TestTxHandlerSessionSetOutlivesRequest(t *testing.T) {
 		if again := atomicSendMode(e, key, ""); again.Header().Get("Idempotent-Replayed") != "true" {
 			t.Errorf("retry %d = %d replayed=%q %q", i, again.Code, again.Header().Get("Idempotent-Replayed"), again.Body)
 		}
+	}
+}
+
+// TestTxMarkNotRearmedAfterHandlerBeginsAnother: a handler writes, a
+// library under it sends `ROLLBACK; BEGIN`, and then it calls, for the
+// first time, a method that needs pgx's own transaction (a savepoint
+// through Begin, as pgstore.SubmitTx takes one; Conn; CopyFrom; Prepare;
+// large objects). The store must not send its mark again into the new,
+// empty transaction: the answer would commit without the write, and the
+// retry would replay it over an empty ledger. Each path is answered 500
+// (the handler broke its transaction), nothing committed, and the retry
+// runs the handler.
+func TestTxMarkNotRearmedAfterHandlerBeginsAnother(t *testing.T) {
+	t.Parallel()
+	pool, s := atomicDB(t)
+	tasks, err := pgstore.New(testCtx(t), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tasks.Migrate(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	paths := map[string]func(ctx context.Context, tx pgx.Tx) error{
+		"submit-tx": func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tasks.SubmitTx(ctx, tx, pgstore.NewTask{Tenant: "acme", Owner: "alice", Kind: "charge",
+				Runtime: "cpu", Network: "main", IdempotencyKey: "submit-tx", Fingerprint: "f", Params: json.RawMessage(`{}`)})
+			return err
+		},
+		"savepoint": func(ctx context.Context, tx pgx.Tx) error {
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			return sp.Commit(ctx)
+		},
+		"conn": func(ctx context.Context, tx pgx.Tx) error {
+			if tx.Conn() == nil {
+				return errors.New("no connection")
+			}
+			return nil
+		},
+		"copy-from": func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.CopyFrom(ctx, pgx.Identifier{"ledger"}, []string{"key", "node"}, pgx.CopyFromRows([][]any{{"copied", "c"}}))
+			return err
+		},
+		"prepare": func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Prepare(ctx, "ledger_count", `SELECT count(*) FROM ledger`)
+			return err
+		},
+		"large-objects": func(ctx context.Context, tx pgx.Tx) error {
+			lo := tx.LargeObjects()
+			_, err := lo.Create(ctx, 0)
+			return err
+		},
+	}
+	// A path that fails answers 500 on any code: each must succeed in the
+	// new transaction for the test to prove anything.
+	var pathErrs sync.Map
+	e := atomicRoute(t, s, func(c echo.Context) error {
+		tx := pgrecords.Tx(c)
+		ctx := c.Request().Context()
+		key := c.Request().Header.Get("Idempotency-Key")
+		if err := ledgerInsert(ctx, tx, key, "h"); err != nil {
+			return err
+		}
+		if c.Request().Header.Get("X-Mode") != "ok" {
+			if _, err := tx.Exec(ctx, "ROLLBACK; BEGIN"); err != nil {
+				return err
+			}
+			if err := paths[key](ctx, tx); err != nil {
+				pathErrs.Store(key, err)
+				return err
+			}
+		}
+		return c.String(http.StatusCreated, "charged")
+	}, nil)
+	for key := range paths {
+		t.Run(key, func(t *testing.T) {
+			if rec := atomicSendMode(e, key, ""); rec.Code != http.StatusInternalServerError {
+				t.Errorf("first = %d %q, want 500 (the handler's transaction was replaced)", rec.Code, rec.Body)
+			}
+			if err, ok := pathErrs.Load(key); ok {
+				t.Fatalf("the %s path failed in the new transaction: %v", key, err)
+			}
+			if got := ledgerRows(t, pool, key); got != 0 {
+				t.Errorf("ledger rows after the first = %d, want 0 (rolled back by the handler)", got)
+			}
+			retry := atomicSendMode(e, key, "ok")
+			if retry.Code != http.StatusCreated || retry.Header().Get("Idempotent-Replayed") == "true" {
+				t.Errorf("retry = %d replayed=%q, want a run of its own", retry.Code, retry.Header().Get("Idempotent-Replayed"))
+			}
+			if got := ledgerRows(t, pool, key); got != 1 {
+				t.Errorf("ledger rows after the retry = %d, want 1", got)
+			}
+		})
 	}
 }

@@ -110,6 +110,11 @@ func TestTxHandlerSessionState(t *testing.T) {
 	}
 	role := appRole(t, admin)
 	public := newStore(t, admin)
+	// The role the handler sets calls the completion: EXECUTE is granted
+	// to no one but the owner (schema v4).
+	if _, err := admin.Exec(testCtx(t), `GRANT EXECUTE ON FUNCTION idemgate_records_commit_tx(text, uuid, bigint, bytea) TO `+pgx.Identifier{role}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
 	inRecs := newStore(t, poolWith(t, dsn, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["search_path"] = "recs, public" }))
 	setRole := `SET LOCAL ROLE ` + pgx.Identifier{role}.Sanitize()
 

@@ -89,14 +89,18 @@ type Runner struct {
 const (
 	sqlTimeouts      = `SET statement_timeout = '15min'; SET lock_timeout = 0; SET default_transaction_isolation = 'read committed'`
 	sqlTxLockTimeout = `SET LOCAL lock_timeout = '5s'`
-	sqlTryLock       = `SELECT pg_try_advisory_lock($1, hashtext(current_schema()))`
-	sqlUnlock        = `SELECT pg_advisory_unlock($1, hashtext(current_schema()))`
+	sqlTryLock       = `SELECT pg_catalog.pg_try_advisory_lock($1::pg_catalog.int4, pg_catalog.hashtext(pg_catalog.current_schema()::pg_catalog.text))`
+	sqlUnlock        = `SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int4, pg_catalog.hashtext(pg_catalog.current_schema()::pg_catalog.text))`
 	// sqlPinSearchPath makes the migrating session see the schema it
 	// migrates and nothing else (pg_catalog is always searched), so no
 	// unqualified name in a migration resolves in another schema. It
 	// returns that schema; NULL when search_path names none that exists.
-	sqlPinSearchPath = `SELECT current_schema() AS schema,
-	set_config('search_path', quote_ident(current_schema()), false) AS path`
+	// It runs on the pool's search_path, which may list a schema that
+	// others can create in (public) before pg_catalog: every function is
+	// named by its schema, with arguments of the types it takes, so that
+	// nothing planted there runs with the migrating role's rights.
+	sqlPinSearchPath = `SELECT pg_catalog.current_schema() AS schema,
+	pg_catalog.set_config('search_path', pg_catalog.quote_ident(pg_catalog.current_schema()::pg_catalog.text), false) AS path`
 	// %s is the version table's quoted name.
 	sqlVersionTable = `CREATE TABLE IF NOT EXISTS %s (
 	version    integer     PRIMARY KEY,
@@ -235,13 +239,13 @@ type IndexState struct {
 // sqlIndexState reads index @index of table @table in schema @schema back
 // from the catalog. No row: the index does not exist.
 const sqlIndexState = `SELECT i.indisvalid AND i.indisready AS usable, i.indisunique AS is_unique,
-	array_agg(a.attname::text ORDER BY k.ord) AS columns
-FROM pg_index i
-JOIN pg_class c ON c.oid = i.indexrelid
-CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
-JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-WHERE i.indrelid = to_regclass(quote_ident(@schema) || '.' || quote_ident(@table)) AND c.relname = @index
-	AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = @schema)
+	pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY k.ord) AS columns
+FROM pg_catalog.pg_index i
+JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
+CROSS JOIN LATERAL pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', @schema::pg_catalog.text, @table::pg_catalog.text)) AND c.relname = @index
+	AND c.relnamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = @schema)
 GROUP BY i.indisvalid, i.indisready, i.indisunique`
 
 // ReadIndex reads index name of the migrated schema's table back; found

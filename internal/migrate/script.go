@@ -63,10 +63,10 @@ const (
 	// transaction. The schema is the connection's current one.
 	sqlScriptPin = `DO $$
 BEGIN
-	IF current_schema() IS NULL THEN
+	IF pg_catalog.current_schema() IS NULL THEN
 		RAISE EXCEPTION 'search_path names no existing schema to migrate';
 	END IF;
-	PERFORM set_config('search_path', quote_ident(current_schema()), false);
+	PERFORM pg_catalog.set_config('search_path', pg_catalog.quote_ident(pg_catalog.current_schema()::pg_catalog.text), false);
 END $$`
 	sqlScriptTimeouts = `SET statement_timeout = '15min';
 SET lock_timeout = 0;
@@ -83,11 +83,11 @@ BEGIN
 	IF EXISTS (SELECT 1 FROM %[1]s WHERE version = %[2]d) THEN
 		RAISE EXCEPTION '%[3]s v%[2]d is applied already: run only the versions after the newest applied one';
 	END IF;
-	IF NOT %[5]s(%[4]d, hashtext(current_schema())) THEN
+	IF NOT pg_catalog.%[5]s(%[4]d, pg_catalog.hashtext(pg_catalog.current_schema()::pg_catalog.text)) THEN
 		RAISE EXCEPTION 'another migration of %[3]s is running on this schema (idemgate migrate up, or a service''s Migrate): run v%[2]d again once it is done';
 	END IF;
 END $$`
-	sqlScriptUnlock = `SELECT pg_advisory_unlock(%d, hashtext(current_schema()))`
+	sqlScriptUnlock = `SELECT pg_catalog.pg_advisory_unlock(%d, pg_catalog.hashtext(pg_catalog.current_schema()::pg_catalog.text))`
 )
 
 // script is the text a Runner's migrations write in script mode.
@@ -198,19 +198,19 @@ BEGIN
 		RAISE EXCEPTION 'index %% is not a valid index (unique=%v) on %% after its build', %s, %s;
 	END IF;
 END $$;
-`, indexStateSQL(table, name, fmt.Sprintf("i.indisvalid AND i.indisready AND i.indisunique = %v\n\t\tAND array_agg(a.attname::text ORDER BY k.ord) = ARRAY[%s]::text[]", unique, strings.Join(cols, ", "))),
+`, indexStateSQL(table, name, fmt.Sprintf("i.indisvalid AND i.indisready AND i.indisunique = %v\n\t\tAND pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY k.ord) OPERATOR(pg_catalog.=) ARRAY[%s]::pg_catalog.text[]", unique, strings.Join(cols, ", "))),
 		unique, quoteLiteral(name), quoteLiteral(strings.Join(columns, ", ")))
 }
 
 // indexStateSQL selects index name of table in the current schema when
 // cond (on sqlIndexState's i, and its aggregate) holds.
 func indexStateSQL(table, name, cond string) string {
-	return fmt.Sprintf(`SELECT FROM pg_index i
-		JOIN pg_class c ON c.oid = i.indexrelid
-		CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
-		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-		WHERE i.indrelid = to_regclass(quote_ident(current_schema()) || '.' || quote_ident(%s)) AND c.relname = %s
-			AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
+	return fmt.Sprintf(`SELECT FROM pg_catalog.pg_index i
+		JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
+		CROSS JOIN LATERAL pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+		JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+		WHERE i.indrelid = pg_catalog.to_regclass(pg_catalog.format('%%I.%%I', pg_catalog.current_schema()::pg_catalog.text, %s::pg_catalog.text)) AND c.relname = %s
+			AND c.relnamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = pg_catalog.current_schema())
 		GROUP BY i.indisvalid, i.indisready, i.indisunique
 		HAVING %s`, quoteLiteral(table), quoteLiteral(name), cond)
 }

@@ -28,7 +28,7 @@ type VersionState struct {
 var ErrNoSchema = errors.New("search_path names no existing schema")
 
 const (
-	sqlCurrentSchema = `SELECT current_schema(), to_regclass(quote_ident(current_schema()) || '.' || quote_ident($1)) IS NOT NULL`
+	sqlCurrentSchema = `SELECT pg_catalog.current_schema(), pg_catalog.to_regclass(pg_catalog.format('%I.%I', pg_catalog.current_schema(), $1::pg_catalog.text)) IS NOT NULL`
 	// %s is the version table's quoted name.
 	sqlVersionsApplied = `SELECT version, name, applied_at FROM %s ORDER BY version`
 )
