@@ -14,7 +14,11 @@ PKGS = ./... ./client/... ./cmd/idemgate/... ./example/... ./otelidem/... ./otel
 MODULE = github.com/idemgate/idemgate
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: test vet lint publish-check unit faults run bench load chaos mutate river river-quick release
+# TESTFLAGS go to every go test of unit and faults (make test-times sets
+# -json and -exec).
+TESTFLAGS ?=
+
+.PHONY: test test-times vet lint publish-check unit faults run bench load chaos mutate river river-quick release
 
 test: vet lint publish-check unit faults
 
@@ -57,18 +61,40 @@ release:
 # which the detector would only slow down.
 unit:
 	failed=0; \
-	$(GO) test -race -count=1 -timeout 20m ./tools/chaos/ || failed=1; \
-	$(GO) test -race -count=1 -timeout 20m ./pgstore/ || failed=1; \
+	$(GO) test $(TESTFLAGS) -race -count=1 -timeout 20m ./tools/chaos/ || failed=1; \
+	$(GO) test $(TESTFLAGS) -race -count=1 -timeout 20m ./pgstore/ || failed=1; \
 	all=$$($(GO) list $(PKGS)) || failed=1; \
 	rest=$$(printf '%s\n' "$$all" | grep -v -x -e '$(MODULE)/tools/chaos' -e '$(MODULE)/pgstore'); \
 	[ -n "$$rest" ] || { echo "unit: go list named no packages"; failed=1; }; \
-	$(GO) test -race -count=1 -timeout 20m ./example/ ./pgrecords/ ./middleware/ $$rest || failed=1; \
-	$(GO) test -count=1 -run 'Allocs|NumberCost|TestRedisRecordBytes|TestRedisReplayCPU|TestRedisCompleteCPU' ./fingerprint/ ./middleware/ ./pgrecords/ || failed=1; \
+	$(GO) test $(TESTFLAGS) -race -count=1 -timeout 20m ./example/ ./pgrecords/ ./middleware/ $$rest || failed=1; \
+	$(GO) test $(TESTFLAGS) -count=1 -run 'Allocs|NumberCost|TestRedisRecordBytes|TestRedisReplayCPU|TestRedisCompleteCPU' ./fingerprint/ ./middleware/ ./pgrecords/ || failed=1; \
+	exit $$failed
+
+# Where make test's time goes: each step of test run under
+# tools/testtimes (wall and CPU seconds), the tests with go test -json,
+# each test binary under testtimes exec (its CPU-seconds), then a table of
+# steps, packages and the slowest tests (docs/testing.md). The run's
+# output is kept in $(TIMES)/run.log, the load before and after in
+# $(TIMES)/load; a failing step is shown in the tables, and the target
+# fails after printing them.
+TIMES ?= $(CURDIR)/out/test-times
+test-times:
+	@mkdir -p $(TIMES)
+	$(GO) build -o $(TIMES)/testtimes ./tools/testtimes
+	@uptime > $(TIMES)/load; : > $(TIMES)/run.log
+	@failed=0; for step in vet lint publish-check; do \
+		$(TIMES)/testtimes step $$step $(MAKE) --no-print-directory $$step >> $(TIMES)/run.log 2>&1 || failed=1; \
+	done; \
+	for step in unit faults; do \
+		$(TIMES)/testtimes step $$step $(MAKE) --no-print-directory $$step TESTFLAGS='-json -exec "$(TIMES)/testtimes exec"' >> $(TIMES)/run.log 2>&1 || failed=1; \
+	done; \
+	uptime >> $(TIMES)/load; cat $(TIMES)/load; \
+	$(TIMES)/testtimes -tests $(or $(TESTS),40) $(TIMES)/run.log; \
 	exit $$failed
 
 # The fault suite: servers killed, flushed, restarted and slowed under load.
 faults:
-	$(GO) test -tags faults -race -count=1 -timeout 15m ./tools/faults/
+	$(GO) test $(TESTFLAGS) -tags faults -race -count=1 -timeout 15m ./tools/faults/
 
 run:
 	$(GO) run ./example
