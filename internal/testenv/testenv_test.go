@@ -2,6 +2,7 @@ package testenv_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
 
@@ -75,5 +76,47 @@ func TestRedisClusterRejectsCrossSlotScripts(t *testing.T) {
 	err := c.Eval(ctx, "return redis.call('MGET', KEYS[1], KEYS[2])", []string{"a", "b"}).Err()
 	if err == nil {
 		t.Fatal("cross-slot script succeeded; this is not a real cluster")
+	}
+}
+
+// cleanupNow is a testing.TB whose cleanups run when run is called, so
+// that a benchmark can pay each database's drop inside its loop.
+type cleanupNow struct {
+	testing.TB
+	fns []func()
+}
+
+func (c *cleanupNow) Cleanup(f func()) { c.fns = append(c.fns, f) }
+
+func (c *cleanupNow) run() {
+	for i := len(c.fns) - 1; i >= 0; i-- {
+		c.fns[i]()
+	}
+	c.fns = nil
+}
+
+// BenchmarkPostgresDSNFrom is what a test pays for a database copied
+// from a migrated template: its creation, and its cleanup as the test
+// waits for it (go test -run '^$' -bench PostgresDSNFrom ./internal/testenv/).
+func BenchmarkPostgresDSNFrom(b *testing.B) {
+	prepare := func(ctx context.Context, dsn string) error {
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		for i := range 20 {
+			if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE TABLE t%d (id bigint PRIMARY KEY, body jsonb, at timestamptz DEFAULT now())", i)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	testenv.PostgresDSNFrom(b, "bench", prepare) // the server and the template, before the clock
+	b.ResetTimer()
+	for b.Loop() {
+		c := &cleanupNow{TB: b}
+		testenv.PostgresDSNFrom(c, "bench", prepare)
+		c.run()
 	}
 }
