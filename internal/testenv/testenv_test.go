@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/internal/testenv"
+	"github.com/idemgate/idemgate/internal/wait"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
@@ -40,6 +42,36 @@ func TestPostgresDSNGivesEachTestItsOwnDatabase(t *testing.T) {
 	}
 	if n != 0 {
 		t.Fatalf("table created in one test database is visible in another")
+	}
+}
+
+// TestPostgresDSNDatabaseIsDroppedAfterItsTest: a database goes when its
+// test ends, on the throwaway server in the background, so the check
+// waits (with patience) for it to leave pg_database.
+func TestPostgresDSNDatabaseIsDroppedAfterItsTest(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var name string
+	t.Run("user", func(t *testing.T) {
+		cfg, err := pgx.ParseConfig(testenv.PostgresDSN(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		name = cfg.Database
+	})
+	admin := testenv.PostgresDSN(t) // any database of the server
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var left bool
+	var qerr error
+	if !wait.Until(time.Minute, func() bool {
+		qerr = conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&left)
+		return qerr == nil && !left
+	}) {
+		t.Fatalf("database %s of an ended test still there after a minute (exists=%v, err=%v)", name, left, qerr)
 	}
 }
 
