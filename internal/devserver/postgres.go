@@ -248,7 +248,7 @@ func pristineCluster(ctx context.Context, initdb, user string, cred *syscall.Cre
 	fmt.Fprintf(h, "%s\x00%d\x00%d\x00%s\x00%d\x00%q", initdb, fi.Size(), fi.ModTime().UnixNano(), user, uid, initArgs)
 	final := filepath.Join(os.TempDir(), fmt.Sprintf("idemgate-initdb-%x", h.Sum(nil)[:8]))
 	data := filepath.Join(final, "data")
-	if _, err := os.Stat(filepath.Join(data, "PG_VERSION")); err == nil {
+	if whole(data) {
 		return data, nil
 	}
 	tmp, err := os.MkdirTemp(os.TempDir(), "idemgate-initdb-making-")
@@ -266,10 +266,22 @@ func pristineCluster(ctx context.Context, initdb, user string, cred *syscall.Cre
 		return "", err
 	}
 	if err := os.Rename(tmp, final); err != nil {
-		if _, serr := os.Stat(filepath.Join(data, "PG_VERSION")); serr == nil {
+		if whole(data) {
 			return data, nil // another process made it first
 		}
 		return "", err
 	}
 	return data, nil
+}
+
+// whole reports whether the cluster in data has the files a server needs
+// first (its version and its control file): a cleaner of the temporary
+// directory may have taken some of an old one's files.
+func whole(data string) bool {
+	for _, f := range []string{"PG_VERSION", filepath.Join("global", "pg_control")} {
+		if _, err := os.Stat(filepath.Join(data, f)); err != nil {
+			return false
+		}
+	}
+	return true
 }
