@@ -14,9 +14,13 @@ PKGS = ./... ./client/... ./cmd/idemgate/... ./example/... ./otelidem/... ./otel
 MODULE = github.com/idemgate/idemgate
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: test vet lint publish-check unit faults run bench load chaos mutate river river-quick release
+# TESTFLAGS go to every go test of unit and faults (make test-times sets
+# -json and -exec).
+TESTFLAGS ?=
 
-test: vet lint publish-check unit faults
+.PHONY: test test-times vet lint publish-check unit faults run bench load plants chaos mutate river river-quick release
+
+test: vet lint publish-check unit
 
 vet:
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
@@ -41,11 +45,14 @@ release:
 
 # Three race runs, one after another, each to its end (a failure in one
 # does not hide the others' results; unit fails if any did):
-#  - the chaos soak alone: two systems of four race-built processes under
-#    faults;
+#  - the chaos smoke alone (a minute or two): two systems of four
+#    processes under faults;
 #  - pgstore alone: its tests run worker processes side by side;
 #  - the rest, two packages at a time, the slowest named first so that go
-#    test starts them first.
+#    test starts them first, the fault suite among them (-tags faults
+#    builds its tests; no other package has a file with that tag): its
+#    waits are patience, not speed, and beside the other packages it no
+#    longer adds its minute or more at the end.
 # Beside each other, or beside the rest, these two took a 2-core machine to
 # load 19: leases and connect timeouts ran out, and a CI run failed on five
 # tests that pass alone (2026-12-05).
@@ -57,18 +64,39 @@ release:
 # which the detector would only slow down.
 unit:
 	failed=0; \
-	$(GO) test -race -count=1 -timeout 20m ./tools/chaos/ || failed=1; \
-	$(GO) test -race -count=1 -timeout 20m ./pgstore/ || failed=1; \
+	$(GO) test $(TESTFLAGS) -race -count=1 -timeout 20m ./tools/chaos/ || failed=1; \
+	$(GO) test $(TESTFLAGS) -race -count=1 -timeout 20m ./pgstore/ || failed=1; \
 	all=$$($(GO) list $(PKGS)) || failed=1; \
 	rest=$$(printf '%s\n' "$$all" | grep -v -x -e '$(MODULE)/tools/chaos' -e '$(MODULE)/pgstore'); \
 	[ -n "$$rest" ] || { echo "unit: go list named no packages"; failed=1; }; \
-	$(GO) test -race -count=1 -timeout 20m ./example/ ./pgrecords/ ./middleware/ $$rest || failed=1; \
-	$(GO) test -count=1 -run 'Allocs|NumberCost|TestRedisRecordBytes|TestRedisReplayCPU|TestRedisCompleteCPU' ./fingerprint/ ./middleware/ ./pgrecords/ || failed=1; \
+	$(GO) test $(TESTFLAGS) -tags faults -race -count=1 -timeout 20m ./example/ ./pgrecords/ ./middleware/ ./tools/faults/ $$rest || failed=1; \
+	$(GO) test $(TESTFLAGS) -count=1 -run 'Allocs|NumberCost|TestRedisRecordBytes|TestRedisReplayCPU|TestRedisCompleteCPU' ./fingerprint/ ./middleware/ ./pgrecords/ || failed=1; \
 	exit $$failed
 
-# The fault suite: servers killed, flushed, restarted and slowed under load.
+# Where make test's time goes: each step of test run under
+# tools/testtimes (wall and CPU seconds), the tests with go test -json,
+# each test binary under testtimes exec (its CPU-seconds), then a table of
+# steps, packages and the slowest tests (docs/testing.md). The run's
+# output is kept in $(TIMES)/run.log, the load before and after in
+# $(TIMES)/load; a failing step is shown in the tables, and the target
+# fails after printing them.
+TIMES ?= $(CURDIR)/out/test-times
+test-times:
+	@mkdir -p $(TIMES)
+	$(GO) build -o $(TIMES)/testtimes ./tools/testtimes
+	@uptime > $(TIMES)/load; : > $(TIMES)/run.log
+	@failed=0; for step in vet lint publish-check; do \
+		$(TIMES)/testtimes step $$step $(MAKE) --no-print-directory $$step >> $(TIMES)/run.log 2>&1 || failed=1; \
+	done; \
+	$(TIMES)/testtimes step unit $(MAKE) --no-print-directory unit TESTFLAGS='-json -exec "$(TIMES)/testtimes exec"' >> $(TIMES)/run.log 2>&1 || failed=1; \
+	uptime >> $(TIMES)/load; cat $(TIMES)/load; \
+	$(TIMES)/testtimes -tests $(or $(TESTS),40) $(TIMES)/run.log; \
+	exit $$failed
+
+# The fault suite alone: servers killed, flushed, restarted and slowed
+# under load (make test runs it within unit).
 faults:
-	$(GO) test -tags faults -race -count=1 -timeout 15m ./tools/faults/
+	$(GO) test $(TESTFLAGS) -tags faults -race -count=1 -timeout 15m ./tools/faults/
 
 run:
 	$(GO) run ./example
@@ -78,6 +106,13 @@ bench:
 
 load:
 	$(GO) run ./tools/loadtest
+
+# The planted-bug runs (docs/reliability.md): each known bug put back in
+# the example and caught by a fixed-seed run of the soak, two at a time;
+# a few minutes. make test feeds each plant's history to the checker
+# instead (tools/chaos TestCheckCatchesEveryPlantsHistory).
+plants:
+	$(GO) test -race -count=1 -timeout 30m -run '^TestPlants$$' -v ./tools/chaos/ -args -plants
 
 # The long randomized soak with its history checker (docs/reliability.md).
 chaos:

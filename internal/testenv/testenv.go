@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/internal/devserver"
@@ -43,6 +44,17 @@ type env struct {
 	clErr   error
 
 	templates map[string]*template // PostgresDSNFrom's, by key
+
+	// admin is one pool on the admin URL for every database this binary
+	// creates and drops: a fresh connection costs about 40 ms on a quiet
+	// 2-core machine, and each test paid two.
+	adminOnce  sync.Once
+	admin      *pgxpool.Pool
+	adminErr   error
+	fileCopy   bool // CREATE DATABASE … STRATEGY FILE_COPY (see createDB)
+	drops      chan string
+	dropsClose context.CancelFunc
+	dropsDone  chan struct{}
 
 	nextDB atomic.Int64
 	nextRD atomic.Int64
@@ -66,6 +78,14 @@ func Main(m *testing.M) int {
 }
 
 func (e *env) stop() {
+	// Drops still queued are left undone: the server and its files go.
+	if e.dropsClose != nil {
+		e.dropsClose()
+		<-e.dropsDone
+	}
+	if e.admin != nil {
+		e.admin.Close()
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.pg != nil {
@@ -123,13 +143,12 @@ func PostgresDSNFrom(t testing.TB, key string, prepare func(ctx context.Context,
 		ctx, cancel := context.WithTimeout(context.Background(), 2*startLimit)
 		defer cancel()
 		tm.name = fmt.Sprintf("idemgate_template_%d_%d", os.Getpid(), servers.nextDB.Add(1))
-		conn, err := pgx.Connect(ctx, admin)
+		pool, err := adminPool(admin)
 		if err != nil {
-			tm.err = fmt.Errorf("connect to postgres: %w", err)
+			tm.err = err
 			return
 		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "CREATE DATABASE "+tm.name); err != nil {
+		if _, err := pool.Exec(ctx, "CREATE DATABASE "+tm.name); err != nil {
 			tm.err = fmt.Errorf("create template database: %w", err)
 			return
 		}
@@ -155,22 +174,33 @@ type template struct {
 	err  error
 }
 
-// createDB creates a database, empty or a copy of from, dropped when the
-// test ends, and returns its connection string.
-func createDB(t testing.TB, from string) string {
-	t.Helper()
-	admin := postgresAdminURL(t)
-	ctx, cancel := context.WithTimeout(context.Background(), startLimit)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, admin)
-	if err != nil {
-		t.Fatalf("testenv: connect to postgres: %v", err)
-	}
-	defer conn.Close(ctx)
-	name := fmt.Sprintf("idemgate_test_%d_%d", os.Getpid(), servers.nextDB.Add(1))
-	create := "CREATE DATABASE " + name
-	if from != "" {
-		create += " TEMPLATE " + from
+// adminPool returns the binary's pool on the admin URL, opening it on
+// the first call; with it, whether CREATE DATABASE copies files, and the
+// goroutine that drops the throwaway server's databases.
+func adminPool(admin string) (*pgxpool.Pool, error) {
+	servers.adminOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), startLimit)
+		defer cancel()
+		cfg, err := pgxpool.ParseConfig(admin)
+		if err != nil {
+			servers.adminErr = fmt.Errorf("parse %q: %w", admin, err)
+			return
+		}
+		// Creations and drops of parallel tests go side by side; more
+		// would only queue on the server's checkpoints.
+		cfg.MaxConns = 4
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err == nil {
+			err = pool.Ping(ctx)
+		}
+		if err != nil {
+			if pool != nil {
+				pool.Close()
+			}
+			servers.adminErr = fmt.Errorf("connect to postgres: %w", err)
+			return
+		}
+		servers.admin = pool
 		// PostgreSQL 15 copies a template through the WAL, block by block,
 		// unless told to copy its files: 436 ms against 240 ms a database
 		// in a pgstore run (log_min_duration_statement), and a fifth less
@@ -179,23 +209,68 @@ func createDB(t testing.TB, from string) string {
 		// twice: cheap on the throwaway server (fsync=off), not on a
 		// server of TEST_DATABASE_URL, which keeps the default.
 		var v int
-		if ownServer() && conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&v) == nil && v >= 150000 {
+		if ownServer() && pool.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&v) == nil && v >= 150000 {
+			servers.fileCopy = true
+		}
+		if ownServer() {
+			dctx, stop := context.WithCancel(context.Background())
+			servers.drops, servers.dropsClose, servers.dropsDone = make(chan string, 4096), stop, make(chan struct{})
+			go dropLoop(dctx, pool, servers.drops, servers.dropsDone)
+		}
+	})
+	return servers.admin, servers.adminErr
+}
+
+// dropLoop drops the databases named on drops, one at a time, until ctx
+// ends. On the throwaway server a test does not wait for its database's
+// drop (DROP DATABASE … WITH (FORCE) took 150–300 ms of each test's time
+// on a loaded machine), and an error costs only disk until the server
+// and its files go at the end of the binary.
+func dropLoop(ctx context.Context, pool *pgxpool.Pool, drops <-chan string, done chan<- struct{}) {
+	defer close(done)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case name := <-drops:
+			_, _ = pool.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+		}
+	}
+}
+
+// createDB creates a database, empty or a copy of from, dropped when the
+// test ends, and returns its connection string.
+func createDB(t testing.TB, from string) string {
+	t.Helper()
+	admin := postgresAdminURL(t)
+	pool, err := adminPool(admin)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), startLimit)
+	defer cancel()
+	name := fmt.Sprintf("idemgate_test_%d_%d", os.Getpid(), servers.nextDB.Add(1))
+	create := "CREATE DATABASE " + name
+	if from != "" {
+		create += " TEMPLATE " + from
+		if servers.fileCopy {
 			create += " STRATEGY FILE_COPY"
 		}
 	}
-	if _, err := conn.Exec(ctx, create); err != nil {
+	if _, err := pool.Exec(ctx, create); err != nil {
 		t.Fatalf("testenv: create database: %v", err)
 	}
 	t.Cleanup(func() {
+		if servers.drops != nil {
+			select {
+			case servers.drops <- name:
+				return
+			default: // a full queue: drop it here
+			}
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), startLimit)
 		defer cancel()
-		conn, err := pgx.Connect(ctx, admin)
-		if err != nil {
-			t.Errorf("testenv: connect to drop database: %v", err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+		if _, err := pool.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
 			t.Errorf("testenv: drop database: %v", err)
 		}
 	})

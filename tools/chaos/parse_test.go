@@ -164,12 +164,13 @@ func TestDealMeetsEveryKindWhenTheWindowIsShort(t *testing.T) {
 	var log []string
 	nem := &nemesis{rng: rand.New(rand.NewPCG(1, 1)), kinds: faultKinds, log: func(string, ...any) { log = append(log, "") }}
 	var got []string
-	var windows []time.Duration
+	type call struct{ at, until time.Time }
+	var calls []call
 	start := time.Now()
 	until := start.Add(time.Second)
 	nem.deal(t.Context(), until, func(_ context.Context, kind string, u time.Time) {
 		got = append(got, kind)
-		windows = append(windows, time.Until(u))
+		calls = append(calls, call{time.Now(), u})
 		time.Sleep(300 * time.Millisecond) // each fault takes longer than its share
 	})
 	slices.Sort(got)
@@ -181,10 +182,16 @@ func TestDealMeetsEveryKindWhenTheWindowIsShort(t *testing.T) {
 	if len(log) == 0 {
 		t.Errorf("no kind dealt overdue: the test did not outlast the window")
 	}
-	for i, w := range windows {
-		// inject skips a window under minFault: the kind would be lost.
-		if w < minFault-50*time.Millisecond || w > overdueWindow {
-			t.Errorf("fault %d was given a window of %v, want [%v, %v]", i, w, minFault, overdueWindow)
+	// A fault is dealt within the window (until itself), or after it
+	// with a window of its own of overdueWindow. How much of the window
+	// is left when a fault starts is the machine's speed, not deal's:
+	// inject gives every fault it is dealt at least minFault.
+	for i, c := range calls {
+		onTime := c.until.Equal(until)
+		overdue := c.until.After(until) && !c.until.After(c.at.Add(overdueWindow))
+		if !onTime && !overdue {
+			t.Errorf("fault %d was dealt at %v with its window ending at %v: neither the run's window (%v) nor an overdue one of %v",
+				i, c.at.Sub(start), c.until.Sub(start), until.Sub(start), overdueWindow)
 		}
 	}
 

@@ -74,7 +74,7 @@ func TestAPINodeKilled(t *testing.T) {
 	})
 	// A's pool has fewer connections than clients: some handlers wait in
 	// their INSERT, the others for a connection. All hold their claims.
-	wait.For(t, 20*time.Second, "handlers on A held in their INSERT", func() bool {
+	wait.For(t, patience, "handlers on A held in their INSERT", func() bool {
 		var n int
 		c.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO idemgate_tasks%'`).Scan(&n)
@@ -86,7 +86,7 @@ func TestAPINodeKilled(t *testing.T) {
 	if err := lock.Commit(ctx); err != nil {
 		t.Fatalf("unlock tasks: %v", err)
 	}
-	l.waitAccepted(t, 16, 90*time.Second)
+	l.waitAccepted(t, 16)
 	took := time.Since(killed)
 	l.stop()
 
@@ -183,11 +183,11 @@ func TestWorkerKilled(t *testing.T) {
 	// Worker 1 would take 10 minutes: it is killed mid-task.
 	w1 := startProc(t, c.env, "worker", "-workers", "1", "-gen-time", "10m")
 	id1 := submitOne(t, url, c.auth, "worker-killed-1")
-	wait.For(t, 30*time.Second, "task 1 running on worker 1, its request sent", sent(id1))
+	wait.For(t, patience, "task 1 running on worker 1, its request sent", sent(id1))
 	// Worker 2 would finish in 2s: it is frozen before, and wakes long after.
 	w2 := startProc(t, c.env, "worker", "-workers", "1", "-gen-time", "2s")
 	id2 := submitOne(t, url, c.auth, "worker-killed-2")
-	wait.For(t, 30*time.Second, "task 2 running on worker 2, its request sent", sent(id2))
+	wait.For(t, patience, "task 2 running on worker 2, its request sent", sent(id2))
 	if err := w2.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +199,7 @@ func TestWorkerKilled(t *testing.T) {
 	stopped := time.Now()
 
 	startProc(t, c.env, "worker", "-workers", "2", "-gen-time", "200ms")
-	wait.For(t, 120*time.Second, "task 2 reconciled to succeeded, task 1 uncertain", func() bool {
+	wait.For(t, patience, "task 2 reconciled to succeeded, task 1 uncertain", func() bool {
 		return readTask(t, c.db, id2).state == "succeeded" && readTask(t, c.db, id1).state == "uncertain"
 	})
 	rescuedAfter := time.Since(stopped)
