@@ -545,7 +545,7 @@ func TestPauseHoldsRetriesAndReconcilesResumeWakesPromptly(t *testing.T) {
 	var starts atomic.Int64
 	h := func(context.Context, Task) Outcome { starts.Add(1); return Succeeded(json.RawMessage(`1`)) }
 	w := newWorker(t, s, WorkerConfig{Concurrency: 4, Handler: h, Reconcile: h,
-		PollInterval: 10 * time.Second, RescueInterval: 50 * time.Millisecond})
+		PollInterval: time.Hour, RescueInterval: 50 * time.Millisecond})
 	runWorker(t, w)
 	time.Sleep(time.Second)
 	if n := starts.Load(); n != 0 {
@@ -554,17 +554,13 @@ func TestPauseHoldsRetriesAndReconcilesResumeWakesPromptly(t *testing.T) {
 	if _, err := s.Submit(ctx, newTask("while-paused")); err != nil {
 		t.Fatalf("Submit while paused: %v", err)
 	}
-	resumed := time.Now()
 	if err := s.SetKindLimits(ctx, "image", KindLimits{}); err != nil {
 		t.Fatal(err)
 	}
+	// The poll interval is longer than patience: only the resume's
+	// notification can wake the worker in time, however slow the machine.
 	for _, id := range []string{fresh.ID, retry.ID, unc.ID} {
 		waitState(t, s, id, StateSucceeded)
-	}
-	took := time.Since(resumed)
-	t.Logf("all ran %v after resume", took)
-	if took > 2*time.Second {
-		t.Fatalf("resume took %v to take effect; the poll interval is 10s, a notification should wake at once", took)
 	}
 }
 
