@@ -252,6 +252,9 @@ func (c *common) openPool(ctx context.Context) (*pgxpool.Pool, string, error) {
 	if c.databaseURL == "" {
 		return nil, "", errors.New("DATABASE_URL (or -database-url) is required")
 	}
+	if pgAtAfterPath(c.databaseURL) {
+		return nil, "", badInput{"DATABASE_URL: an '@' after the host (not shown): a password holding '/' must be percent-encoded (%2F), as must an '@' in a database name or parameter (%40)"}
+	}
 	cfg, err := pgxpool.ParseConfig(c.databaseURL)
 	if err != nil {
 		// pgconn's error quotes the string with its passwords masked on a
@@ -282,6 +285,26 @@ func (c *common) openPool(ctx context.Context) (*pgxpool.Pool, string, error) {
 		return nil, "", errors.New("the connection's search_path names no existing schema: set -schema")
 	}
 	return pool, *schema, nil
+}
+
+// pgAtAfterPath reports whether s, a postgres:// URL, has an '@' after
+// the first '/' that follows its scheme: the mark of a password holding a
+// '/' that was not percent-encoded. pgx, like libpq, reads the user info
+// up to an '@' that comes before any '/', so such a password's '/' ends
+// it early: the URL then reads as one with no password whose host is the
+// user name and whose database is the rest of the password, up to the
+// '@' and past it, and a connection error names both. (A '?' or '#' in a
+// password is read as libpq reads it, and needs no check.)
+func pgAtAfterPath(s string) bool {
+	s = strings.TrimSpace(s)
+	rest, ok := strings.CutPrefix(s, "postgresql://")
+	if !ok {
+		if rest, ok = strings.CutPrefix(s, "postgres://"); !ok {
+			return false
+		}
+	}
+	i := strings.IndexByte(rest, '/')
+	return i >= 0 && strings.Contains(rest[i:], "@")
 }
 
 // pgTarget names the server and database cfg connects to, for an error:
