@@ -93,7 +93,7 @@ func Main(ctx context.Context, args []string, env Env) int {
 	case "tasks":
 		err = Tasks(ctx, args, env)
 	default:
-		fmt.Fprintf(env.Stderr, "%s: unknown command %q\n\n", env.Prog, noun)
+		fmt.Fprintf(env.Stderr, "%s: unknown command %s\n\n", env.Prog, shown(noun))
 		fmt.Fprintf(env.Stderr, usage, env.Prog)
 		return ExitUsage
 	}
@@ -219,7 +219,7 @@ func parseOperands(fs *flag.FlagSet, pre, args []string, want int, echo bool) ([
 		case want == 0 && !echo:
 			fmt.Fprintf(fs.Output(), "unexpected argument (not shown: it may be a user or request id); quote a value with spaces\n")
 		case want == 0:
-			fmt.Fprintf(fs.Output(), "unexpected argument %q\n", operands[0])
+			fmt.Fprintf(fs.Output(), "unexpected argument %s\n", shown(operands[0]))
 		default:
 			fmt.Fprintf(fs.Output(), "want %d argument(s), got %d\n", want, len(operands))
 		}
@@ -234,6 +234,17 @@ func parseErr(err error) error {
 		return err
 	}
 	return ErrUsage
+}
+
+// shown is s, an operand or verb, quoted for a usage error; or, when s
+// looks like a connection string (it holds "://", "@" or "="), a phrase
+// that does not show it: one passed where an operand goes ("idemgate
+// migrate status $DATABASE_URL") holds a password.
+func shown(s string) string {
+	if strings.Contains(s, "://") || strings.ContainsAny(s, "@=") {
+		return "(not shown: it looks like a URL or key=value string, which may hold a password; give it as -database-url or -redis-url)"
+	}
+	return strconv.Quote(s)
 }
 
 // usageError prints msg as a usage error.

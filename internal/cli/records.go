@@ -79,7 +79,7 @@ func Records(ctx context.Context, args []string, env Env) error {
 		return err
 	}
 	if sub != "show" && sub != "release" {
-		fmt.Fprintf(env.Stderr, "records: unknown command %q\n\n%s", sub, help)
+		fmt.Fprintf(env.Stderr, "records: unknown command %s\n\n%s", shown(sub), help)
 		return ErrUsage
 	}
 	fs := newFlagSet(env, "records "+sub, strings.SplitN(help, "\n\n", 2)[1])
