@@ -178,11 +178,16 @@ func Records(ctx context.Context, args []string, env Env) error {
 			}
 		}
 	}
-	if err := insp.Forget(ctx, key, info.Token, info.Finished); err != nil {
+	// Confirmed, the release is one step that Ctrl-C does not cut short:
+	// cut, its outcome would be unknown (the store may delete the record
+	// and lose only its answer). It has a bound of its own instead.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if err := insp.Forget(fctx, key, info.Token, info.Finished); err != nil {
 		if errors.Is(err, middleware.ErrNoRecord) {
 			return errors.New("the record changed since it was read (finished, expired, released or claimed again): nothing released; run records show again")
 		}
-		return err
+		return fmt.Errorf("the release may or may not have happened (run records show): %w", err)
 	}
 	if out.json {
 		return out.encode(struct {
@@ -202,6 +207,10 @@ func Records(ctx context.Context, args []string, env Env) error {
 	}
 	return nil
 }
+
+// releaseTimeout bounds the release once confirmed, which Ctrl-C does
+// not end.
+const releaseTimeout = 15 * time.Second
 
 // The holder of a claim, as the tools judge it from the lease.
 //
