@@ -349,6 +349,18 @@ func (c *common) openRedis(ctx context.Context) (redis.UniversalClient, error) {
 	return client, nil
 }
 
+// confirmedTimeout bounds a change once confirmed, which Ctrl-C does not
+// end.
+const confirmedTimeout = 15 * time.Second
+
+// confirmed returns the context of a change confirmed (by the answer or
+// -yes), one step: Ctrl-C does not end it, since cut short its outcome
+// would be unknown (the database may commit and lose only its answer);
+// confirmedTimeout does.
+func confirmed(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), confirmedTimeout)
+}
+
 // printer writes JSON or, through table, text for people.
 type printer struct {
 	w    io.Writer

@@ -181,7 +181,7 @@ func Records(ctx context.Context, args []string, env Env) error {
 	// Confirmed, the release is one step that Ctrl-C does not cut short:
 	// cut, its outcome would be unknown (the store may delete the record
 	// and lose only its answer). It has a bound of its own instead.
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	fctx, cancel := confirmed(ctx)
 	defer cancel()
 	if err := insp.Forget(fctx, key, info.Token, info.Finished); err != nil {
 		if errors.Is(err, middleware.ErrNoRecord) {
@@ -207,10 +207,6 @@ func Records(ctx context.Context, args []string, env Env) error {
 	}
 	return nil
 }
-
-// releaseTimeout bounds the release once confirmed, which Ctrl-C does
-// not end.
-const releaseTimeout = 15 * time.Second
 
 // The holder of a claim, as the tools judge it from the lease.
 //

@@ -152,7 +152,12 @@ func Tasks(ctx context.Context, args []string, env Env) error {
 		if sub == "retry" {
 			act = op.Retry
 		}
-		t, err := act(ctx, operand)
+		cctx, cancel := confirmed(ctx)
+		defer cancel()
+		t, err := act(cctx, operand)
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("the %s may or may not have happened (run tasks show): %w", sub, err)
+		}
 		if err != nil {
 			return notFound(err, operand)
 		}
