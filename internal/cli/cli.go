@@ -299,13 +299,15 @@ func (c *common) openPool(ctx context.Context) (*pgxpool.Pool, string, error) {
 }
 
 // pgAtAfterPath reports whether s, a postgres:// URL, has an '@' after
-// the first '/' that follows its scheme: the mark of a password holding a
-// '/' that was not percent-encoded. pgx, like libpq, reads the user info
-// up to an '@' that comes before any '/', so such a password's '/' ends
-// it early: the URL then reads as one with no password whose host is the
-// user name and whose database is the rest of the password, up to the
-// '@' and past it, and a connection error names both. (A '?' or '#' in a
-// password is read as libpq reads it, and needs no check.)
+// the first '/' that follows its scheme, other than in the value of a
+// parameter that may hold one (user=alice@example.com, an IAM user): the
+// mark of a password holding a '/' that was not percent-encoded. pgx,
+// like libpq, reads the user info up to an '@' that comes before any
+// '/', so such a password's '/' ends it early: the URL then reads as one
+// with no password whose host is the user name and whose database is the
+// rest of the password, up to the '@' and past it, and a connection error
+// names both. (A '?' or '#' in a password is read as libpq reads it, and
+// needs no check.)
 func pgAtAfterPath(s string) bool {
 	s = strings.TrimSpace(s)
 	rest, ok := strings.CutPrefix(s, "postgresql://")
@@ -315,8 +317,28 @@ func pgAtAfterPath(s string) bool {
 		}
 	}
 	i := strings.IndexByte(rest, '/')
-	return i >= 0 && strings.Contains(rest[i:], "@")
+	if i < 0 {
+		return false
+	}
+	rest, fragment, _ := strings.Cut(rest[i:], "#")
+	path, query, _ := strings.Cut(rest, "?")
+	if strings.Contains(path, "@") || strings.Contains(fragment, "@") {
+		return true
+	}
+	for _, pair := range strings.Split(query, "&") {
+		name, value, _ := strings.Cut(pair, "=")
+		if strings.Contains(name, "@") || strings.Contains(value, "@") && !pgAtAllowed[strings.ToLower(name)] {
+			return true
+		}
+	}
+	return false
 }
+
+// pgAtAllowed are the parameters whose value may hold an '@': a user name
+// (an e-mail address, for IAM users), an application name, options and
+// file names.
+var pgAtAllowed = map[string]bool{"user": true, "application_name": true, "options": true,
+	"sslrootcert": true, "sslcert": true, "sslkey": true, "sslcrl": true, "passfile": true, "service": true}
 
 // pgTarget names the server and database cfg connects to, for an error:
 // built from the parsed fields, not the string, which may carry a password
