@@ -28,6 +28,9 @@ func main() {
 	// what failed.
 	redis.SetLogger(quiet{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The first Ctrl-C ends the command (a confirmed records release
+	// finishes first); a second one ends the process at once.
+	context.AfterFunc(ctx, stop)
 	code := cli.Main(ctx, os.Args[1:], cli.Env{
 		Prog: "idemgate", Getenv: os.Getenv,
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,

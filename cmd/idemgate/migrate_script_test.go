@@ -107,17 +107,18 @@ func TestMigrateScriptTwiceIntoAQuotedSchema(t *testing.T) {
 
 // A migration tool applies "migrate sql -schema S -json" chunk by chunk,
 // each in a session of its own: every chunk names S itself, so the
-// schema is the one "migrate up -schema S" makes and public stays empty.
+// schema is the one "migrate up -schema S" makes and public stays empty,
+// also for a name that needs quoting (capitals, a space, a quote).
 func TestMigrateSQLJSONChunksEachTargetTheSchema(t *testing.T) {
 	t.Parallel()
 	psql, err := exec.LookPath("psql")
 	if err != nil {
 		t.Skip("no psql")
 	}
-	const schema = "billing"
+	const schema = `Billing "EU" 1`
 	byUp, byChunks := testenv.PostgresDSN(t), testenv.PostgresDSN(t)
 	for _, dsn := range []string{byUp, byChunks} {
-		if _, err := pool(t, dsn).Exec(context.Background(), "CREATE SCHEMA "+schema); err != nil {
+		if _, err := pool(t, dsn).Exec(context.Background(), "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -58,7 +58,7 @@ func (b recordsBench) claim(t *testing.T) (middleware.Token, string, []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A stuck claim: made 3 minutes ago for 4 (see middleware.Token.ClaimTimes), a minute left.
+	// A stuck claim: a lease of 8 minutes (see middleware.Token.ClaimTimes), a minute left: not renewed for 7.
 	tok := stuckToken()
 	res, err := b.store.Claim(context.Background(), k.String(), middleware.ClaimRequest{
 		Fingerprint: fingerprint.Fingerprint("v1:" + strings.Repeat("ab", 32)), Owner: k.Owner(), Kind: k.Kind(),
@@ -196,7 +196,7 @@ func stuckToken() middleware.Token {
 	binary.BigEndian.PutUint64(t[:8], uint64(time.Now().Add(-3*time.Minute).UnixMilli())<<16|uint64(binary.BigEndian.Uint16(t[6:8])))
 	t[6] = 0x80 | t[6]&0x0f
 	t[8] = 0x80 | t[8]&0x3f
-	binary.BigEndian.PutUint32(t[9:13], uint32((4 * time.Minute).Milliseconds()))
+	binary.BigEndian.PutUint32(t[9:13], uint32((8 * time.Minute).Milliseconds()))
 	return t
 }
 

@@ -93,7 +93,7 @@ func Main(ctx context.Context, args []string, env Env) int {
 	case "tasks":
 		err = Tasks(ctx, args, env)
 	default:
-		fmt.Fprintf(env.Stderr, "%s: unknown command %q\n\n", env.Prog, noun)
+		fmt.Fprintf(env.Stderr, "%s: unknown command %s\n\n", env.Prog, shown(noun))
 		fmt.Fprintf(env.Stderr, usage, env.Prog)
 		return ExitUsage
 	}
@@ -219,7 +219,7 @@ func parseOperands(fs *flag.FlagSet, pre, args []string, want int, echo bool) ([
 		case want == 0 && !echo:
 			fmt.Fprintf(fs.Output(), "unexpected argument (not shown: it may be a user or request id); quote a value with spaces\n")
 		case want == 0:
-			fmt.Fprintf(fs.Output(), "unexpected argument %q\n", operands[0])
+			fmt.Fprintf(fs.Output(), "unexpected argument %s\n", shown(operands[0]))
 		default:
 			fmt.Fprintf(fs.Output(), "want %d argument(s), got %d\n", want, len(operands))
 		}
@@ -234,6 +234,17 @@ func parseErr(err error) error {
 		return err
 	}
 	return ErrUsage
+}
+
+// shown is s, an operand or verb, quoted for a usage error; or, when s
+// looks like a connection string (it holds "://", "@" or "="), a phrase
+// that does not show it: one passed where an operand goes ("idemgate
+// migrate status $DATABASE_URL") holds a password.
+func shown(s string) string {
+	if strings.Contains(s, "://") || strings.ContainsAny(s, "@=") {
+		return "(not shown: it looks like a URL or key=value string, which may hold a password; give it as -database-url or -redis-url)"
+	}
+	return strconv.Quote(s)
 }
 
 // usageError prints msg as a usage error.
@@ -251,6 +262,9 @@ func (c *common) openPool(ctx context.Context) (*pgxpool.Pool, string, error) {
 	}
 	if c.databaseURL == "" {
 		return nil, "", errors.New("DATABASE_URL (or -database-url) is required")
+	}
+	if pgAtAfterPath(c.databaseURL) {
+		return nil, "", badInput{"DATABASE_URL: an '@' after the host (not shown): a password holding '/' must be percent-encoded (%2F), as must an '@' in a database name or parameter (%40)"}
 	}
 	cfg, err := pgxpool.ParseConfig(c.databaseURL)
 	if err != nil {
@@ -284,6 +298,48 @@ func (c *common) openPool(ctx context.Context) (*pgxpool.Pool, string, error) {
 	return pool, *schema, nil
 }
 
+// pgAtAfterPath reports whether s, a postgres:// URL, has an '@' after
+// the first '/' that follows its scheme, other than in the value of a
+// parameter that may hold one (user=alice@example.com, an IAM user): the
+// mark of a password holding a '/' that was not percent-encoded. pgx,
+// like libpq, reads the user info up to an '@' that comes before any
+// '/', so such a password's '/' ends it early: the URL then reads as one
+// with no password whose host is the user name and whose database is the
+// rest of the password, up to the '@' and past it, and a connection error
+// names both. (A '?' or '#' in a password is read as libpq reads it, and
+// needs no check.)
+func pgAtAfterPath(s string) bool {
+	s = strings.TrimSpace(s)
+	rest, ok := strings.CutPrefix(s, "postgresql://")
+	if !ok {
+		if rest, ok = strings.CutPrefix(s, "postgres://"); !ok {
+			return false
+		}
+	}
+	i := strings.IndexByte(rest, '/')
+	if i < 0 {
+		return false
+	}
+	rest, fragment, _ := strings.Cut(rest[i:], "#")
+	path, query, _ := strings.Cut(rest, "?")
+	if strings.Contains(path, "@") || strings.Contains(fragment, "@") {
+		return true
+	}
+	for _, pair := range strings.Split(query, "&") {
+		name, value, _ := strings.Cut(pair, "=")
+		if strings.Contains(name, "@") || strings.Contains(value, "@") && !pgAtAllowed[strings.ToLower(name)] {
+			return true
+		}
+	}
+	return false
+}
+
+// pgAtAllowed are the parameters whose value may hold an '@': a user name
+// (an e-mail address, for IAM users), an application name, options and
+// file names.
+var pgAtAllowed = map[string]bool{"user": true, "application_name": true, "options": true,
+	"sslrootcert": true, "sslcert": true, "sslkey": true, "sslcrl": true, "passfile": true, "service": true}
+
 // pgTarget names the server and database cfg connects to, for an error:
 // built from the parsed fields, not the string, which may carry a password
 // in its user info, in a query parameter (password=, sslpassword=) or in
@@ -313,6 +369,18 @@ func (c *common) openRedis(ctx context.Context) (redis.UniversalClient, error) {
 		return nil, fmt.Errorf("redis %s (%s): %w", redisurl.Redact(c.redisURL), topology, err)
 	}
 	return client, nil
+}
+
+// confirmedTimeout bounds a change once confirmed, which Ctrl-C does not
+// end.
+const confirmedTimeout = 15 * time.Second
+
+// confirmed returns the context of a change confirmed (by the answer or
+// -yes), one step: Ctrl-C does not end it, since cut short its outcome
+// would be unknown (the database may commit and lose only its answer);
+// confirmedTimeout does.
+func confirmed(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), confirmedTimeout)
 }
 
 // printer writes JSON or, through table, text for people.

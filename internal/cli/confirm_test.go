@@ -66,7 +66,7 @@ func stuckRedisClaim(t *testing.T) (store *middleware.RedisStore, key string, ge
 	}
 	res, err := store.Claim(context.Background(), k.String(), middleware.ClaimRequest{
 		Fingerprint: fingerprint.Fingerprint("v1:" + strings.Repeat("ab", 32)), Owner: k.Owner(), Kind: k.Kind(),
-		Lease: time.Minute, Token: claimToken(time.Now().Add(-3*time.Minute), 4*time.Minute)})
+		Lease: time.Minute, Token: claimToken(time.Now().Add(-3*time.Minute), 8*time.Minute)})
 	if err != nil || res.Status != middleware.Claimed {
 		t.Fatalf("claim: %v %v", res.Status, err)
 	}

@@ -107,7 +107,7 @@ func Migrate(ctx context.Context, args []string, env Env) error {
 	case "sql":
 		fs.BoolVar(&pending, "pending", false, "only the versions DATABASE_URL's schema lacks (reads the database)")
 	default:
-		fmt.Fprintf(env.Stderr, "migrate: unknown command %q\n\n%s", sub, help)
+		fmt.Fprintf(env.Stderr, "migrate: unknown command %s\n\n%s", shown(sub), help)
 		return ErrUsage
 	}
 	if _, err := parse(fs, pre, args, 0); err != nil {

@@ -27,7 +27,7 @@ const recordsUsage = `Usage: %[1]s records show | release [flags]
 
 A claim is live while its lease is renewed: the middleware renews it every
 Lease/3 while the handler runs (or hangs). release refuses a claim renewed
-within the last 3/4 of its lease (more than a quarter of it left), and one
+within the last 5/6 of its lease (more than a sixth of it left), and one
 whose token records no lease (an older idemgate's), unless -force: the
 handler that holds a live claim still runs, and the client's retry would
 run it a second time, so its effects (a charge, an email) may happen twice.
@@ -79,7 +79,7 @@ func Records(ctx context.Context, args []string, env Env) error {
 		return err
 	}
 	if sub != "show" && sub != "release" {
-		fmt.Fprintf(env.Stderr, "records: unknown command %q\n\n%s", sub, help)
+		fmt.Fprintf(env.Stderr, "records: unknown command %s\n\n%s", shown(sub), help)
 		return ErrUsage
 	}
 	fs := newFlagSet(env, "records "+sub, strings.SplitN(help, "\n\n", 2)[1])
@@ -178,11 +178,16 @@ func Records(ctx context.Context, args []string, env Env) error {
 			}
 		}
 	}
-	if err := insp.Forget(ctx, key, info.Token, info.Finished); err != nil {
+	// Confirmed, the release is one step that Ctrl-C does not cut short:
+	// cut, its outcome would be unknown (the store may delete the record
+	// and lose only its answer). It has a bound of its own instead.
+	fctx, cancel := confirmed(ctx)
+	defer cancel()
+	if err := insp.Forget(fctx, key, info.Token, info.Finished); err != nil {
 		if errors.Is(err, middleware.ErrNoRecord) {
 			return errors.New("the record changed since it was read (finished, expired, released or claimed again): nothing released; run records show again")
 		}
-		return err
+		return fmt.Errorf("the release may or may not have happened (run records show): %w", err)
 	}
 	if out.json {
 		return out.encode(struct {
@@ -206,16 +211,19 @@ func Records(ctx context.Context, args []string, env Env) error {
 // The holder of a claim, as the tools judge it from the lease.
 //
 // The middleware renews a claim every Lease/3 while its handler runs; a
-// renewal that fails is tried again Lease/3 after it began, so a live
-// holder's one failed renewal is retried 2/3 of a lease after its last
-// success. Judging stuck at 2/3 would catch such a holder in the middle
-// of its retry; stuckAfter leaves that retry a twelfth of the lease (the
-// least the middleware waits between tries) to land.
+// renewal that fails is tried again Lease/3 after it began and at least
+// Lease/12 after it ended. One that failed fast is retried 2/3 of a lease
+// after the last success; one that stalled until its timeout (Lease/3: a
+// partition, a failover that drops packets) is retried 3/4 of a lease
+// after it. Judging stuck at 3/4 would catch such a live holder as its
+// retry begins; stuckAfter leaves that retry a twelfth of the lease to
+// land.
 const (
-	// holderLive: renewed within the last 3/4 of its lease: a running
-	// (or hung) handler's claim, also one whose store lost a renewal.
+	// holderLive: renewed within the last 5/6 of its lease: a running
+	// (or hung) handler's claim, also one whose store lost or stalled a
+	// renewal.
 	holderLive = "live"
-	// holderStuck: not renewed for 3/4 of its lease or more: at least
+	// holderStuck: not renewed for 5/6 of its lease or more: at least
 	// two renewals in a row did not land, so its holder has most likely
 	// crashed or lost the store. (A holder cut off from the store may
 	// still be running; that is why release still asks.)
@@ -227,7 +235,7 @@ const (
 
 // stuckAfter is the part of its lease after which a claim not renewed
 // is stuck.
-const stuckAfterNum, stuckAfterDen = 3, 4
+const stuckAfterNum, stuckAfterDen = 5, 6
 
 // holderOf judges a claim's holder at now. Times that cannot be (a claim
 // from the future, more lease left than the claim was made for) are an
@@ -248,10 +256,10 @@ func holderOf(info middleware.RecordInfo, now time.Time) (holder string, sinceRe
 func holderPhrase(r recordRow) string {
 	switch r.Holder {
 	case holderLive:
-		return fmt.Sprintf("live: renewed %s ago, within 3/4 of its %s lease (renewed every %s while its handler runs): its handler is running, or hung",
+		return fmt.Sprintf("live: renewed %s ago, within 5/6 of its %s lease (renewed every %s while its handler runs): its handler is running, or hung",
 			r.SinceRenewal, r.Lease, r.RenewEvery)
 	case holderStuck:
-		return fmt.Sprintf("stuck: not renewed for %s, 3/4 of its %s lease or more (renewed every %s while its handler runs): its holder has most likely crashed or lost the store",
+		return fmt.Sprintf("stuck: not renewed for %s, 5/6 of its %s lease or more (renewed every %s while its handler runs): its holder has most likely crashed or lost the store",
 			r.SinceRenewal, r.Lease, r.RenewEvery)
 	}
 	return "unknown: claimed by an idemgate that records no lease in its token: a running handler cannot be told from a stuck one"

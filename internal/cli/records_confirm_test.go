@@ -43,7 +43,7 @@ func TestRecordsReleaseConfirmation(t *testing.T) {
 		// A stuck claim: made 3 minutes ago for 4, a minute left.
 		res, err := store.Claim(ctx, k.String(), middleware.ClaimRequest{
 			Fingerprint: fingerprint.Fingerprint("v1:" + strings.Repeat("ab", 32)), Owner: k.Owner(), Kind: k.Kind(),
-			Lease: time.Minute, Token: claimToken(time.Now().Add(-3*time.Minute), 4*time.Minute)})
+			Lease: time.Minute, Token: claimToken(time.Now().Add(-3*time.Minute), 8*time.Minute)})
 		if err != nil || res.Status != middleware.Claimed {
 			t.Fatalf("claim: %v %v", res.Status, err)
 		}

@@ -173,7 +173,7 @@ func TestRecordsReleaseRefusesALiveClaim(t *testing.T) {
 }
 
 // A claim nobody renews (its holder crashed) is released without -force
-// once 2/3 of its lease have passed since its last renewal; a claim an
+// once 5/6 of its lease have passed since its last renewal; a claim an
 // older idemgate made (a random token: no lease recorded) cannot be told
 // live or stuck, and needs -force.
 func TestRecordsReleaseTellsAStuckClaim(t *testing.T) {
@@ -186,8 +186,8 @@ func TestRecordsReleaseTellsAStuckClaim(t *testing.T) {
 		wantCode  int
 		wantOut   string
 	}{
-		{name: "stuck: not renewed for 3/4 of its lease", token: func() middleware.Token { return claimToken(time.Now().Add(-3*time.Minute), 4*time.Minute) },
-			leaseLeft: time.Minute, wantCode: ExitOK, wantOut: "claim released"},
+		{name: "stuck: not renewed for 7/8 of its lease", token: func() middleware.Token { return claimToken(time.Now().Add(-3*time.Minute), 4*time.Minute) },
+			leaseLeft: 30 * time.Second, wantCode: ExitOK, wantOut: "claim released"},
 		{name: "live: renewed a minute ago, 10m lease", token: func() middleware.Token { return claimToken(time.Now().Add(-time.Hour), 10*time.Minute) },
 			leaseLeft: 9 * time.Minute, wantCode: ExitError, wantOut: "refusing to release"},
 		{name: "unknown: random token", token: func() middleware.Token {
@@ -241,7 +241,7 @@ func TestRecordsReleaseTellsAStuckClaim(t *testing.T) {
 
 // A live holder whose one renewal failed retries 2/3 of a lease after its
 // last success and may take up to Lease/12 more to land: it is still
-// live. Only a claim not renewed for 3/4 of its lease is stuck.
+// live. Only a claim not renewed for 5/6 of its lease is stuck.
 func TestHolderOfLeavesAFailedRenewalTimeToLand(t *testing.T) {
 	t.Parallel()
 	const lease = 30 * time.Second
@@ -256,7 +256,7 @@ func TestHolderOfLeavesAFailedRenewalTimeToLand(t *testing.T) {
 		{name: "one renewal period", since: lease / 3, lease: lease, want: holderLive},
 		{name: "a failed renewal's retry begins", since: lease * 2 / 3, lease: lease, want: holderLive},
 		{name: "the retry lands late", since: lease*2/3 + lease/12 - time.Millisecond, lease: lease, want: holderLive},
-		{name: "three quarters", since: lease * 3 / 4, lease: lease, want: holderStuck},
+		{name: "five sixths", since: lease * 5 / 6, lease: lease, want: holderStuck},
 		{name: "about to run out", since: lease - time.Millisecond, lease: lease, want: holderStuck},
 		{name: "no lease recorded", since: time.Second, lease: 0, want: holderUnknown},
 		{name: "more left than the lease", since: -time.Minute, lease: lease, want: holderUnknown},
@@ -271,5 +271,35 @@ func TestHolderOfLeavesAFailedRenewalTimeToLand(t *testing.T) {
 				t.Fatalf("holderOf(lease %v, renewed %v ago) = %s, want %s", tt.lease, tt.since, got, tt.want)
 			}
 		})
+	}
+}
+
+// A renewal that stalls until its timeout (Lease/3: a partition, a
+// failover that drops packets) is tried again Lease/12 after it ended:
+// 3/4 of a lease after the last success, its retry only begins, and may
+// take a while to land. That holder is live (its handler runs), and
+// releasing its claim runs the handler twice; only a claim not renewed
+// for 5/6 of its lease, the retry given Lease/12 to land, is stuck.
+func TestHolderOfLeavesARenewalThatTimedOutTimeToRetry(t *testing.T) {
+	t.Parallel()
+	for _, lease := range []time.Duration{3 * time.Second, 30 * time.Second, 10 * time.Minute} {
+		every := lease / 3
+		// The middleware's schedule (middleware/lease.go): the last success
+		// at 0, the next renewal begins at every and times out at 2*every,
+		// the retry begins every/4 after that.
+		retryBegins := 2*every + every/4
+		for _, since := range []time.Duration{retryBegins, retryBegins + lease/12 - time.Millisecond} {
+			now := time.Now()
+			info := middleware.RecordInfo{Lease: lease, Left: lease - since, ClaimedAt: now.Add(-since)}
+			if got, _ := holderOf(info, now); got != holderLive {
+				t.Errorf("lease %v, renewed %v ago (a timed-out renewal's retry under way): holderOf = %s, want %s",
+					lease, since, got, holderLive)
+			}
+		}
+		now := time.Now()
+		since := lease * 5 / 6
+		if got, _ := holderOf(middleware.RecordInfo{Lease: lease, Left: lease - since, ClaimedAt: now.Add(-since)}, now); got != holderStuck {
+			t.Errorf("lease %v, renewed %v ago (5/6): holderOf = %s, want %s", lease, since, got, holderStuck)
+		}
 	}
 }

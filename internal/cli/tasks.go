@@ -77,7 +77,7 @@ func Tasks(ctx context.Context, args []string, env Env) error {
 		fs.BoolVar(&yes, "yes", false, "confirm without asking")
 	case "show":
 	default:
-		fmt.Fprintf(env.Stderr, "tasks: unknown command %q\n\n%s", sub, help)
+		fmt.Fprintf(env.Stderr, "tasks: unknown command %s\n\n%s", shown(sub), help)
 		return ErrUsage
 	}
 	ops, err := parse(fs, pre, args, operands)
@@ -152,7 +152,12 @@ func Tasks(ctx context.Context, args []string, env Env) error {
 		if sub == "retry" {
 			act = op.Retry
 		}
-		t, err := act(ctx, operand)
+		cctx, cancel := confirmed(ctx)
+		defer cancel()
+		t, err := act(cctx, operand)
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("the %s may or may not have happened (run tasks show): %w", sub, err)
+		}
 		if err != nil {
 			return notFound(err, operand)
 		}
@@ -311,7 +316,7 @@ func checkKind(kind string) error {
 	if ok {
 		return nil
 	}
-	msg := fmt.Sprintf("kind %q: no task can have it (a kind is %s)", kind, kindSyntax)
+	msg := fmt.Sprintf("kind %s: no task can have it (a kind is %s)", shown(kind), kindSyntax)
 	if s := suggestKind(kind); s != "" {
 		msg += fmt.Sprintf("; did you mean %q?", s)
 	}

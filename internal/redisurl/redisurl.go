@@ -31,11 +31,15 @@ const (
 //
 // rediss:// asks for TLS in each form. A cluster URL takes no database
 // number (a cluster has only database 0). An error never echoes a
-// password.
+// password, and a URL with an '@' after its host is refused (see
+// AtAfterHost).
 func Parse(s string) (*redis.UniversalOptions, Topology, error) {
 	u, err := url.Parse(strings.TrimSpace(s))
 	if err != nil {
 		return nil, "", errors.New("not a URL") // url's error would echo a password
+	}
+	if AtAfterHost(s) {
+		return nil, "", errAtAfterHost
 	}
 	if u.Scheme != "redis" && u.Scheme != "rediss" {
 		return nil, "", fmt.Errorf("scheme %q: want redis:// or rediss://", u.Scheme)
@@ -112,15 +116,35 @@ func redactErr(err error) error {
 	return err
 }
 
+// errAtAfterHost refuses a URL that AtAfterHost reports, naming no part of it.
+var errAtAfterHost = errors.New("an '@' after the host (not shown): a password holding '/', '?' or '#' must be percent-encoded (%2F, %3F, %23), as must an '@' in a path or parameter (%40)")
+
+// AtAfterHost reports whether s, a URL, has an '@' after its host, in its
+// path, query or fragment: the mark of a password holding a '/', '?' or
+// '#' that was not percent-encoded. Such a character ends the user info
+// early, so the URL reads as one with no password, and the rest of the
+// password, up to the '@', lands in the path (a database number or name),
+// the query (a parameter's name) or the fragment, where errors quote it.
+func AtAfterHost(s string) bool {
+	_, rest, ok := strings.Cut(strings.TrimSpace(s), "://")
+	if !ok {
+		return false
+	}
+	i := strings.IndexAny(rest, "/?#")
+	return i >= 0 && strings.Contains(rest[i:], "@")
+}
+
 // Redact returns s, a URL, for printing: its user info's password and
 // the value of every query parameter that may hold a secret (see
-// IsSecretParam) replaced by "xxxxx". A string that does not parse as a
-// URL is "(configured)".
+// IsSecretParam) replaced by "xxxxx", its fragment dropped. A string that
+// does not parse as a URL, or has an '@' after its host (AtAfterHost), is
+// "(configured)".
 func Redact(s string) string {
 	u, err := url.Parse(strings.TrimSpace(s))
-	if err != nil || u.Scheme == "" {
+	if err != nil || u.Scheme == "" || AtAfterHost(s) {
 		return "(configured)"
 	}
+	u.Fragment, u.RawFragment = "", ""
 	if u.RawQuery != "" {
 		q, err := url.ParseQuery(u.RawQuery)
 		if err != nil {

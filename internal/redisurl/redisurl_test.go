@@ -149,3 +149,34 @@ func TestParseRefusesAClusterDatabase(t *testing.T) {
 		})
 	}
 }
+
+// A password with a '/', '?' or '#' that was not percent-encoded ends
+// the user info early: the URL then parses as a host, and the rest of the
+// password lands in the path, the query or the fragment, where go-redis'
+// errors quote it and Redact keeps it. Parse refuses such a URL without a
+// word of it, and Redact never prints a fragment or an '@' after the host.
+func TestAPasswordWithAnUnencodedSlashQuestionMarkOrHashNeverShows(t *testing.T) {
+	t.Parallel()
+	for _, given := range []string{
+		"redis://:/hunter2@127.0.0.1:6379",
+		"redis://:12/hunter2@127.0.0.1:6379",
+		"redis://:12?hunter2@127.0.0.1:6379",
+		"redis://:12#hunter2@127.0.0.1:6379",
+		"rediss://u:12/hunter2@h1:7000,h2:7001",
+		"redis://:12?hunter2@s1:26379&master_name=m",
+	} {
+		t.Run(given, func(t *testing.T) {
+			t.Parallel()
+			_, _, err := Parse(given)
+			if err == nil {
+				t.Fatalf("Parse accepted it; want an error")
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("Parse's error %q echoes the password", err)
+			}
+			if r := Redact(given); strings.Contains(r, "hunter2") {
+				t.Errorf("Redact = %q, echoes the password", r)
+			}
+		})
+	}
+}
