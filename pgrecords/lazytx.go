@@ -15,7 +15,8 @@ import (
 // handler's first statement: then it takes one of the store's
 // transaction slots and a pool connection, and BEGIN (with the idle
 // limit, see Store.Begin) goes out in front of that statement (Exec,
-// Query, QueryRow, SendBatch), in the same round trip. So a handler that
+// Query, QueryRow, SendBatch), in the same round trip (but for a
+// statement given a pgx.QueryExecMode: see execMode). So a handler that
 // reads through the pool before writing holds nothing while it does, and
 // BEGIN costs no round trip of its own. The methods that need pgx's own
 // transaction (Begin for a savepoint, CopyFrom, LargeObjects, Prepare,
@@ -255,6 +256,12 @@ func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 	if t.begun {
 		return conn.Exec(ctx, sql, args...)
 	}
+	if execMode(args) {
+		if _, err := t.pgxTx(ctx); err != nil {
+			return pgconn.CommandTag{}, err
+		}
+		return conn.Exec(ctx, sql, args...)
+	}
 	if len(args) == 0 && strings.Contains(sql, ";") {
 		return t.execSimple(ctx, conn, sql)
 	}
@@ -274,6 +281,26 @@ func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 		t.notBegun(err, q.SQL, open)
 	}
 	return tag, err
+}
+
+// execMode reports whether args begin with a pgx.QueryExecMode among
+// the options pgx's Exec and Query take in front of the arguments (a
+// QueryRewriter such as pgx.NamedArgs is the other). A batch takes no
+// mode (it would be sent as an argument), so a first statement with one
+// does not go out behind BEGIN in a batch: BEGIN and the setup go first,
+// in a round trip of their own, as pgx's own transaction sends them, and
+// the statement runs as pgx runs it (TestTxFirstStatementWithExecMode).
+func execMode(args []any) bool {
+	for _, a := range args {
+		switch a.(type) {
+		case pgx.QueryExecMode:
+			return true
+		case pgx.QueryRewriter:
+			continue
+		}
+		return false
+	}
+	return false
 }
 
 // execSimple is the handler's first statement when it is an Exec of
@@ -334,6 +361,12 @@ func (t *lazyTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 		return nil, err
 	}
 	if t.begun {
+		return conn.Query(ctx, sql, args...)
+	}
+	if execMode(args) {
+		if _, err := t.pgxTx(ctx); err != nil {
+			return nil, err
+		}
 		return conn.Query(ctx, sql, args...)
 	}
 	q := &pgx.QueuedQuery{SQL: sql, Arguments: args}
