@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -17,7 +18,8 @@ import (
 // goes on in another (or in none), ignores every error it gets and
 // answers 201. Whatever it did, an answer that is stored (the retry
 // replays it) or that reaches the client as 2xx must have its write
-// committed: never a replayed "charged" over an empty ledger.
+// committed: never a replayed "charged" over an empty ledger. An answer
+// that is not stored is 500 transaction_aborted, not to be retried.
 func TestTxAnswerNeverStoredWithoutItsWrites(t *testing.T) {
 	t.Parallel()
 	pool, s := atomicDB(t)
@@ -39,8 +41,17 @@ func TestTxAnswerNeverStoredWithoutItsWrites(t *testing.T) {
 		{name: "first-rollback-then-do-syntax-error", run: func(ctx context.Context, tx pgx.Tx, key string) {
 			_, _ = tx.Exec(ctx, ins(key)+`; ROLLBACK; DO $$ BEGIN EXECUTE 'selec 1'; END $$`)
 		}},
-		{name: "first-commit-and-chain", run: func(ctx context.Context, tx pgx.Tx, key string) {
+		{name: "first-rollback-and-chain", run: func(ctx context.Context, tx pgx.Tx, key string) {
 			_, _ = tx.Exec(ctx, ins(key)+`; ROLLBACK AND CHAIN`)
+		}},
+		{name: "first-commit-then-analysis-error", run: func(ctx context.Context, tx pgx.Tx, key string) {
+			_, _ = tx.Exec(ctx, ins(key)+`; COMMIT; INSERT INTO ledger (key) VALUES ('x', 'y')`)
+		}},
+		{name: "commit-and-chain", later: true, run: func(ctx context.Context, tx pgx.Tx, _ string) {
+			_, _ = tx.Exec(ctx, `COMMIT AND CHAIN`)
+		}},
+		{name: "savepoint-release", later: true, run: func(ctx context.Context, tx pgx.Tx, _ string) {
+			_, _ = tx.Exec(ctx, `SAVEPOINT a; ROLLBACK TO SAVEPOINT a; RELEASE SAVEPOINT a`)
 		}},
 		{name: "first-batch-rollback-begin", run: func(ctx context.Context, tx pgx.Tx, key string) {
 			b := &pgx.Batch{}
@@ -101,6 +112,11 @@ func TestTxAnswerNeverStoredWithoutItsWrites(t *testing.T) {
 			rowsFirst := ledgerRows(t, pool, a.name)
 			if first.Code/100 == 2 && rowsFirst == 0 {
 				t.Errorf("first = %d %q with 0 ledger rows: an answer whose write is gone", first.Code, first.Body)
+			}
+			if first.Code/100 != 2 && (first.Code != http.StatusInternalServerError || first.Header().Get("X-Should-Retry") != "false" ||
+				!strings.Contains(first.Body.String(), `"code":"transaction_aborted"`)) {
+				t.Errorf("first = %d x-should-retry=%q %q, want 500 transaction_aborted, not to be retried",
+					first.Code, first.Header().Get("X-Should-Retry"), first.Body)
 			}
 			retry := atomicSendMode(e, a.name, "ok")
 			rows := ledgerRows(t, pool, a.name)
