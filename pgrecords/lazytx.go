@@ -15,7 +15,8 @@ import (
 // handler's first statement: then it takes one of the store's
 // transaction slots and a pool connection, and BEGIN (with the idle
 // limit, see Store.Begin) goes out in front of that statement (Exec,
-// Query, QueryRow, SendBatch), in the same round trip. So a handler that
+// Query, QueryRow, SendBatch), in the same round trip (but for a
+// statement given a pgx.QueryExecMode: see execMode). So a handler that
 // reads through the pool before writing holds nothing while it does, and
 // BEGIN costs no round trip of its own. The methods that need pgx's own
 // transaction (Begin for a savepoint, CopyFrom, LargeObjects, Prepare,
@@ -255,6 +256,12 @@ func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 	if t.begun {
 		return conn.Exec(ctx, sql, args...)
 	}
+	if execMode(args) {
+		if _, err := t.pgxTx(ctx); err != nil {
+			return pgconn.CommandTag{}, err
+		}
+		return conn.Exec(ctx, sql, args...)
+	}
 	if len(args) == 0 && strings.Contains(sql, ";") {
 		return t.execSimple(ctx, conn, sql)
 	}
@@ -276,6 +283,26 @@ func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 	return tag, err
 }
 
+// execMode reports whether args begin with a pgx.QueryExecMode among
+// the options pgx's Exec and Query take in front of the arguments (a
+// QueryRewriter such as pgx.NamedArgs is the other). A batch takes no
+// mode (it would be sent as an argument), so a first statement with one
+// does not go out behind BEGIN in a batch: BEGIN and the setup go first,
+// in a round trip of their own, as pgx's own transaction sends them, and
+// the statement runs as pgx runs it (TestTxFirstStatementWithExecMode).
+func execMode(args []any) bool {
+	for _, a := range args {
+		switch a.(type) {
+		case pgx.QueryExecMode:
+			return true
+		case pgx.QueryRewriter:
+			continue
+		}
+		return false
+	}
+	return false
+}
+
 // execSimple is the handler's first statement when it is an Exec of
 // several statements without arguments (or one with a semicolon in it),
 // which pgx sends by the simple protocol: a batch would prepare it, and
@@ -283,16 +310,44 @@ func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 // setup go in front of it in the same string, so in the same round trip.
 // A statement of it that fails aborts the transaction, as in a plain pgx
 // transaction, whose BEGIN ran before. mu is held.
-func (t *lazyTx) execSimple(ctx context.Context, conn *pgx.Conn, sql string) (pgconn.CommandTag, error) {
-	tag, err := conn.Exec(ctx, t.simpleBegin()+"; "+sql)
+//
+// It reads the results as pgx's Exec does (the last command's tag), and
+// counts them: the server answers each statement as it completes, BEGIN
+// first, so an error the server answered with no result before it ran
+// nothing (a syntax error: the server parses the whole string first),
+// and BEGIN ran when one result came. The error and the transaction
+// status alone cannot tell: a statement of the handler's that fails as it
+// is analysed, after its own ROLLBACK (`INSERT …; ROLLBACK; INSERT INTO t
+// (a) VALUES (1, 2)`, 42601 too), leaves the connection idle as a syntax
+// error does, and the next statement would have sent BEGIN and the mark
+// again, or the answer have been completed on its own, its write rolled
+// back (TestTxAnswerNeverStoredWithoutItsWrites). The query tracer of the
+// connection's configuration, if any, sees the statement as pgx's Exec
+// would show it.
+func (t *lazyTx) execSimple(ctx context.Context, conn *pgx.Conn, sql string) (tag pgconn.CommandTag, err error) {
+	sql = t.simpleBegin() + "; " + sql
+	tracer := conn.Config().Tracer
+	if tracer != nil {
+		ctx = tracer.TraceQueryStart(ctx, conn, pgx.TraceQueryStartData{SQL: sql})
+	}
+	mrr := conn.PgConn().Exec(ctx, sql)
+	results := 0
+	for mrr.NextResult() {
+		results++
+		tag, _ = mrr.ResultReader().Close()
+	}
+	err = mrr.Close()
+	if tracer != nil {
+		tracer.TraceQueryEnd(ctx, conn, pgx.TraceQueryEndData{CommandTag: tag, Err: err})
+	}
 	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "42601" && conn.PgConn().TxStatus() == 'I':
-		// The server parses the whole string before it runs any of it: a
-		// syntax error ran nothing, BEGIN neither.
-	case err == nil, pgErr != nil, conn.IsClosed(), conn.PgConn().TxStatus() != 'I':
-		// The server ran BEGIN (an error it answered comes after it), or
-		// may have: the connection closed with the string on it.
+	case errors.As(err, &pgErr) && results == 0 && conn.PgConn().TxStatus() == 'I':
+		// The server answered an error before BEGIN's result: it ran
+		// nothing, BEGIN neither.
+	case err == nil, results > 0, pgErr != nil, conn.IsClosed(), conn.PgConn().TxStatus() != 'I':
+		// The server ran BEGIN, or may have: the connection closed with
+		// the string on it.
 		t.begun = true
 	}
 	return tag, err
@@ -306,6 +361,12 @@ func (t *lazyTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 		return nil, err
 	}
 	if t.begun {
+		return conn.Query(ctx, sql, args...)
+	}
+	if execMode(args) {
+		if _, err := t.pgxTx(ctx); err != nil {
+			return nil, err
+		}
 		return conn.Query(ctx, sql, args...)
 	}
 	q := &pgx.QueuedQuery{SQL: sql, Arguments: args}

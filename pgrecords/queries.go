@@ -95,6 +95,14 @@ $$;
 //
 // It also names the records table by its schema in idemgate_records_claim
 // (see queries).
+//
+// Its DO blocks run at migration time, as the migrating role: they call
+// pg_catalog's format and current_schema by that name, so that a
+// public.format(text, name) planted before the first Migrate (an exact
+// match where pg_catalog's takes VARIADIC "any") does not run with the
+// migrating role's rights (TestMigrateFromScratchRunsNothingPlanted). An
+// edit of an applied version: the runner records versions, not their
+// text, and the statements create the same objects.
 const sqlV3 = `
 CREATE FUNCTION idemgate_records_commit_tx(p_key text, p_token uuid, p_retention_us bigint, p_response bytea)
 RETURNS void
@@ -117,7 +125,7 @@ $$;
 
 DO $$
 BEGIN
-	EXECUTE format('ALTER FUNCTION idemgate_records_commit_tx(text, uuid, bigint, bytea) SET search_path = %I, pg_temp', current_schema());
+	EXECUTE pg_catalog.format('ALTER FUNCTION idemgate_records_commit_tx(text, uuid, bigint, bytea) SET search_path = %I, pg_temp', pg_catalog.current_schema());
 END
 $$;
 
@@ -126,7 +134,7 @@ $$;
 -- search_path, committed) claims in the store's table all the same.
 DO $do$
 BEGIN
-	EXECUTE format($f$
+	EXECUTE pg_catalog.format($f$
 CREATE OR REPLACE FUNCTION %1$I.idemgate_records_claim(p_key text, p_token uuid, p_ident bytea, p_sums bytea, p_lease_us bigint)
 RETURNS smallint
 LANGUAGE plpgsql AS $body$
@@ -146,7 +154,7 @@ BEGIN
 	RETURN 0;
 END
 $body$
-$f$, current_schema());
+$f$, pg_catalog.current_schema());
 END
 $do$;
 `

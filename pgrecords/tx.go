@@ -137,12 +137,15 @@ func (t *atomicTx) end() (conn *pgxpool.Conn, slot, begun bool, err error) {
 // finds the claim gone, or the transaction not the one BEGIN opened, the
 // server skips the COMMIT, and the transaction is rolled back. Without
 // one, the same statement checks the transaction alone.
-func (t *atomicTx) Commit(ctx context.Context, c *middleware.Completion) error {
+func (t *atomicTx) Commit(ctx context.Context, c *middleware.Completion) (err error) {
 	conn, slot, begun, err := t.end()
 	if err != nil {
 		return fmt.Errorf("pgrecords: commit: %w", err)
 	}
-	defer func() { t.tx.s.releaseTx(conn, slot) }()
+	defer func() {
+		drop(ctx, conn, err)
+		t.tx.s.releaseTx(conn, slot)
+	}()
 	if conn != nil && conn.Conn().IsClosed() {
 		// Whatever the handler sent on it was rolled back, BEGIN or not:
 		// the completion must not commit on its own.
@@ -234,6 +237,10 @@ func completeError(err error) error {
 		return fmt.Errorf("pgrecords: commit: %w: %w", errNoRights, err)
 	case "40001", "40P01":
 		return fmt.Errorf("pgrecords: commit: complete: %w: %w", middleware.ErrTxConflict, err)
+	case "26000": // invalid_sql_statement_name
+		// The store's prepared statement is gone from the session: the
+		// handler dropped them (DISCARD ALL, DEALLOCATE ALL).
+		return fmt.Errorf("pgrecords: commit: %w: %w", errSessionReset, err)
 	case "42883": // undefined_function
 		return fmt.Errorf("pgrecords: commit: complete: %w (the records table is older than this code: run Store.Migrate)", err)
 	}
@@ -300,12 +307,15 @@ func storeFailure(code string) bool {
 // Rollback implements middleware.Tx. It asks, in the ROLLBACK's round
 // trip, whether the transaction is still the one BEGIN opened: a handler
 // that committed it with a COMMIT statement and began another broke it.
-func (t *atomicTx) Rollback(ctx context.Context) error {
+func (t *atomicTx) Rollback(ctx context.Context) (err error) {
 	conn, slot, begun, err := t.end()
 	if err != nil {
 		return nil
 	}
-	defer t.tx.s.releaseTx(conn, slot)
+	defer func() {
+		drop(ctx, conn, err)
+		t.tx.s.releaseTx(conn, slot)
+	}()
 	if !begun || conn.Conn().IsClosed() {
 		// Nothing to roll back, or the server did when the session ended.
 		return nil
@@ -337,12 +347,13 @@ func (t *atomicTx) Rollback(ctx context.Context) error {
 }
 
 var (
-	errEnded    = fmt.Errorf("%w: it sent COMMIT or ROLLBACK itself, so what it wrote before may have committed", middleware.ErrTxAborted)
-	errNotOurs  = fmt.Errorf("%w: it ended the transaction the store opened and began another (COMMIT or ROLLBACK, then BEGIN, as SQL), or reset its settings (RESET ALL); what it wrote before may have committed", middleware.ErrTxAborted)
-	errAborted  = fmt.Errorf("%w: a statement of the handler's failed (the transaction is aborted), yet it answered", middleware.ErrTxAborted)
-	errConnLost = fmt.Errorf("%w: its connection closed while a statement of the handler's was on it (the transaction, if BEGIN ran, is rolled back), yet it answered", middleware.ErrTxAborted)
-	errReadOnly = fmt.Errorf("%w: it made its transaction read-only (SET TRANSACTION READ ONLY), so the answer cannot be stored in it", middleware.ErrTxAborted)
-	errNoRights = fmt.Errorf("%w: the role it set (SET ROLE) cannot call the completion: it needs USAGE on the records table's schema and EXECUTE on idemgate_records_commit_tx", middleware.ErrTxAborted)
+	errEnded        = fmt.Errorf("%w: it sent COMMIT or ROLLBACK itself, so what it wrote before may have committed", middleware.ErrTxAborted)
+	errNotOurs      = fmt.Errorf("%w: it ended the transaction the store opened and began another (COMMIT or ROLLBACK, then BEGIN, as SQL), or reset its settings (RESET ALL); what it wrote before may have committed", middleware.ErrTxAborted)
+	errAborted      = fmt.Errorf("%w: a statement of the handler's failed (the transaction is aborted), yet it answered", middleware.ErrTxAborted)
+	errConnLost     = fmt.Errorf("%w: its connection closed while a statement of the handler's was on it (the transaction, if BEGIN ran, is rolled back), yet it answered", middleware.ErrTxAborted)
+	errSessionReset = fmt.Errorf("%w: it dropped the session's prepared statements (DISCARD ALL, DEALLOCATE ALL), so the completion could not run", middleware.ErrTxAborted)
+	errReadOnly     = fmt.Errorf("%w: it made its transaction read-only (SET TRANSACTION READ ONLY), so the answer cannot be stored in it", middleware.ErrTxAborted)
+	errNoRights     = fmt.Errorf("%w: the role it set (SET ROLE) cannot call the completion: it needs USAGE on the records table's schema and EXECUTE on idemgate_records_commit_tx", middleware.ErrTxAborted)
 )
 
 // handlerEnded returns why the transaction that BEGIN opened on conn
@@ -357,6 +368,21 @@ func handlerEnded(conn *pgxpool.Conn) error {
 		return errAborted
 	}
 	return nil
+}
+
+// drop closes conn when err says that the handler ran statements outside
+// the store's transaction (it sent COMMIT or ROLLBACK, began another) or
+// dropped the session's prepared statements: what it did to the session
+// there (DISCARD ALL, a SET of the session, temporary objects) is
+// unknown, and pgx's statement cache may no longer match the server's, so
+// the connection must serve no later request. The pool drops a closed
+// connection when it is released. A transaction that is merely aborted
+// (a statement of the handler's failed) leaves the session as it was.
+func drop(ctx context.Context, conn *pgxpool.Conn, err error) {
+	if conn == nil || !(errors.Is(err, errEnded) || errors.Is(err, errNotOurs) || errors.Is(err, errSessionReset)) {
+		return
+	}
+	_ = conn.Conn().Close(ctx)
 }
 
 // rollback rolls back the transaction still open on conn, if it can: one
