@@ -93,10 +93,13 @@ const (
 	sqlUnlock        = `SELECT pg_advisory_unlock($1, hashtext(current_schema()))`
 	// sqlPinSearchPath makes the migrating session see the schema it
 	// migrates and nothing else (pg_catalog is always searched), so no
-	// unqualified name in a migration resolves in another schema. It
+	// unqualified name in a migration resolves in another schema; pg_temp
+	// is named last, or Postgres would search it first for relations, and
+	// a temporary table the pool's connection holds from earlier use would
+	// take the migration's statements. It
 	// returns that schema; NULL when search_path names none that exists.
 	sqlPinSearchPath = `SELECT current_schema() AS schema,
-	set_config('search_path', quote_ident(current_schema()), false) AS path`
+	set_config('search_path', quote_ident(current_schema()) || ', pg_temp', false) AS path`
 	// %s is the version table's quoted name.
 	sqlVersionTable = `CREATE TABLE IF NOT EXISTS %s (
 	version    integer     PRIMARY KEY,

@@ -66,7 +66,7 @@ BEGIN
 	IF current_schema() IS NULL THEN
 		RAISE EXCEPTION 'search_path names no existing schema to migrate';
 	END IF;
-	PERFORM set_config('search_path', quote_ident(current_schema()), false);
+	PERFORM set_config('search_path', quote_ident(current_schema()) || ', pg_temp', false);
 END $$`
 	sqlScriptTimeouts = `SET statement_timeout = '15min';
 SET lock_timeout = 0;
