@@ -69,7 +69,14 @@ func (s *Store) SetKindLimits(ctx context.Context, kind string, l KindLimits) er
 	if err := l.validate(); err != nil {
 		return err
 	}
-	_, err := s.pool.Exec(ctx, sqlSetKindLimits, limitsArgs(kind, l))
+	// READ COMMITTED whatever the database's default: the upsert may wait
+	// for the row (a claim of a rate-limited kind updates its tokens; an
+	// UpdateKindLimits locks it) and must write over the holder's change,
+	// where a REPEATABLE READ snapshot would fail with 40001.
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, sqlSetKindLimits, limitsArgs(kind, l))
+		return err
+	})
 	if err != nil {
 		return interpretError("set kind limits", err)
 	}

@@ -370,7 +370,9 @@ ON CONFLICT DO NOTHING`
 // a cast or a polymorphic type (bigint * interval, text || smallint,
 // array_agg(text)) would be chosen over pg_catalog's. EXECUTE is revoked
 // from PUBLIC and granted to the roles that may write the tasks table
-// when v11 runs (a trigger function needs no grant to fire). An
+// when v11 runs, its owner included (whose rights are in no ACL until
+// someone grants on the table; acldefault spells them) (a trigger
+// function needs no grant to fire). An
 // OPERATOR(…) binds as any user-defined operator (left to right, tighter
 // than comparisons): each is parenthesized.
 //
@@ -476,7 +478,8 @@ BEGIN
 		EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
 		FOR r IN SELECT DISTINCT CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
 				ELSE pg_catalog.quote_ident(g.rolname::pg_catalog.text) END AS role
-			FROM pg_catalog.pg_class c CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) a
+			FROM pg_catalog.pg_class c
+			CROSS JOIN LATERAL pg_catalog.aclexplode(COALESCE(c.relacl, pg_catalog.acldefault('r'::pg_catalog."char", c.relowner))) a
 			LEFT JOIN pg_catalog.pg_roles g ON g.oid OPERATOR(pg_catalog.=) a.grantee
 			WHERE c.oid OPERATOR(pg_catalog.=) 'idemgate_tasks'::pg_catalog.regclass
 				AND a.privilege_type OPERATOR(pg_catalog.=) ANY ('{INSERT,UPDATE,DELETE}'::pg_catalog.text[]) LOOP

@@ -71,14 +71,17 @@ func (s *Store) SubmitMany(ctx context.Context, ts []NewTask) ([]SubmitResult, e
 	}
 	announced := map[string]bool{}
 	stored := make(map[fullKey]Task, len(todo))
+	var serialization error // the last try's, when it failed so
 	for range submitTries {
 		rows, err := s.submitBatch(ctx, ts, todo, notify)
 		if sqlState(err) == codeSerializationFailure {
 			// Under a REPEATABLE READ or SERIALIZABLE default, a key held
 			// by a row committed after the statement's snapshot: the next
 			// statement's snapshot sees it.
+			serialization = err
 			continue
 		}
+		serialization = nil
 		if err != nil {
 			return nil, err
 		}
@@ -111,6 +114,11 @@ func (s *Store) SubmitMany(ctx context.Context, ts []NewTask) ([]SubmitResult, e
 		if len(todo) == 0 {
 			break
 		}
+	}
+	if serialization != nil {
+		// Every try failed, the last with a serialization failure: the
+		// batch's error, which the caller may retry as any 40001.
+		return nil, serialization
 	}
 	for _, k := range notify {
 		if announced[k] {

@@ -93,14 +93,18 @@ const (
 	sqlUnlock        = `SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int4, pg_catalog.hashtext(pg_catalog.current_schema()::pg_catalog.text))`
 	// sqlPinSearchPath makes the migrating session see the schema it
 	// migrates and nothing else (pg_catalog is always searched), so no
-	// unqualified name in a migration resolves in another schema. It
+	// unqualified name in a migration resolves in another schema; pg_temp
+	// is named last, or Postgres would search it first for relations, and
+	// a temporary table the pool's connection holds from earlier use would
+	// take the migration's statements. It
 	// returns that schema; NULL when search_path names none that exists.
 	// It runs on the pool's search_path, which may list a schema that
-	// others can create in (public) before pg_catalog: every function is
-	// named by its schema, with arguments of the types it takes, so that
-	// nothing planted there runs with the migrating role's rights.
+	// others can create in (public) before pg_catalog: every function and
+	// operator is named by its schema, with arguments of the types it
+	// takes, so that nothing planted there runs with the migrating role's
+	// rights.
 	sqlPinSearchPath = `SELECT pg_catalog.current_schema() AS schema,
-	pg_catalog.set_config('search_path', pg_catalog.quote_ident(pg_catalog.current_schema()::pg_catalog.text), false) AS path`
+	pg_catalog.set_config('search_path', pg_catalog.quote_ident(pg_catalog.current_schema()::pg_catalog.text) OPERATOR(pg_catalog.||) ', pg_temp', false) AS path`
 	// %s is the version table's quoted name.
 	sqlVersionTable = `CREATE TABLE IF NOT EXISTS %s (
 	version    integer     PRIMARY KEY,

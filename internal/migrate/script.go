@@ -66,7 +66,7 @@ BEGIN
 	IF pg_catalog.current_schema() IS NULL THEN
 		RAISE EXCEPTION 'search_path names no existing schema to migrate';
 	END IF;
-	PERFORM pg_catalog.set_config('search_path', pg_catalog.quote_ident(pg_catalog.current_schema()::pg_catalog.text), false);
+	PERFORM pg_catalog.set_config('search_path', pg_catalog.quote_ident(pg_catalog.current_schema()::pg_catalog.text) OPERATOR(pg_catalog.||) ', pg_temp', false);
 END $$`
 	sqlScriptTimeouts = `SET statement_timeout = '15min';
 SET lock_timeout = 0;
