@@ -63,7 +63,7 @@ func TestInterruptDuringTheReleaseLetsItFinishAndSaysSo(t *testing.T) {
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
 		var waiting bool
 		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
-			WHERE query LIKE 'DELETE FROM idemgate_records%' AND wait_event_type = 'Lock')`).Scan(&waiting); err != nil {
+			WHERE query LIKE 'DELETE FROM %idemgate_records%' AND wait_event_type = 'Lock')`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
 		if waiting {
