@@ -230,9 +230,11 @@ func TestAtomicPoolCursorHoldAndWait(t *testing.T) {
 		}
 		return c.String(http.StatusCreated, "ok")
 	}, nil)
-	send := func(key string) *httptest.ResponseRecorder {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
+	// The requests of a half share one deadline: with one each, the
+	// first to end freed its cursor's connection while another still had
+	// a moment left to take it and commit (a loaded clean-clone run saw
+	// request 1 answer 201).
+	send := func(ctx context.Context, key string) *httptest.ResponseRecorder {
 		r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/", strings.NewReader(`{}`))
 		r.Header.Set("Idempotency-Key", key)
 		w := httptest.NewRecorder()
@@ -245,11 +247,13 @@ func TestAtomicPoolCursorHoldAndWait(t *testing.T) {
 			cursors.Add(conns)
 		}
 		answers := make([]*httptest.ResponseRecorder, conns)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		var wg sync.WaitGroup
 		for i := range conns {
-			wg.Go(func() { answers[i] = send(fmt.Sprintf("cursor-%v-%d", through, i)) })
+			wg.Go(func() { answers[i] = send(ctx, fmt.Sprintf("cursor-%v-%d", through, i)) })
 		}
 		wg.Wait()
+		cancel()
 		for i, a := range answers {
 			rows := ledgerRows(t, pool, fmt.Sprintf("cursor-%v-%d", through, i))
 			switch {
