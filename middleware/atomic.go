@@ -1,13 +1,14 @@
 package middleware
 
 import (
-	"context"
 	"errors"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/labstack/echo/v4"
+
+	"github.com/idemgate/idemgate/internal/txlease"
 )
 
 // passThrough runs a request the middleware does not protect (no key, or
@@ -35,7 +36,7 @@ func (m *idem) passThrough(c echo.Context, next echo.HandlerFunc) error {
 func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 	m := st.m
 	claimed := st.key != ""
-	tx, err := m.tx.Begin(context.WithValue(st.storeCtx(), txLeaseKey{}, m.cfg.Lease))
+	tx, err := m.tx.Begin(txlease.With(st.storeCtx(), m.cfg.Lease))
 	if err != nil {
 		st.emit(Event{Type: EventStoreError, Reason: "begin", Err: err})
 		st.warn("idemgate: store unavailable", "begin", err)

@@ -18,11 +18,6 @@ import (
 	"github.com/idemgate/idemgate/keyspace"
 )
 
-// ErrKeyReused is returned by a handler whose own store (e.g. pgstore)
-// found the key held by other parameters. The middleware releases its claim
-// and answers the same key_reused problem as for a mismatch it found itself.
-var ErrKeyReused = errors.New("idemgate: idempotency key reused with other parameters")
-
 // Request is what the middleware knows about a protected request.
 type Request struct {
 	// Key is the derived idempotency key (tenant, kind, user, request id).
@@ -210,7 +205,7 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 		}
 		return st.run(c, next)
 	case Finished:
-		if stored.s != "" {
+		if stored.Status() != 0 {
 			return st.replayStored(c, &stored)
 		}
 		return st.replay(c, res.Response)

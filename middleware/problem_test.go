@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -410,11 +411,11 @@ func checkHint(t *testing.T, rec *httptest.ResponseRecorder, retry bool, want st
 }
 
 // declaredCodes returns every constant of type Code declared in the
-// package's problem.go: a code added without a path in the walk above
+// root package's problem.go: a code added without a path in the walk above
 // fails it.
 func declaredCodes(t *testing.T) []middleware.Code {
 	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), "problem.go", nil, 0)
+	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join("..", "problem.go"), nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,10 +2,9 @@ package middleware
 
 import (
 	"encoding/binary"
-	"errors"
-	"net/http"
 
 	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/internal/wire"
 )
 
 // Records of the Redis store, version 2. A claimed record is
@@ -47,35 +46,15 @@ const (
 	flagSums
 )
 
-// The version 1 (idemgate ≤ v0.x) records: 'C' token(16) str(fingerprint)
-// str(owner) str(kind) for a claim, 'F' and the same followed by the
-// response for a finished one; its response is 0x01 uvarint(status)
-// uvarint(#names) { str(name) uvarint(#values) { str(value) } } body.
-const responseV1 = 0x01
-
-// headerNames and headerValues are the names and values a response stores
-// as one byte. Append only: a record written with index i must read back
-// the same string for as long as version 2 records live.
-var (
-	headerNames = [...]string{
-		"Content-Type", "Location", "Retry-After", "Cache-Control", "Etag",
-		"Content-Encoding", "Vary", "Last-Modified", "Link", "Content-Language",
-		"Content-Disposition", "Expires", "Preference-Applied", "X-Request-Id",
-	}
-	headerValues = [...]string{
-		"application/json", "application/json; charset=UTF-8", "application/json; charset=utf-8",
-		"application/problem+json", "text/plain; charset=utf-8", "text/html; charset=utf-8",
-		"application/octet-stream", "no-store", "no-cache", "private", "gzip", "br", "zstd",
-		"Accept-Encoding", "1", "0",
-	}
-)
-
 const (
 	storedFP  = 24 // bytes of a raw fingerprint digest kept
 	storedSum = 2  // bytes of a FieldSum kept
 )
 
-var errCorrupt = errors.New("corrupt stored record")
+var errCorrupt = wire.ErrCorrupt
+
+// responseV1 starts a version 1 response (internal/wire).
+const responseV1 = wire.ResponseV1
 
 // ident is what a claim compares: the fingerprint, and the owner and kind
 // unless the key already names them.
@@ -164,11 +143,11 @@ func appendClaim(b []byte, tok Token, id *ident, sums []fingerprint.FieldSum) []
 	if id.rawFP {
 		b = append(b, id.raw[:storedFP]...)
 	} else {
-		b = appendString(b, id.fp)
+		b = wire.AppendString(b, id.fp)
 	}
 	if !id.implied {
-		b = appendString(b, id.owner)
-		b = appendString(b, id.kind)
+		b = wire.AppendString(b, id.owner)
+		b = wire.AppendString(b, id.kind)
 	}
 	if len(sums) > 0 {
 		b = binary.AppendUvarint(b, uint64(len(sums)))
@@ -211,27 +190,27 @@ func parseRecord(v string) (record, error) {
 	if flags&^(flagRawFP|flagImplied|flagSums) != 0 {
 		return r, errCorrupt
 	}
-	d := decoder{s: v, i: 19}
+	d := wire.Decoder{S: v, I: 19}
 	if r.rawFP = flags&flagRawFP != 0; r.rawFP {
-		r.fp = d.fixed(storedFP)
+		r.fp = d.Fixed(storedFP)
 	} else {
-		r.fp = d.str()
+		r.fp = d.Str()
 	}
 	if r.implied = flags&flagImplied != 0; !r.implied {
-		r.owner = d.str()
-		r.kind = d.str()
+		r.owner = d.Str()
+		r.kind = d.Str()
 	}
 	if flags&flagSums != 0 {
-		n := d.uvarint()
+		n := d.Uvarint()
 		if n == 0 || n > uint64(len(v)) {
 			return r, errCorrupt
 		}
-		r.sums = d.fixed(storedSum * int(n))
+		r.sums = d.Fixed(storedSum * int(n))
 	}
-	if d.err || (!r.finished && d.i != len(v)) || (r.finished && d.i == len(v)) {
+	if d.Err || (!r.finished && d.I != len(v)) || (r.finished && d.I == len(v)) {
 		return r, errCorrupt
 	}
-	r.resp = v[d.i:]
+	r.resp = v[d.I:]
 	return r, nil
 }
 
@@ -242,14 +221,14 @@ func parseRecordV1(v string) (record, error) {
 	}
 	r.finished = v[0] == 'F'
 	r.token = v[1:17]
-	d := decoder{s: v, i: 17}
-	r.fp = d.str()
-	r.owner = d.str()
-	r.kind = d.str()
-	if d.err || (!r.finished && d.i != len(v)) || (r.finished && d.i == len(v)) {
+	d := wire.Decoder{S: v, I: 17}
+	r.fp = d.Str()
+	r.owner = d.Str()
+	r.kind = d.Str()
+	if d.Err || (!r.finished && d.I != len(v)) || (r.finished && d.I == len(v)) {
 		return r, errCorrupt
 	}
-	r.resp = v[d.i:]
+	r.resp = v[d.I:]
 	return r, nil
 }
 
@@ -301,186 +280,24 @@ func (r *record) changed(fields []fingerprint.FieldSum) []int {
 
 // appendResponse appends the version 2 encoding of resp.
 func appendResponse(b []byte, resp Response) ([]byte, error) {
-	if resp.Status < 100 || resp.Status > 999 {
-		return b, errors.New("status out of range")
-	}
-	b = binary.AppendUvarint(b, uint64(resp.Status))
-	b = binary.AppendUvarint(b, uint64(len(resp.Header)))
-	for name, values := range resp.Header {
-		b = appendIndexed(b, name, headerNames[:])
-		b = binary.AppendUvarint(b, uint64(len(values)))
-		for _, v := range values {
-			b = appendIndexed(b, v, headerValues[:])
-		}
-	}
-	return append(b, resp.Body...), nil
+	return wire.AppendResponse(b, resp.Status, resp.Header, resp.Body)
 }
 
-func appendIndexed(b []byte, s string, table []string) []byte {
-	for i, t := range table {
-		if t == s {
-			return binary.AppendUvarint(b, uint64(i+1))
-		}
-	}
-	b = append(b, 0)
-	return appendString(b, s)
-}
-
-func appendString(b []byte, s string) []byte {
-	b = binary.AppendUvarint(b, uint64(len(s)))
-	return append(b, s...)
-}
-
-// decodeResponse decodes an encoded response of either version. Header
-// names and values are substrings of s or table entries, so decoding costs
-// a map, one values slice and the body.
+// decodeResponse decodes an encoded response of either version.
 func decodeResponse(s string) (Response, error) {
-	sr, err := checkResponse(s)
-	if err != nil {
-		return Response{}, err
-	}
-	return sr.response(), nil
+	status, header, body, err := wire.Decode(s)
+	return Response{Status: status, Header: header, Body: body}, err
 }
 
-// response decodes sr.
-func (sr *storedResponse) response() Response {
-	var header http.Header
-	if sr.names > 0 {
-		header = make(http.Header, sr.names)
-	}
-	sr.header(header, make([]string, sr.values))
-	return Response{Status: sr.status, Header: header, Body: []byte(sr.s[sr.body:])}
-}
+// storedResponse is a finished response the Redis store checked but did
+// not decode.
+type storedResponse = wire.Stored
 
-// storedResponse is an encoded response that checkResponse accepted: what
-// a replay from the Redis store writes without decoding it into a
-// Response first.
-type storedResponse struct {
-	s      string
-	v1     bool
-	status int
-	names  int // header entries
-	values int // header values, all names together
-	start  int // offset of the first header entry
-	body   int // offset of the body
-	// encoded: the last Content-Encoding entry has values, so that
-	// decodeResponse's Header["Content-Encoding"] is not empty.
-	encoded bool
-}
+// checkResponse checks the encoded response s of either version.
+func checkResponse(s string) (storedResponse, error) { return wire.Check(s) }
 
-// checkResponse checks the encoded response s of either version and
-// measures it.
-func checkResponse(s string) (storedResponse, error) {
-	if len(s) == 0 {
-		return storedResponse{}, errCorrupt
-	}
-	sr := storedResponse{s: s, v1: s[0] == responseV1}
-	d := decoder{s: s}
-	if sr.v1 {
-		d.i = 1
-	}
-	status := d.uvarint()
-	names := d.uvarint()
-	if d.err || status < 100 || status > 999 || names > uint64(len(s)) {
-		return storedResponse{}, errCorrupt
-	}
-	sr.status, sr.names, sr.start = int(status), int(names), d.i
-	for range names {
-		name := d.header(sr.v1, headerNames[:])
-		n := d.uvarint()
-		if d.err || n > uint64(len(s)) {
-			return storedResponse{}, errCorrupt
-		}
-		if name == "Content-Encoding" {
-			sr.encoded = n > 0
-		}
-		sr.values += int(n)
-		for range n {
-			d.header(sr.v1, headerValues[:])
-		}
-	}
-	if d.err {
-		return storedResponse{}, errCorrupt
-	}
-	sr.body = d.i
-	return sr, nil
-}
-
-// header sets sr's header entries in h, in order (a later entry of a name
-// replaces an earlier one); their values share all, which holds at least
-// sr.values strings.
-func (sr *storedResponse) header(h http.Header, all []string) {
-	d := decoder{s: sr.s, i: sr.start}
-	for range sr.names {
-		name := d.header(sr.v1, headerNames[:])
-		n := int(d.uvarint())
-		for j := range n {
-			all[j] = d.header(sr.v1, headerValues[:])
-		}
-		h[name], all = all[:n:n], all[n:]
-	}
-}
-
-type decoder struct {
-	s   string
-	i   int
-	err bool
-}
-
-func (d *decoder) uvarint() uint64 {
-	var x uint64
-	for shift := uint(0); shift < 64; shift += 7 {
-		if d.i >= len(d.s) {
-			d.err = true
-			return 0
-		}
-		c := d.s[d.i]
-		d.i++
-		x |= uint64(c&0x7f) << shift
-		if c < 0x80 {
-			return x
-		}
-	}
-	d.err = true
-	return 0
-}
-
-func (d *decoder) str() string {
-	n := d.uvarint()
-	if d.err || n > uint64(len(d.s)-d.i) {
-		d.err = true
-		return ""
-	}
-	v := d.s[d.i : d.i+int(n)]
-	d.i += int(n)
-	return v
-}
-
-func (d *decoder) fixed(n int) string {
-	if d.err || n > len(d.s)-d.i {
-		d.err = true
-		return ""
-	}
-	v := d.s[d.i : d.i+n]
-	d.i += n
-	return v
-}
-
-// header reads a header name or value: str in version 1, in version 2 a
-// table index or 0 and str.
-func (d *decoder) header(v1 bool, table []string) string {
-	if v1 {
-		return d.str()
-	}
-	i := d.uvarint()
-	switch {
-	case d.err:
-		return ""
-	case i == 0:
-		return d.str()
-	case i > uint64(len(table)):
-		d.err = true
-		return ""
-	}
-	return table[i-1]
+// response decodes a stored response.
+func response(sr *storedResponse) Response {
+	status, header, body := sr.Decode()
+	return Response{Status: status, Header: header, Body: body}
 }

@@ -121,7 +121,7 @@ const maxClaimTries = 3
 func (s *RedisStore) Claim(ctx context.Context, key string, req ClaimRequest) (ClaimResult, error) {
 	res, stored, err := s.claimStored(ctx, key, req)
 	if err == nil && res.Status == Finished {
-		res.Response = stored.response()
+		res.Response = response(&stored)
 	}
 	return res, err
 }

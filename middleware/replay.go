@@ -74,19 +74,19 @@ func (st *call) replay(c echo.Context, resp Response) error {
 // with a Content-Encoding is decoded and replayed as any other, since the
 // request may not accept it.
 func (st *call) replayStored(c echo.Context, sr *storedResponse) error {
-	if sr.encoded {
-		return st.replay(c, sr.response())
+	if sr.Encoded() {
+		return st.replay(c, response(sr))
 	}
-	st.emit(Event{Type: EventReplayed, Status: sr.status})
-	all := make([]string, sr.values+1)
-	all[sr.values] = "true"
+	st.emit(Event{Type: EventReplayed, Status: sr.Status()})
+	all := make([]string, sr.Values()+1)
+	all[sr.Values()] = "true"
 	h := c.Response().Header()
-	sr.header(h, all)
-	h[replayedHeader] = all[sr.values:]
-	c.Response().WriteHeader(sr.status)
+	sr.SetHeader(h, all)
+	h[replayedHeader] = all[sr.Values():]
+	c.Response().WriteHeader(sr.Status())
 	// io.Writer's contract: Write neither modifies nor retains p, so the
 	// body need not be copied out of the immutable stored string.
-	body := sr.s[sr.body:]
+	body := sr.Body()
 	_, err := c.Response().Write(unsafe.Slice(unsafe.StringData(body), len(body)))
 	return err
 }

@@ -1,9 +1,11 @@
-package middleware
+package idemgate
 
 import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/idemgate/idemgate/internal/txlease"
 )
 
 // TxStore is a Store that can run a handler inside a database transaction
@@ -72,15 +74,12 @@ var ErrTxRefused = errors.New("idemgate: the database refused to commit the hand
 // transaction_conflict with Retry-After.
 var ErrTxConflict = errors.New("idemgate: the handler's transaction conflicted with another and was rolled back")
 
-type txLeaseKey struct{}
-
 // TxLease returns the Lease of the route whose transaction TxStore.Begin
 // opens, which Begin's ctx carries. A store bounds with it how long a
 // transaction may sit idle: a node cut off from its database must not
 // hold the transaction's locks long after its claim ran out.
 func TxLease(ctx context.Context) (time.Duration, bool) {
-	d, ok := ctx.Value(txLeaseKey{}).(time.Duration)
-	return d, ok
+	return txlease.From(ctx)
 }
 
 // Completion is what Tx.Commit writes to the record in the transaction:

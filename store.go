@@ -1,12 +1,10 @@
-package middleware
+package idemgate
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
-	"math"
 	"net/http"
 	"time"
 
@@ -85,13 +83,6 @@ var ErrLeaseLost = errors.New("idemgate: lease lost")
 // tokens carry the claim's time and lease (see ClaimTimes).
 type Token [16]byte
 
-// newToken returns a token from crypto/rand.
-func newToken() Token {
-	var t Token
-	_, _ = rand.Read(t[:]) // crypto/rand.Read never fails (Go 1.24+).
-	return t
-}
-
 // A claim's token records when the claim was made and for how long, so
 // that an operator's tool can tell a claim whose handler still runs (its
 // lease renewed every Lease/3) from one nobody renews, with no change to
@@ -113,20 +104,6 @@ const (
 	tokenVersion = 0x80
 	tokenVariant = 0x80
 )
-
-// newClaimToken returns a fresh token for a claim made at now for lease.
-func newClaimToken(now time.Time, lease time.Duration) Token {
-	t := newToken()
-	binary.BigEndian.PutUint64(t[:8], uint64(now.UnixMilli())<<16|uint64(binary.BigEndian.Uint16(t[6:8])))
-	t[6] = tokenVersion | t[6]&0x0f
-	t[8] = tokenVariant | t[8]&0x3f
-	var ms uint32
-	if l := lease.Milliseconds(); l > 0 && l <= math.MaxUint32 {
-		ms = uint32(l)
-	}
-	binary.BigEndian.PutUint32(t[9:13], ms)
-	return t
-}
 
 // tokenEpoch is when tokens began to carry times: a token whose time is
 // older is one of an older idemgate's random tokens that happens to have
