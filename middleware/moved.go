@@ -13,54 +13,55 @@ import (
 // code names idemgate's.
 
 type (
-	// Deprecated: use idemgate.Store.
+	// Store is idemgate.Store, kept here for one release.
 	Store = idemgate.Store
-	// Deprecated: use idemgate.Token.
+	// Token is idemgate.Token, kept here for one release.
 	Token = idemgate.Token
-	// Deprecated: use idemgate.ClaimRequest.
+	// ClaimRequest is idemgate.ClaimRequest, kept here for one release.
 	ClaimRequest = idemgate.ClaimRequest
-	// Deprecated: use idemgate.ClaimStatus.
+	// ClaimStatus is idemgate.ClaimStatus, kept here for one release.
 	ClaimStatus = idemgate.ClaimStatus
-	// Deprecated: use idemgate.ClaimResult.
+	// ClaimResult is idemgate.ClaimResult, kept here for one release.
 	ClaimResult = idemgate.ClaimResult
-	// Deprecated: use idemgate.Response.
+	// Response is idemgate.Response, kept here for one release.
 	Response = idemgate.Response
-	// Deprecated: use idemgate.TxStore.
+	// TxStore is idemgate.TxStore, kept here for one release.
 	TxStore = idemgate.TxStore
-	// Deprecated: use idemgate.Tx.
+	// Tx is idemgate.Tx, kept here for one release.
 	Tx = idemgate.Tx
-	// Deprecated: use idemgate.Completion.
+	// Completion is idemgate.Completion, kept here for one release.
 	Completion = idemgate.Completion
-	// Deprecated: use idemgate.Inspector.
+	// Inspector is idemgate.Inspector, kept here for one release.
 	Inspector = idemgate.Inspector
-	// Deprecated: use idemgate.RecordInfo.
+	// RecordInfo is idemgate.RecordInfo, kept here for one release.
 	RecordInfo = idemgate.RecordInfo
-	// Deprecated: use idemgate.EventType.
+	// EventType is idemgate.EventType, kept here for one release.
 	EventType = idemgate.EventType
-	// Deprecated: use idemgate.Event.
+	// Event is idemgate.Event, kept here for one release.
 	Event = idemgate.Event
-	// Deprecated: use idemgate.Code.
+	// Code is idemgate.Code, kept here for one release.
 	Code = idemgate.Code
-	// Deprecated: use idemgate.Problem.
+	// Problem is idemgate.Problem, kept here for one release.
 	Problem = idemgate.Problem
 )
 
 var (
-	// Deprecated: use idemgate.ErrLeaseLost.
+	// ErrLeaseLost is idemgate.ErrLeaseLost, kept here for one release.
 	ErrLeaseLost = idemgate.ErrLeaseLost
-	// Deprecated: use idemgate.ErrTxAborted.
+	// ErrTxAborted is idemgate.ErrTxAborted, kept here for one release.
 	ErrTxAborted = idemgate.ErrTxAborted
-	// Deprecated: use idemgate.ErrTxRefused.
+	// ErrTxRefused is idemgate.ErrTxRefused, kept here for one release.
 	ErrTxRefused = idemgate.ErrTxRefused
-	// Deprecated: use idemgate.ErrTxConflict.
+	// ErrTxConflict is idemgate.ErrTxConflict, kept here for one release.
 	ErrTxConflict = idemgate.ErrTxConflict
-	// Deprecated: use idemgate.ErrNoRecord.
+	// ErrNoRecord is idemgate.ErrNoRecord, kept here for one release.
 	ErrNoRecord = idemgate.ErrNoRecord
-	// Deprecated: use idemgate.ErrKeyReused.
+	// ErrKeyReused is idemgate.ErrKeyReused, kept here for one release.
 	ErrKeyReused = idemgate.ErrKeyReused
 )
 
-// Deprecated: use idemgate's constants of the same names.
+// These are idemgate's constants of the same names, kept here for one
+// release.
 const (
 	Claimed                   = idemgate.Claimed
 	Running                   = idemgate.Running
@@ -94,5 +95,5 @@ const (
 // TxLease returns the Lease of the route whose transaction TxStore.Begin
 // opens.
 //
-// Deprecated: use idemgate.TxLease.
+// It is idemgate.TxLease, kept here for one release.
 func TxLease(ctx context.Context) (time.Duration, bool) { return idemgate.TxLease(ctx) }
