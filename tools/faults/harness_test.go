@@ -239,12 +239,13 @@ type load struct {
 	mu       sync.Mutex
 	replies  []reply
 	keys     map[string]string // key → task id of its first 2xx ("" until accepted)
+	inFlight map[string]int    // base URL → attempts sent there and not yet answered
 }
 
 func startLoad(t *testing.T, clients int, prefix string, targets func(attempt int) target) *load {
 	t.Helper()
 	l := &load{
-		t: t, targets: targets, clients: clients, prefix: prefix, keys: map[string]string{},
+		t: t, targets: targets, clients: clients, prefix: prefix, keys: map[string]string{}, inFlight: map[string]int{},
 		http: &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: clients}},
 	}
 	for c := 0; c < clients; c++ {
@@ -267,7 +268,11 @@ func (l *load) client(c int) {
 		l.mu.Unlock()
 		backoff := 10 * time.Millisecond
 		for attempt := 0; ; attempt++ {
-			r := send(context.Background(), l.http, l.targets(attempt), key, imageBody)
+			tg := l.targets(attempt)
+			l.mu.Lock()
+			l.inFlight[tg.url]++
+			l.mu.Unlock()
+			r := send(context.Background(), l.http, tg, key, imageBody)
 			l.record(r)
 			if r.status/100 == 2 || r.code == string(middleware.CodeKeyReused) || l.aborted.Load() {
 				break
@@ -290,6 +295,7 @@ func (l *load) record(r reply) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.replies = append(l.replies, r)
+	l.inFlight[r.target]--
 	if r.status/100 == 2 {
 		if prev := l.keys[r.key]; prev == "" {
 			l.keys[r.key] = r.taskID
@@ -316,6 +322,14 @@ func (l *load) since(t0 time.Time) []reply {
 		}
 	}
 	return out
+}
+
+// inFlightTo returns the number of attempts sent to url and not yet
+// answered.
+func (l *load) inFlightTo(url string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.inFlight[url]
 }
 
 // accepted returns the number of actions answered with a 2xx so far.

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"regexp"
 	"syscall"
 	"testing"
 	"time"
@@ -74,13 +75,14 @@ func TestAPINodeKilled(t *testing.T) {
 	})
 	// A's pool has fewer connections than clients: some handlers wait in
 	// their INSERT, the others for a connection. All hold their claims.
-	wait.For(t, patience, "handlers on A held in their INSERT", func() bool {
+	// Every client's first attempt is on its way to A before the kill, so
+	// that the kill cuts off all eight, however slowly they got there.
+	wait.For(t, patience, "every client's first attempt sent to A, and handlers on A held in their INSERT", func() bool {
 		var n int
 		c.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO idemgate_tasks%'`).Scan(&n)
-		return n >= 2
+		return n >= 2 && l.inFlightTo(urlA) == 8
 	})
-	time.Sleep(500 * time.Millisecond)
 	kill(t, a)
 	killed := time.Now()
 	if err := lock.Commit(ctx); err != nil {
@@ -100,7 +102,7 @@ func TestAPINodeKilled(t *testing.T) {
 	l.mu.Lock()
 	heldKeys := map[string]bool{}
 	for _, r := range l.replies {
-		if r.status == 0 && r.at.Before(killed.Add(time.Second)) {
+		if r.status == 0 && r.target == urlA && r.at.Before(killed) {
 			heldKeys[r.key] = true
 		}
 	}
@@ -219,7 +221,12 @@ func TestWorkerKilled(t *testing.T) {
 	if err := w2.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(3 * time.Second) // its 2s generation is long over: it tries to finish now
+	// Its 2s generation is long over: it tries to finish now, and is told
+	// the task moved on.
+	discarded := regexp.MustCompile(`the task moved on; outcome discarded.* task=` + regexp.QuoteMeta(id2) + `\b`)
+	if _, err := w2.WaitOutput(discarded, patience); err != nil {
+		t.Fatalf("the woken worker did not try to finish task 2: %v; its output:\n%s", err, w2.Output())
+	}
 	if got := readTask(t, c.db, id2); got != after2 {
 		t.Errorf("the woken stale worker changed task 2: %+v, was %+v", got, after2)
 	}
