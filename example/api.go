@@ -289,7 +289,7 @@ func (a *api) submit(c echo.Context, params any) error {
 		return fmt.Errorf("submit: encode params: %w", err)
 	}
 	submit := a.store.Submit
-	if tx := pgrecords.Tx(c); tx != nil {
+	if tx, ok := pgrecords.TxFromContext(c.Request().Context()); ok {
 		// An Atomic route: the task commits with the stored 202, or not at all.
 		submit = func(ctx context.Context, t pgstore.NewTask) (pgstore.Task, error) {
 			return a.store.SubmitTx(ctx, tx, t)

@@ -234,7 +234,7 @@ func (h *idemHandler) submit(c echo.Context) error {
 		return h.record(c, req, in)
 	}
 	submit := h.tasks.Submit
-	if tx := pgrecords.Tx(c); tx != nil { // an Atomic route: the task commits with the answer
+	if tx, ok := pgrecords.TxFromContext(c.Request().Context()); ok { // an Atomic route: the task commits with the answer
 		submit = func(ctx context.Context, t pgstore.NewTask) (pgstore.Task, error) {
 			return h.tasks.SubmitTx(ctx, tx, t)
 		}
@@ -270,7 +270,7 @@ func (h *idemHandler) record(c echo.Context, req middleware.Request, in imageReq
 	var db interface {
 		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
 	} = h.ledger
-	if tx := pgrecords.Tx(c); tx != nil {
+	if tx, ok := pgrecords.TxFromContext(c.Request().Context()); ok {
 		db = tx
 	}
 	var id [16]byte
