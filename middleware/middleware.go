@@ -175,9 +175,7 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 		res    ClaimResult
 		stored storedResponse // a finished response the Redis store did not decode
 	)
-	if rs, ok := m.cfg.Store.(interface {
-		ClaimStored(context.Context, string, ClaimRequest) (ClaimResult, storedResponse, error)
-	}); ok {
+	if rs, ok := m.cfg.Store.(storedClaimer); ok {
 		res, stored, err = rs.ClaimStored(st.storeCtx(), st.key, claim)
 	} else {
 		res, err = m.cfg.Store.Claim(st.storeCtx(), st.key, claim)
