@@ -158,7 +158,7 @@ func newEcho() *echo.Echo {
 
 // ---- idemgate ----
 
-// newIdemgate serves echo + the idempotency middleware on a RedisStore + a
+// newIdemgate serves echo + the idempotency middleware on a redisstore.Store + a
 // handler that submits a pgstore task, like the example's POST /v1/images.
 func newIdemgate(ctx context.Context, e *env, o options) (*stack, error) {
 	tasks, err := e.taskStore(ctx, o)
