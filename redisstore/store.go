@@ -4,7 +4,8 @@
 // a net/http handler or Runner.Do. It links go-redis and no web
 // framework.
 //
-// Its records and keys are described on Store and in docs/records.md.
+// Its records and keys are described on Store and in docs/stores.md
+// ("Record format").
 package redisstore
 
 import (
