@@ -87,7 +87,7 @@ unit:
 	rest=$$(printf '%s\n' "$$all" | grep -v -x -e '$(MODULE)/tools/chaos' -e '$(MODULE)/pgstore'); \
 	[ -n "$$rest" ] || { echo "unit: go list named no packages"; failed=1; }; \
 	$(GO) test $(TESTFLAGS) -tags faults -race -count=1 -timeout 20m ./example/ ./pgrecords/ ./middleware/ ./tools/faults/ $$rest || failed=1; \
-	$(GO) test $(TESTFLAGS) -count=1 -run 'Allocs|NumberCost|TestRedisRecordBytes|TestRedisReplayCPU|TestRedisCompleteCPU' ./fingerprint/ ./middleware/ ./pgrecords/ || failed=1; \
+	$(GO) test $(TESTFLAGS) -count=1 -run 'Allocs|NumberCost|TestRedisRecordBytes|TestRedisReplayCPU|TestRedisCompleteCPU' ./fingerprint/ ./middleware/ ./redisstore/ ./pgrecords/ || failed=1; \
 	exit $$failed
 
 # Where make test's time goes: each step of test run under

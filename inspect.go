@@ -10,7 +10,7 @@ import (
 // Inspector is what operator tools need of a Store: to show the record
 // under a key without claiming it, and to free a key that a crashed or
 // stuck request holds. It is optional: the middleware never calls it, and
-// a Store of one's own need not implement it. RedisStore and
+// a Store of one's own need not implement it. redisstore.Store and
 // pgrecords.Store do.
 //
 // Forget is fenced like Release: it deletes the record only if it still
@@ -54,10 +54,10 @@ type RecordInfo struct {
 	Lease     time.Duration
 	// Fingerprint is the stored fingerprint: as the middleware computed
 	// it, or, where the store keeps only a prefix of its digest
-	// (RedisStore), "v1:" and that prefix in hex.
+	// (redisstore.Store), "v1:" and that prefix in hex.
 	Fingerprint string
 	// Owner and Kind are those the record was claimed with; empty when
-	// the store keeps them only in the key (RedisStore, keyspace keys).
+	// the store keeps them only in the key (redisstore.Store, keyspace keys).
 	Owner, Kind string
 	// Fields is how many selected fields' digests the record keeps.
 	Fields int

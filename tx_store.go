@@ -11,7 +11,7 @@ import (
 // TxStore is a Store that can run a handler inside a database transaction
 // and finish the handler's record in that same transaction, so that the
 // handler's own writes and its stored response commit together or not at
-// all (Config.Atomic). pgrecords.Store implements it; RedisStore cannot,
+// all (Config.Atomic). pgrecords.Store implements it; redisstore.Store cannot,
 // since Redis cannot commit together with the application's database.
 type TxStore interface {
 	Store

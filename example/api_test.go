@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgstore"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // A task scheduled for later is polled at its time, not every second; a
@@ -157,7 +158,7 @@ func TestSubmitAnswersInvalidTaskAs400(t *testing.T) {
 	e.POST("/", func(c echo.Context) error {
 		return a.submit(c, imageParams{Prompt: "a\x00cat", AspectRatio: "1:1", N: 1})
 	},
-		middleware.New(middleware.Config{Store: middleware.NewRedisStore(redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})),
+		middleware.New(middleware.Config{Store: redisstore.New(redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})),
 			Scope: func(echo.Context) (string, string, error) { return "acme", "alice", nil }, Kind: kindImages, Required: true}))
 	req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{}`))
 	req.Header.Set("Idempotency-Key", "k")

@@ -75,6 +75,10 @@ func (w *captureWriter) release() {
 	}
 }
 
+// maxPooledBlob is the largest buffer a pool takes back: a rare large
+// response does not stay pinned in memory.
+const maxPooledBlob = 64 << 10
+
 // releaseBody returns the body buffer to its pool.
 func (w *captureWriter) releaseBody() {
 	if w.body != nil && cap(*w.body) <= maxPooledBlob {

@@ -175,8 +175,8 @@ func (m *idem) serve(c echo.Context, next echo.HandlerFunc) error {
 		res    ClaimResult
 		stored storedResponse // a finished response the Redis store did not decode
 	)
-	if rs, ok := m.cfg.Store.(*RedisStore); ok {
-		res, stored, err = rs.claimStored(st.storeCtx(), st.key, claim)
+	if rs, ok := m.cfg.Store.(storedClaimer); ok {
+		res, stored, err = rs.ClaimStored(st.storeCtx(), st.key, claim)
 	} else {
 		res, err = m.cfg.Store.Claim(st.storeCtx(), st.key, claim)
 	}

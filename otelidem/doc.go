@@ -16,7 +16,7 @@
 //
 //	rec, err := otelidem.New(otelidem.Config{MeterProvider: mp, TracerProvider: tp})
 //	e.Use(rec.Server())                               // a span per request
-//	store := rec.Store(idem.NewRedisStore(rdb))       // spans and durations of store calls
+//	store := rec.Store(redisstore.New(rdb))       // spans and durations of store calls
 //	e.Use(idem.New(idem.Config{Store: store, OnEvent: rec.OnEvent, ...}))
 //
 // Attributes are bounded: route, method, kind, outcome, operation and
@@ -35,5 +35,5 @@
 // Spans: the server span "METHOD /route" (Server), and idemgate.claim,
 // idemgate.extend, idemgate.complete and idemgate.release (Store), with
 // idemgate.begin, idemgate.commit and idemgate.rollback when the store is
-// a middleware.TxStore (an Atomic route's transaction).
+// a idemgate.TxStore (an Atomic route's transaction).
 package otelidem

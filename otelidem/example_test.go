@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/otelidem"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // A service's wiring. The providers are the application's: here the global
@@ -28,7 +29,7 @@ func Example() {
 	e.POST("/v1/orders", func(c echo.Context) error {
 		return c.JSON(http.StatusCreated, map[string]string{"order_id": "o_1"})
 	}, middleware.New(middleware.Config{
-		Store: rec.Store(middleware.NewRedisStore(rdb)), // spans and durations of store calls
+		Store: rec.Store(redisstore.New(rdb)), // spans and durations of store calls
 		Scope: func(c echo.Context) (tenant, user string, err error) {
 			return c.Request().Header.Get("X-Tenant"), c.Request().Header.Get("X-User"), nil // stand-in for your auth
 		},

@@ -21,7 +21,7 @@ import (
 // An Atomic route: the handler's own row, its task and the stored answer
 // commit in one transaction, or none of them does. The retry replays the
 // answer; nothing runs twice.
-func ExampleTx() {
+func ExampleTxFromContext() {
 	databaseURL, drop := testenv.ExampleDatabase() // yours: os.Getenv("DATABASE_URL")
 	defer drop()
 	ctx := context.Background()
@@ -49,7 +49,8 @@ func ExampleTx() {
 
 	e := echo.New()
 	e.POST("/v1/exports", func(c echo.Context) error {
-		ctx, tx := c.Request().Context(), pgrecords.Tx(c)
+		ctx := c.Request().Context()
+		tx, _ := pgrecords.TxFromContext(ctx) // the request's transaction
 		var in struct {
 			Report string `json:"report"`
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/idemgate/idemgate/keyspace"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // recordsBench is a store with records, and the binary pointed at it.
@@ -33,7 +34,7 @@ type recordsBench struct {
 func redisBench(t *testing.T, url string, client redis.UniversalClient) recordsBench {
 	t.Helper()
 	t.Cleanup(func() { _ = client.Close() })
-	return recordsBench{store: middleware.NewRedisStore(client), env: []string{"REDIS_URL=" + url}, args: []string{"-store", "redis"}}
+	return recordsBench{store: redisstore.New(client), env: []string{"REDIS_URL=" + url}, args: []string{"-store", "redis"}}
 }
 
 func postgresBench(t *testing.T) recordsBench {

@@ -11,10 +11,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/keyspace"
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // blockedStdin is a terminal nobody types at: Read says that it was
@@ -53,21 +54,21 @@ func (l *lockedBuffer) String() string {
 // stuckRedisClaim claims a fresh key in Redis as a holder that stopped
 // renewing would leave it, and returns the command's environment and the
 // flags that name the key.
-func stuckRedisClaim(t *testing.T) (store *middleware.RedisStore, key string, getenv func(string) string, flags []string) {
+func stuckRedisClaim(t *testing.T) (store *redisstore.Store, key string, getenv func(string) string, flags []string) {
 	t.Helper()
 	opts := testenv.Redis(t)
 	client := redis.NewClient(opts)
 	t.Cleanup(func() { _ = client.Close() })
-	store = middleware.NewRedisStore(client)
+	store = redisstore.New(client)
 	request := "confirm-" + fmt.Sprint(time.Now().UnixNano())
 	k, err := keyspace.Derive("images", keyspace.Scope{Tenant: "acme", User: "alice", Request: request})
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := store.Claim(context.Background(), k.String(), middleware.ClaimRequest{
+	res, err := store.Claim(context.Background(), k.String(), idemgate.ClaimRequest{
 		Fingerprint: fingerprint.Fingerprint("v1:" + strings.Repeat("ab", 32)), Owner: k.Owner(), Kind: k.Kind(),
 		Lease: time.Minute, Token: claimToken(time.Now().Add(-3*time.Minute), 8*time.Minute)})
-	if err != nil || res.Status != middleware.Claimed {
+	if err != nil || res.Status != idemgate.Claimed {
 		t.Fatalf("claim: %v %v", res.Status, err)
 	}
 	url := fmt.Sprintf("redis://%s/%d", opts.Addr, opts.DB)

@@ -12,10 +12,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/keyspace"
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // At a terminal, records release goes on only on the answer "yes": an
@@ -29,7 +30,7 @@ func TestRecordsReleaseConfirmation(t *testing.T) {
 	opts := testenv.Redis(t)
 	client := redis.NewClient(opts)
 	t.Cleanup(func() { client.Close() })
-	store := middleware.NewRedisStore(client)
+	store := redisstore.New(client)
 	redisURL := fmt.Sprintf("redis://%s/%d", opts.Addr, opts.DB)
 	if opts.Password != "" || opts.Username != "" {
 		t.Skip("test Redis needs credentials")
@@ -41,10 +42,10 @@ func TestRecordsReleaseConfirmation(t *testing.T) {
 			t.Fatal(err)
 		}
 		// A stuck claim: made 3 minutes ago for 4, a minute left.
-		res, err := store.Claim(ctx, k.String(), middleware.ClaimRequest{
+		res, err := store.Claim(ctx, k.String(), idemgate.ClaimRequest{
 			Fingerprint: fingerprint.Fingerprint("v1:" + strings.Repeat("ab", 32)), Owner: k.Owner(), Kind: k.Kind(),
 			Lease: time.Minute, Token: claimToken(time.Now().Add(-3*time.Minute), 8*time.Minute)})
-		if err != nil || res.Status != middleware.Claimed {
+		if err != nil || res.Status != idemgate.Claimed {
 			t.Fatalf("claim: %v %v", res.Status, err)
 		}
 		return k
@@ -83,7 +84,7 @@ func TestRecordsReleaseConfirmation(t *testing.T) {
 			}, Stdin: strings.NewReader(tt.stdin), Stdout: &stdout, Stderr: &stderr, StdinIsTerminal: tt.terminal}
 			code := Main(ctx, args, env)
 			_, err := store.Inspect(ctx, k.String())
-			released := errors.Is(err, middleware.ErrNoRecord)
+			released := errors.Is(err, idemgate.ErrNoRecord)
 			if released != tt.wantReleased || (code == ExitOK) != tt.wantReleased {
 				t.Fatalf("exit %d, released %v (%v); want released %v\nstdout: %s\nstderr: %s", code, released, err, tt.wantReleased, stdout.String(), stderr.String())
 			}

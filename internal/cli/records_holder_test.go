@@ -17,19 +17,21 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/keyspace"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // holderBench is a store of records and the environment that points the
 // command at it.
 type holderBench struct {
 	store interface {
-		middleware.Store
-		middleware.Inspector
+		idemgate.Store
+		idemgate.Inspector
 	}
 	env  map[string]string
 	name string // -store
@@ -41,7 +43,7 @@ func holderBenches() map[string]func(t *testing.T) holderBench {
 			o := testenv.Redis(t)
 			c := redis.NewClient(o)
 			t.Cleanup(func() { _ = c.Close() })
-			return holderBench{store: middleware.NewRedisStore(c), env: map[string]string{"REDIS_URL": fmt.Sprintf("redis://%s/%d", o.Addr, o.DB)}, name: "redis"}
+			return holderBench{store: redisstore.New(c), env: map[string]string{"REDIS_URL": fmt.Sprintf("redis://%s/%d", o.Addr, o.DB)}, name: "redis"}
 		},
 		"postgres": func(t *testing.T) holderBench {
 			dsn := testenv.PostgresDSN(t)
@@ -72,8 +74,8 @@ func (b holderBench) run(ctx context.Context, args ...string) (code int, stdout,
 
 // claimToken lays a token out as the middleware makes it (see
 // middleware.Token.ClaimTimes): the claim's time and lease, random bits.
-func claimToken(at time.Time, lease time.Duration) middleware.Token {
-	var t middleware.Token
+func claimToken(at time.Time, lease time.Duration) idemgate.Token {
+	var t idemgate.Token
 	_, _ = rand.Read(t[:])
 	binary.BigEndian.PutUint64(t[:8], uint64(at.UnixMilli())<<16|uint64(binary.BigEndian.Uint16(t[6:8])))
 	t[6] = 0x80 | t[6]&0x0f
@@ -165,7 +167,7 @@ func TestRecordsReleaseRefusesALiveClaim(t *testing.T) {
 			if code != ExitOK || !strings.Contains(stdout, "claim released") || !strings.Contains(stderr, "warning:") || !strings.Contains(stderr, "may happen twice") {
 				t.Fatalf("release -force: exit %d; want 0, released, and a warning of a double run\nstdout: %s\nstderr: %s", code, stdout, stderr)
 			}
-			if _, err := b.store.Inspect(ctx, key.String()); !errors.Is(err, middleware.ErrNoRecord) {
+			if _, err := b.store.Inspect(ctx, key.String()); !errors.Is(err, idemgate.ErrNoRecord) {
 				t.Fatalf("after release -force: %v; want no record", err)
 			}
 		})
@@ -180,24 +182,24 @@ func TestRecordsReleaseTellsAStuckClaim(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name      string
-		token     func() middleware.Token
+		token     func() idemgate.Token
 		leaseLeft time.Duration // what the store's lease says
 		force     bool
 		wantCode  int
 		wantOut   string
 	}{
-		{name: "stuck: not renewed for 7/8 of its lease", token: func() middleware.Token { return claimToken(time.Now().Add(-3*time.Minute), 4*time.Minute) },
+		{name: "stuck: not renewed for 7/8 of its lease", token: func() idemgate.Token { return claimToken(time.Now().Add(-3*time.Minute), 4*time.Minute) },
 			leaseLeft: 30 * time.Second, wantCode: ExitOK, wantOut: "claim released"},
-		{name: "live: renewed a minute ago, 10m lease", token: func() middleware.Token { return claimToken(time.Now().Add(-time.Hour), 10*time.Minute) },
+		{name: "live: renewed a minute ago, 10m lease", token: func() idemgate.Token { return claimToken(time.Now().Add(-time.Hour), 10*time.Minute) },
 			leaseLeft: 9 * time.Minute, wantCode: ExitError, wantOut: "refusing to release"},
-		{name: "unknown: random token", token: func() middleware.Token {
-			var t middleware.Token
+		{name: "unknown: random token", token: func() idemgate.Token {
+			var t idemgate.Token
 			_, _ = rand.Read(t[:])
 			t[6] = 0x40 | t[6]&0x0f // version 4, as crypto/rand's tokens are 1 in 16
 			return t
 		}, leaseLeft: time.Minute, wantCode: ExitError, wantOut: "cannot be told"},
-		{name: "unknown: random token, -force", token: func() middleware.Token {
-			var t middleware.Token
+		{name: "unknown: random token, -force", token: func() idemgate.Token {
+			var t idemgate.Token
 			_, _ = rand.Read(t[:])
 			t[6] = 0x40 | t[6]&0x0f
 			return t
@@ -215,10 +217,10 @@ func TestRecordsReleaseTellsAStuckClaim(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					res, err := b.store.Claim(ctx, k.String(), middleware.ClaimRequest{
+					res, err := b.store.Claim(ctx, k.String(), idemgate.ClaimRequest{
 						Fingerprint: fingerprint.Fingerprint("v1:" + strings.Repeat("ab", 32)), Owner: k.Owner(), Kind: k.Kind(),
 						Lease: tt.leaseLeft, Token: tt.token()})
-					if err != nil || res.Status != middleware.Claimed {
+					if err != nil || res.Status != idemgate.Claimed {
 						t.Fatalf("claim: %v %v", res.Status, err)
 					}
 					args := []string{"records", "release", "-yes", "-tenant", "acme", "-user", "alice", "-request-id", request, "-kind", "images"}
@@ -230,7 +232,7 @@ func TestRecordsReleaseTellsAStuckClaim(t *testing.T) {
 						t.Fatalf("exit %d; want %d and %q\nstdout: %s\nstderr: %s", code, tt.wantCode, tt.wantOut, stdout, stderr)
 					}
 					_, err = b.store.Inspect(ctx, k.String())
-					if released := errors.Is(err, middleware.ErrNoRecord); released != (tt.wantCode == ExitOK) {
+					if released := errors.Is(err, idemgate.ErrNoRecord); released != (tt.wantCode == ExitOK) {
 						t.Fatalf("released %v (%v) after exit %d", released, err, code)
 					}
 				})
@@ -266,7 +268,7 @@ func TestHolderOfLeavesAFailedRenewalTimeToLand(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			now := time.Now()
-			info := middleware.RecordInfo{Lease: tt.lease, Left: tt.lease - tt.since, ClaimedAt: now.Add(tt.claimedIn - tt.since)}
+			info := idemgate.RecordInfo{Lease: tt.lease, Left: tt.lease - tt.since, ClaimedAt: now.Add(tt.claimedIn - tt.since)}
 			if got, _ := holderOf(info, now); got != tt.want {
 				t.Fatalf("holderOf(lease %v, renewed %v ago) = %s, want %s", tt.lease, tt.since, got, tt.want)
 			}
@@ -290,7 +292,7 @@ func TestHolderOfLeavesARenewalThatTimedOutTimeToRetry(t *testing.T) {
 		retryBegins := 2*every + every/4
 		for _, since := range []time.Duration{retryBegins, retryBegins + lease/12 - time.Millisecond} {
 			now := time.Now()
-			info := middleware.RecordInfo{Lease: lease, Left: lease - since, ClaimedAt: now.Add(-since)}
+			info := idemgate.RecordInfo{Lease: lease, Left: lease - since, ClaimedAt: now.Add(-since)}
 			if got, _ := holderOf(info, now); got != holderLive {
 				t.Errorf("lease %v, renewed %v ago (a timed-out renewal's retry under way): holderOf = %s, want %s",
 					lease, since, got, holderLive)
@@ -298,7 +300,7 @@ func TestHolderOfLeavesARenewalThatTimedOutTimeToRetry(t *testing.T) {
 		}
 		now := time.Now()
 		since := lease * 5 / 6
-		if got, _ := holderOf(middleware.RecordInfo{Lease: lease, Left: lease - since, ClaimedAt: now.Add(-since)}, now); got != holderStuck {
+		if got, _ := holderOf(idemgate.RecordInfo{Lease: lease, Left: lease - since, ClaimedAt: now.Add(-since)}, now); got != holderStuck {
 			t.Errorf("lease %v, renewed %v ago (5/6): holderOf = %s, want %s", lease, since, got, holderStuck)
 		}
 	}

@@ -24,11 +24,13 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/proctest"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgstore"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 func TestMain(m *testing.M) {
@@ -53,7 +55,7 @@ const (
 // ---- an in-process API node: echo + middleware + pgstore ----
 
 // node is one in-process API node serving POST /v1/images like the example
-// service: the idempotency middleware on a RedisStore, then a handler that
+// service: the idempotency middleware on a redisstore.Store, then a handler that
 // submits a pgstore task. It counts what its handler did per key.
 type node struct {
 	url string
@@ -103,7 +105,7 @@ func startNode(t *testing.T, cfg nodeConfig) *node {
 			IdempotencyKey: req.Key.Task(), Fingerprint: string(req.Fingerprint), Params: body,
 		})
 		if errors.Is(err, pgstore.ErrConflict) {
-			return middleware.ErrKeyReused
+			return idemgate.ErrKeyReused
 		}
 		if err != nil {
 			// As the example: Postgres down is a retryable 503.
@@ -121,7 +123,7 @@ func startNode(t *testing.T, cfg nodeConfig) *node {
 		c.Response().Header().Set("Retry-After", "1")
 		return c.JSON(http.StatusAccepted, map[string]any{"task_id": task.ID, "status": task.State, "poll_after_ms": 1000})
 	}, middleware.New(middleware.Config{
-		Store: middleware.NewRedisStore(rdb),
+		Store: redisstore.New(rdb),
 		Scope: func(c echo.Context) (string, string, error) {
 			return c.Request().Header.Get("X-Tenant"), c.Request().Header.Get("X-User"), nil
 		},
@@ -274,7 +276,7 @@ func (l *load) client(c int) {
 			l.mu.Unlock()
 			r := send(context.Background(), l.http, tg, key, imageBody)
 			l.record(r)
-			if r.status/100 == 2 || r.code == string(middleware.CodeKeyReused) || l.aborted.Load() {
+			if r.status/100 == 2 || r.code == string(idemgate.CodeKeyReused) || l.aborted.Load() {
 				break
 			}
 			if l.stopping.Load() {
@@ -425,9 +427,9 @@ type allowed func(r reply) bool
 // and in-progress 409, both with Retry-After, as problem documents.
 func clearError(r reply) bool {
 	switch {
-	case r.status == http.StatusServiceUnavailable && r.code == string(middleware.CodeStoreUnavailable):
+	case r.status == http.StatusServiceUnavailable && r.code == string(idemgate.CodeStoreUnavailable):
 		return r.problem && r.retryAfter != ""
-	case r.status == http.StatusConflict && r.code == string(middleware.CodeRequestInProgress):
+	case r.status == http.StatusConflict && r.code == string(idemgate.CodeRequestInProgress):
 		return r.problem && r.retryAfter != ""
 	}
 	return false
@@ -457,7 +459,7 @@ func checkReplies(t *testing.T, rs []reply, ok allowed) {
 			}
 			continue
 		}
-		if r.code == string(middleware.CodeKeyReused) {
+		if r.code == string(idemgate.CodeKeyReused) {
 			t.Errorf("key %s: 409 key_reused for a byte-identical retry", r.key)
 			continue
 		}

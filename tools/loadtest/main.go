@@ -13,7 +13,7 @@
 //     no key derivation;
 //   - floor-script: the same, with the claim done by a claim-or-read Lua
 //     script (as idemgate did before records v2);
-//   - idemgate: echo + middleware (RedisStore) in this process;
+//   - idemgate: echo + middleware (redisstore.Store) in this process;
 //   - pg-floor: a bare echo handler doing by hand the fewest Postgres
 //     statements for records, on a table of pgrecords' shape: INSERT … ON
 //     CONFLICT DO NOTHING, then UPDATE by primary key, for a miss; one

@@ -8,11 +8,14 @@
 // (GOWORK=off), packs every public module of the working tree into a
 // file-based module proxy at the version (default: the version the modules
 // require the library at), and builds and vets fresh consumers against it
-// with GOWORK=off: one that imports only the middleware and its Redis
-// store, one only pgrecords and pgstore, one only otelidem (the library
-// reached through otelidem's own requirement), one only the client; then it
-// runs go install of the CLI at the version. For each it prints the size of
-// the build list and the modules linked into the binary.
+// with GOWORK=off: an echo service on the middleware and the Redis store;
+// a net/http service on pgrecords and pgstore, which must link neither echo
+// nor go-redis; a net/http service on redisstore, which must link no echo;
+// one only otelidem (the library reached through otelidem's own
+// requirement), one only the client; then it runs go install of the CLI at
+// the version. For each it prints the size of the build list and the
+// modules linked into the binary, and for a consumer with unlinked the
+// modules it proves absent.
 //
 // The consumers use a new module cache each run: the go command takes a
 // version in a module cache as immutable, so it never fetches it again, and
@@ -46,6 +49,10 @@ type consumer struct {
 	// their requirements.
 	get  []string
 	main string
+	// unlinked lists module path prefixes that must not be linked into
+	// the consumer's binary: what the packages it imports promise not
+	// to pull in.
+	unlinked []string
 }
 
 var consumers = []consumer{
@@ -62,6 +69,7 @@ import (
 
 	"github.com/idemgate/idemgate/fingerprint"
 	idem "github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 func main() {
@@ -70,7 +78,7 @@ func main() {
 	e.POST("/v1/orders", func(c echo.Context) error {
 		return c.JSON(http.StatusCreated, map[string]string{"status": "created"})
 	}, idem.New(idem.Config{
-		Store:       idem.NewRedisStore(rdb),
+		Store:       redisstore.New(rdb),
 		Scope:       func(echo.Context) (string, string, error) { return "tenant", "user", nil },
 		Fingerprint: fingerprint.Spec{Fields: []string{"/amount"}},
 	}))
@@ -79,16 +87,23 @@ func main() {
 `,
 	},
 	{
-		name: "pgrecords-pgstore",
-		get:  []string{modset.Root},
+		name:     "nethttp-pgrecords",
+		get:      []string{modset.Root},
+		unlinked: []string{"github.com/labstack/", "github.com/redis/go-redis/"},
 		main: `package main
 
 import (
 	"context"
+	"crypto/rand"
 	"log"
+	"net/http"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate"
+	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/keyspace"
 	"github.com/idemgate/idemgate/pgrecords"
 	"github.com/idemgate/idemgate/pgstore"
 )
@@ -107,7 +122,97 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	log.Println(records != nil, tasks.Migrate(ctx))
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/orders/{id}", func(w http.ResponseWriter, r *http.Request) {
+		k, err := keyspace.Derive("orders", keyspace.Scope{Tenant: "tenant", User: "user", Request: r.Header.Get("Idempotency-Key")})
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		var tok idemgate.Token
+		_, _ = rand.Read(tok[:])
+		res, err := records.Claim(r.Context(), k.String(), idemgate.ClaimRequest{
+			Fingerprint: fingerprint.Fingerprint("v1:" + r.PathValue("id")),
+			Owner:       k.Owner(), Kind: k.Kind(), Lease: 30 * time.Second, Token: tok,
+		})
+		switch {
+		case err != nil:
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		case res.Status == idemgate.Finished:
+			w.WriteHeader(res.Response.Status)
+			_, _ = w.Write(res.Response.Body)
+			return
+		case res.Status != idemgate.Claimed:
+			http.Error(w, res.Status.String(), http.StatusConflict)
+			return
+		}
+		task, err := tasks.Submit(r.Context(), pgstore.NewTask{Tenant: "tenant", Owner: k.Owner(), Kind: "orders", IdempotencyKey: k.Task()})
+		if err != nil {
+			_ = records.Release(r.Context(), k.String(), tok)
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		body := []byte(task.ID)
+		_ = records.Complete(r.Context(), k.String(), tok, idemgate.Response{Status: http.StatusAccepted, Body: body}, 24*time.Hour)
+		w.WriteHeader(http.StatusAccepted)
+		_, _ = w.Write(body)
+	})
+	log.Fatal(http.ListenAndServe(":8080", mux))
+}
+`,
+	},
+	{
+		name:     "nethttp-redisstore",
+		get:      []string{modset.Root},
+		unlinked: []string{"github.com/labstack/"},
+		main: `package main
+
+import (
+	"crypto/rand"
+	"log"
+	"net/http"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate"
+	"github.com/idemgate/idemgate/fingerprint"
+	"github.com/idemgate/idemgate/keyspace"
+	"github.com/idemgate/idemgate/redisstore"
+)
+
+func main() {
+	store := redisstore.New(redis.NewClient(&redis.Options{Addr: "localhost:6379"}))
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/orders/{id}", func(w http.ResponseWriter, r *http.Request) {
+		k, err := keyspace.Derive("orders", keyspace.Scope{Tenant: "tenant", User: "user", Request: r.Header.Get("Idempotency-Key")})
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		var tok idemgate.Token
+		_, _ = rand.Read(tok[:])
+		res, err := store.Claim(r.Context(), k.String(), idemgate.ClaimRequest{
+			Fingerprint: fingerprint.Fingerprint("v1:" + r.PathValue("id")),
+			Owner:       k.Owner(), Kind: k.Kind(), Lease: 30 * time.Second, Token: tok,
+		})
+		switch {
+		case err != nil:
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		case res.Status == idemgate.Finished:
+			w.WriteHeader(res.Response.Status)
+			_, _ = w.Write(res.Response.Body)
+		case res.Status != idemgate.Claimed:
+			http.Error(w, res.Status.String(), http.StatusConflict)
+		default:
+			body := []byte("created")
+			_ = store.Complete(r.Context(), k.String(), tok, idemgate.Response{Status: http.StatusCreated, Body: body}, 24*time.Hour)
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write(body)
+		}
+	})
+	log.Fatal(http.ListenAndServe(":8080", mux))
 }
 `,
 	},
@@ -362,6 +467,16 @@ func (c consumer) check(dir string, env []string, sums []byte, version string) e
 	}
 	fmt.Printf("consumer %-18s build list: itself and %2d modules; linked (%d): %s\n",
 		c.name, strings.Count(all, "\n")-1, len(deps), strings.Join(deps, " "))
+	if len(c.unlinked) > 0 {
+		for _, dep := range deps {
+			for _, no := range c.unlinked {
+				if strings.HasPrefix(dep, no) {
+					return fmt.Errorf("publishcheck: consumer %s links %s, which it must not (no %s)", c.name, dep, strings.Join(c.unlinked, ", no "))
+				}
+			}
+		}
+		fmt.Printf("consumer %-18s links none of: %s\n", c.name, strings.Join(c.unlinked, " "))
+	}
 	return nil
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // server is an echo API protected by the middleware, with one route whose
@@ -40,7 +41,7 @@ func newServer(t *testing.T, cfg idem.Config) *server {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	s := &server{entered: make(chan struct{}, 1), release: make(chan struct{}), answered: map[string][]int{}}
-	cfg.Store = idem.NewRedisStore(rdb)
+	cfg.Store = redisstore.New(rdb)
 	cfg.Scope = func(echo.Context) (string, string, error) { return "acme", "alice", nil } // stand-in for auth
 	e := echo.New()
 	e.Use(func(next echo.HandlerFunc) echo.HandlerFunc { // counts what reaches the server

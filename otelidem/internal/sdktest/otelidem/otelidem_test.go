@@ -15,10 +15,12 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/otelidem"
 	"github.com/idemgate/idemgate/otelidem/internal/sdktest/oteltest"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // bundle is a Recorder on an SDK that the test reads.
@@ -57,7 +59,7 @@ func newService(t *testing.T, b *bundle) *service {
 	s.e = echo.New()
 	s.e.Use(b.rec.Server())
 	idem := middleware.New(middleware.Config{
-		Store: b.rec.Store(middleware.NewRedisStore(rdb)),
+		Store: b.rec.Store(redisstore.New(rdb)),
 		Scope: func(c echo.Context) (string, string, error) {
 			return c.Request().Header.Get("X-Tenant"), c.Request().Header.Get("X-User"), nil
 		},
@@ -195,7 +197,7 @@ func TestFailOpenMetrics(t *testing.T) {
 	s := newService(t, b)
 	s.e.POST("/v1/open", func(c echo.Context) error { return c.NoContent(http.StatusAccepted) },
 		middleware.New(middleware.Config{
-			Store:    b.rec.Store(middleware.NewRedisStore(s.rdb)),
+			Store:    b.rec.Store(redisstore.New(s.rdb)),
 			Scope:    func(c echo.Context) (string, string, error) { return "acme", "alice", nil },
 			Kind:     "open",
 			FailOpen: true,
@@ -227,7 +229,7 @@ func TestRequestMetricCardinality(t *testing.T) {
 	e := echo.New()
 	e.Use(b.rec.Server())
 	e.Use(middleware.New(middleware.Config{
-		Store: b.rec.Store(middleware.NewRedisStore(rdb)),
+		Store: b.rec.Store(redisstore.New(rdb)),
 		Scope: func(c echo.Context) (string, string, error) {
 			return c.Request().Header.Get("X-Tenant"), c.Request().Header.Get("X-User"), nil
 		},
@@ -275,7 +277,7 @@ func TestRequestMetricCardinality(t *testing.T) {
 // BenchmarkOnEvent is the cost a request pays for its metrics, on the SDK.
 func BenchmarkOnEvent(b *testing.B) {
 	bu := setup(b, otelidem.Config{})
-	ev := middleware.Event{Type: middleware.EventClaimed, Route: "POST /v1/images", Kind: "images", Tenant: "acme", Latency: time.Millisecond}
+	ev := idemgate.Event{Type: idemgate.EventClaimed, Route: "POST /v1/images", Kind: "images", Tenant: "acme", Latency: time.Millisecond}
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
@@ -289,13 +291,13 @@ func BenchmarkOnEvent(b *testing.B) {
 func TestConcurrentEvents(t *testing.T) {
 	t.Parallel()
 	b := setup(t, otelidem.Config{Tenant: true})
-	types := []middleware.EventType{middleware.EventClaimed, middleware.EventReplayed, middleware.EventReused, middleware.EventWaited}
+	types := []idemgate.EventType{idemgate.EventClaimed, idemgate.EventReplayed, idemgate.EventReused, idemgate.EventWaited}
 	const goroutines, each = 32, 200 // each a multiple of len(types)
 	var wg sync.WaitGroup
 	for range goroutines {
 		wg.Go(func() {
 			for i := range each {
-				b.rec.OnEvent(context.Background(), middleware.Event{Type: types[i%len(types)], Route: "POST /v1/images", Kind: "images",
+				b.rec.OnEvent(context.Background(), idemgate.Event{Type: types[i%len(types)], Route: "POST /v1/images", Kind: "images",
 					Tenant: "acme", Reason: "finished", Latency: time.Millisecond})
 			}
 		})

@@ -12,24 +12,26 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/otelidem"
 	"github.com/idemgate/idemgate/otelidem/internal/sdktest/oteltest"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // txRedis is a TxStore for the test: Redis records, and a "transaction"
 // whose Commit completes the record.
 type txRedis struct {
-	*middleware.RedisStore
+	*redisstore.Store
 	commits atomic.Int32
 }
 
-func (s *txRedis) Begin(context.Context) (middleware.Tx, error) { return &txRedisTx{s: s}, nil }
+func (s *txRedis) Begin(context.Context) (idemgate.Tx, error) { return &txRedisTx{s: s}, nil }
 
 type txRedisTx struct{ s *txRedis }
 
 func (t *txRedisTx) Context(ctx context.Context) context.Context { return ctx }
-func (t *txRedisTx) Commit(ctx context.Context, c *middleware.Completion) error {
+func (t *txRedisTx) Commit(ctx context.Context, c *idemgate.Completion) error {
 	t.s.commits.Add(1)
 	if c == nil {
 		return nil
@@ -44,12 +46,12 @@ func TestStoreKeepsAtomicRoutes(t *testing.T) {
 	b := setup(t, otelidem.Config{})
 	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	inner := &txRedis{RedisStore: middleware.NewRedisStore(rdb)}
+	inner := &txRedis{Store: redisstore.New(rdb)}
 	wrapped := b.rec.Store(inner)
-	if _, ok := wrapped.(middleware.TxStore); !ok {
+	if _, ok := wrapped.(idemgate.TxStore); !ok {
 		t.Fatalf("Store(%T) = %T: no longer a TxStore", inner, wrapped)
 	}
-	if _, ok := b.rec.Store(middleware.NewRedisStore(rdb)).(middleware.TxStore); ok {
+	if _, ok := b.rec.Store(redisstore.New(rdb)).(idemgate.TxStore); ok {
 		t.Fatal("a store without transactions must not pretend to have them")
 	}
 	idem, err := middleware.Config{

@@ -24,6 +24,7 @@ import (
 	"github.com/idemgate/idemgate/otelidem/internal/sdktest/oteltest"
 	"github.com/idemgate/idemgate/otelidem/otelpgstore"
 	"github.com/idemgate/idemgate/pgstore"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // TestOneTrace follows one request through the middleware (instrumented by
@@ -53,7 +54,7 @@ func TestOneTrace(t *testing.T) {
 		}
 		return c.JSON(http.StatusAccepted, map[string]string{"task_id": task.ID})
 	}, middleware.New(middleware.Config{
-		Store: web.Store(middleware.NewRedisStore(rdb)),
+		Store: web.Store(redisstore.New(rdb)),
 		Scope: func(c echo.Context) (string, string, error) { return "acme", "alice", nil },
 		Kind:  "image", Required: true, OnEvent: web.OnEvent,
 	}))
