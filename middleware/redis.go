@@ -119,18 +119,18 @@ const maxClaimTries = 3
 
 // Claim implements Store.
 func (s *RedisStore) Claim(ctx context.Context, key string, req ClaimRequest) (ClaimResult, error) {
-	res, stored, err := s.claimStored(ctx, key, req)
+	res, stored, err := s.ClaimStored(ctx, key, req)
 	if err == nil && res.Status == Finished {
 		res.Response = response(&stored)
 	}
 	return res, err
 }
 
-// claimStored is Claim without decoding a finished response: it answers
+// ClaimStored is Claim without decoding a finished response: it answers
 // Finished with the stored response checked but not decoded, for the
 // middleware to write as it is. Every other answer, and every error, is
 // Claim's.
-func (s *RedisStore) claimStored(ctx context.Context, key string, req ClaimRequest) (ClaimResult, storedResponse, error) {
+func (s *RedisStore) ClaimStored(ctx context.Context, key string, req ClaimRequest) (ClaimResult, storedResponse, error) {
 	k, implied := storeKey(key, req.Owner, req.Kind)
 	id := newIdent(req, implied)
 	rec := getArg()
