@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -86,11 +85,10 @@ func testClientLeftTheConnection(t *testing.T, b bundle) {
 	})
 	var failed atomic.Int64
 	var served sync.WaitGroup
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer served.Done()
 		s.h.ServeHTTP(failedWrites{w, &failed}, r)
 	}))
-	t.Cleanup(srv.Close)
 	send := func(ctx context.Context) (*http.Response, error) {
 		r := req{key: "k", body: imageBody}.build(s)
 		r.RequestURI = ""

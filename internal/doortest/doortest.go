@@ -12,7 +12,8 @@
 // answer for a retry that does not accept gzip; what is stored and what is
 // released (5xx, 429, an answer over the response limit); x-should-retry
 // and Cache-Control: no-store on every problem; a client gone before the
-// claim, during the handler or with its connection; panics; the router's
+// claim, during the handler or with its connection; Flush and Hijack
+// through the middleware; panics; the router's
 // own 404 and 405, untouched; methods not protected; the key's problems;
 // an unreachable store; retention; and, on PostgreSQL, an Atomic route
 // whose writes commit with the stored answer.
@@ -184,6 +185,8 @@ func runCases(t *testing.T, b bundle) {
 		{"ClientGoneBeforeTheClaimLeavesNoClaim", testClientGoneBeforeTheClaim},
 		{"AnswerAfterTheClientsContextEndedIsStored", testAnswerAfterTheContextEnded},
 		{"AnswerToAClientThatLeftItsConnectionIsStored", testClientLeftTheConnection},
+		{"FlushPassesThrough", testFlushPassesThrough},
+		{"HijackIsNeverStored", testHijackIsNeverStored},
 		{"PanicReleasesTheKeyAndPropagates", testPanic},
 		{"UnmatchedRoutesAreTheRoutersOwn", testUnmatchedRoutes},
 		{"StoreUnavailable", testStoreUnavailable},

@@ -167,6 +167,14 @@ func (s *server) try(h http.Handler, hr *http.Request) (rec *httptest.ResponseRe
 	return rec, nil
 }
 
+// newServer serves h on a real loopback server for the test.
+func newServer(t *testing.T, h http.Handler) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
 // recorder collects events.
 type recorder struct {
 	mu     sync.Mutex
