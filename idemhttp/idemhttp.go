@@ -223,10 +223,15 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	err := h.m.Serve(w, r, h, nil, nil)
+	if err := h.m.Serve(w, r, h, nil, nil); err != nil {
+		h.fail(w, r, err)
+	}
+}
+
+// fail answers an error Serve returned, unless the client went away.
+func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var se scopeError
 	switch {
-	case err == nil:
 	case errors.As(err, &se):
 		http.Error(w, http.StatusText(http.StatusUnauthorized), http.StatusUnauthorized)
 	case r.Context().Err() != nil:
