@@ -291,7 +291,7 @@ func (a *api) submit(c echo.Context, params any) error {
 		return fmt.Errorf("submit: encode params: %w", err)
 	}
 	submit := a.store.Submit
-	if tx, ok := pgrecords.TxFromContext(c.Request().Context()); ok {
+	if tx := pgrecords.TxFromContext(c.Request().Context()); tx != nil {
 		// An Atomic route: the task commits with the stored 202, or not at all.
 		submit = func(ctx context.Context, t pgstore.NewTask) (pgstore.Task, error) {
 			return a.store.SubmitTx(ctx, tx, t)

@@ -167,7 +167,7 @@ func (e *exporter) export(c echo.Context) error {
 	var db interface {
 		QueryRow(context.Context, string, ...any) pgx.Row
 	} = e.pool
-	if tx, ok := pgrecords.TxFromContext(c.Request().Context()); ok {
+	if tx := pgrecords.TxFromContext(c.Request().Context()); tx != nil {
 		db = tx
 	}
 	var id int64

@@ -3,17 +3,14 @@ package middleware
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"net/http"
-	"slices"
 	"time"
 
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
-	"github.com/idemgate/idemgate/keyspace"
 )
 
 // Config configures the idempotency middleware.
@@ -159,29 +156,12 @@ type Config struct {
 	Atomic bool
 }
 
-// Defaults of Config.
-const (
-	defaultHeader           = "Idempotency-Key"
-	defaultRetention        = 24 * time.Hour
-	defaultLease            = 30 * time.Second
-	defaultMismatchStatus   = http.StatusConflict
-	defaultMaxBodyBytes     = 1 << 20
-	defaultMaxResponseBytes = 1 << 20
-)
-
 // DefaultCacheable is the default Config.Cacheable: every status except
 // 5xx (server trouble), 408 (timeout), 409 (conflict), 425 (too early) and
 // 429 (rate limited) — outcomes a retry may change.
-func DefaultCacheable(status int) bool {
-	switch {
-	case status >= 500:
-		return false
-	case status == http.StatusRequestTimeout, status == http.StatusConflict,
-		status == http.StatusTooEarly, status == http.StatusTooManyRequests:
-		return false
-	}
-	return true
-}
+//
+// It is idemgate.DefaultCacheable, kept here for one release.
+func DefaultCacheable(status int) bool { return idemgate.DefaultCacheable(status) }
 
 // New returns the idempotency middleware for cfg. It panics with
 // "idemgate: …" on a bad config; ToMiddleware returns the error instead.
@@ -196,159 +176,47 @@ func New(cfg Config) echo.MiddlewareFunc {
 // ToMiddleware validates cfg, applies the defaults to a copy, and returns
 // the middleware.
 func (cfg Config) ToMiddleware() (echo.MiddlewareFunc, error) {
-	return cfg.toMiddleware(time.Now)
-}
-
-// toMiddleware is ToMiddleware on the clock now, which tests replace.
-func (cfg Config) toMiddleware(now func() time.Time) (echo.MiddlewareFunc, error) {
-	m, err := newIdem(cfg, now)
+	m, err := idemgate.NewEngine(cfg.engine())
+	if cfg.Scope == nil {
+		err = errors.Join(err, errors.New("idemgate: Scope is required"))
+	}
 	if err != nil {
 		return nil, err
-	}
-	return func(next echo.HandlerFunc) echo.HandlerFunc {
-		return func(c echo.Context) error { return m.serve(c, next) }
-	}, nil
-}
-
-func newIdem(cfg Config, now func() time.Time) (*idem, error) {
-	// cfg is a copy, but its slices are the caller's: a caller changing
-	// them later must not change (or race with) the protection.
-	cfg.Methods = slices.Clone(cfg.Methods)
-	cfg.Fingerprint.Fields = slices.Clone(cfg.Fingerprint.Fields)
-	cfg.Fingerprint.Exclude = slices.Clone(cfg.Fingerprint.Exclude)
-	cfg.ReplayHeaders = slices.Clone(cfg.ReplayHeaders)
-	var errs []error
-	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("idemgate: "+format, args...))
-	}
-	if cfg.Store == nil {
-		bad("Store is required")
-	}
-	if cfg.Scope == nil {
-		bad("Scope is required")
-	}
-	var txStore TxStore
-	if cfg.Atomic {
-		var ok bool
-		if txStore, ok = cfg.Store.(TxStore); !ok && cfg.Store != nil {
-			bad("Atomic needs a Store that implements TxStore (pgrecords.Store does): %T cannot commit a record in the handler's database transaction", cfg.Store)
-		}
-		if cfg.FailOpen {
-			bad("FailOpen cannot be combined with Atomic: an Atomic handler needs the store's transaction, which an unreachable store cannot give")
-		}
 	}
 	if cfg.Skipper == nil {
 		cfg.Skipper = middleware.DefaultSkipper
 	}
-	if cfg.Kind != "" {
-		if _, err := keyspace.Derive(cfg.Kind, keyspace.Scope{Tenant: "t", User: "u", Request: "r"}); err != nil {
-			bad("Kind %q: %w", cfg.Kind, err)
+	d := &door{cfg: &cfg}
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			if cfg.Skipper(c) {
+				return next(c)
+			}
+			return m.Serve(c.Response(), c.Request(), d, c, next)
 		}
-	}
-	fp, err := cfg.Fingerprint.Compile()
-	if err != nil {
-		bad("Fingerprint: %w", err)
-	}
-	if cfg.Header == "" {
-		cfg.Header = defaultHeader
-	}
-	if !isToken(cfg.Header) {
-		bad("Header %q is not a header name", cfg.Header)
-	}
-	if len(cfg.Methods) == 0 {
-		cfg.Methods = []string{http.MethodPost, http.MethodPatch}
-	}
-	for _, method := range cfg.Methods {
-		if !isToken(method) {
-			bad("Methods: %q is not a method", method)
-		}
-	}
-	durations := []struct {
-		name string
-		d    *time.Duration
-		def  time.Duration
-	}{
-		{"Retention", &cfg.Retention, defaultRetention},
-		{"Lease", &cfg.Lease, defaultLease},
-		{"WaitInFlight", &cfg.WaitInFlight, 0},
-	}
-	for _, d := range durations {
-		switch {
-		case *d.d < 0:
-			bad("%s must not be negative, got %v", d.name, *d.d)
-		case *d.d == 0:
-			*d.d = d.def
-		case *d.d < time.Millisecond:
-			bad("%s must be at least 1ms, got %v", d.name, *d.d)
-		}
-	}
-	if cfg.MismatchStatus == 0 {
-		cfg.MismatchStatus = defaultMismatchStatus
-	}
-	if cfg.MismatchStatus < 400 || cfg.MismatchStatus > 499 {
-		bad("MismatchStatus must be a 4xx, got %d", cfg.MismatchStatus)
-	}
-	if cfg.Cacheable == nil {
-		cfg.Cacheable = DefaultCacheable
-	}
-	for _, n := range []struct {
-		name string
-		v    *int64
-		def  int64
-	}{
-		{"MaxBodyBytes", &cfg.MaxBodyBytes, defaultMaxBodyBytes},
-		{"MaxResponseBytes", &cfg.MaxResponseBytes, defaultMaxResponseBytes},
-	} {
-		switch {
-		case *n.v < 0:
-			bad("%s must not be negative, got %d", n.name, *n.v)
-		case *n.v == 0:
-			*n.v = n.def
-		}
-	}
-	filter := &headerFilter{}
-	for _, h := range cfg.ReplayHeaders {
-		if !isToken(h) {
-			bad("ReplayHeaders: %q is not a header name", h)
-			continue
-		}
-		if filter.allow == nil {
-			filter.allow = make(map[string]bool, len(cfg.ReplayHeaders))
-		}
-		filter.allow[http.CanonicalHeaderKey(h)] = true
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
-	return &idem{
-		cfg:    cfg,
-		now:    now,
-		tx:     txStore,
-		header: http.CanonicalHeaderKey(cfg.Header),
-		filter: filter,
-		fp:     fp,
-		routes: make(map[routeKey]*route),
 	}, nil
 }
 
-// isToken reports whether s is an RFC 9110 token (header names, methods).
-func isToken(s string) bool {
-	if s == "" {
-		return false
+// engine returns the engine's part of cfg.
+func (cfg *Config) engine() idemgate.EngineConfig {
+	return idemgate.EngineConfig{
+		Store:            cfg.Store,
+		Kind:             cfg.Kind,
+		Fingerprint:      cfg.Fingerprint,
+		Header:           cfg.Header,
+		Required:         cfg.Required,
+		Methods:          cfg.Methods,
+		Retention:        cfg.Retention,
+		Lease:            cfg.Lease,
+		WaitInFlight:     cfg.WaitInFlight,
+		MismatchStatus:   cfg.MismatchStatus,
+		Cacheable:        cfg.Cacheable,
+		MaxBodyBytes:     cfg.MaxBodyBytes,
+		MaxResponseBytes: cfg.MaxResponseBytes,
+		ReplayHeaders:    cfg.ReplayHeaders,
+		FailOpen:         cfg.FailOpen,
+		OnEvent:          cfg.OnEvent,
+		Logger:           cfg.Logger,
+		Atomic:           cfg.Atomic,
 	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' {
-			continue
-		}
-		switch c {
-		case '!', '#', '$', '%', '&', '\'', '*', '+', '-', '.', '^', '_', '`', '|', '~':
-			continue
-		}
-		return false
-	}
-	return true
 }

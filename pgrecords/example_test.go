@@ -50,7 +50,7 @@ func ExampleTxFromContext() {
 	e := echo.New()
 	e.POST("/v1/exports", func(c echo.Context) error {
 		ctx := c.Request().Context()
-		tx, _ := pgrecords.TxFromContext(ctx) // the request's transaction
+		tx := pgrecords.TxFromContext(ctx) // the request's transaction
 		var in struct {
 			Report string `json:"report"`
 		}

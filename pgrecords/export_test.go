@@ -31,6 +31,6 @@ func MigrateSkipping(ctx context.Context, pool *pgxpool.Pool, skip ...int) error
 // exported Tx(echo.Context) went in v0.2.0, so that pgrecords links no
 // echo.)
 func Tx(c echo.Context) pgx.Tx {
-	tx, _ := TxFromContext(c.Request().Context())
+	tx := TxFromContext(c.Request().Context())
 	return tx
 }

@@ -18,17 +18,17 @@ import (
 var _ idemgate.TxStore = (*Store)(nil)
 
 // TxFromContext returns the transaction that ctx carries on an Atomic
-// route (middleware.Config.Atomic, or Runner.Do with Atomic), and true;
-// outside one, nil and false. The handler or fn writes through it; the
+// route (the Atomic option of every door, and Runner.Do with Atomic), or
+// nil outside one. The handler or fn writes through it; the
 // engine commits it together with the stored response, or rolls it back.
 // Its Commit and Rollback return an error and do nothing. On echo, ctx is
 // c.Request().Context().
-func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
+func TxFromContext(ctx context.Context) pgx.Tx {
 	tx, _ := ctx.Value(txKey{}).(*lazyTx)
 	if tx == nil {
-		return nil, false
+		return nil // not a nil *lazyTx in a non-nil interface
 	}
-	return tx, true
+	return tx
 }
 
 type txKey struct{}

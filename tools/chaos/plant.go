@@ -23,8 +23,9 @@ const (
 // plant is one bug that can be planted.
 type plant struct {
 	Name string
-	// Pkgs are the package directories (from the module root) one of
-	// which holds the hook that plants the bug.
+	// Pkgs are the package directories (from the module root; "." is
+	// the engine's root package) one of which holds the hook that plants
+	// the bug.
 	Pkgs []string
 	// What the bug does, and which invariant catches it.
 	Bug    string
@@ -46,12 +47,12 @@ type plant struct {
 // short run of the tests.
 var plants = []plant{
 	{
-		Name: "replay-ignores-fingerprint", Pkgs: []string{"middleware"}, Caught: 2,
+		Name: "replay-ignores-fingerprint", Pkgs: []string{"."}, Caught: 2,
 		Bug:    "a finished record is replayed whatever fingerprint the retry carries: a reworded retry gets the old task",
 		Faults: "pause,latency",
 	},
 	{
-		Name: "release-on-client-gone", Pkgs: []string{"middleware"}, Caught: 7,
+		Name: "release-on-client-gone", Pkgs: []string{"."}, Caught: 7,
 		Bug: "a handler's complete response is released, not stored, when its client is gone (write error or closed request): " +
 			"the client's retry runs the handler again; the export route's ledger gets a second charge for one key",
 		Faults: "pause,latency",
@@ -67,7 +68,7 @@ var plants = []plant{
 		Faults: "flushall,redis-restart,latency",
 	},
 	{
-		Name: "complete-outside-tx", Pkgs: []string{"middleware", "pgrecords"}, Caught: 7, Store: "postgres",
+		Name: "complete-outside-tx", Pkgs: []string{".", "pgrecords"}, Caught: 7, Store: "postgres",
 		Bug: "an Atomic route's record is completed after the handler's transaction committed, not in it: " +
 			"a node killed in between leaves the export's ledger row without its stored answer, and the retry charges again",
 		Faults: "commit-kill",

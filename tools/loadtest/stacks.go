@@ -136,12 +136,12 @@ func slowdown(r *http.Request) {
 	}
 }
 
-func serve(e *echo.Echo) (url string, stop func(), err error) {
+func serve(h http.Handler) (url string, stop func(), err error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", nil, fmt.Errorf("listen: %w", err)
 	}
-	srv := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(l)
 	return "http://" + l.Addr().String(), func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -236,7 +236,7 @@ func (h *idemHandler) submit(c echo.Context) error {
 		return h.record(c, req, in)
 	}
 	submit := h.tasks.Submit
-	if tx, ok := pgrecords.TxFromContext(c.Request().Context()); ok { // an Atomic route: the task commits with the answer
+	if tx := pgrecords.TxFromContext(c.Request().Context()); tx != nil { // an Atomic route: the task commits with the answer
 		submit = func(ctx context.Context, t pgstore.NewTask) (pgstore.Task, error) {
 			return h.tasks.SubmitTx(ctx, tx, t)
 		}
@@ -272,7 +272,7 @@ func (h *idemHandler) record(c echo.Context, req middleware.Request, in imageReq
 	var db interface {
 		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
 	} = h.ledger
-	if tx, ok := pgrecords.TxFromContext(c.Request().Context()); ok {
+	if tx := pgrecords.TxFromContext(c.Request().Context()); tx != nil {
 		db = tx
 	}
 	var id [16]byte

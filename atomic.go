@@ -1,4 +1,4 @@
-package middleware
+package idemgate
 
 import (
 	"errors"
@@ -6,26 +6,24 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/labstack/echo/v4"
-
 	"github.com/idemgate/idemgate/internal/txlease"
 )
 
-// passThrough runs a request the middleware does not protect (no key, or
+// passThrough runs a request the engine does not protect (no key, or
 // a method it does not protect): as it is, or on an Atomic route in a
 // transaction of its own under the same commit and rollback rule, which
 // finishes no record.
-func (m *idem) passThrough(c echo.Context, next echo.HandlerFunc) error {
+func (m *Engine) passThrough(w http.ResponseWriter, r *http.Request, d Door, x, next any) error {
 	if m.tx == nil {
-		return next(c)
+		return d.Next(w, r, x, next)
 	}
-	rt := m.route(c)
+	rt, _ := m.route(r, d, x)
 	if rt == nil {
-		return next(c) // echo's 404 or 405: no transaction for it
+		return d.Next(w, r, x, next) // the router's 404 or 405: no transaction for it
 	}
-	st := &call{m: m, rt: rt, start: m.now()}
-	st.ctx.parent = c.Request().Context()
-	return st.runAtomic(c, next)
+	st := &call{m: m, rt: rt, d: d, x: x, next: next, start: m.now()}
+	st.ctx.parent = r.Context()
+	return st.runAtomic(w, r)
 }
 
 // runAtomic runs the handler inside a transaction of the store's and holds
@@ -33,8 +31,8 @@ func (m *idem) passThrough(c echo.Context, next echo.HandlerFunc) error {
 // the record's completion, fenced by the claim's token, when the request
 // holds a claim) and then goes out; anything else rolls back, releases the
 // claim and answers what is left to say.
-func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
-	m := st.m
+func (st *call) runAtomic(w http.ResponseWriter, r *http.Request) (err error) {
+	m, d, x := st.m, st.d, st.x
 	claimed := st.key != ""
 	tx, err := m.tx.Begin(txlease.With(st.storeCtx(), m.cfg.Lease))
 	if err != nil {
@@ -43,19 +41,15 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 		if claimed {
 			st.release("begin_failed", 0)
 		}
-		return m.problem(c, http.StatusServiceUnavailable, CodeStoreUnavailable,
+		return m.problem(w, r, d, x, http.StatusServiceUnavailable, CodeStoreUnavailable,
 			"The idempotency store is unavailable; retry later.", 1)
 	}
 	if claimed {
-		c.Set(contextKey, st)
+		r = st.withRequest(r)
 	}
-	r := c.Request()
-	c.SetRequest(r.WithContext(tx.Context(r.Context())))
-	res := c.Response()
-	orig := res.Writer
-	st.cw.reset(orig, m.filter, m.cfg.MaxResponseBytes)
+	r = r.WithContext(tx.Context(r.Context()))
+	front, inner := st.capture(w)
 	st.cw.hold = true
-	res.Writer = &st.cw
 	if claimed {
 		st.startRenewal()
 	}
@@ -69,9 +63,9 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 		if claimed {
 			st.stopRenewal()
 		}
-		res.Writer = orig
+		d.Swap(x, inner)
 		st.rollback(tx)
-		st.cw.takeBack(res)
+		st.takeBack()
 		st.cw.release()
 		if claimed {
 			st.release("panic", 0)
@@ -80,13 +74,14 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 			panic(p)
 		}
 	}()
-	err = next(c)
+	err = d.Next(front, r, x, st.next)
 	if err == nil && !st.cw.wroteHeader {
-		res.WriteHeader(http.StatusOK)
+		front.WriteHeader(http.StatusOK)
 		if !st.cw.wroteHeader {
-			// echo marked its response committed at a 1xx (103 Early
-			// Hints) and dropped every WriteHeader since: the 200 that
-			// net/http sends on a plain route is the answer here too.
+			// The framework marked its response committed at a 1xx
+			// (echo, at a 103 Early Hints) and dropped every
+			// WriteHeader since: the 200 that net/http sends on a
+			// plain route is the answer here too.
 			st.cw.WriteHeader(http.StatusOK)
 		}
 	}
@@ -94,51 +89,51 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 	if claimed {
 		st.stopRenewal()
 	}
-	res.Writer = orig
+	d.Swap(x, inner)
 	defer st.cw.release()
 
 	switch {
 	case err != nil:
 		if aborted := st.rollback(tx); aborted != nil {
-			return st.txAborted(c, claimed, aborted)
+			return st.txAborted(w, r, claimed, aborted)
 		}
-		st.cw.takeBack(res)
+		st.takeBack()
 		if !claimed {
 			return err
 		}
 		st.release("handler_error", 0)
 		if errors.Is(err, ErrKeyReused) {
 			st.emit(Event{Type: EventReused, Status: m.cfg.MismatchStatus})
-			return m.reused(c, nil)
+			return m.reused(w, r, d, x, nil)
 		}
 		return err
 	case !m.cfg.Cacheable(st.cw.status):
 		if aborted := st.rollback(tx); aborted != nil {
-			return st.txAborted(c, claimed, aborted)
+			return st.txAborted(w, r, claimed, aborted)
 		}
 		if claimed {
 			st.release("not_cacheable", st.cw.status)
 		}
 		if !st.cw.overflow {
-			st.cw.send(res)
+			st.send()
 			return nil
 		}
 		// The body was too large to hold and is gone; the status the
 		// handler chose (a 429, a 503) and its Retry-After still say
 		// what the client should do.
 		retry := handlerRetry(st.cw.status, st.cw.sent.Get("Retry-After"), m.now())
-		st.cw.takeBack(res)
-		return m.problem(c, st.cw.status, CodeResponseTooLarge,
+		st.takeBack()
+		return m.problem(w, r, d, x, st.cw.status, CodeResponseTooLarge,
 			"The answer was larger than this endpoint can hold, so its transaction was rolled back.", retry)
 	case st.cw.overflow:
 		if aborted := st.rollback(tx); aborted != nil {
-			return st.txAborted(c, claimed, aborted)
+			return st.txAborted(w, r, claimed, aborted)
 		}
-		st.cw.takeBack(res)
+		st.takeBack()
 		if claimed {
 			st.release("response_too_large", st.cw.status)
 		}
-		return m.problem(c, http.StatusInternalServerError, CodeResponseTooLarge,
+		return m.problem(w, r, d, x, http.StatusInternalServerError, CodeResponseTooLarge,
 			"The answer was larger than this endpoint can store, so its transaction was rolled back.", 0)
 	}
 
@@ -151,32 +146,32 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 	switch {
 	case errors.Is(err, ErrTxAborted):
 		st.rollback(tx)
-		return st.txAborted(c, claimed, err)
+		return st.txAborted(w, r, claimed, err)
 	case errors.Is(err, ErrTxRefused):
 		// The database refused what the handler wrote (a deferred
 		// constraint): the handler's failure, answered as its error
 		// (the application's error handler may map the database's
 		// error), with the hint that a retry would meet it again.
-		st.cw.takeBack(res)
+		st.takeBack()
 		if claimed {
 			st.release("commit_refused", st.cw.status)
 		}
-		res.Header().Set(shouldRetryHeader, "false")
+		w.Header().Set(shouldRetryHeader, "false")
 		return err
 	case errors.Is(err, ErrTxConflict):
 		// Rolled back for a concurrent transaction's sake: a retry may
 		// commit.
 		st.warn("idemgate: the transaction conflicted at its commit", "commit", err)
-		st.cw.takeBack(res)
+		st.takeBack()
 		if claimed {
 			st.release("commit_conflict", st.cw.status)
 		}
-		return m.problem(c, http.StatusServiceUnavailable, CodeTxConflict,
+		return m.problem(w, r, d, x, http.StatusServiceUnavailable, CodeTxConflict,
 			"This request's transaction conflicted with a concurrent one and was rolled back; nothing of it took effect. Retry with the same key.", 1)
 	case errors.Is(err, ErrLeaseLost):
 		st.storeFailed(&st.ctx, "commit", err)
-		st.cw.takeBack(res)
-		return m.problem(c, http.StatusServiceUnavailable, CodeLeaseLost,
+		st.takeBack()
+		return m.problem(w, r, d, x, http.StatusServiceUnavailable, CodeLeaseLost,
 			"This request's claim on its idempotency key ran out before it could commit (another request may have taken the key over); nothing of this request took effect. Retry with the same key.", 1)
 	case err != nil:
 		st.rollback(tx)
@@ -187,14 +182,14 @@ func (st *call) runAtomic(c echo.Context, next echo.HandlerFunc) (err error) {
 			// release (fenced) changes nothing.
 			st.releaseUnconfirmed()
 		}
-		st.cw.takeBack(res)
-		return m.problem(c, http.StatusServiceUnavailable, CodeStoreUnavailable,
+		st.takeBack()
+		return m.problem(w, r, d, x, http.StatusServiceUnavailable, CodeStoreUnavailable,
 			"The transaction of this request could not be committed; retry later.", 1)
 	}
 	if claimed && plant == "complete-outside-tx" {
 		st.complete() // planted: the completion written after the handler's transaction committed
 	}
-	st.cw.send(res)
+	st.send()
 	return nil
 }
 
@@ -219,13 +214,13 @@ func (st *call) rollback(tx Tx) (aborted error) {
 // resent request runs, and the client gets 500 transaction_aborted, not
 // to be retried automatically: each retry would run the handler again,
 // which would most likely break it again. The held answer is dropped.
-func (st *call) txAborted(c echo.Context, claimed bool, err error) error {
+func (st *call) txAborted(w http.ResponseWriter, r *http.Request, claimed bool, err error) error {
 	st.warn("idemgate: the handler broke its transaction", "commit", err)
-	st.cw.takeBack(c.Response())
+	st.takeBack()
 	if claimed {
 		st.release("tx_aborted", st.cw.status)
 	}
-	return st.m.problem(c, http.StatusInternalServerError, CodeTxAborted,
+	return st.m.problem(w, r, st.d, st.x, http.StatusInternalServerError, CodeTxAborted,
 		"This request's handler broke its database transaction, so nothing of it was stored.", 0)
 }
 

@@ -1,16 +1,17 @@
-package middleware
+package idemgate
 
 import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"encoding/binary"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"testing"
 	"time"
 
-	"github.com/labstack/echo/v4"
+	"github.com/idemgate/idemgate/internal/wire"
 )
 
 // TestReplayStoredAgrees: a response the Redis store hands over undecoded
@@ -29,7 +30,7 @@ func TestReplayStoredAgrees(t *testing.T) {
 		{Status: 200, Header: http.Header{"Content-Encoding": {"br"}}, Body: []byte("?")},
 		{Status: 200, Header: http.Header{"Content-Encoding": {}}, Body: []byte("plain")},
 	} {
-		enc, err := appendResponse(nil, r)
+		enc, err := wire.AppendResponse(nil, r.Status, r.Header, r.Body)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -43,19 +44,19 @@ func TestReplayStoredAgrees(t *testing.T) {
 	)
 	for _, accept := range []string{"", "gzip"} {
 		for _, enc := range encoded {
-			want, wantEv, wantErr := replayWith(t, accept, func(st *call, c echo.Context) error {
-				r, err := decodeResponse(string(enc))
+			want, wantEv, wantErr := replayWith(t, accept, func(st *call, w http.ResponseWriter, r *http.Request) error {
+				status, header, body, err := wire.Decode(string(enc))
 				if err != nil {
 					t.Fatal(err)
 				}
-				return st.replay(c, r)
+				return st.replay(w, r, Response{Status: status, Header: header, Body: body})
 			})
-			got, gotEv, gotErr := replayWith(t, accept, func(st *call, c echo.Context) error {
-				sr, err := checkResponse(string(enc))
+			got, gotEv, gotErr := replayWith(t, accept, func(st *call, w http.ResponseWriter, r *http.Request) error {
+				sr, err := wire.Check(string(enc))
 				if err != nil {
 					t.Fatal(err)
 				}
-				return st.replayStored(c, &sr)
+				return st.replayStored(w, r, &sr)
 			})
 			if got.Code != want.Code || !reflect.DeepEqual(got.Header(), want.Header()) || !bytes.Equal(got.Body.Bytes(), want.Body.Bytes()) {
 				t.Errorf("accept %q, %q: replayStored wrote %d %v %q; replay %d %v %q", accept, enc,
@@ -71,22 +72,43 @@ func TestReplayStoredAgrees(t *testing.T) {
 	}
 }
 
-func replayWith(t *testing.T, accept string, replay func(*call, echo.Context) error) (*httptest.ResponseRecorder, []Event, string) {
+func replayWith(t *testing.T, accept string, replay func(*call, http.ResponseWriter, *http.Request) error) (*httptest.ResponseRecorder, []Event, string) {
 	t.Helper()
 	var events []Event
-	m := &idem{cfg: Config{MaxResponseBytes: 1 << 20, OnEvent: func(_ context.Context, e Event) { e.Latency = 0; events = append(events, e) }}}
+	m := &Engine{cfg: EngineConfig{MaxResponseBytes: 1 << 20, OnEvent: func(_ context.Context, e Event) { e.Latency = 0; events = append(events, e) }}}
 	m.now = func() time.Time { return time.Time{} }
-	st := &call{m: m, rt: &route{name: "POST /x", kind: "x"}}
+	st := &call{m: m, rt: &route{name: "POST /x", kind: "x"}, d: &testDoor{}}
 	r := httptest.NewRequest(http.MethodPost, "/x", nil)
 	if accept != "" {
 		r.Header.Set("Accept-Encoding", accept)
 	}
 	w := httptest.NewRecorder()
 	var msg string
-	if err := replay(st, echo.New().NewContext(r, w)); err != nil {
+	if err := replay(st, w, r); err != nil {
 		msg = err.Error()
 	}
 	return w, events, msg
+}
+
+// v1Response encodes r in the record format's version 1, which stores
+// written before version 2 still hold.
+func v1Response(b []byte, r Response) []byte {
+	b = append(b, 1)
+	b = binary.AppendUvarint(b, uint64(r.Status))
+	b = binary.AppendUvarint(b, uint64(len(r.Header)))
+	for name, values := range r.Header {
+		b = v1String(b, name)
+		b = binary.AppendUvarint(b, uint64(len(values)))
+		for _, v := range values {
+			b = v1String(b, v)
+		}
+	}
+	return append(b, r.Body...)
+}
+
+func v1String(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
 }
 
 func gzipBytes(s string) []byte {

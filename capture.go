@@ -1,4 +1,4 @@
-package middleware
+package idemgate
 
 import (
 	"bufio"
@@ -8,8 +8,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-
-	"github.com/labstack/echo/v4"
 )
 
 // captureWriter passes a response through to the client and keeps a copy
@@ -75,10 +73,6 @@ func (w *captureWriter) release() {
 	}
 }
 
-// maxPooledBlob is the largest buffer a pool takes back: a rare large
-// response does not stay pinned in memory.
-const maxPooledBlob = 64 << 10
-
 // releaseBody returns the body buffer to its pool.
 func (w *captureWriter) releaseBody() {
 	if w.body != nil && cap(*w.body) <= maxPooledBlob {
@@ -90,7 +84,7 @@ func (w *captureWriter) releaseBody() {
 // takeBack undoes what a held answer did to the response: the headers the
 // handler set are removed (those set before it ran are put back), so that
 // another answer can replace it.
-func (w *captureWriter) takeBack(res *echo.Response) {
+func (w *captureWriter) takeBack() {
 	h := w.ResponseWriter.Header()
 	for name := range h {
 		if _, ok := w.before[name]; !ok {
@@ -100,14 +94,26 @@ func (w *captureWriter) takeBack(res *echo.Response) {
 	for name, v := range w.before {
 		h[name] = v
 	}
-	res.Committed, res.Status, res.Size = false, 0, 0
+}
+
+// takeBack takes a held answer back, from the response and from the
+// framework's bookkeeping (Door.Rewound).
+func (st *call) takeBack() {
+	st.cw.takeBack()
+	st.d.Rewound(st.x)
+}
+
+// send sends a held answer (captureWriter.send) and tells the framework
+// how much of it went out (Door.Sent).
+func (st *call) send() {
+	st.d.Sent(st.x, st.cw.send())
 }
 
 // send writes a held answer to the client: the headers as they stood at
-// WriteHeader, the status, then the body. A client that went away misses
-// it; the commit stands. echo counted the held body as the handler wrote
-// it; Size becomes what went out.
-func (w *captureWriter) send(res *echo.Response) {
+// WriteHeader, the status, then the body, and returns how many bytes of
+// the body went out. A client that went away misses it; the commit
+// stands.
+func (w *captureWriter) send() int64 {
 	h := w.ResponseWriter.Header()
 	clear(h)
 	for name, v := range w.sent {
@@ -115,7 +121,7 @@ func (w *captureWriter) send(res *echo.Response) {
 	}
 	w.ResponseWriter.WriteHeader(w.status)
 	n, _ := w.ResponseWriter.Write(*w.body)
-	res.Size = int64(n)
+	return int64(n)
 }
 
 func (w *captureWriter) WriteHeader(code int) {
@@ -214,6 +220,10 @@ func (w *captureWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (w *captureWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// maxPooledBlob bounds the buffers kept for reuse: a rare huge body must
+// not stay pinned in a pool.
+const maxPooledBlob = 64 << 10
 
 var (
 	bodyPool   = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}

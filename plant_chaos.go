@@ -1,6 +1,6 @@
 //go:build chaosplant
 
-package middleware
+package idemgate
 
 import "os"
 

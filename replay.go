@@ -1,4 +1,4 @@
-package middleware
+package idemgate
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/labstack/echo/v4"
+	"github.com/idemgate/idemgate/internal/wire"
 )
 
 // wait polls the store until the holder of the key finishes, releases it,
@@ -43,12 +43,12 @@ func (st *call) wait(ctx context.Context, claim ClaimRequest, res ClaimResult) (
 // Content-Encoding the request does not accept: then a gzip body is
 // decoded (Event.Reason "decoded"), and any other is refused with 406
 // encoding_not_acceptable (Event.Reason "encoding_not_acceptable").
-func (st *call) replay(c echo.Context, resp Response) error {
-	if ce := resp.Header["Content-Encoding"]; len(ce) > 0 && !acceptsEncoding(c.Request().Header["Accept-Encoding"], ce) {
+func (st *call) replay(w http.ResponseWriter, r *http.Request, resp Response) error {
+	if ce := resp.Header["Content-Encoding"]; len(ce) > 0 && !acceptsEncoding(r.Header["Accept-Encoding"], ce) {
 		body, ok := decodeForReplay(ce, resp.Body, st.m.cfg.MaxResponseBytes)
 		if !ok {
 			st.emit(Event{Type: EventReplayed, Status: http.StatusNotAcceptable, Reason: string(CodeEncodingNotAcceptable)})
-			return st.m.problem(c, http.StatusNotAcceptable, CodeEncodingNotAcceptable,
+			return st.m.problem(w, r, st.d, st.x, http.StatusNotAcceptable, CodeEncodingNotAcceptable,
 				"The stored response to this request is sent with Content-Encoding "+strings.Join(ce, ", ")+
 					", which this request does not accept; retry with an Accept-Encoding that allows it.", 0)
 		}
@@ -57,36 +57,37 @@ func (st *call) replay(c echo.Context, resp Response) error {
 	} else {
 		st.emit(Event{Type: EventReplayed, Status: resp.Status})
 	}
-	h := c.Response().Header()
+	h := w.Header()
 	for name, v := range resp.Header {
 		h[name] = v
 	}
 	h[replayedHeader] = []string{"true"}
-	c.Response().WriteHeader(resp.Status)
-	_, err := c.Response().Write(resp.Body)
+	w.WriteHeader(resp.Status)
+	_, err := w.Write(resp.Body)
 	return err
 }
 
-// replayStored is replay for a response the Redis store checked but did
+// replayStored is replay for a response the store checked but did
 // not decode: the stored header entries go straight into the response's
 // header, their values and Idempotent-Replayed's sharing one slice, and
 // the body is written from the stored bytes without a copy. A response
 // with a Content-Encoding is decoded and replayed as any other, since the
 // request may not accept it.
-func (st *call) replayStored(c echo.Context, sr *storedResponse) error {
+func (st *call) replayStored(w http.ResponseWriter, r *http.Request, sr *wire.Stored) error {
 	if sr.Encoded() {
-		return st.replay(c, response(sr))
+		status, header, body := sr.Decode()
+		return st.replay(w, r, Response{Status: status, Header: header, Body: body})
 	}
 	st.emit(Event{Type: EventReplayed, Status: sr.Status()})
 	all := make([]string, sr.Values()+1)
 	all[sr.Values()] = "true"
-	h := c.Response().Header()
+	h := w.Header()
 	sr.SetHeader(h, all)
 	h[replayedHeader] = all[sr.Values():]
-	c.Response().WriteHeader(sr.Status())
+	w.WriteHeader(sr.Status())
 	// io.Writer's contract: Write neither modifies nor retains p, so the
 	// body need not be copied out of the immutable stored string.
 	body := sr.Body()
-	_, err := c.Response().Write(unsafe.Slice(unsafe.StringData(body), len(body)))
+	_, err := w.Write(unsafe.Slice(unsafe.StringData(body), len(body)))
 	return err
 }

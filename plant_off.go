@@ -1,6 +1,6 @@
 //go:build !chaosplant
 
-package middleware
+package idemgate
 
 // plant is empty in every normal build, so each plant hook is a constant
 // false condition that the compiler removes.

@@ -1,4 +1,4 @@
-package middleware
+package idemgate
 
 import (
 	"context"
@@ -38,7 +38,7 @@ const epochSlack = 8
 // storeEpoch returns a context that ends a Lease after it was made, at
 // least Lease - Lease/epochSlack from now. One is made every
 // Lease/epochSlack at most, and its timer is freed when it fires.
-func (m *idem) storeEpoch() context.Context {
+func (m *Engine) storeEpoch() context.Context {
 	now := time.Now()
 	if e := m.epoch.Load(); e != nil && e.deadline.Sub(now) >= m.cfg.Lease-m.cfg.Lease/epochSlack {
 		return e.ctx

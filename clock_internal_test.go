@@ -1,4 +1,4 @@
-package middleware
+package idemgate
 
 import (
 	"context"
@@ -8,10 +8,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/alicebob/miniredis/v2"
-	"github.com/labstack/echo/v4"
-	"github.com/redis/go-redis/v9"
 )
 
 // fakeClock advances by step on every reading.
@@ -32,36 +28,35 @@ func (c *fakeClock) now() time.Time {
 // from the injected clock, not the wall clock.
 func TestInjectedClock(t *testing.T) {
 	t.Parallel()
-	mr := miniredis.RunT(t)
-	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { client.Close() })
 	clock := &fakeClock{t: time.Unix(1_700_000_000, 0), step: time.Hour}
 	var (
 		mu     sync.Mutex
 		events []Event
 	)
 	entered, release := make(chan struct{}), make(chan struct{})
-	e := echo.New()
-	e.POST("/v1/images", func(c echo.Context) error {
-		close(entered)
-		<-release
-		return c.NoContent(http.StatusCreated)
-	}, mustMiddleware(t, clock.now, Config{
-		Store:        NewRedisStore(client),
-		Scope:        func(echo.Context) (string, string, error) { return "acme", "alice", nil },
+	m, err := newEngine(EngineConfig{
+		Store:        newMemStore(),
 		WaitInFlight: 90 * time.Minute, // two clock readings: one poll, then past the deadline
 		OnEvent: func(_ context.Context, ev Event) {
 			mu.Lock()
 			defer mu.Unlock()
 			events = append(events, ev)
 		},
-	}))
+	}, clock.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &testDoor{template: "/v1/images", h: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		close(entered)
+		<-release
+		w.WriteHeader(http.StatusCreated)
+	})}
 	send := func() *httptest.ResponseRecorder {
 		r := httptest.NewRequest(http.MethodPost, "/v1/images", strings.NewReader(`{}`))
 		r.Header.Set("Content-Type", "application/json")
 		r.Header.Set("Idempotency-Key", "k")
 		rec := httptest.NewRecorder()
-		e.ServeHTTP(rec, r)
+		_ = m.Serve(rec, r, d, nil, nil)
 		return rec
 	}
 	done := make(chan struct{})
@@ -80,14 +75,4 @@ func TestInjectedClock(t *testing.T) {
 			t.Errorf("%v latency %v is not from the injected clock", ev.Type, ev.Latency)
 		}
 	}
-}
-
-// mustMiddleware is New on the clock now.
-func mustMiddleware(t *testing.T, now func() time.Time, cfg Config) echo.MiddlewareFunc {
-	t.Helper()
-	mw, err := cfg.toMiddleware(now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return mw
 }

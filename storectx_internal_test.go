@@ -1,4 +1,4 @@
-package middleware
+package idemgate
 
 import (
 	"context"
@@ -17,7 +17,7 @@ type ctxKey struct{}
 // (no goroutine each) and see its cause.
 func TestStoreContext(t *testing.T) {
 	lease := 200 * time.Millisecond
-	m := &idem{cfg: Config{Lease: lease}}
+	m := &Engine{cfg: EngineConfig{Lease: lease}}
 	req, cancelReq := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "v"))
 	st := &call{m: m}
 	st.ctx.parent = req
@@ -88,7 +88,7 @@ func TestStoreContext(t *testing.T) {
 // call; the context stays live and shared.
 func TestStoreContextHugeLease(t *testing.T) {
 	for _, lease := range []time.Duration{math.MaxInt64, 200 * 365 * 24 * time.Hour} {
-		m := &idem{cfg: Config{Lease: lease}}
+		m := &Engine{cfg: EngineConfig{Lease: lease}}
 		st := &call{m: m}
 		st.ctx.parent = context.Background()
 		ctx := st.storeCtx()
