@@ -2,15 +2,17 @@
 # start throwaway PostgreSQL and Redis servers on free loopback ports
 # (internal/testenv) and stop them at the end.
 #
-# Seven modules share this checkout (go.work joins them): the library at the
+# Eight modules share this checkout (go.work joins them): the library at the
 # root; otelidem/, client/ and cmd/idemgate/, released with it; example/ and
 # tools/ with their own dependencies, so an importer of the library gets none
 # of theirs; otelidem/internal/sdktest holds otelidem's tests that need the
-# OpenTelemetry SDK, so an importer of otelidem gets the API only. "./..."
-# names one module only; PKGS names all seven.
+# OpenTelemetry SDK, so an importer of otelidem gets the API only;
+# idemhttp/internal/routertest holds idemhttp's chi and gorilla/mux recipes
+# and their tests, so that the library's go.mod names neither router. "./..."
+# names one module only; PKGS names all eight.
 GO ?= go
 export GOTOOLCHAIN ?= local
-PKGS = ./... ./client/... ./cmd/idemgate/... ./example/... ./otelidem/... ./otelidem/internal/sdktest/... ./tools/...
+PKGS = ./... ./client/... ./cmd/idemgate/... ./example/... ./otelidem/... ./otelidem/internal/sdktest/... ./idemhttp/internal/routertest/... ./tools/...
 MODULE = github.com/idemgate/idemgate
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
