@@ -15,11 +15,13 @@
 //
 // Wrapping the whole mux instead (mw(mux)) runs the middleware before
 // the mux chose a pattern: r.Pattern is empty, so the request's path is
-// its target (the kind is Config.Kind or derived from the method alone;
-// the fingerprint covers the escaped path), and every request of a
-// protected method with a key is claimed, one the mux answers 404 or 405
-// too. A router that keeps its template elsewhere (chi, gorilla/mux)
-// gives it through Config.Route.
+// its target. Its kind is Config.Kind, or derived from the method alone
+// (one kind for every route: set Kind, or wrap each route), and its
+// fingerprint covers the escaped path where a route's covers the pattern
+// and its path values. A request the mux would answer 404 or 405 (asked
+// with ServeMux.Handler) passes through untouched. A router that keeps
+// its template elsewhere (chi, gorilla/mux) gives it through
+// Config.Route.
 package idemhttp
 
 import (
@@ -194,7 +196,8 @@ func (cfg Config) ToMiddleware() (func(http.Handler) http.Handler, error) {
 	}
 	s := &shared{cfg: cfg, m: m, names: make(map[string][]string)}
 	return func(next http.Handler) http.Handler {
-		return &handler{shared: s, next: next}
+		mux, _ := next.(*http.ServeMux)
+		return &handler{shared: s, next: next, mux: mux}
 	}, nil
 }
 
@@ -210,6 +213,7 @@ type shared struct {
 type handler struct {
 	*shared
 	next http.Handler
+	mux  *http.ServeMux // next, when it is a whole mux
 }
 
 var _ idemgate.Door = (*handler)(nil)
@@ -219,10 +223,15 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	err := h.m.Serve(w, r, h, nil, nil)
+	if err := h.m.Serve(w, r, h, nil, nil); err != nil {
+		h.fail(w, r, err)
+	}
+}
+
+// fail answers an error Serve returned, unless the client went away.
+func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var se scopeError
 	switch {
-	case err == nil:
 	case errors.As(err, &se):
 		http.Error(w, http.StatusText(http.StatusUnauthorized), http.StatusUnauthorized)
 	case r.Context().Err() != nil:
@@ -269,10 +278,17 @@ func (h *handler) Params(r *http.Request, _ any) (names, values []string) {
 	return names, values
 }
 
-// Matched is true: the middleware wraps a route's handler, which runs
-// only for a request its router matched, or a whole mux, which has not
-// routed yet and cannot be asked.
-func (*handler) Matched(*http.Request, any, string) bool { return true }
+// Matched asks a whole ServeMux (the middleware wraps it, before routing)
+// whether a route of the request's method matches: one that it answers
+// 404 or 405 passes through. A route's handler runs only for a request
+// its router matched; another router before routing cannot be asked.
+func (h *handler) Matched(r *http.Request, _ any, template string) bool {
+	if template != "" || h.mux == nil {
+		return true
+	}
+	_, pattern := h.mux.Handler(r)
+	return pattern != ""
+}
 
 func (h *handler) Scope(r *http.Request, _ any) (tenant, user string, err error) {
 	tenant, user, err = h.cfg.Scope(r)

@@ -126,8 +126,8 @@ func TestServeMuxRetries(t *testing.T) {
 
 // TestWrappingTheWholeMux: before the mux routes, r.Pattern is empty and
 // the path is the request's target: a retry replays, the same key on
-// another path is key_reused, and the mux's 404 for an unknown path is
-// claimed like any other answer (a 404 is stored and replayed).
+// another path is key_reused, and a request the mux answers 404 or 405
+// passes through untouched, even with a body over MaxBodyBytes.
 func TestWrappingTheWholeMux(t *testing.T) {
 	t.Parallel()
 	var runs atomic.Int64
@@ -137,7 +137,7 @@ func TestWrappingTheWholeMux(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, r.PathValue("id"))
 	})
-	h := idemhttp.New(idemhttp.Config{Store: newStore(t), Scope: scopeFromHeader})(mux)
+	h := idemhttp.New(idemhttp.Config{Store: newStore(t), Scope: scopeFromHeader, MaxBodyBytes: 64})(mux)
 
 	if got := send(t, h, http.MethodPost, "/v1/orders/7/refund", "k", `{}`); got.Code != 201 || got.Body.String() != "7" {
 		t.Fatalf("first: %d %q", got.Code, got.Body)
@@ -148,9 +148,20 @@ func TestWrappingTheWholeMux(t *testing.T) {
 	if got := send(t, h, http.MethodPost, "/v1/orders/8/refund", "k", `{}`); got.Code != http.StatusConflict || runs.Load() != 1 {
 		t.Fatalf("same key, other path: %d after %d runs, want 409 after 1", got.Code, runs.Load())
 	}
-	send(t, h, http.MethodPost, "/nowhere", "k404", `{}`)
-	if got := send(t, h, http.MethodPost, "/nowhere", "k404", `{}`); got.Code != http.StatusNotFound || got.Header().Get("Idempotent-Replayed") != "true" {
-		t.Fatalf("the mux's 404 again: %d replayed %q, want the stored 404 replayed", got.Code, got.Header().Get("Idempotent-Replayed"))
+	big := `{"x":"` + strings.Repeat("x", 100) + `"}`
+	for _, tt := range []struct {
+		method, target string
+		want           int
+	}{
+		{http.MethodPost, "/nowhere", http.StatusNotFound},
+		{http.MethodPatch, "/v1/orders/7/refund", http.StatusMethodNotAllowed},
+	} {
+		for try := range 2 {
+			got := send(t, h, tt.method, tt.target, "k-"+tt.target, big)
+			if got.Code != tt.want || got.Header().Get("X-Should-Retry") != "" || got.Header().Get("Idempotent-Replayed") != "" {
+				t.Fatalf("%s %s, try %d: %d %v, want the mux's own %d", tt.method, tt.target, try, got.Code, got.Header(), tt.want)
+			}
+		}
 	}
 }
 

@@ -76,7 +76,7 @@ func newBench(e *env, o options, log io.Writer) *bench {
 
 // stackOrder is every stack, as the report shows them: each floor before
 // the stacks compared to it.
-var stackOrder = []string{floorName, floorScriptName, idemgateName, pgFloorName, idemgatePGName, idemgatePGAtomicName}
+var stackOrder = []string{floorName, floorScriptName, idemgateName, idemgateHTTPName, pgFloorName, idemgatePGName, idemgatePGAtomicName}
 
 // start builds the stacks that -stacks names. Every stack writes tasks to
 // pgstore's table, so that is migrated first; the pg-floor's table copies
@@ -102,6 +102,8 @@ func (b *bench) start(ctx context.Context) error {
 			st, err = newFloor(ctx, b.env, b.o, name == floorName)
 		case idemgateName:
 			st, err = newIdemgate(ctx, b.env, b.o)
+		case idemgateHTTPName:
+			st, err = newIdemgateHTTP(ctx, b.env, b.o)
 		case pgFloorName:
 			if err = b.migrateRecords(ctx); err == nil {
 				if err = createPGFloorTable(ctx, b.env.db); err == nil {

@@ -33,7 +33,7 @@ func newRound(n int, lat []time.Duration, elapsed time.Duration) round {
 }
 
 // stackColors are fixed per stack name so that every plot agrees.
-var stackColors = map[string]string{floorName: "#7a8599", floorScriptName: "#b0b8c6", idemgateName: "#2f5bd3",
+var stackColors = map[string]string{floorName: "#7a8599", floorScriptName: "#b0b8c6", idemgateName: "#2f5bd3", idemgateHTTPName: "#4f8fe8",
 	pgFloorName: "#b39a6b", idemgatePGName: "#1f7a4d", idemgatePGAtomicName: "#8e3bb5"}
 
 var extraColors = []string{"#c2571a", "#1f7a4d", "#8e3bb5", "#b3261e"}

@@ -1,7 +1,7 @@
 // Command loadtest measures idemgate against its floor.
 //
 // In one run it starts a throwaway redis-server and PostgreSQL (or uses
-// -redis-url / -database-url), serves five stacks on loopback (or those
+// -redis-url / -database-url), serves seven stacks on loopback (or those
 // that -stacks names) and drives each with concurrent keep-alive HTTP
 // clients for a fixed duration per scenario:
 //
@@ -14,6 +14,8 @@
 //   - floor-script: the same, with the claim done by a claim-or-read Lua
 //     script (as idemgate did before records v2);
 //   - idemgate: echo + middleware (RedisStore) in this process;
+//   - idemgate-http: net/http's ServeMux + idemhttp (RedisStore), the
+//     same handler work on net/http;
 //   - pg-floor: a bare echo handler doing by hand the fewest Postgres
 //     statements for records, on a table of pgrecords' shape: INSERT … ON
 //     CONFLICT DO NOTHING, then UPDATE by primary key, for a miss; one
@@ -31,7 +33,7 @@
 // plain route in autocommit on the same records pool, so that the round
 // trips compare.
 //
-// floor-script and idemgate are compared to floor, idemgate-pg to
+// floor-script, idemgate and idemgate-http are compared to floor, idemgate-pg to
 // pg-floor, idemgate-pg-atomic to idemgate-pg. The Postgres stacks keep records on a pool of their own, apart
 // from the task work's, so that its round trips are theirs alone; Postgres
 // CPU is the whole server's (internal/pgcpu), task work included: the

@@ -46,7 +46,7 @@ func TestRun(t *testing.T) {
 	// the records pool for the Postgres stacks; none to the other.
 	wantRT := map[string]float64{"miss": 2, "replay": 1, "conflict": 1}
 	wantStatus := map[string][]string{"miss": {"202"}, "replay": {"202"}, "conflict": {"409"}, "dup": {"202", "409"}}
-	wantFloor := map[string]string{floorName: "", floorScriptName: floorName, idemgateName: floorName,
+	wantFloor := map[string]string{floorName: "", floorScriptName: floorName, idemgateName: floorName, idemgateHTTPName: floorName,
 		pgFloorName: "", idemgatePGName: pgFloorName, idemgatePGAtomicName: idemgatePGName}
 	// The Atomic stack's records pool carries its task statements too: a
 	// miss is the claim; BEGIN with its SET LOCAL; SAVEPOINT (SubmitTx's);
@@ -120,9 +120,10 @@ func TestRun(t *testing.T) {
 		t.Errorf("after the run: %d idemgate-pg records left and the pg-floor's table %v, want neither", records, floorTable)
 	}
 	wantCalls := map[string]map[string]float64{
-		floorName:       {"miss": 2, "replay": 1, "conflict": 1},
-		floorScriptName: {"miss": 4, "replay": 2, "conflict": 2},
-		idemgateName:    {"miss": 4, "replay": 1, "conflict": 1},
+		floorName:        {"miss": 2, "replay": 1, "conflict": 1},
+		floorScriptName:  {"miss": 4, "replay": 2, "conflict": 2},
+		idemgateName:     {"miss": 4, "replay": 1, "conflict": 1},
+		idemgateHTTPName: {"miss": 4, "replay": 1, "conflict": 1},
 	}
 	for _, res := range rep.Results {
 		if res.Scenario == "miss" && res.HandlerExecutions != res.Requests {
