@@ -52,7 +52,7 @@ func testRequestPath(t *testing.T, b bundle) {
 		{name: "the same key from another user runs", setup: []req{first},
 			when: req{key: "req-1", user: "bob", body: imageBody}, want: want{status: 201, calls: 2}},
 		{name: "the same key from another tenant runs", setup: []req{first},
-			when: req{key: "req-1", tenant: "other-tenant", body: imageBody}, want: want{status: 201, calls: 2}},
+			when: req{key: "req-1", otherTenant: true, body: imageBody}, want: want{status: 201, calls: 2}},
 
 		{name: "GET passes through", setup: []req{{method: "GET", key: "req-1"}}, when: req{method: "GET", key: "req-1"},
 			want: want{status: 201, calls: 2, events: noEvents}},
