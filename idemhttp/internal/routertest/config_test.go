@@ -8,6 +8,7 @@ import (
 // config is idemhttp's Config for the suite's.
 func config(c doortest.Config) idemhttp.Config {
 	return idemhttp.Config{
+		Skipper:          c.Skipper,
 		Store:            c.Store,
 		Scope:            c.Scope,
 		Kind:             c.Kind,
@@ -25,6 +26,7 @@ func config(c doortest.Config) idemhttp.Config {
 		ReplayHeaders:    c.ReplayHeaders,
 		FailOpen:         c.FailOpen,
 		OnEvent:          c.OnEvent,
+		ErrorHandler:     c.ErrorHandler,
 		Atomic:           c.Atomic,
 	}
 }
