@@ -33,22 +33,21 @@ type reusableBody struct{ strings.Reader }
 
 func (*reusableBody) Close() error { return nil }
 
-// TestAllocsPerRequest holds idemhttp's paths on a real redis-server, on
-// a ServeMux route, to the allocations docs/performance.md states, go-redis's
-// own included: each at most the echo middleware's (miss 49, replay 15,
-// request_in_progress 25, key_reused 18, its TestAllocsPerRequest), and
-// exactly the figure the doc gives, so that a path that gains or loses an
-// allocation fails until the doc moves. Not under the race detector,
-// which allocates on its own.
-func TestAllocsPerRequest(t *testing.T) {
-	if raceDetector() {
-		t.Skip("the race detector allocates")
-	}
-	want := map[string]float64{"miss": 48, "replay": 15, "request_in_progress": 25, "key_reused": 18}
-	echo := map[string]float64{"miss": 49, "replay": 15, "request_in_progress": 25, "key_reused": 18}
+// pathCase is one path of a protected request, as middleware's bench
+// tests have them.
+type pathCase struct {
+	name string
+	key  func() string
+	want int
+}
 
-	client := redis.NewClient(testenv.Redis(t))
-	t.Cleanup(func() { client.Close() })
+// pathCases serves a ServeMux route protected by idemhttp on a real
+// redis-server, with a key for each path ready: serve sends one request
+// and checks its status.
+func pathCases(tb testing.TB) (serve func(key string, status int), paths []pathCase) {
+	tb.Helper()
+	client := redis.NewClient(testenv.Redis(tb))
+	tb.Cleanup(func() { client.Close() })
 	var id [6]byte
 	_, _ = rand.Read(id[:])
 	prefix := hex.EncodeToString(id[:]) + "-"
@@ -72,7 +71,7 @@ func TestAllocsPerRequest(t *testing.T) {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", "k")
 	body, w := &reusableBody{}, &discardWriter{h: http.Header{}}
-	serve := func(key, b string, status int) {
+	send := func(key, b string, status int) {
 		body.Reset(b)
 		req.Body, req.ContentLength = body, int64(len(b))
 		req.Header["Idempotency-Key"][0] = key
@@ -80,7 +79,7 @@ func TestAllocsPerRequest(t *testing.T) {
 		w.code = 0
 		mux.ServeHTTP(w, req)
 		if w.code != status {
-			t.Fatalf("key %s: status %d, want %d", key, w.code, status)
+			tb.Fatalf("key %s: status %d, want %d", key, w.code, status)
 		}
 	}
 	done := make(chan struct{})
@@ -92,32 +91,68 @@ func TestAllocsPerRequest(t *testing.T) {
 		close(done)
 	}()
 	<-held
-	t.Cleanup(func() { close(hold); <-done })
-	serve(prefix+"replay", benchBody, http.StatusCreated)
-	serve(prefix+"reused", `{"prompt":"something else"}`, http.StatusCreated)
-	serve(prefix+"warm", benchBody, http.StatusCreated)
+	tb.Cleanup(func() { close(hold); <-done })
+	send(prefix+"replay", benchBody, http.StatusCreated)
+	send(prefix+"reused", `{"prompt":"something else"}`, http.StatusCreated)
+	send(prefix+"warm", benchBody, http.StatusCreated)
+	// The keys are made here, so that a request allocates only what the
+	// middleware and go-redis do.
 	misses := make([]string, 1000)
 	for i := range misses {
 		misses[i] = prefix + "miss-" + strconv.Itoa(i)
 	}
 	i := 0
-	for _, p := range []struct {
-		name string
-		key  func() string
-		want int
-	}{
-		{"miss", func() string { i++; return misses[i%len(misses)] }, http.StatusCreated},
+	return func(key string, status int) { send(key, benchBody, status) }, []pathCase{
+		{"miss", func() string {
+			if i++; i < len(misses) {
+				return misses[i]
+			}
+			return prefix + "miss-" + strconv.Itoa(i) // a benchmark's later requests
+		}, http.StatusCreated},
 		{"replay", func() string { return prefix + "replay" }, http.StatusCreated},
 		{"request_in_progress", func() string { return prefix + "in-progress" }, http.StatusConflict},
 		{"key_reused", func() string { return prefix + "reused" }, http.StatusConflict},
-	} {
-		got := testing.AllocsPerRun(200, func() { serve(p.key(), benchBody, p.want) })
+	}
+}
+
+// TestAllocsPerRequest holds idemhttp's paths on a real redis-server, on
+// a ServeMux route, to the allocations docs/performance.md states, go-redis's
+// own included: each at most the echo middleware's (miss 49, replay 15,
+// request_in_progress 25, key_reused 18, its TestAllocsPerRequest), and
+// exactly the figure the doc gives, so that a path that gains or loses an
+// allocation fails until the doc moves. Not under the race detector,
+// which allocates on its own.
+func TestAllocsPerRequest(t *testing.T) {
+	if raceDetector() {
+		t.Skip("the race detector allocates")
+	}
+	want := map[string]float64{"miss": 48, "replay": 15, "request_in_progress": 25, "key_reused": 18}
+	echo := map[string]float64{"miss": 49, "replay": 15, "request_in_progress": 25, "key_reused": 18}
+	serve, paths := pathCases(t)
+	for _, p := range paths {
+		got := testing.AllocsPerRun(200, func() { serve(p.key(), p.want) })
 		if got > echo[p.name] {
 			t.Errorf("%s: %.0f allocations per request, more than the echo middleware's %.0f", p.name, got, echo[p.name])
 		}
 		if got != want[p.name] {
 			t.Errorf("%s: %.0f allocations per request, docs/performance.md says %.0f", p.name, got, want[p.name])
 		}
+	}
+}
+
+// BenchmarkPaths times each path in this process (the middleware and
+// go-redis; the redis-server's time is the round trip's), to set beside
+// middleware's BenchmarkMiss and BenchmarkReplay:
+// go test -run '^$' -bench Paths -benchtime 2000x ./idemhttp/
+func BenchmarkPaths(b *testing.B) {
+	serve, paths := pathCases(b)
+	for _, p := range paths {
+		b.Run(p.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				serve(p.key(), p.want)
+			}
+		})
 	}
 }
 

@@ -60,7 +60,9 @@ type Config struct {
 	// names and values of its path parameters, all of which take part in
 	// the fingerprint (with the method and the raw query). An empty
 	// template means the router has not chosen one: the path itself is
-	// then the target.
+	// then the target. It must be the route's template, never the
+	// request's path: the engine keeps what it derives (the kind, the
+	// route's fingerprint frame) once per method and template.
 	// Optional. Default: Go's ServeMux: the path part of r.Pattern (its
 	// method and host left out) and r.PathValue of each of its wildcards.
 	Route func(r *http.Request) (template string, names, values []string)
