@@ -2,8 +2,6 @@ package idemgate_test
 
 import (
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 )
@@ -27,7 +25,7 @@ func TestDoorsLinkOnlyWhatTheyNeed(t *testing.T) {
 		}},
 	}
 	for _, tt := range tests {
-		out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "list", "-deps", tt.pkg).CombinedOutput()
+		out, err := exec.Command("go", "list", "-deps", tt.pkg).CombinedOutput()
 		if err != nil {
 			t.Fatalf("go list -deps %s: %v\n%s", tt.pkg, err, out)
 		}

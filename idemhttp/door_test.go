@@ -30,6 +30,24 @@ func TestDoor(t *testing.T) {
 	}})
 }
 
+// TestDoorWrappingTheWholeMux runs the suite with the middleware around
+// the whole ServeMux, before it routes: the path is the target, and the
+// mux's own 404 and 405 pass through untouched.
+func TestDoorWrappingTheWholeMux(t *testing.T) {
+	t.Parallel()
+	doortest.Run(t, doortest.Door{New: func(t *testing.T, s doortest.Setup) http.Handler {
+		mw, err := httpConfig(s.Config).ToMiddleware()
+		if err != nil {
+			t.Fatalf("ToMiddleware: %v", err)
+		}
+		mux := http.NewServeMux()
+		for _, r := range s.Routes {
+			mux.Handle(r.Method+" "+r.Pattern, r.Handler)
+		}
+		return mw(mux)
+	}})
+}
+
 // httpConfig is idemhttp's Config for the suite's.
 func httpConfig(c doortest.Config) idemhttp.Config {
 	return idemhttp.Config{

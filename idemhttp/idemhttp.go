@@ -14,14 +14,12 @@
 //	mux.Handle("POST /v1/orders/{id}/refund", mw(refund))
 //
 // Wrapping the whole mux instead (mw(mux)) runs the middleware before
-// the mux chose a pattern: r.Pattern is empty, so the request's path is
-// its target. Its kind is Config.Kind, or derived from the method alone
-// (one kind for every route: set Kind, or wrap each route), and its
-// fingerprint covers the escaped path where a route's covers the pattern
-// and its path values. A request the mux would answer 404 or 405 (asked
-// with ServeMux.Handler) passes through untouched. A router that keeps
-// its template elsewhere (chi, gorilla/mux) gives it through
-// Config.Route.
+// the mux routes, when r.Pattern is still empty: the middleware asks the
+// mux (ServeMux.Handler) which pattern it will choose. That pattern gives
+// the kind, as on a wrapped route, and the escaped path stands for the
+// path values in the fingerprint; a request the mux answers 404 or 405
+// passes through untouched. A router that keeps its template elsewhere
+// (chi, gorilla/mux) gives it through Config.Route.
 package idemhttp
 
 import (
@@ -257,17 +255,27 @@ func (e scopeError) Error() string { return e.err.Error() }
 func (e scopeError) Unwrap() error { return e.err }
 
 func (h *handler) Route(r *http.Request, _ any) string {
-	if h.cfg.Route != nil {
+	switch {
+	case h.cfg.Route != nil:
 		template, _, _ := h.cfg.Route(r)
 		return template
+	case h.mux != nil && r.Pattern == "":
+		// Before the mux routes: the pattern it will choose.
+		_, pattern := h.mux.Handler(r)
+		return patternPath(pattern)
 	}
 	return patternPath(r.Pattern)
 }
 
 func (h *handler) Params(r *http.Request, _ any) (names, values []string) {
-	if h.cfg.Route != nil {
+	switch {
+	case h.cfg.Route != nil:
 		_, names, values = h.cfg.Route(r)
 		return names, values
+	case h.mux != nil && r.Pattern == "":
+		// The path values are not parsed before the mux routes: the
+		// path stands for them, as the engine's own target does.
+		return []string{""}, []string{r.URL.EscapedPath()}
 	}
 	names = h.wildcards(r.Pattern)
 	if len(names) == 0 {
@@ -280,16 +288,13 @@ func (h *handler) Params(r *http.Request, _ any) (names, values []string) {
 	return names, values
 }
 
-// Matched asks a whole ServeMux (the middleware wraps it, before routing)
-// whether a route of the request's method matches: one that it answers
-// 404 or 405 passes through. A route's handler runs only for a request
-// its router matched; another router before routing cannot be asked.
-func (h *handler) Matched(r *http.Request, _ any, template string) bool {
-	if template != "" || h.mux == nil {
-		return true
-	}
-	_, pattern := h.mux.Handler(r)
-	return pattern != ""
+// Matched is false only for an empty template from a whole ServeMux
+// (Route asked it): the mux has no route of the request's method for its
+// path and answers 404 or 405, so the request passes through. A route's
+// handler runs only for a request its router matched; another router
+// before routing cannot be asked.
+func (h *handler) Matched(_ *http.Request, _ any, template string) bool {
+	return template != "" || h.mux == nil || h.cfg.Route != nil
 }
 
 func (h *handler) Scope(r *http.Request, _ any) (tenant, user string, err error) {

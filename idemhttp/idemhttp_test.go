@@ -124,10 +124,11 @@ func TestServeMuxRetries(t *testing.T) {
 	}
 }
 
-// TestWrappingTheWholeMux: before the mux routes, r.Pattern is empty and
-// the path is the request's target: a retry replays, the same key on
-// another path is key_reused, and a request the mux answers 404 or 405
-// passes through untouched, even with a body over MaxBodyBytes.
+// TestWrappingTheWholeMux: before the mux routes, r.Pattern is empty; the
+// mux's pattern names the route and the path stands for its values: a
+// retry replays, the same key on another path is key_reused, and a
+// request the mux answers 404 or 405 passes through untouched, even with
+// a body over MaxBodyBytes.
 func TestWrappingTheWholeMux(t *testing.T) {
 	t.Parallel()
 	var runs atomic.Int64
