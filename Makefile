@@ -2,12 +2,14 @@
 # start throwaway PostgreSQL and Redis servers on free loopback ports
 # (internal/testenv) and stop them at the end.
 #
-# Seven modules share this checkout (go.work joins them): the library at the
+# Eight modules share this checkout (go.work joins them): the library at the
 # root; otelidem/, client/ and cmd/idemgate/, released with it; example/ and
 # tools/ with their own dependencies, so an importer of the library gets none
 # of theirs; otelidem/internal/sdktest holds otelidem's tests that need the
-# OpenTelemetry SDK, so an importer of otelidem gets the API only. "./..."
-# names one module only; PKGS names all seven.
+# OpenTelemetry SDK, so an importer of otelidem gets the API only;
+# idemhttp/internal/routertest holds idemhttp's chi and gorilla/mux recipes
+# and their tests, so that the library's go.mod names neither router. "./..."
+# names one module only; PKGS names all eight.
 GO ?= go
 export GOTOOLCHAIN ?= local
 # -trimpath keeps the checkout's directory out of the build cache's keys:
@@ -18,7 +20,7 @@ export GOTOOLCHAIN ?= local
 # 1.3 with (2026-12-08). It changes no test: only the file names that
 # panics and the race detector print (module paths, not this machine's).
 export GOFLAGS := $(strip $(GOFLAGS) -trimpath)
-PKGS = ./... ./client/... ./cmd/idemgate/... ./example/... ./otelidem/... ./otelidem/internal/sdktest/... ./tools/...
+PKGS = ./... ./client/... ./cmd/idemgate/... ./example/... ./otelidem/... ./otelidem/internal/sdktest/... ./idemhttp/internal/routertest/... ./tools/...
 MODULE = github.com/idemgate/idemgate
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 

@@ -51,6 +51,7 @@ func TestDoorWrappingTheWholeMux(t *testing.T) {
 // httpConfig is idemhttp's Config for the suite's.
 func httpConfig(c doortest.Config) idemhttp.Config {
 	return idemhttp.Config{
+		Skipper:          c.Skipper,
 		Store:            c.Store,
 		Scope:            c.Scope,
 		Kind:             c.Kind,
@@ -68,6 +69,7 @@ func httpConfig(c doortest.Config) idemhttp.Config {
 		ReplayHeaders:    c.ReplayHeaders,
 		FailOpen:         c.FailOpen,
 		OnEvent:          c.OnEvent,
+		ErrorHandler:     c.ErrorHandler,
 		Atomic:           c.Atomic,
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/labstack/echo/v4"
 	echomw "github.com/labstack/echo/v4/middleware"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/doortest"
 	"github.com/idemgate/idemgate/middleware"
 )
@@ -32,7 +33,7 @@ func TestDoor(t *testing.T) {
 
 // echoConfig is the middleware's Config for the suite's.
 func echoConfig(c doortest.Config) middleware.Config {
-	return middleware.Config{
+	cfg := middleware.Config{
 		Store:            c.Store,
 		Scope:            func(ec echo.Context) (string, string, error) { return c.Scope(ec.Request()) },
 		Kind:             c.Kind,
@@ -52,4 +53,14 @@ func echoConfig(c doortest.Config) middleware.Config {
 		OnEvent:          c.OnEvent,
 		Atomic:           c.Atomic,
 	}
+	if c.Skipper != nil {
+		cfg.Skipper = func(ec echo.Context) bool { return c.Skipper(ec.Request()) }
+	}
+	if c.ErrorHandler != nil {
+		cfg.ErrorHandler = func(ec echo.Context, p idemgate.Problem) error {
+			c.ErrorHandler(ec.Response(), ec.Request(), p)
+			return nil
+		}
+	}
+	return cfg
 }

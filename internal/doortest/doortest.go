@@ -103,9 +103,11 @@ func ColonPattern(pattern string) string {
 
 // Config is the adapter's configuration in framework-neutral terms: each
 // field means what its namesake of middleware.Config means, and a door
-// copies every one. Scope reads the request, where echo's reads the
-// echo.Context.
+// copies every one. Skipper and Scope read the request, where echo's read
+// the echo.Context; ErrorHandler writes to the response writer, and an
+// echo door gives it c.Response() and returns nil.
 type Config struct {
+	Skipper          func(r *http.Request) bool
 	Store            idemgate.Store
 	Scope            func(r *http.Request) (tenant, user string, err error)
 	Kind             string
@@ -123,6 +125,7 @@ type Config struct {
 	ReplayHeaders    []string
 	FailOpen         bool
 	OnEvent          func(ctx context.Context, ev idemgate.Event)
+	ErrorHandler     func(w http.ResponseWriter, r *http.Request, p idemgate.Problem)
 	Atomic           bool
 }
 
@@ -178,6 +181,7 @@ func runCases(t *testing.T, b bundle) {
 		{"ReplayHeaders", testReplayHeaders},
 		{"OuterHeadersAreTheRetrysOwn", testOuterHeadersAreTheRetrysOwn},
 		{"ProblemDocument", testProblemDocument},
+		{"ErrorHandlerRendersProblems", testErrorHandler},
 		{"ChangedNamesTheDriftedFields", testChangedNamesTheDriftedFields},
 		{"PathValuesAndQueryAreFingerprinted", testPathValuesAndQueryAreFingerprinted},
 		{"InFlight", testInFlight},

@@ -1,12 +1,14 @@
 package doortest
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"strings"
 	"testing"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 )
 
@@ -52,7 +54,7 @@ func testRequestPath(t *testing.T, b bundle) {
 		{name: "the same key from another user runs", setup: []req{first},
 			when: req{key: "req-1", user: "bob", body: imageBody}, want: want{status: 201, calls: 2}},
 		{name: "the same key from another tenant runs", setup: []req{first},
-			when: req{key: "req-1", tenant: "other-tenant", body: imageBody}, want: want{status: 201, calls: 2}},
+			when: req{key: "req-1", otherTenant: true, body: imageBody}, want: want{status: 201, calls: 2}},
 
 		{name: "GET passes through", setup: []req{{method: "GET", key: "req-1"}}, when: req{method: "GET", key: "req-1"},
 			want: want{status: 201, calls: 2, events: noEvents}},
@@ -61,6 +63,9 @@ func testRequestPath(t *testing.T, b bundle) {
 		{name: "PUT is protected when Methods lists it", given: func(c *Config) { c.Methods = []string{"PUT"} },
 			setup: []req{{method: "PUT", key: "req-1", body: imageBody}}, when: req{method: "PUT", key: "req-1", body: imageBody},
 			want: want{status: 201, calls: 1, replayed: true}},
+		{name: "Skipper passes a request through", given: func(c *Config) {
+			c.Skipper = func(r *http.Request) bool { return r.Method == http.MethodPost }
+		}, setup: []req{first}, when: first, want: want{status: 201, calls: 2, events: noEvents}},
 		{name: "POST passes through when Methods lists only PUT", given: func(c *Config) { c.Methods = []string{"PUT"} },
 			setup: []req{first}, when: first, want: want{status: 201, calls: 2}},
 		{name: "a request without a key passes through", setup: []req{{body: imageBody}}, when: req{body: imageBody},
@@ -355,4 +360,29 @@ func testPathValuesAndQueryAreFingerprinted(t *testing.T, b bundle) {
 			tt.want.check(t, s, s.do(t, req{path: tt.when, key: "k", body: imageBody}))
 		})
 	}
+}
+
+// testErrorHandler: ErrorHandler renders the middleware's problems in the
+// application's own format, after the headers that every problem carries
+// are set (x-should-retry, Retry-After, Cache-Control: no-store); one that
+// writes nothing leaves the problem to the default document.
+func testErrorHandler(t *testing.T, b bundle) {
+	render := func(w http.ResponseWriter, _ *http.Request, p idemgate.Problem) {
+		if p.Code == idemgate.CodeKeyInvalid {
+			return // left to the default
+		}
+		w.Header().Set("Content-Type", "application/vnd.app+json")
+		w.WriteHeader(p.Status)
+		_, _ = io.WriteString(w, `{"error":"`+string(p.Code)+`"}`)
+	}
+	s := b.serve(t, func(c *Config) { c.ErrorHandler = render }, nil)
+	s.do(t, req{key: "k", body: `{"a":1}`})
+	rec := s.do(t, req{key: "k", body: `{"a":2}`})
+	if rec.Code != http.StatusConflict || rec.Body.String() != `{"error":"key_reused"}` {
+		t.Errorf("key_reused = %d %s, want 409 in the application's format", rec.Code, rec.Body)
+	}
+	if h := rec.Header(); h.Get("X-Should-Retry") != "false" || h.Get("Cache-Control") != "no-store" || h.Get("Retry-After") != "" {
+		t.Errorf("key_reused headers %v, want x-should-retry false, Cache-Control no-store, no Retry-After", h)
+	}
+	want{status: 400, code: "key_invalid", calls: 1}.check(t, s, s.do(t, req{key: "clé", body: imageBody}))
 }

@@ -102,7 +102,8 @@ type req struct {
 	key            string // "" omits the header
 	keys           []string
 	header         string // the key's header; default Idempotency-Key
-	tenant, user   string // default the server's tenant, alice
+	user           string // default alice
+	otherTenant    bool   // a tenant of this server's other than its own
 	ctype          string // default application/json
 	acceptEncoding string
 	body           string
@@ -131,7 +132,13 @@ func (r req) build(s *server) *http.Request {
 	for _, k := range r.keys {
 		hr.Header.Add(header, k)
 	}
-	hr.Header.Set("X-Tenant", or(r.tenant, s.tenant))
+	// Every tenant is the server's own, never a constant: a store of
+	// TEST_REDIS_URL is shared by every case and every run.
+	tenant := s.tenant
+	if r.otherTenant {
+		tenant += "-other"
+	}
+	hr.Header.Set("X-Tenant", tenant)
 	hr.Header.Set("X-User", or(r.user, "alice"))
 	hr.Header.Set("Content-Type", or(r.ctype, "application/json"))
 	if r.acceptEncoding != "" {
