@@ -18,11 +18,13 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/keyspace"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
 	"github.com/idemgate/idemgate/pgstore"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // Task kinds. Each route has its own kind, so the same request id under
@@ -51,7 +53,7 @@ type api struct {
 	redis redis.UniversalClient
 	// records, if set, is the idempotency records store instead of Redis
 	// (STORE=postgres; redis is then nil).
-	records middleware.Store
+	records idemgate.Store
 	secret  []byte
 	logger  *slog.Logger
 	obs     *observer // nil: no telemetry
@@ -73,7 +75,7 @@ func (a *api) handler() *echo.Echo {
 
 	records := a.records
 	if records == nil {
-		records = middleware.NewRedisStore(a.redis)
+		records = redisstore.New(a.redis)
 	}
 	store := a.obs.store(records)
 	// With the records in Postgres (STORE=postgres), the routes that write
@@ -120,12 +122,12 @@ func (a *api) handler() *echo.Echo {
 
 // logEvent logs what the middleware did with a request, so the server's
 // output tells the retry story too. Events never carry a key or a body.
-func (a *api) logEvent(ctx context.Context, ev middleware.Event) {
+func (a *api) logEvent(ctx context.Context, ev idemgate.Event) {
 	a.obs.onEvent(ctx, ev)
 	switch ev.Type {
-	case middleware.EventClaimed:
+	case idemgate.EventClaimed:
 		return // the common case; the handler's outcome says enough
-	case middleware.EventStoreError, middleware.EventLeaseLost, middleware.EventFailOpen:
+	case idemgate.EventStoreError, idemgate.EventLeaseLost, idemgate.EventFailOpen:
 		a.logger.Warn("idempotency "+ev.Type.String(), "route", ev.Route, "tenant", ev.Tenant, "reason", ev.Reason, "err", ev.Err)
 	default:
 		a.logger.Info("idempotency "+ev.Type.String(), "route", ev.Route, "tenant", ev.Tenant, "status", ev.Status)
@@ -289,7 +291,7 @@ func (a *api) submit(c echo.Context, params any) error {
 		return fmt.Errorf("submit: encode params: %w", err)
 	}
 	submit := a.store.Submit
-	if tx := pgrecords.Tx(c); tx != nil {
+	if tx, ok := pgrecords.TxFromContext(c.Request().Context()); ok {
 		// An Atomic route: the task commits with the stored 202, or not at all.
 		submit = func(ctx context.Context, t pgstore.NewTask) (pgstore.Task, error) {
 			return a.store.SubmitTx(ctx, tx, t)
@@ -306,7 +308,7 @@ func (a *api) submit(c echo.Context, params any) error {
 		Params:         raw,
 	}, submit)
 	if errors.Is(err, pgstore.ErrConflict) {
-		return middleware.ErrKeyReused
+		return idemgate.ErrKeyReused
 	}
 	if errors.Is(err, pgstore.ErrInvalidTask) {
 		// Parameters no retry can store: a 400 (stored, as the

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/devserver"
-	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
 	"github.com/idemgate/idemgate/pgstore"
 )
@@ -25,7 +25,7 @@ type backends struct {
 	redis redis.UniversalClient // nil for processes that need none
 	// records is the idempotency records store when it is not Redis
 	// (STORE=postgres); nil: Redis.
-	records middleware.Store
+	records idemgate.Store
 
 	// pgInfo and redisInfo say, for the startup lines, what is used.
 	pgInfo, redisInfo string

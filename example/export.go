@@ -167,7 +167,7 @@ func (e *exporter) export(c echo.Context) error {
 	var db interface {
 		QueryRow(context.Context, string, ...any) pgx.Row
 	} = e.pool
-	if tx := pgrecords.Tx(c); tx != nil {
+	if tx, ok := pgrecords.TxFromContext(c.Request().Context()); ok {
 		db = tx
 	}
 	var id int64

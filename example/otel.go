@@ -22,7 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/otelidem"
 	"github.com/idemgate/idemgate/otelidem/otelpgstore"
 	"github.com/idemgate/idemgate/pgstore"
@@ -162,7 +162,7 @@ func (o *observer) instrument(e *echo.Echo) {
 }
 
 // store wraps the middleware's store in spans and durations.
-func (o *observer) store(s middleware.Store) middleware.Store {
+func (o *observer) store(s idemgate.Store) idemgate.Store {
 	if o == nil {
 		return s
 	}
@@ -170,7 +170,7 @@ func (o *observer) store(s middleware.Store) middleware.Store {
 }
 
 // onEvent records a middleware event.
-func (o *observer) onEvent(ctx context.Context, ev middleware.Event) {
+func (o *observer) onEvent(ctx context.Context, ev idemgate.Event) {
 	if o == nil {
 		return
 	}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate"
 )
 
 // problemTypeBase prefixes a code to make the RFC 9457 "type" URI; the same
@@ -52,9 +52,9 @@ func errorHandler(logger *slog.Logger) echo.HTTPErrorHandler {
 		var he *echo.HTTPError
 		switch {
 		case errors.As(err, &p):
-		case errors.Is(err, middleware.ErrKeyReused):
+		case errors.Is(err, idemgate.ErrKeyReused):
 			// The middleware answers this itself; kept as a backstop.
-			p = &problem{Status: http.StatusConflict, Code: string(middleware.CodeKeyReused),
+			p = &problem{Status: http.StatusConflict, Code: string(idemgate.CodeKeyReused),
 				Detail: "this Idempotency-Key was used with other parameters"}
 		case errors.As(err, &he):
 			p = &problem{Status: he.Code, Code: codeForStatus(he.Code)}
@@ -84,7 +84,7 @@ func codeForStatus(status int) string {
 	case http.StatusMethodNotAllowed:
 		return "method_not_allowed"
 	case http.StatusRequestEntityTooLarge:
-		return string(middleware.CodeBodyTooLarge)
+		return string(idemgate.CodeBodyTooLarge)
 	case http.StatusUnsupportedMediaType:
 		return "unsupported_media_type"
 	}

@@ -4,7 +4,10 @@ import (
 	"context"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemgate/idemgate"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // The engine's types and errors moved to the root package idemgate in
@@ -43,6 +46,8 @@ type (
 	Code = idemgate.Code
 	// Problem is idemgate.Problem, kept here for one release.
 	Problem = idemgate.Problem
+	// RedisStore is redisstore.Store, kept here for one release.
+	RedisStore = redisstore.Store
 )
 
 var (
@@ -97,3 +102,8 @@ const (
 //
 // It is idemgate.TxLease, kept here for one release.
 func TxLease(ctx context.Context) (time.Duration, bool) { return idemgate.TxLease(ctx) }
+
+// NewRedisStore returns a Store on client.
+//
+// It is redisstore.New, kept here for one release.
+func NewRedisStore(client redis.UniversalClient) *RedisStore { return redisstore.New(client) }

@@ -35,5 +35,5 @@
 // Spans: the server span "METHOD /route" (Server), and idemgate.claim,
 // idemgate.extend, idemgate.complete and idemgate.release (Store), with
 // idemgate.begin, idemgate.commit and idemgate.rollback when the store is
-// a middleware.TxStore (an Atomic route's transaction).
+// a idemgate.TxStore (an Atomic route's transaction).
 package otelidem

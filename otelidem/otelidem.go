@@ -13,7 +13,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate"
 )
 
 // scope is the instrumentation scope of every instrument and span: the
@@ -112,12 +112,12 @@ func New(cfg Config) (*Recorder, error) {
 // OnEvent records a middleware event. Set it as middleware.Config.OnEvent
 // (or call it from yours). It records with ctx, the request's context, so
 // that an SDK with exemplars links a measurement to the request's trace.
-func (r *Recorder) OnEvent(ctx context.Context, ev middleware.Event) {
+func (r *Recorder) OnEvent(ctx context.Context, ev idemgate.Event) {
 	set := r.eventSet(ev)
 	switch ev.Type {
-	case middleware.EventWaited:
+	case idemgate.EventWaited:
 		r.waitDur.Record(ctx, ev.Latency.Seconds(), set)
-	case middleware.EventClaimed, middleware.EventReplayed, middleware.EventReused, middleware.EventInProgress:
+	case idemgate.EventClaimed, idemgate.EventReplayed, idemgate.EventReused, idemgate.EventInProgress:
 		r.decision.Record(ctx, ev.Latency.Seconds(), set)
 		r.requests.Add(ctx, 1, set)
 	default:
@@ -127,19 +127,19 @@ func (r *Recorder) OnEvent(ctx context.Context, ev middleware.Event) {
 
 // eventKey is what an event's attributes depend on.
 type eventKey struct {
-	typ                         middleware.EventType
+	typ                         idemgate.EventType
 	route, kind, tenant, reason string
 }
 
 // eventSet returns the attributes of ev, built once per distinct set: the
 // sets are as few as the series they make.
-func (r *Recorder) eventSet(ev middleware.Event) metric.MeasurementOption {
+func (r *Recorder) eventSet(ev idemgate.Event) metric.MeasurementOption {
 	k := eventKey{typ: ev.Type, route: ev.Route, kind: ev.Kind}
 	if r.cfg.Tenant {
 		k.tenant = ev.Tenant
 	}
 	switch ev.Type {
-	case middleware.EventWaited, middleware.EventReleased, middleware.EventLeaseLost, middleware.EventStoreError:
+	case idemgate.EventWaited, idemgate.EventReleased, idemgate.EventLeaseLost, idemgate.EventStoreError:
 		k.reason = ev.Reason
 	}
 	if o, ok := r.eventSets.Load(k); ok {
@@ -153,7 +153,7 @@ func (r *Recorder) eventSet(ev middleware.Event) metric.MeasurementOption {
 	if k.tenant != "" {
 		attrs = append(attrs, keyTenant.String(k.tenant))
 	}
-	if k.typ == middleware.EventWaited {
+	if k.typ == idemgate.EventWaited {
 		attrs = append(attrs, keyWaitResult.String(k.reason))
 	} else {
 		attrs = append(attrs, keyOutcome.String(k.typ.String()))

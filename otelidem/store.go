@@ -9,7 +9,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/otelidem/internal/redact"
 )
 
@@ -19,27 +19,27 @@ import (
 // request's values to the store). They carry the operation and its result,
 // never the key or the token.
 //
-// A store that can run Atomic routes (a middleware.TxStore, such as
+// A store that can run Atomic routes (a idemgate.TxStore, such as
 // pgrecords.Store) stays one: the wrapper opens and ends the handler's
 // transaction through it, with spans idemgate.begin and idemgate.commit
 // (the record's completion and the COMMIT) or idemgate.rollback.
-func (r *Recorder) Store(s middleware.Store) middleware.Store {
+func (r *Recorder) Store(s idemgate.Store) idemgate.Store {
 	w := &store{next: s, r: r}
-	if ts, ok := s.(middleware.TxStore); ok {
+	if ts, ok := s.(idemgate.TxStore); ok {
 		return &txStore{store: w, next: ts}
 	}
 	return w
 }
 
-// txStore wraps a middleware.TxStore.
+// txStore wraps a idemgate.TxStore.
 type txStore struct {
 	*store
-	next middleware.TxStore
+	next idemgate.TxStore
 }
 
-var _ middleware.TxStore = (*txStore)(nil)
+var _ idemgate.TxStore = (*txStore)(nil)
 
-func (s *txStore) Begin(ctx context.Context) (middleware.Tx, error) {
+func (s *txStore) Begin(ctx context.Context) (idemgate.Tx, error) {
 	ctx, span, start := s.start(ctx, "begin")
 	tx, err := s.next.Begin(ctx)
 	s.end(ctx, span, start, "begin", resultOf(err), "", err)
@@ -51,13 +51,13 @@ func (s *txStore) Begin(ctx context.Context) (middleware.Tx, error) {
 
 // storeTx wraps the transaction of one Atomic request.
 type storeTx struct {
-	next middleware.Tx
+	next idemgate.Tx
 	s    *store
 }
 
 func (t *storeTx) Context(ctx context.Context) context.Context { return t.next.Context(ctx) }
 
-func (t *storeTx) Commit(ctx context.Context, c *middleware.Completion) error {
+func (t *storeTx) Commit(ctx context.Context, c *idemgate.Completion) error {
 	ctx, span, start := t.s.start(ctx, "commit")
 	err := t.next.Commit(ctx, c)
 	key := ""
@@ -75,13 +75,13 @@ func (t *storeTx) Rollback(ctx context.Context) error {
 	return err
 }
 
-// store wraps a middleware.Store.
+// store wraps a idemgate.Store.
 type store struct {
-	next middleware.Store
+	next idemgate.Store
 	r    *Recorder
 }
 
-var _ middleware.Store = (*store)(nil)
+var _ idemgate.Store = (*store)(nil)
 
 // Results of store calls other than Claim's statuses.
 const (
@@ -90,7 +90,7 @@ const (
 	resultError     = "error"
 )
 
-func (s *store) Claim(ctx context.Context, key string, req middleware.ClaimRequest) (middleware.ClaimResult, error) {
+func (s *store) Claim(ctx context.Context, key string, req idemgate.ClaimRequest) (idemgate.ClaimResult, error) {
 	ctx, span, start := s.start(ctx, "claim")
 	res, err := s.next.Claim(ctx, key, req)
 	result := resultError
@@ -101,21 +101,21 @@ func (s *store) Claim(ctx context.Context, key string, req middleware.ClaimReque
 	return res, err
 }
 
-func (s *store) Extend(ctx context.Context, key string, token middleware.Token, lease time.Duration) error {
+func (s *store) Extend(ctx context.Context, key string, token idemgate.Token, lease time.Duration) error {
 	ctx, span, start := s.start(ctx, "extend")
 	err := s.next.Extend(ctx, key, token, lease)
 	s.end(ctx, span, start, "extend", resultOf(err), key, err)
 	return err
 }
 
-func (s *store) Complete(ctx context.Context, key string, token middleware.Token, resp middleware.Response, retention time.Duration) error {
+func (s *store) Complete(ctx context.Context, key string, token idemgate.Token, resp idemgate.Response, retention time.Duration) error {
 	ctx, span, start := s.start(ctx, "complete")
 	err := s.next.Complete(ctx, key, token, resp, retention)
 	s.end(ctx, span, start, "complete", resultOf(err), key, err)
 	return err
 }
 
-func (s *store) Release(ctx context.Context, key string, token middleware.Token) error {
+func (s *store) Release(ctx context.Context, key string, token idemgate.Token) error {
 	ctx, span, start := s.start(ctx, "release")
 	err := s.next.Release(ctx, key, token)
 	s.end(ctx, span, start, "release", resultOf(err), key, err)
@@ -144,7 +144,7 @@ func resultOf(err error) string {
 	switch {
 	case err == nil:
 		return resultOK
-	case errors.Is(err, middleware.ErrLeaseLost):
+	case errors.Is(err, idemgate.ErrLeaseLost):
 		return resultLeaseLost
 	}
 	return resultError

@@ -275,8 +275,8 @@ func TestAtomicConfig(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "FailOpen") {
 		t.Errorf("Atomic with FailOpen: err = %v, want one naming FailOpen", err)
 	}
-	if pgrecords.TxFromContext(context.Background()) != nil {
-		t.Errorf("TxFromContext outside an Atomic route is not nil")
+	if tx, ok := pgrecords.TxFromContext(context.Background()); tx != nil || ok {
+		t.Errorf("TxFromContext outside an Atomic route = %v, %v; want nil, false", tx, ok)
 	}
 	e := echo.New()
 	var seen atomic.Bool

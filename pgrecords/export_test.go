@@ -3,7 +3,9 @@ package pgrecords
 import (
 	"context"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
 
 	"github.com/idemgate/idemgate/middleware"
 )
@@ -22,4 +24,13 @@ func MigrateSkipping(ctx context.Context, pool *pgxpool.Pool, skip ...int) error
 	r := migrationRunner()
 	r.Skip = skip
 	return r.Run(ctx, pool)
+}
+
+// Tx is the transaction of the echo request c on an Atomic route, or nil:
+// TxFromContext of its context, for this package's echo handlers. (The
+// exported Tx(echo.Context) went in v0.2.0, so that pgrecords links no
+// echo.)
+func Tx(c echo.Context) pgx.Tx {
+	tx, _ := TxFromContext(c.Request().Context())
+	return tx
 }

@@ -9,11 +9,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
-	"github.com/idemgate/idemgate/middleware"
 )
 
-var _ middleware.Inspector = (*Store)(nil)
+var _ idemgate.Inspector = (*Store)(nil)
 
 const (
 	// sqlInspect reads the live record under a key, with the time left
@@ -35,10 +35,10 @@ WHERE key OPERATOR(pg_catalog.=) $1::pg_catalog.text AND token OPERATOR(pg_catal
 	AND finished OPERATOR(pg_catalog.=) $3::pg_catalog.bool AND expires_at OPERATOR(pg_catalog.>) pg_catalog.now()`
 )
 
-// Inspect implements middleware.Inspector.
-func (s *Store) Inspect(ctx context.Context, key string) (middleware.RecordInfo, error) {
+// Inspect implements idemgate.Inspector.
+func (s *Store) Inspect(ctx context.Context, key string) (idemgate.RecordInfo, error) {
 	var (
-		info     middleware.RecordInfo
+		info     idemgate.RecordInfo
 		token    pgtype.UUID
 		left     int64 // microseconds
 		ident    []byte
@@ -48,9 +48,9 @@ func (s *Store) Inspect(ctx context.Context, key string) (middleware.RecordInfo,
 	err := s.pool.QueryRow(ctx, s.q.inspect, key).Scan(&token, &info.Finished, &left, &ident, &sums, &response, &info.Size)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return middleware.RecordInfo{}, middleware.ErrNoRecord
+		return idemgate.RecordInfo{}, idemgate.ErrNoRecord
 	case err != nil:
-		return middleware.RecordInfo{}, fmt.Errorf("pgrecords: inspect: %w", err)
+		return idemgate.RecordInfo{}, fmt.Errorf("pgrecords: inspect: %w", err)
 	}
 	info.Token, info.Left = token.Bytes, time.Duration(left)*time.Microsecond
 	info.ClaimedAt, info.Lease, _ = info.Token.ClaimTimes()
@@ -61,27 +61,27 @@ func (s *Store) Inspect(ctx context.Context, key string) (middleware.RecordInfo,
 	oFrom, oTo := d.str()
 	kFrom, kTo := d.str()
 	if d.err {
-		return middleware.RecordInfo{}, fmt.Errorf("pgrecords: inspect: %w", errCorrupt)
+		return idemgate.RecordInfo{}, fmt.Errorf("pgrecords: inspect: %w", errCorrupt)
 	}
 	info.Owner, info.Kind, info.Fingerprint = string(ident[oFrom:oTo]), string(ident[kFrom:kTo]), string(ident[d.i:])
 	if info.Finished {
 		resp, err := decodeResponse(response)
 		if err != nil {
-			return middleware.RecordInfo{}, fmt.Errorf("pgrecords: inspect: %w", err)
+			return idemgate.RecordInfo{}, fmt.Errorf("pgrecords: inspect: %w", err)
 		}
 		info.Status, info.Header, info.BodySize = resp.Status, resp.Header, len(resp.Body)
 	}
 	return info, nil
 }
 
-// Forget implements middleware.Inspector.
-func (s *Store) Forget(ctx context.Context, key string, token middleware.Token, finished bool) error {
+// Forget implements idemgate.Inspector.
+func (s *Store) Forget(ctx context.Context, key string, token idemgate.Token, finished bool) error {
 	tag, err := s.pool.Exec(ctx, s.q.forget, key, uuid(token), finished)
 	if err != nil {
 		return fmt.Errorf("pgrecords: forget: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		return middleware.ErrNoRecord
+		return idemgate.ErrNoRecord
 	}
 	return nil
 }

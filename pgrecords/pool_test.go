@@ -12,8 +12,8 @@ import (
 
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/middleware"
-	"github.com/idemgate/idemgate/middleware/storetest"
 	"github.com/idemgate/idemgate/pgrecords"
+	"github.com/idemgate/idemgate/storetest"
 )
 
 // poolWith returns a pool on dsn whose config edit changed.

@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"slices"
 
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate"
 )
 
 // A record's ident is the claiming request's
@@ -43,7 +43,7 @@ func sameScope(held, mine []byte, fpLen int) bool {
 }
 
 // appendResponse appends r as stored; its status must fit in 16 bits.
-func appendResponse(b []byte, r middleware.Response) []byte {
+func appendResponse(b []byte, r idemgate.Response) []byte {
 	b = slices.Grow(b, responseLen(r))
 	b = binary.BigEndian.AppendUint16(b, uint16(r.Status))
 	b = appendHeader(b, r.Header)
@@ -51,7 +51,7 @@ func appendResponse(b []byte, r middleware.Response) []byte {
 }
 
 // responseLen is the length of r as stored.
-func responseLen(r middleware.Response) int {
+func responseLen(r idemgate.Response) int {
 	n := 2 + uvarintLen(len(r.Header)) + len(r.Body)
 	for name, values := range r.Header {
 		n += uvarintLen(len(name)) + len(name) + uvarintLen(len(values))
@@ -73,19 +73,19 @@ func uvarintLen(n int) int {
 // decodeResponse decodes a stored response, which keeps b: the body
 // aliases it. The header's names and values are substrings of one copy of
 // the stored header, its values slices of one backing array.
-func decodeResponse(b []byte) (middleware.Response, error) {
+func decodeResponse(b []byte) (idemgate.Response, error) {
 	if len(b) < 2 {
-		return middleware.Response{}, errCorrupt
+		return idemgate.Response{}, errCorrupt
 	}
 	status := int(binary.BigEndian.Uint16(b))
 	if status < 100 || status > 999 {
-		return middleware.Response{}, errCorrupt
+		return idemgate.Response{}, errCorrupt
 	}
 	h, n, err := readHeader(b[2:])
 	if err != nil {
-		return middleware.Response{}, err
+		return idemgate.Response{}, err
 	}
-	return middleware.Response{Status: status, Header: h, Body: b[2+n:]}, nil
+	return idemgate.Response{Status: status, Header: h, Body: b[2+n:]}, nil
 }
 
 func appendHeader(b []byte, h http.Header) []byte {

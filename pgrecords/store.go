@@ -1,4 +1,4 @@
-// Package pgrecords is a middleware.Store on PostgreSQL: idempotency
+// Package pgrecords is a idemgate.Store on PostgreSQL: idempotency
 // records in the database an application already runs, with no Redis.
 //
 // Each record is one row of idemgate_records, keyed by the idempotency key
@@ -12,8 +12,8 @@
 // that finds no live record calls a function that writes.
 //
 // Atomic routes (middleware.Config.Atomic): Store implements
-// middleware.TxStore. The handler runs in a transaction on a connection of
-// the pool (Tx, TxFromContext) and the record is completed in it, fenced by
+// idemgate.TxStore. The handler runs in a transaction on a connection of
+// the pool (TxFromContext) and the record is completed in it, fenced by
 // the claim's token at the commit, with the COMMIT in the same round trip:
 // the handler's writes, the tasks it submits with pgstore.SubmitTx and the
 // stored answer commit together or not at all. BEGIN goes out with the
@@ -41,9 +41,9 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/migrate"
-	"github.com/idemgate/idemgate/middleware"
 )
 
 // Store keeps idempotency records in PostgreSQL. It is safe for concurrent
@@ -68,7 +68,7 @@ type Store struct {
 	idleLimit time.Duration
 }
 
-var _ middleware.Store = (*Store)(nil)
+var _ idemgate.Store = (*Store)(nil)
 
 // New returns a Store on pool. The caller keeps ownership of pool (and
 // closes it). New checks that the pool answers, and reads what its
@@ -144,8 +144,8 @@ func (s *Store) Sweep(ctx context.Context) (int64, error) {
 // ran out; a try costs nothing unless the race is lost.
 const maxClaimTries = 16
 
-// Claim implements middleware.Store.
-func (s *Store) Claim(ctx context.Context, key string, req middleware.ClaimRequest) (middleware.ClaimResult, error) {
+// Claim implements idemgate.Store.
+func (s *Store) Claim(ctx context.Context, key string, req idemgate.ClaimRequest) (idemgate.ClaimResult, error) {
 	var sums []byte
 	if len(req.Fields) > 0 {
 		sums = make([]byte, 0, len(req.Fields)*len(fingerprint.FieldSum{}))
@@ -164,14 +164,14 @@ func (s *Store) Claim(ctx context.Context, key string, req middleware.ClaimReque
 			return res, err
 		}
 		if try == maxClaimTries-1 {
-			return middleware.ClaimResult{}, fmt.Errorf("pgrecords: claim: key did not settle in %d tries", maxClaimTries)
+			return idemgate.ClaimResult{}, fmt.Errorf("pgrecords: claim: key did not settle in %d tries", maxClaimTries)
 		}
 	}
 }
 
 // claim runs sqlClaim once. retry reports a claim that lost a race and
 // must run again.
-func (s *Store) claim(ctx context.Context, key string, req middleware.ClaimRequest, ident, sums []byte) (_ middleware.ClaimResult, retry bool, _ error) {
+func (s *Store) claim(ctx context.Context, key string, req idemgate.ClaimRequest, ident, sums []byte) (_ idemgate.ClaimResult, retry bool, _ error) {
 	rows, err := s.pool.Query(ctx, s.q.claim, key, uuid(req.Token), ident, sums, micros(req.Lease))
 	if err != nil {
 		return claimError(err)
@@ -182,15 +182,15 @@ func (s *Store) claim(ctx context.Context, key string, req middleware.ClaimReque
 		if err := rows.Err(); err != nil {
 			return claimError(err)
 		}
-		return middleware.ClaimResult{}, false, fmt.Errorf("pgrecords: claim: %w", pgx.ErrNoRows)
+		return idemgate.ClaimResult{}, false, fmt.Errorf("pgrecords: claim: %w", pgx.ErrNoRows)
 	}
 	var row claimRow
 	if err := row.read(rows); err != nil {
 		rows.Close()
-		return middleware.ClaimResult{}, false, fmt.Errorf("pgrecords: claim: %w", err)
+		return idemgate.ClaimResult{}, false, fmt.Errorf("pgrecords: claim: %w", err)
 	}
 	if row.claimed.Valid && row.claimed.Int16 == 0 {
-		return middleware.ClaimResult{}, true, nil
+		return idemgate.ClaimResult{}, true, nil
 	}
 	// The row's byte slices may alias the connection's read buffer: the
 	// outcome is decided, and what it keeps copied, before the rows close.
@@ -209,11 +209,11 @@ func (s *Store) claim(ctx context.Context, key string, req middleware.ClaimReque
 // session that defaults to REPEATABLE READ or SERIALIZABLE fails a claim
 // that lost a race to a concurrent one (40001) where READ COMMITTED
 // returns claimed 0: both run again.
-func claimError(err error) (middleware.ClaimResult, bool, error) {
+func claimError(err error) (idemgate.ClaimResult, bool, error) {
 	if serializationFailure(err) {
-		return middleware.ClaimResult{}, true, nil
+		return idemgate.ClaimResult{}, true, nil
 	}
-	return middleware.ClaimResult{}, false, fmt.Errorf("pgrecords: claim: %w", err)
+	return idemgate.ClaimResult{}, false, fmt.Errorf("pgrecords: claim: %w", err)
 }
 
 // claimRow is the row sqlClaim returns.
@@ -299,29 +299,29 @@ func (r *claimRow) scan(rows pgx.Rows) error {
 
 // outcome is the claim's result, as the row tells it to a claim req whose
 // ident is ident. What the result keeps, it copies.
-func (r *claimRow) outcome(req middleware.ClaimRequest, ident []byte) (middleware.ClaimResult, error) {
+func (r *claimRow) outcome(req idemgate.ClaimRequest, ident []byte) (idemgate.ClaimResult, error) {
 	switch {
 	case r.claimed.Valid:
-		return middleware.ClaimResult{Status: middleware.Claimed}, nil
+		return idemgate.ClaimResult{Status: idemgate.Claimed}, nil
 	case !r.token.Valid:
-		return middleware.ClaimResult{}, errors.New("neither a record nor a claim")
+		return idemgate.ClaimResult{}, errors.New("neither a record nor a claim")
 	case !r.finished && r.token.Bytes == req.Token:
 		// A resent claim: the record holds this claim's token.
-		return middleware.ClaimResult{Status: middleware.Claimed}, nil
+		return idemgate.ClaimResult{Status: idemgate.Claimed}, nil
 	case string(r.heldIdent) != string(ident):
 		var changedFields []int
 		if sameScope(r.heldIdent, ident, len(req.Fingerprint)) {
 			changedFields = changed(r.heldSums, req.Fields)
 		}
-		return middleware.ClaimResult{Status: middleware.Mismatch, Changed: changedFields}, nil
+		return idemgate.ClaimResult{Status: idemgate.Mismatch, Changed: changedFields}, nil
 	case r.finished:
 		resp, err := decodeResponse(bytes.Clone(r.response))
 		if err != nil {
-			return middleware.ClaimResult{}, err
+			return idemgate.ClaimResult{}, err
 		}
-		return middleware.ClaimResult{Status: middleware.Finished, Response: resp}, nil
+		return idemgate.ClaimResult{Status: idemgate.Finished, Response: resp}, nil
 	}
-	return middleware.ClaimResult{Status: middleware.Running, RetryAfter: max(r.left, 0)}, nil
+	return idemgate.ClaimResult{Status: idemgate.Running, RetryAfter: max(r.left, 0)}, nil
 }
 
 // changed returns the indexes of fields whose digests held (the record's,
@@ -347,20 +347,20 @@ func changed(held []byte, fields []fingerprint.FieldSum) []int {
 	return out
 }
 
-// Extend implements middleware.Store.
-func (s *Store) Extend(ctx context.Context, key string, token middleware.Token, lease time.Duration) error {
+// Extend implements idemgate.Store.
+func (s *Store) Extend(ctx context.Context, key string, token idemgate.Token, lease time.Duration) error {
 	tag, err := s.pool.Exec(ctx, s.q.extend, key, uuid(token), micros(lease))
 	if err != nil {
 		return fmt.Errorf("pgrecords: extend: %w", err)
 	}
 	if tag.RowsAffected() != 1 {
-		return middleware.ErrLeaseLost
+		return idemgate.ErrLeaseLost
 	}
 	return nil
 }
 
-// Complete implements middleware.Store.
-func (s *Store) Complete(ctx context.Context, key string, token middleware.Token, resp middleware.Response, retention time.Duration) error {
+// Complete implements idemgate.Store.
+func (s *Store) Complete(ctx context.Context, key string, token idemgate.Token, resp idemgate.Response, retention time.Duration) error {
 	if resp.Status < 100 || resp.Status > 999 {
 		return fmt.Errorf("pgrecords: complete: status %d out of range", resp.Status)
 	}
@@ -376,25 +376,25 @@ func (s *Store) Complete(ctx context.Context, key string, token middleware.Token
 	err = s.pool.QueryRow(ctx, s.q.completed, key, uuid(token)).Scan(&finished)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return middleware.ErrLeaseLost
+		return idemgate.ErrLeaseLost
 	case err != nil:
 		return fmt.Errorf("pgrecords: complete: %w", err)
 	case !finished:
 		// Only a lease that ran out between the two statements leaves an
 		// unfinished record here; the claim is lost all the same.
-		return middleware.ErrLeaseLost
+		return idemgate.ErrLeaseLost
 	}
 	return nil
 }
 
-// Release implements middleware.Store.
-func (s *Store) Release(ctx context.Context, key string, token middleware.Token) error {
+// Release implements idemgate.Store.
+func (s *Store) Release(ctx context.Context, key string, token idemgate.Token) error {
 	tag, err := s.pool.Exec(ctx, s.q.release, key, uuid(token))
 	if err != nil {
 		return fmt.Errorf("pgrecords: release: %w", err)
 	}
 	if tag.RowsAffected() != 1 {
-		return middleware.ErrLeaseLost
+		return idemgate.ErrLeaseLost
 	}
 	return nil
 }
@@ -414,7 +414,7 @@ func micros(d time.Duration) int64 {
 // uuid is a token as a query argument. A [16]byte has no text encoding
 // for a parameter of unknown type, which is what the simple protocol and
 // QueryExecModeExec send; pgtype.UUID has one in every mode.
-func uuid(t middleware.Token) pgtype.UUID { return pgtype.UUID{Bytes: t, Valid: true} }
+func uuid(t idemgate.Token) pgtype.UUID { return pgtype.UUID{Bytes: t, Valid: true} }
 
 // serializationFailure reports whether err is SQLSTATE 40001.
 func serializationFailure(err error) bool {

@@ -16,8 +16,8 @@ import (
 	"github.com/idemgate/idemgate/internal/devserver"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/middleware"
-	"github.com/idemgate/idemgate/middleware/storetest"
 	"github.com/idemgate/idemgate/pgrecords"
+	"github.com/idemgate/idemgate/storetest"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }

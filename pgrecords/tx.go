@@ -11,48 +11,45 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/labstack/echo/v4"
 
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate"
 )
 
-var _ middleware.TxStore = (*Store)(nil)
+var _ idemgate.TxStore = (*Store)(nil)
 
-// Tx returns the transaction of the request c on an Atomic route
-// (middleware.Config.Atomic), or nil outside one. The handler writes
-// through it; the middleware commits it together with the stored response,
-// or rolls it back. Its Commit and Rollback return an error and do nothing.
-func Tx(c echo.Context) pgx.Tx { return TxFromContext(c.Request().Context()) }
-
-// TxFromContext returns the transaction that ctx, a request's context on
-// an Atomic route, carries, or nil: Tx for code that has only the context.
-func TxFromContext(ctx context.Context) pgx.Tx {
+// TxFromContext returns the transaction that ctx carries on an Atomic
+// route (middleware.Config.Atomic, or Runner.Do with Atomic), and true;
+// outside one, nil and false. The handler or fn writes through it; the
+// engine commits it together with the stored response, or rolls it back.
+// Its Commit and Rollback return an error and do nothing. On echo, ctx is
+// c.Request().Context().
+func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 	tx, _ := ctx.Value(txKey{}).(*lazyTx)
 	if tx == nil {
-		return nil
+		return nil, false
 	}
-	return tx
+	return tx, true
 }
 
 type txKey struct{}
 
 // errTxOwned is what a handler gets from Commit or Rollback of its
 // request's transaction.
-var errTxOwned = errors.New("pgrecords: the transaction of an Atomic route is committed or rolled back by the middleware, not the handler")
+var errTxOwned = errors.New("pgrecords: the transaction of an Atomic route is committed or rolled back by idemgate, not the handler")
 
-// Begin implements middleware.TxStore: a transaction on a connection of
+// Begin implements idemgate.TxStore: a transaction on a connection of
 // the store's pool, in the session's default isolation level. It takes
 // nothing yet: the handler's first statement takes a connection, and one
 // of the store's transaction slots (the pool's MaxConns less one, so that
 // claims and lease renewals always find a connection), and holds both
 // until the middleware commits or rolls back. With BEGIN it sets
 // idle_in_transaction_session_timeout to twice the route's lease
-// (middleware.TxLease): a node cut off from the database mid-request does
+// (idemgate.TxLease): a node cut off from the database mid-request does
 // not keep its row locks from the node that takes its key over for
 // longer than that.
-func (s *Store) Begin(ctx context.Context) (middleware.Tx, error) {
+func (s *Store) Begin(ctx context.Context) (idemgate.Tx, error) {
 	tx := &lazyTx{s: s, setup: []string{sqlMark}}
-	if lease, ok := middleware.TxLease(ctx); ok && lease > 0 {
+	if lease, ok := idemgate.TxLease(ctx); ok && lease > 0 {
 		if limit := idleLimit(lease); s.idleLimit == 0 || limit < s.idleLimit {
 			tx.setup = append(tx.setup, fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", limit.Milliseconds()))
 		}
@@ -132,12 +129,12 @@ func (t *atomicTx) end() (conn *pgxpool.Conn, slot, begun bool, err error) {
 	return conn, slot, begun, nil
 }
 
-// Commit implements middleware.Tx. With a completion it sends the
+// Commit implements idemgate.Tx. With a completion it sends the
 // record's completion and COMMIT in one round trip: if the completion
 // finds the claim gone, or the transaction not the one BEGIN opened, the
 // server skips the COMMIT, and the transaction is rolled back. Without
 // one, the same statement checks the transaction alone.
-func (t *atomicTx) Commit(ctx context.Context, c *middleware.Completion) (err error) {
+func (t *atomicTx) Commit(ctx context.Context, c *idemgate.Completion) (err error) {
 	conn, slot, begun, err := t.end()
 	if err != nil {
 		return fmt.Errorf("pgrecords: commit: %w", err)
@@ -178,7 +175,7 @@ func (t *atomicTx) Commit(ctx context.Context, c *middleware.Completion) (err er
 		case err != nil:
 			return fmt.Errorf("pgrecords: commit: complete: %w", err)
 		case tag.RowsAffected() != 1:
-			return middleware.ErrLeaseLost
+			return idemgate.ErrLeaseLost
 		}
 		return nil
 	}
@@ -228,7 +225,7 @@ func completeError(err error) error {
 	}
 	switch pgErr.Code {
 	case "IG001":
-		return middleware.ErrLeaseLost
+		return idemgate.ErrLeaseLost
 	case "IG002":
 		return fmt.Errorf("pgrecords: commit: %w", errNotOurs)
 	case "25006": // read_only_sql_transaction
@@ -236,7 +233,7 @@ func completeError(err error) error {
 	case "42501": // insufficient_privilege
 		return fmt.Errorf("pgrecords: commit: %w: %w", errNoRights, err)
 	case "40001", "40P01":
-		return fmt.Errorf("pgrecords: commit: complete: %w: %w", middleware.ErrTxConflict, err)
+		return fmt.Errorf("pgrecords: commit: complete: %w: %w", idemgate.ErrTxConflict, err)
 	case "26000": // invalid_sql_statement_name
 		// The store's prepared statement is gone from the session: the
 		// handler dropped them (DISCARD ALL, DEALLOCATE ALL).
@@ -267,9 +264,9 @@ func commitError(err error) error {
 	switch {
 	case !errors.As(err, &pgErr), pgErr.Severity == "FATAL", pgErr.Severity == "PANIC":
 	case pgErr.Code == "40001", pgErr.Code == "40P01":
-		return fmt.Errorf("pgrecords: commit: %w: %w", middleware.ErrTxConflict, err)
+		return fmt.Errorf("pgrecords: commit: %w: %w", idemgate.ErrTxConflict, err)
 	case !storeFailure(pgErr.Code):
-		return fmt.Errorf("pgrecords: commit: %w: %w", middleware.ErrTxRefused, err)
+		return fmt.Errorf("pgrecords: commit: %w: %w", idemgate.ErrTxRefused, err)
 	}
 	return fmt.Errorf("pgrecords: commit: %w", err)
 }
@@ -304,7 +301,7 @@ func storeFailure(code string) bool {
 	return slices.Contains(storeClasses, code[:2])
 }
 
-// Rollback implements middleware.Tx. It asks, in the ROLLBACK's round
+// Rollback implements idemgate.Tx. It asks, in the ROLLBACK's round
 // trip, whether the transaction is still the one BEGIN opened: a handler
 // that committed it with a COMMIT statement and began another broke it.
 func (t *atomicTx) Rollback(ctx context.Context) (err error) {
@@ -347,13 +344,13 @@ func (t *atomicTx) Rollback(ctx context.Context) (err error) {
 }
 
 var (
-	errEnded        = fmt.Errorf("%w: it sent COMMIT or ROLLBACK itself, so what it wrote before may have committed", middleware.ErrTxAborted)
-	errNotOurs      = fmt.Errorf("%w: it ended the transaction the store opened and began another (COMMIT or ROLLBACK, then BEGIN, as SQL), or reset its settings (RESET ALL); what it wrote before may have committed", middleware.ErrTxAborted)
-	errAborted      = fmt.Errorf("%w: a statement of the handler's failed (the transaction is aborted), yet it answered", middleware.ErrTxAborted)
-	errConnLost     = fmt.Errorf("%w: its connection closed while a statement of the handler's was on it (the transaction, if BEGIN ran, is rolled back), yet it answered", middleware.ErrTxAborted)
-	errSessionReset = fmt.Errorf("%w: it dropped the session's prepared statements (DISCARD ALL, DEALLOCATE ALL), so the completion could not run", middleware.ErrTxAborted)
-	errReadOnly     = fmt.Errorf("%w: it made its transaction read-only (SET TRANSACTION READ ONLY), so the answer cannot be stored in it", middleware.ErrTxAborted)
-	errNoRights     = fmt.Errorf("%w: the role it set (SET ROLE) cannot call the completion: it needs USAGE on the records table's schema and EXECUTE on idemgate_records_commit_tx", middleware.ErrTxAborted)
+	errEnded        = fmt.Errorf("%w: it sent COMMIT or ROLLBACK itself, so what it wrote before may have committed", idemgate.ErrTxAborted)
+	errNotOurs      = fmt.Errorf("%w: it ended the transaction the store opened and began another (COMMIT or ROLLBACK, then BEGIN, as SQL), or reset its settings (RESET ALL); what it wrote before may have committed", idemgate.ErrTxAborted)
+	errAborted      = fmt.Errorf("%w: a statement of the handler's failed (the transaction is aborted), yet it answered", idemgate.ErrTxAborted)
+	errConnLost     = fmt.Errorf("%w: its connection closed while a statement of the handler's was on it (the transaction, if BEGIN ran, is rolled back), yet it answered", idemgate.ErrTxAborted)
+	errSessionReset = fmt.Errorf("%w: it dropped the session's prepared statements (DISCARD ALL, DEALLOCATE ALL), so the completion could not run", idemgate.ErrTxAborted)
+	errReadOnly     = fmt.Errorf("%w: it made its transaction read-only (SET TRANSACTION READ ONLY), so the answer cannot be stored in it", idemgate.ErrTxAborted)
+	errNoRights     = fmt.Errorf("%w: the role it set (SET ROLE) cannot call the completion: it needs USAGE on the records table's schema and EXECUTE on idemgate_records_commit_tx", idemgate.ErrTxAborted)
 )
 
 // handlerEnded returns why the transaction that BEGIN opened on conn

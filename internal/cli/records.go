@@ -10,9 +10,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/keyspace"
-	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 const recordsUsage = `Usage: %[1]s records show | release [flags]
@@ -25,14 +26,14 @@ const recordsUsage = `Usage: %[1]s records show | release [flags]
                     with -finished, also forget a stored answer. Asks for a
                     confirmation; -yes confirms without a terminal.
 
-A claim is live while its lease is renewed: the middleware renews it every
-Lease/3 while the handler runs (or hangs). release refuses a claim renewed
+A claim is live while its lease is renewed: idemgate renews it every
+Lease/3 while the handler (or a Runner.Do's function) runs (or hangs). release refuses a claim renewed
 within the last 5/6 of its lease (more than a sixth of it left), and one
 whose token records no lease (an older idemgate's), unless -force: the
 handler that holds a live claim still runs, and the client's retry would
 run it a second time, so its effects (a charge, an email) may happen twice.
 
-The key, as the middleware derives it:
+The key, as idemgate derives it for a request or a Runner.Do:
   -tenant T -user U -request-id R -kind K     (or -key idem:…, as stored)
   -store redis (REDIS_URL) or postgres (DATABASE_URL, pgrecords)
 `
@@ -48,12 +49,12 @@ func (k *keyFlags) add(fs interface {
 	fs.StringVar(&k.store, "store", "", "where the records live: redis or postgres (required)")
 	fs.StringVar(&k.tenant, "tenant", "", "the tenant, as the service's scope gives it")
 	fs.StringVar(&k.user, "user", "", "the user (authenticated principal), as the service's scope gives it")
-	fs.StringVar(&k.request, "request-id", "", "the client's Idempotency-Key")
-	fs.StringVar(&k.kind, "kind", "", "the route's kind (Config.Kind, or keyspace.KindFor(method, route))")
+	fs.StringVar(&k.request, "request-id", "", "the client's Idempotency-Key (for Runner.Do, its scope's Request)")
+	fs.StringVar(&k.kind, "kind", "", "the route's kind (Config.Kind, or keyspace.KindFor(method, route)), or Runner.Kind")
 	fs.StringVar(&k.key, "key", "", "the key as stored (idem:<tenant>:<kind>:<user digest>:<request digest>), instead of the four above")
 }
 
-// derive returns the key the middleware would use.
+// derive returns the key idemgate would use.
 func (k *keyFlags) derive() (string, error) {
 	parts := k.tenant != "" || k.user != "" || k.request != "" || k.kind != ""
 	switch {
@@ -106,14 +107,14 @@ func Records(ctx context.Context, args []string, env Env) error {
 		return usageError(fs, "%v", err)
 	}
 
-	var insp middleware.Inspector
+	var insp idemgate.Inspector
 	if k.store == "redis" {
 		client, err := c.openRedis(ctx)
 		if err != nil {
 			return err
 		}
 		defer client.Close()
-		insp = middleware.NewRedisStore(client)
+		insp = redisstore.New(client)
 	} else {
 		pool, schema, err := c.openPool(ctx)
 		if err != nil {
@@ -131,7 +132,7 @@ func Records(ctx context.Context, args []string, env Env) error {
 	}
 
 	info, err := insp.Inspect(ctx, key)
-	if errors.Is(err, middleware.ErrNoRecord) {
+	if errors.Is(err, idemgate.ErrNoRecord) {
 		hint := ""
 		if k.key == "" {
 			hint = "; -tenant, -user, -request-id and -kind must be the values the service's scope and route give, byte for byte"
@@ -169,7 +170,7 @@ func Records(ctx context.Context, args []string, env Env) error {
 		// A person took time to answer: a holder judged stuck may have
 		// renewed since. Read the record again, as Forget would act on it.
 		again, err := insp.Inspect(ctx, key)
-		if err != nil && !errors.Is(err, middleware.ErrNoRecord) {
+		if err != nil && !errors.Is(err, idemgate.ErrNoRecord) {
 			return err
 		}
 		if err == nil && again.Token == info.Token && again.Finished == info.Finished && !info.Finished && !force {
@@ -184,7 +185,7 @@ func Records(ctx context.Context, args []string, env Env) error {
 	fctx, cancel := confirmed(ctx)
 	defer cancel()
 	if err := insp.Forget(fctx, key, info.Token, info.Finished); err != nil {
-		if errors.Is(err, middleware.ErrNoRecord) {
+		if errors.Is(err, idemgate.ErrNoRecord) {
 			return errors.New("the record changed since it was read (finished, expired, released or claimed again): nothing released; run records show again")
 		}
 		return fmt.Errorf("the release may or may not have happened (run records show): %w", err)
@@ -240,7 +241,7 @@ const stuckAfterNum, stuckAfterDen = 5, 6
 // holderOf judges a claim's holder at now. Times that cannot be (a claim
 // from the future, more lease left than the claim was made for) are an
 // older idemgate's random token that parsed as times: unknown.
-func holderOf(info middleware.RecordInfo, now time.Time) (holder string, sinceRenewal time.Duration) {
+func holderOf(info idemgate.RecordInfo, now time.Time) (holder string, sinceRenewal time.Duration) {
 	if info.Lease <= 0 || info.ClaimedAt.After(now.Add(time.Hour)) || info.Left > info.Lease+time.Second {
 		return holderUnknown, 0
 	}
@@ -306,7 +307,7 @@ type recordRow struct {
 	Holder       string     `json:"holder,omitempty"` // live, stuck or unknown (claimed only)
 }
 
-func recordRowOf(key, store string, info middleware.RecordInfo, now time.Time) recordRow {
+func recordRowOf(key, store string, info idemgate.RecordInfo, now time.Time) recordRow {
 	r := recordRow{Key: key, Store: store, State: "claimed", Token: info.Token.String(),
 		Until: now.Add(info.Left).UTC().Truncate(time.Millisecond), Left: info.Left.Round(time.Second).String(),
 		Fingerprint: shownFingerprint(info.Fingerprint), Fields: info.Fields, Status: info.Status, BodyBytes: info.BodySize,

@@ -4,8 +4,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/keyspace"
-	"github.com/idemgate/idemgate/middleware"
 )
 
 // limitSlack is how long before an upstream call its claim may have read
@@ -63,7 +63,7 @@ func (c *checker) nine() Result {
 			first[k] = q
 			f = q
 		}
-		if q.Code != string(middleware.CodeKeyReused) {
+		if q.Code != string(idemgate.CodeKeyReused) {
 			continue
 		}
 		switch {

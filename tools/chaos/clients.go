@@ -18,8 +18,8 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/example/imageclient"
-	"github.com/idemgate/idemgate/middleware"
 )
 
 // Tenants and users of the clients. Request ids are shared across them on
@@ -337,7 +337,7 @@ func (p *player) export(ctx context.Context, taskID string) {
 				p.reuseExportKey(ctx, key, taskID)
 			}
 			return
-		case status/100 == 4 && code != string(middleware.CodeRequestInProgress) && status != http.StatusRequestTimeout &&
+		case status/100 == 4 && code != string(idemgate.CodeRequestInProgress) && status != http.StatusRequestTimeout &&
 			status != http.StatusTooEarly && status != http.StatusTooManyRequests:
 			p.end(a, "rejected", fmt.Sprintf("export: %d %s", status, code))
 			return
@@ -366,7 +366,7 @@ func (p *player) reuseExportKey(ctx context.Context, key, used string) {
 		}
 		status, code, err := p.exportOnce(actx, p.w.nodes[p.rng.IntN(len(p.w.nodes))], key, other, p.w.patience)
 		switch {
-		case err != nil, status >= 500, code == string(middleware.CodeRequestInProgress):
+		case err != nil, status >= 500, code == string(idemgate.CodeRequestInProgress):
 		case status == http.StatusOK:
 			p.end(a, "exported", "an export request id reused on another task was answered 200")
 			return
@@ -502,10 +502,10 @@ func (p *player) submit(ctx context.Context, key string, req imageclient.ImageRe
 		}
 		last = err
 		if errors.Is(err, imageclient.ErrKeyReused) {
-			return sub, string(middleware.CodeKeyReused), ""
+			return sub, string(idemgate.CodeKeyReused), ""
 		}
 		var pr *imageclient.Problem
-		if errors.As(err, &pr) && pr.Status/100 == 4 && pr.Code != string(middleware.CodeRequestInProgress) &&
+		if errors.As(err, &pr) && pr.Status/100 == 4 && pr.Code != string(idemgate.CodeRequestInProgress) &&
 			pr.Status != http.StatusRequestTimeout && pr.Status != http.StatusTooEarly && pr.Status != http.StatusTooManyRequests {
 			return sub, "rejected", pr.Error()
 		}

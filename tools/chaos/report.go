@@ -7,7 +7,7 @@ import (
 	"sort"
 	"text/tabwriter"
 
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate"
 )
 
 // Summary is the report of a run.
@@ -82,7 +82,7 @@ func notes(h History) map[string]int {
 	out := map[string]int{}
 	for _, q := range h.Requests {
 		fp, seen := accepted[clientKey{q.Tenant, q.User, q.Key}]
-		if q.Route == routeSubmit && q.Code == string(middleware.CodeKeyReused) && seen && fp == q.FP {
+		if q.Route == routeSubmit && q.Code == string(idemgate.CodeKeyReused) && seen && fp == q.FP {
 			out["identical retry refused with key_reused (invariant 9)"]++
 		}
 	}

@@ -25,8 +25,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/devserver"
-	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
 )
 
@@ -80,7 +80,7 @@ func run(n, conc int, retention, sweepEvery time.Duration, reuse float64, every 
 		mu  sync.Mutex
 		old []string
 	)
-	resp := middleware.Response{Status: 202, Header: http.Header{"Content-Type": {"application/json"}},
+	resp := idemgate.Response{Status: 202, Header: http.Header{"Content-Type": {"application/json"}},
 		Body: []byte(`{"task_id":"0b7e1f9c-3d7a-4c1e-9a53-1f0f6a8d2b11","status":"queued","poll_after_ms":1000}`)}
 	var done, swept, reclaimed atomic.Int64
 	stopSweep := make(chan struct{})
@@ -130,16 +130,16 @@ func run(n, conc int, retention, sweepEvery time.Duration, reuse float64, every 
 					}
 					key = "idem:churn:image:" + hex.EncodeToString(b[:])
 				}
-				var tok middleware.Token
+				var tok idemgate.Token
 				for k := range tok {
 					tok[k] = byte(rng.Uint32())
 				}
-				req := middleware.ClaimRequest{Fingerprint: "v1:" + "ab", Owner: "owner", Kind: "image", Lease: 30 * time.Second, Token: tok}
+				req := idemgate.ClaimRequest{Fingerprint: "v1:" + "ab", Owner: "owner", Kind: "image", Lease: 30 * time.Second, Token: tok}
 				res, err := s.Claim(ctx, key, req)
 				if err != nil {
 					log.Fatal(err)
 				}
-				if res.Status != middleware.Claimed {
+				if res.Status != idemgate.Claimed {
 					continue // not yet expired: fine, counted as a claim attempt
 				}
 				if reused {

@@ -21,11 +21,13 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/pgtrace"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
 	"github.com/idemgate/idemgate/pgstore"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 const (
@@ -165,7 +167,7 @@ func newIdemgate(ctx context.Context, e *env, o options) (*stack, error) {
 	}
 	st := &stack{name: idemgateName, floor: floorName, table: tasksTable, keyCol: tasksKeyCol, rt: &roundTrips{}, execs: newExecutions()}
 	rdb := e.newRedis(2*o.concurrency, st.rt)
-	if err := serveMiddleware(st, middleware.NewRedisStore(rdb), &idemHandler{tasks: tasks, execs: st.execs}, false); err != nil {
+	if err := serveMiddleware(st, redisstore.New(rdb), &idemHandler{tasks: tasks, execs: st.execs}, false); err != nil {
 		return nil, err
 	}
 	return st, nil
@@ -174,7 +176,7 @@ func newIdemgate(ctx context.Context, e *env, o options) (*stack, error) {
 // serveMiddleware serves st: echo + the idempotency middleware on records
 // + h. Every idemgate stack uses it, so they differ only in the Store (and
 // whether the route is Atomic).
-func serveMiddleware(st *stack, records middleware.Store, h *idemHandler, atomic bool) error {
+func serveMiddleware(st *stack, records idemgate.Store, h *idemHandler, atomic bool) error {
 	idem, err := middleware.Config{
 		Store:       records,
 		Scope:       headerScope,
@@ -234,7 +236,7 @@ func (h *idemHandler) submit(c echo.Context) error {
 		return h.record(c, req, in)
 	}
 	submit := h.tasks.Submit
-	if tx := pgrecords.Tx(c); tx != nil { // an Atomic route: the task commits with the answer
+	if tx, ok := pgrecords.TxFromContext(c.Request().Context()); ok { // an Atomic route: the task commits with the answer
 		submit = func(ctx context.Context, t pgstore.NewTask) (pgstore.Task, error) {
 			return h.tasks.SubmitTx(ctx, tx, t)
 		}
@@ -250,7 +252,7 @@ func (h *idemHandler) submit(c echo.Context) error {
 		Params:         body,
 	})
 	if errors.Is(err, pgstore.ErrConflict) {
-		return middleware.ErrKeyReused
+		return idemgate.ErrKeyReused
 	}
 	if err != nil {
 		return err
@@ -270,7 +272,7 @@ func (h *idemHandler) record(c echo.Context, req middleware.Request, in imageReq
 	var db interface {
 		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
 	} = h.ledger
-	if tx := pgrecords.Tx(c); tx != nil {
+	if tx, ok := pgrecords.TxFromContext(c.Request().Context()); ok {
 		db = tx
 	}
 	var id [16]byte

@@ -12,18 +12,18 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/pgrecords"
 )
 
 // recordResponse is every measured record's answer: a small JSON reply.
-var recordResponse = middleware.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
+var recordResponse = idemgate.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
 	Body: []byte(`{"id":"` + strings.Repeat("x", 190) + `"}`)}
 
-func claimRequest() middleware.ClaimRequest {
-	var tok middleware.Token
+func claimRequest() idemgate.ClaimRequest {
+	var tok idemgate.Token
 	_, _ = rand.Read(tok[:])
-	return middleware.ClaimRequest{Fingerprint: "v1:scale", Owner: "owner", Kind: "orders", Lease: time.Minute, Token: tok}
+	return idemgate.ClaimRequest{Fingerprint: "v1:scale", Owner: "owner", Kind: "orders", Lease: time.Minute, Token: tok}
 }
 
 // measureRecords times pgrecords' claim of a new key and replay of a
@@ -118,7 +118,7 @@ func recordsTable(ctx context.Context, log io.Writer, pg *postgres, n, expiredEv
 	for i := range warmup(samples) + samples {
 		begin := time.Now()
 		res, err := s.Claim(ctx, fmt.Sprintf("new-%d", i), claimRequest())
-		if err != nil || res.Status != middleware.Claimed {
+		if err != nil || res.Status != idemgate.Claimed {
 			return r, fmt.Errorf("claim of a new key: %+v, %w", res.Status, err)
 		}
 		took := time.Since(begin)
@@ -128,7 +128,7 @@ func recordsTable(ctx context.Context, log io.Writer, pg *postgres, n, expiredEv
 		}
 		begin = time.Now()
 		res, err = s.Claim(ctx, fmt.Sprintf("k-%d", k), claimRequest())
-		if err != nil || res.Status != middleware.Finished {
+		if err != nil || res.Status != idemgate.Finished {
 			return r, fmt.Errorf("replay of k-%d: %+v, %w", k, res.Status, err)
 		}
 		if i >= warmup(samples) {

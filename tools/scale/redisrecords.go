@@ -11,8 +11,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/devserver"
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // measureRedis times the Redis store's replay beside each of
@@ -35,7 +36,7 @@ func measureRedis(ctx context.Context, out, log io.Writer, url string, sz sizes)
 	}
 	client := redis.NewClient(opts)
 	defer client.Close()
-	s := middleware.NewRedisStore(client)
+	s := redisstore.New(client)
 	// One record as the store writes it, copied under other keys.
 	const prefix = "scale:"
 	tmpl := claimRequest()
@@ -91,7 +92,7 @@ func measureRedis(ctx context.Context, out, log io.Writer, url string, sz sizes)
 			k := mrand.IntN(n)
 			begin := time.Now()
 			res, err := s.Claim(ctx, prefix+"k-"+strconv.Itoa(k), claimRequest())
-			if err != nil || res.Status != middleware.Finished {
+			if err != nil || res.Status != idemgate.Finished {
 				return fmt.Errorf("replay of k-%d: %v, %w", k, res.Status, err)
 			}
 			if i >= warmup(sz.Samples) {

@@ -38,9 +38,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/devserver"
-	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
+	"github.com/idemgate/idemgate/redisstore"
 	"github.com/idemgate/idemgate/tools/internal/pgcpu"
 )
 
@@ -78,39 +79,39 @@ func (c *redisCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 // subject is one store under load.
 type subject struct {
 	name   string
-	miss   func(ctx context.Context, key string, tok middleware.Token) error
-	replay func(ctx context.Context, key string, tok middleware.Token) error
+	miss   func(ctx context.Context, key string, tok idemgate.Token) error
+	replay func(ctx context.Context, key string, tok idemgate.Token) error
 	trips  func() int64
 	cpu    func() (time.Duration, error) // server CPU so far
 }
 
-var response = middleware.Response{Status: 202, Header: http.Header{"Content-Type": {"application/json"}},
+var response = idemgate.Response{Status: 202, Header: http.Header{"Content-Type": {"application/json"}},
 	Body: []byte(`{"task_id":"0b7e1f9c-3d7a-4c1e-9a53-1f0f6a8d2b11","status":"queued","poll_after_ms":1000}`)}
 
-func claimRequest(tok middleware.Token) middleware.ClaimRequest {
-	return middleware.ClaimRequest{Fingerprint: "v1:" + "4f2a6b1c9d8e7f60a1b2c3d4e5f60718293a4b5c6d7e8f901a2b3c4d5e6f7081",
+func claimRequest(tok idemgate.Token) idemgate.ClaimRequest {
+	return idemgate.ClaimRequest{Fingerprint: "v1:" + "4f2a6b1c9d8e7f60a1b2c3d4e5f60718293a4b5c6d7e8f901a2b3c4d5e6f7081",
 		Owner: "7d1e2f3a4b5c6d7e8f9012a3b4c5d6e7f8091a2b3c4d5e6f7a8b9c0d1e2f3a4b", Kind: "image", Lease: 30 * time.Second, Token: tok}
 }
 
-func storeSubject(name string, s middleware.Store, trips func() int64, cpu func() (time.Duration, error)) subject {
-	miss := func(ctx context.Context, key string, tok middleware.Token) error {
+func storeSubject(name string, s idemgate.Store, trips func() int64, cpu func() (time.Duration, error)) subject {
+	miss := func(ctx context.Context, key string, tok idemgate.Token) error {
 		res, err := s.Claim(ctx, key, claimRequest(tok))
 		if err != nil {
 			return err
 		}
-		if res.Status != middleware.Claimed {
+		if res.Status != idemgate.Claimed {
 			return fmt.Errorf("miss: claim %v", res.Status)
 		}
 		return s.Complete(ctx, key, tok, response, time.Hour)
 	}
 	return subject{
 		name: name, trips: trips, cpu: cpu, miss: miss,
-		replay: func(ctx context.Context, key string, tok middleware.Token) error {
+		replay: func(ctx context.Context, key string, tok idemgate.Token) error {
 			res, err := s.Claim(ctx, key, claimRequest(tok))
 			if err != nil {
 				return err
 			}
-			if res.Status != middleware.Finished || len(res.Response.Body) != len(response.Body) {
+			if res.Status != idemgate.Finished || len(res.Response.Body) != len(response.Body) {
 				return fmt.Errorf("replay: claim %v", res.Status)
 			}
 			return nil
@@ -130,7 +131,7 @@ VALUES ($1, $2, false, now() + interval '30 seconds', $3) ON CONFLICT DO NOTHING
 )
 
 // floorIdent is as long as pgrecords' ident of the same claim.
-func floorIdent(req middleware.ClaimRequest) []byte {
+func floorIdent(req idemgate.ClaimRequest) []byte {
 	return []byte("\x40" + req.Owner + "\x05" + req.Kind + string(req.Fingerprint))
 }
 
@@ -138,7 +139,7 @@ func floorSubject(pool *pgxpool.Pool, trips func() int64, cpu func() (time.Durat
 	stored := []byte{0, 202, 1, 12, 'C', 'o', 'n', 't', 'e', 'n', 't', '-', 'T', 'y', 'p', 'e', 1, 16}
 	stored = append(stored, "application/json"...)
 	stored = append(stored, response.Body...)
-	miss := func(ctx context.Context, key string, tok middleware.Token) error {
+	miss := func(ctx context.Context, key string, tok idemgate.Token) error {
 		tag, err := pool.Exec(ctx, sqlFloorInsert, key, [16]byte(tok), floorIdent(claimRequest(tok)))
 		if err != nil {
 			return err
@@ -151,7 +152,7 @@ func floorSubject(pool *pgxpool.Pool, trips func() int64, cpu func() (time.Durat
 	}
 	return subject{
 		name: "floor: INSERT ON CONFLICT DO NOTHING + UPDATE / SELECT", trips: trips, cpu: cpu, miss: miss,
-		replay: func(ctx context.Context, key string, tok middleware.Token) error {
+		replay: func(ctx context.Context, key string, tok idemgate.Token) error {
 			var (
 				finished    bool
 				ident, resp []byte
@@ -242,7 +243,7 @@ func run(d time.Duration, conc, rounds int) error {
 	subjects := []subject{
 		floorSubject(pool, pc.Load, pgServer.Used),
 		storeSubject("pgrecords", store, pc.Load, pgServer.Used),
-		storeSubject("redis store (redis-server "+rd.Addr+")", middleware.NewRedisStore(client), rc.n.Load, redisCPU(client)),
+		storeSubject("redis store (redis-server "+rd.Addr+")", redisstore.New(client), rc.n.Load, redisCPU(client)),
 	}
 	fmt.Printf("%d clients, %v per round, median of %d rounds\n\n", conc, d, rounds)
 	fmt.Printf("| store | miss/s | replay/s | round trips miss / replay | server CPU µs/miss | server CPU µs/replay |\n|---|---|---|---|---|---|\n")
@@ -295,7 +296,7 @@ func median(rs []result) result {
 // drive runs op from conc goroutines for d: on new keys under prefix (a
 // miss), or on keys (a replay, each goroutine cycling through its share).
 // It returns the keys it made.
-func drive(ctx context.Context, s subject, op func(context.Context, string, middleware.Token) error,
+func drive(ctx context.Context, s subject, op func(context.Context, string, idemgate.Token) error,
 	prefix string, keys []string, d time.Duration, conc int) (result, []string, error) {
 	var (
 		n     atomic.Int64
@@ -316,7 +317,7 @@ func drive(ctx context.Context, s subject, op func(context.Context, string, midd
 			rng := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
 			var mine []string
 			for i := 0; time.Now().Before(deadline); i++ {
-				var tok middleware.Token
+				var tok idemgate.Token
 				for k := range tok {
 					tok[k] = byte(rng.Uint32())
 				}

@@ -1,4 +1,11 @@
-package middleware
+// Package redisstore is an idemgate.Store on Redis (a single server,
+// Sentinel or Cluster, through redis.UniversalClient): the claims,
+// fencing tokens and stored responses of every door, echo's middleware,
+// a net/http handler or Runner.Do. It links go-redis and no web
+// framework.
+//
+// Its records and keys are described on Store and in docs/records.md.
+package redisstore
 
 import (
 	"context"
@@ -10,9 +17,12 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate"
+	"github.com/idemgate/idemgate/internal/wire"
 )
 
-// RedisStore is a Store on Redis: a single server, Sentinel or Cluster,
+// Store is an idemgate.Store on Redis: a single server, Sentinel or Cluster,
 // through redis.UniversalClient.
 //
 // Each record is one string under one key. A key derived by keyspace,
@@ -47,7 +57,7 @@ import (
 //
 // Round trips: a miss costs two (claim, complete), a replay one, a conflict
 // one, plus one extend per Lease/3 of handler time.
-type RedisStore struct {
+type Store struct {
 	client redis.UniversalClient
 	// The millisecond arguments of the last lease and retention, boxed once:
 	// they rarely change, and boxing an int64 per call allocates.
@@ -61,12 +71,12 @@ type msArg struct {
 	arg any
 }
 
-var _ Store = (*RedisStore)(nil)
+var _ idemgate.Store = (*Store)(nil)
 
-// NewRedisStore returns a Store on client. The caller keeps ownership of
-// client (and closes it).
-func NewRedisStore(client redis.UniversalClient) *RedisStore {
-	return &RedisStore{client: client}
+// New returns a Store on client. The caller keeps ownership of client
+// (and closes it).
+func New(client redis.UniversalClient) *Store {
+	return &Store{client: client}
 }
 
 // claimScript does what SET KEYS[1] ARGV[1] NX PX ARGV[2] GET does on
@@ -117,20 +127,20 @@ return 1
 // expired): then the key is free, and the claim is tried again.
 const maxClaimTries = 3
 
-// Claim implements Store.
-func (s *RedisStore) Claim(ctx context.Context, key string, req ClaimRequest) (ClaimResult, error) {
+// Claim implements idemgate.Store.
+func (s *Store) Claim(ctx context.Context, key string, req idemgate.ClaimRequest) (idemgate.ClaimResult, error) {
 	res, stored, err := s.ClaimStored(ctx, key, req)
-	if err == nil && res.Status == Finished {
+	if err == nil && res.Status == idemgate.Finished {
 		res.Response = response(&stored)
 	}
 	return res, err
 }
 
-// ClaimStored is Claim without decoding a finished response: it answers
-// Finished with the stored response checked but not decoded, for the
-// middleware to write as it is. Every other answer, and every error, is
-// Claim's.
-func (s *RedisStore) ClaimStored(ctx context.Context, key string, req ClaimRequest) (ClaimResult, storedResponse, error) {
+// ClaimStored is Claim without decoding a finished response, for the
+// engine's replay: it answers Finished with the stored response checked
+// but not decoded, for the engine to write as it is. Every other answer,
+// and every error, is Claim's. Use Claim.
+func (s *Store) ClaimStored(ctx context.Context, key string, req idemgate.ClaimRequest) (idemgate.ClaimResult, wire.Stored, error) {
 	k, implied := storeKey(key, req.Owner, req.Kind)
 	id := newIdent(req, implied)
 	rec := getArg()
@@ -140,33 +150,33 @@ func (s *RedisStore) ClaimStored(ctx context.Context, key string, req ClaimReque
 	for try := 1; ; try++ {
 		v, held, err := s.setNX(ctx, k, rec, ms)
 		if err != nil {
-			return ClaimResult{}, storedResponse{}, fmt.Errorf("idemgate: redis claim: %w", err)
+			return idemgate.ClaimResult{}, wire.Stored{}, fmt.Errorf("redisstore: claim: %w", err)
 		}
 		if !held {
-			return ClaimResult{Status: Claimed}, storedResponse{}, nil
+			return idemgate.ClaimResult{Status: idemgate.Claimed}, wire.Stored{}, nil
 		}
 		r, err := parseRecord(v)
 		if err != nil {
-			return ClaimResult{}, storedResponse{}, fmt.Errorf("idemgate: redis claim: %w", err)
+			return idemgate.ClaimResult{}, wire.Stored{}, fmt.Errorf("redisstore: claim: %w", err)
 		}
 		v1 := v[0] != recordV2
 		switch {
 		case !r.finished && r.token == string(req.Token[:]):
-			return ClaimResult{Status: Claimed}, storedResponse{}, nil // a resent claim
+			return idemgate.ClaimResult{Status: idemgate.Claimed}, wire.Stored{}, nil // a resent claim
 		case !r.sameOwnerKind(&id, &req, v1):
-			return ClaimResult{Status: Mismatch}, storedResponse{}, nil
+			return idemgate.ClaimResult{Status: idemgate.Mismatch}, wire.Stored{}, nil
 		case !r.sameFingerprint(&id, &req, v1):
-			return ClaimResult{Status: Mismatch, Changed: r.changed(req.Fields)}, storedResponse{}, nil
+			return idemgate.ClaimResult{Status: idemgate.Mismatch, Changed: r.changed(req.Fields)}, wire.Stored{}, nil
 		case r.finished:
 			stored, err := checkResponse(r.resp)
 			if err != nil {
-				return ClaimResult{}, storedResponse{}, fmt.Errorf("idemgate: redis claim: %w", err)
+				return idemgate.ClaimResult{}, wire.Stored{}, fmt.Errorf("redisstore: claim: %w", err)
 			}
-			return ClaimResult{Status: Finished}, stored, nil
+			return idemgate.ClaimResult{Status: idemgate.Finished}, stored, nil
 		}
 		left, err := s.client.PTTL(ctx, k).Result()
 		if err != nil {
-			return ClaimResult{}, storedResponse{}, fmt.Errorf("idemgate: redis claim: lease left: %w", err)
+			return idemgate.ClaimResult{}, wire.Stored{}, fmt.Errorf("redisstore: claim: lease left: %w", err)
 		}
 		switch {
 		case left == -2 && try < maxClaimTries:
@@ -174,13 +184,13 @@ func (s *RedisStore) ClaimStored(ctx context.Context, key string, req ClaimReque
 		case left < 0:
 			left = 0
 		}
-		return ClaimResult{Status: Running, RetryAfter: left}, storedResponse{}, nil
+		return idemgate.ClaimResult{Status: idemgate.Running, RetryAfter: left}, wire.Stored{}, nil
 	}
 }
 
 // setNX sets k to rec unless it exists, and returns the record that holds
 // it (held) or nothing (claimed).
-func (s *RedisStore) setNX(ctx context.Context, k string, rec *scriptArg, ms any) (v string, held bool, err error) {
+func (s *Store) setNX(ctx context.Context, k string, rec *scriptArg, ms any) (v string, held bool, err error) {
 	if !s.noSetGet.Load() {
 		cmd := redis.NewStringCmd(ctx, "set", k, rec, "nx", "px", ms, "get")
 		_ = s.client.Process(ctx, cmd)
@@ -213,7 +223,7 @@ func refusesSetNXGet(err error) bool {
 }
 
 // storeKey returns the key a record is stored under: a keyspace key
-// compacted (see RedisStore), anything else as given. implied reports that
+// compacted (see Store), anything else as given. implied reports that
 // the key is a keyspace key naming owner and kind.
 func storeKey(key, owner, kind string) (k string, implied bool) {
 	const digest = 64
@@ -240,25 +250,25 @@ func storeKey(key, owner, kind string) (k string, implied bool) {
 	return string(b), o == owner && head[5+colon+1:] == kind
 }
 
-// Extend implements Store.
-func (s *RedisStore) Extend(ctx context.Context, key string, token Token, lease time.Duration) error {
+// Extend implements idemgate.Store.
+func (s *Store) Extend(ctx context.Context, key string, token idemgate.Token, lease time.Duration) error {
 	return s.fenced(ctx, "extend", extendScript, key, token, nil, s.millis(&s.lease, lease))
 }
 
-// Complete implements Store.
-func (s *RedisStore) Complete(ctx context.Context, key string, token Token, resp Response, retention time.Duration) error {
+// Complete implements idemgate.Store.
+func (s *Store) Complete(ctx context.Context, key string, token idemgate.Token, resp idemgate.Response, retention time.Duration) error {
 	return s.fenced(ctx, "complete", completeScript, key, token, &resp, s.millis(&s.retention, retention))
 }
 
-// Release implements Store.
-func (s *RedisStore) Release(ctx context.Context, key string, token Token) error {
+// Release implements idemgate.Store.
+func (s *Store) Release(ctx context.Context, key string, token idemgate.Token) error {
 	return s.fenced(ctx, "release", releaseScript, key, token, nil, nil)
 }
 
 // fenced runs a compare-and-set script on 0x02 'C' token (followed by the
 // encoded resp, if any) and ms, if not nil. The script answers 1 (done) or
 // 0 (the token no longer holds).
-func (s *RedisStore) fenced(ctx context.Context, op string, script *redis.Script, key string, token Token, resp *Response, ms any) error {
+func (s *Store) fenced(ctx context.Context, op string, script *redis.Script, key string, token idemgate.Token, resp *idemgate.Response, ms any) error {
 	k, _ := storeKey(key, "", "")
 	arg := getArg()
 	defer putArg(arg)
@@ -267,7 +277,7 @@ func (s *RedisStore) fenced(ctx context.Context, op string, script *redis.Script
 	if resp != nil {
 		var err error
 		if arg.b, err = appendResponse(arg.b, *resp); err != nil {
-			return fmt.Errorf("idemgate: redis %s: %w", op, err)
+			return fmt.Errorf("redisstore: %s: %w", op, err)
 		}
 	}
 	var cmd *redis.Cmd
@@ -278,17 +288,17 @@ func (s *RedisStore) fenced(ctx context.Context, op string, script *redis.Script
 	}
 	n, err := cmd.Int64()
 	if err != nil {
-		return fmt.Errorf("idemgate: redis %s: %w", op, err)
+		return fmt.Errorf("redisstore: %s: %w", op, err)
 	}
 	if n != 1 {
-		return ErrLeaseLost
+		return idemgate.ErrLeaseLost
 	}
 	return nil
 }
 
 // millis returns d rounded up to whole milliseconds (at least 1) as a
 // script argument, boxed once per distinct duration.
-func (s *RedisStore) millis(cache *atomic.Pointer[msArg], d time.Duration) any {
+func (s *Store) millis(cache *atomic.Pointer[msArg], d time.Duration) any {
 	if c := cache.Load(); c != nil && c.d == d {
 		return c.arg
 	}

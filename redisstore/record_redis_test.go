@@ -1,4 +1,4 @@
-package middleware
+package redisstore
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/devserver"
 	"github.com/idemgate/idemgate/internal/testenv"
@@ -46,9 +47,9 @@ func TestRedisV1Records(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			s := NewRedisStore(client)
-			req := ClaimRequest{Fingerprint: "v1:" + fingerprint.Fingerprint(strings.Repeat("7", 64)), Owner: "owner-a", Kind: "image", Lease: time.Minute, Token: newToken()}
-			want := Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}}, Body: []byte("{\"id\":1}\x00\xff")}
+			s := New(client)
+			req := idemgate.ClaimRequest{Fingerprint: "v1:" + fingerprint.Fingerprint(strings.Repeat("7", 64)), Owner: "owner-a", Kind: "image", Lease: time.Minute, Token: newToken()}
+			want := idemgate.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}}, Body: []byte("{\"id\":1}\x00\xff")}
 
 			// Finished under version 1: replay and conflict.
 			done := testKey()
@@ -58,22 +59,22 @@ func TestRedisV1Records(t *testing.T) {
 			again := req
 			again.Token = newToken()
 			res, err := s.Claim(ctx, done, again)
-			if err != nil || res.Status != Finished {
+			if err != nil || res.Status != idemgate.Finished {
 				t.Fatalf("Claim of a v1 finished record = %v, %v; want finished", res.Status, err)
 			}
 			sameResponse(t, res.Response, want)
-			for what, m := range map[string]ClaimRequest{
+			for what, m := range map[string]idemgate.ClaimRequest{
 				"fingerprint": {Fingerprint: "v1:" + fingerprint.Fingerprint(strings.Repeat("8", 64)), Owner: req.Owner, Kind: req.Kind},
 				"owner":       {Fingerprint: req.Fingerprint, Owner: "owner-b", Kind: req.Kind},
 				"kind":        {Fingerprint: req.Fingerprint, Owner: req.Owner, Kind: "imag"},
 			} {
 				m.Lease, m.Token = time.Minute, newToken()
 				res, err := s.Claim(ctx, done, m)
-				if err != nil || res.Status != Mismatch || res.Response.Body != nil || res.Changed != nil {
+				if err != nil || res.Status != idemgate.Mismatch || res.Response.Body != nil || res.Changed != nil {
 					t.Errorf("%s: Claim = %+v, %v; want a bare mismatch", what, res, err)
 				}
 			}
-			if err := s.Complete(ctx, done, req.Token, Response{Status: 200}, time.Hour); err != nil {
+			if err := s.Complete(ctx, done, req.Token, idemgate.Response{Status: 200}, time.Hour); err != nil {
 				t.Errorf("resent Complete of a v1 finished record = %v, want nil", err)
 			}
 
@@ -83,14 +84,14 @@ func TestRedisV1Records(t *testing.T) {
 			if err := client.Set(ctx, running, v1Claim(req.Token, req), time.Minute).Err(); err != nil {
 				t.Fatal(err)
 			}
-			if res, err := s.Claim(ctx, running, again); err != nil || res.Status != Running || res.RetryAfter <= 0 {
+			if res, err := s.Claim(ctx, running, again); err != nil || res.Status != idemgate.Running || res.RetryAfter <= 0 {
 				t.Fatalf("Claim of a v1 claim = %+v, %v; want running", res, err)
 			}
-			if res, err := s.Claim(ctx, running, req); err != nil || res.Status != Claimed {
+			if res, err := s.Claim(ctx, running, req); err != nil || res.Status != idemgate.Claimed {
 				t.Fatalf("resent claim on a v1 claim = %+v, %v; want claimed", res, err)
 			}
-			if err := s.Extend(ctx, running, again.Token, time.Minute); !errors.Is(err, ErrLeaseLost) {
-				t.Errorf("Extend by another token = %v, want ErrLeaseLost", err)
+			if err := s.Extend(ctx, running, again.Token, time.Minute); !errors.Is(err, idemgate.ErrLeaseLost) {
+				t.Errorf("Extend by another token = %v, want idemgate.ErrLeaseLost", err)
 			}
 			if err := s.Extend(ctx, running, req.Token, time.Minute); err != nil {
 				t.Errorf("Extend of a v1 claim = %v", err)
@@ -102,7 +103,7 @@ func TestRedisV1Records(t *testing.T) {
 				t.Errorf("resent Complete = %v", err)
 			}
 			res, err = s.Claim(ctx, running, again)
-			if err != nil || res.Status != Finished {
+			if err != nil || res.Status != idemgate.Finished {
 				t.Fatalf("Claim after completing a v1 claim = %v, %v", res.Status, err)
 			}
 			sameResponse(t, res.Response, want)
@@ -112,13 +113,13 @@ func TestRedisV1Records(t *testing.T) {
 			if err := client.Set(ctx, released, v1Claim(req.Token, req), time.Minute).Err(); err != nil {
 				t.Fatal(err)
 			}
-			if err := s.Release(ctx, released, again.Token); !errors.Is(err, ErrLeaseLost) {
-				t.Errorf("Release by another token = %v, want ErrLeaseLost", err)
+			if err := s.Release(ctx, released, again.Token); !errors.Is(err, idemgate.ErrLeaseLost) {
+				t.Errorf("Release by another token = %v, want idemgate.ErrLeaseLost", err)
 			}
 			if err := s.Release(ctx, released, req.Token); err != nil {
 				t.Errorf("Release of a v1 claim = %v", err)
 			}
-			if res, err := s.Claim(ctx, released, again); err != nil || res.Status != Claimed {
+			if res, err := s.Claim(ctx, released, again); err != nil || res.Status != idemgate.Claimed {
 				t.Errorf("Claim after release = %v, %v", res.Status, err)
 			}
 		})
@@ -143,11 +144,11 @@ func TestRedisRecordBytes(t *testing.T) {
 	t.Cleanup(func() { srv.Stop() })
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 4})
 	t.Cleanup(func() { client.Close() })
-	s := NewRedisStore(client)
+	s := New(client)
 
 	// A small JSON response with two headers, with a short task id and
 	// with a UUID.
-	responses := map[string]Response{
+	responses := map[string]idemgate.Response{
 		"short id": {Status: http.StatusAccepted,
 			Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/tasks/t_5Ho2Xa"}},
 			Body:   []byte(`{"task_id":"t_5Ho2Xa","status":"pending"}`)},
@@ -193,14 +194,14 @@ func TestRedisRecordBytes(t *testing.T) {
 	for _, name := range []string{"short id", "uuid"} {
 		resp := responses[name]
 		v2 := measure(name+", version 2", func(i int, k keyspace.Key) error {
-			req := ClaimRequest{Fingerprint: fp, Owner: k.Owner(), Kind: k.Kind(), Lease: time.Minute, Token: newToken(), Fields: sums}
+			req := idemgate.ClaimRequest{Fingerprint: fp, Owner: k.Owner(), Kind: k.Kind(), Lease: time.Minute, Token: newToken(), Fields: sums}
 			if _, err := s.Claim(ctx, k.String(), req); err != nil {
 				return err
 			}
 			return s.Complete(ctx, k.String(), req.Token, resp, time.Hour)
 		})
 		v1 := measure(name+", version 1", func(i int, k keyspace.Key) error {
-			req := ClaimRequest{Fingerprint: fp, Owner: k.Owner(), Kind: k.Kind()}
+			req := idemgate.ClaimRequest{Fingerprint: fp, Owner: k.Owner(), Kind: k.Kind()}
 			return client.Set(ctx, k.String(), v1Finished(newToken(), req, resp), time.Hour).Err()
 		})
 		// docs/performance.md and docs/stores.md state these figures
@@ -271,15 +272,15 @@ func TestRedisReplayCPU(t *testing.T) {
 	ctx := context.Background()
 	const workers, perRound, rounds = 8, 4000, 4
 	client := dedicatedRedis(t, workers)
-	s := NewRedisStore(client)
+	s := New(client)
 
 	k, _ := keyspace.Derive("images", keyspace.Scope{Tenant: "acme", User: "alice", Request: "r1"})
-	req := ClaimRequest{Fingerprint: "v1:" + fingerprint.Fingerprint(strings.Repeat("ab", 32)), Owner: k.Owner(), Kind: k.Kind(), Lease: time.Minute, Token: newToken(),
+	req := idemgate.ClaimRequest{Fingerprint: "v1:" + fingerprint.Fingerprint(strings.Repeat("ab", 32)), Owner: k.Owner(), Kind: k.Kind(), Lease: time.Minute, Token: newToken(),
 		Fields: []fingerprint.FieldSum{{1, 2}, {3, 4}, {5, 6}, {7, 8}}}
 	if _, err := s.Claim(ctx, k.String(), req); err != nil {
 		t.Fatal(err)
 	}
-	resp := Response{Status: http.StatusAccepted,
+	resp := idemgate.Response{Status: http.StatusAccepted,
 		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/tasks/t_5Ho2Xa"}},
 		Body:   []byte(`{"task_id":"t_5Ho2Xa","status":"pending"}`)}
 	if err := s.Complete(ctx, k.String(), req.Token, resp, time.Hour); err != nil {
@@ -297,7 +298,7 @@ func TestRedisReplayCPU(t *testing.T) {
 	for range rounds {
 		replayCPU += run(func() error {
 			res, err := s.Claim(ctx, k.String(), replay)
-			if err == nil && res.Status != Finished {
+			if err == nil && res.Status != idemgate.Finished {
 				err = fmt.Errorf("claim = %v", res.Status)
 			}
 			return err
@@ -385,21 +386,21 @@ func TestRedisCompleteCPU(t *testing.T) {
 	ctx := context.Background()
 	const workers, perRound, rounds = 8, 4000, 4
 	client := dedicatedRedis(t, workers)
-	s := NewRedisStore(client)
+	s := New(client)
 	headSetScript := redis.NewScript(`
 local h = redis.call('GETRANGE', KEYS[1], 0, 17)
 if h ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])
 return 1
 `)
-	resp := Response{Status: http.StatusAccepted,
+	resp := idemgate.Response{Status: http.StatusAccepted,
 		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/tasks/t_5Ho2Xa"}},
 		Body:   []byte(`{"task_id":"t_5Ho2Xa","status":"pending"}`)}
 	var seq atomic.Int64
 	miss := func(headSet bool) func() error {
 		return func() error {
 			k, _ := keyspace.Derive("images", keyspace.Scope{Tenant: "acme", User: "alice", Request: "r" + strconv.FormatInt(seq.Add(1), 10)})
-			req := ClaimRequest{Fingerprint: "v1:" + fingerprint.Fingerprint(strings.Repeat("ab", 32)), Owner: k.Owner(), Kind: k.Kind(),
+			req := idemgate.ClaimRequest{Fingerprint: "v1:" + fingerprint.Fingerprint(strings.Repeat("ab", 32)), Owner: k.Owner(), Kind: k.Kind(),
 				Lease: time.Minute, Token: newToken(), Fields: []fingerprint.FieldSum{{1, 2}, {3, 4}, {5, 6}, {7, 8}}}
 			if _, err := s.Claim(ctx, k.String(), req); err != nil {
 				return err

@@ -3,7 +3,7 @@ package storetest_test
 import (
 	"testing"
 
-	"github.com/idemgate/idemgate/middleware/storetest"
+	"github.com/idemgate/idemgate/storetest"
 )
 
 // TestRunOnMiniredis runs the suite on the example's harness.

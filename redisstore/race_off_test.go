@@ -1,5 +1,5 @@
 //go:build !race
 
-package middleware
+package redisstore
 
 const raceEnabled = false

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate"
 )
 
 // RunDurability checks that records outlive a restart of the server under
@@ -32,14 +32,14 @@ func RunDurability(t *testing.T, newHarness func(t *testing.T) Harness) {
 	}
 	type finished struct {
 		key  string
-		req  middleware.ClaimRequest
-		resp middleware.Response
+		req  idemgate.ClaimRequest
+		resp idemgate.Response
 	}
 	var done []finished
 	for _, kk := range keyKinds {
 		for _, resp := range responses() {
 			key, req := newCase(t, kk.keys)
-			claim(t, h.Store, key, req, middleware.Claimed)
+			claim(t, h.Store, key, req, idemgate.Claimed)
 			if err := h.Store.Complete(ctx(t), key, req.Token, resp, time.Hour); err != nil {
 				t.Fatalf("Complete: %v", err)
 			}
@@ -48,17 +48,17 @@ func RunDurability(t *testing.T, newHarness func(t *testing.T) Harness) {
 	}
 	k := keyKinds[1].keys
 	running, runReq := newCase(t, k)
-	claim(t, h.Store, running, runReq, middleware.Claimed)
+	claim(t, h.Store, running, runReq, idemgate.Claimed)
 	expiring, expReq := newCase(t, k)
 	expReq.Lease = h.Lease
-	claim(t, h.Store, expiring, expReq, middleware.Claimed)
+	claim(t, h.Store, expiring, expReq, idemgate.Claimed)
 	released, relReq := newCase(t, k)
-	claim(t, h.Store, released, relReq, middleware.Claimed)
+	claim(t, h.Store, released, relReq, idemgate.Claimed)
 	if err := h.Store.Release(ctx(t), released, relReq.Token); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	retained, retReq := newCase(t, k)
-	claim(t, h.Store, retained, retReq, middleware.Claimed)
+	claim(t, h.Store, retained, retReq, idemgate.Claimed)
 	retention := 2 * h.Lease
 	if err := h.Store.Complete(ctx(t), retained, retReq.Token, sampleResponse(), retention); err != nil {
 		t.Fatalf("Complete: %v", err)
@@ -71,25 +71,25 @@ func RunDurability(t *testing.T, newHarness func(t *testing.T) Harness) {
 
 	t.Run("FinishedReplays", func(t *testing.T) {
 		for _, d := range done {
-			for _, s := range []middleware.Store{h.Store, h.second()} {
-				checkReplay(t, claim(t, s, d.key, retry(d.req), middleware.Finished).Response, d.resp)
+			for _, s := range []idemgate.Store{h.Store, h.second()} {
+				checkReplay(t, claim(t, s, d.key, retry(d.req), idemgate.Finished).Response, d.resp)
 			}
 		}
 	})
 	t.Run("MismatchCarriesNothing", func(t *testing.T) {
 		d := done[0]
 		for _, m := range mismatches(d.req) {
-			checkNothing(t, claim(t, h.second(), d.key, m, middleware.Mismatch))
+			checkNothing(t, claim(t, h.second(), d.key, m, idemgate.Mismatch))
 		}
 	})
 	t.Run("RunningKeepsFencing", func(t *testing.T) {
-		res := claim(t, h.second(), running, retry(runReq), middleware.Running)
+		res := claim(t, h.second(), running, retry(runReq), idemgate.Running)
 		if res.RetryAfter <= 0 || res.RetryAfter > longLease {
 			t.Errorf("RetryAfter = %v, want in (0, %v]", res.RetryAfter, longLease)
 		}
 		wrong := token()
 		checkLost(t, "Extend with a wrong token", h.second().Extend(ctx(t), running, wrong, h.Lease))
-		checkLost(t, "Complete with a wrong token", h.second().Complete(ctx(t), running, wrong, middleware.Response{Status: 418}, time.Hour))
+		checkLost(t, "Complete with a wrong token", h.second().Complete(ctx(t), running, wrong, idemgate.Response{Status: 418}, time.Hour))
 		checkLost(t, "Release with a wrong token", h.second().Release(ctx(t), running, wrong))
 		if err := h.Store.Extend(ctx(t), running, runReq.Token, longLease); err != nil {
 			t.Errorf("the holder's Extend: %v", err)
@@ -98,21 +98,21 @@ func RunDurability(t *testing.T, newHarness func(t *testing.T) Harness) {
 		if err := h.second().Complete(ctx(t), running, runReq.Token, want, time.Hour); err != nil {
 			t.Fatalf("the holder's Complete: %v", err)
 		}
-		checkReplay(t, claim(t, h.Store, running, retry(runReq), middleware.Finished).Response, want)
+		checkReplay(t, claim(t, h.Store, running, retry(runReq), idemgate.Finished).Response, want)
 	})
 	t.Run("ReleasedStaysFree", func(t *testing.T) {
-		claim(t, h.second(), released, retry(relReq), middleware.Claimed)
+		claim(t, h.second(), released, retry(relReq), idemgate.Claimed)
 	})
 
 	h.Advance(retention + h.Lease)
 	t.Run("LeaseRunsOut", func(t *testing.T) {
 		fresh := retry(expReq)
 		fresh.Lease = longLease
-		claim(t, h.second(), expiring, fresh, middleware.Claimed)
-		checkLost(t, "stale Complete", h.Store.Complete(ctx(t), expiring, expReq.Token, middleware.Response{Status: 418}, time.Hour))
-		claim(t, h.Store, expiring, retry(expReq), middleware.Running)
+		claim(t, h.second(), expiring, fresh, idemgate.Claimed)
+		checkLost(t, "stale Complete", h.Store.Complete(ctx(t), expiring, expReq.Token, idemgate.Response{Status: 418}, time.Hour))
+		claim(t, h.Store, expiring, retry(expReq), idemgate.Running)
 	})
 	t.Run("RetentionRunsOut", func(t *testing.T) {
-		claim(t, h.second(), retained, retry(retReq), middleware.Claimed)
+		claim(t, h.second(), retained, retry(retReq), idemgate.Claimed)
 	})
 }

@@ -1,4 +1,4 @@
-package middleware_test
+package redisstore_test
 
 import (
 	"context"
@@ -14,22 +14,23 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/devserver"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/keyspace"
-	"github.com/idemgate/idemgate/middleware"
-	"github.com/idemgate/idemgate/middleware/storetest"
+	"github.com/idemgate/idemgate/redisstore"
+	"github.com/idemgate/idemgate/storetest"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
 
 // newClients returns two clients made by dial, closed when t ends: the
 // harness's Store and Other, as two nodes of a service would have.
-func newClients(t *testing.T, dial func() redis.UniversalClient) (middleware.Store, middleware.Store) {
+func newClients(t *testing.T, dial func() redis.UniversalClient) (idemgate.Store, idemgate.Store) {
 	t.Helper()
 	one, two := dial(), dial()
 	t.Cleanup(func() { one.Close(); two.Close() })
-	return middleware.NewRedisStore(one), middleware.NewRedisStore(two)
+	return redisstore.New(one), redisstore.New(two)
 }
 
 // miniredisHarness is the Redis store on miniredis, whose clock the
@@ -127,12 +128,12 @@ func TestRedisStoreCluster(t *testing.T) {
 	// The keys of one run really spread over the nodes.
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 	defer client.Close()
-	store := middleware.NewRedisStore(client)
+	store := redisstore.New(client)
 	ctx := context.Background()
 	nodes := map[string]bool{}
 	for range 32 {
 		key := storetest.Key(t)
-		if _, err := store.Claim(ctx, key, middleware.ClaimRequest{Fingerprint: "v1:x", Owner: "o", Kind: "k", Lease: time.Second}); err != nil {
+		if _, err := store.Claim(ctx, key, idemgate.ClaimRequest{Fingerprint: "v1:x", Owner: "o", Kind: "k", Lease: time.Second}); err != nil {
 			t.Fatalf("Claim on the cluster: %v", err)
 		}
 		shard, err := client.MasterForKey(ctx, key)
@@ -153,7 +154,7 @@ func TestRedisStoreCluster(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := store.Claim(ctx, k.String(), middleware.ClaimRequest{Fingerprint: "v1:x", Owner: k.Owner(), Kind: k.Kind(), Lease: time.Minute}); err != nil {
+		if _, err := store.Claim(ctx, k.String(), idemgate.ClaimRequest{Fingerprint: "v1:x", Owner: k.Owner(), Kind: k.Kind(), Lease: time.Minute}); err != nil {
 			t.Fatalf("Claim on the cluster: %v", err)
 		}
 	}
@@ -208,7 +209,7 @@ func TestRedisStorePre70(t *testing.T) {
 			client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 			client.AddHook(&pre70{})
 			t.Cleanup(func() { client.Close() })
-			return storetest.Harness{Store: middleware.NewRedisStore(client), Advance: mr.FastForward, Lease: 30 * time.Second}
+			return storetest.Harness{Store: redisstore.New(client), Advance: mr.FastForward, Lease: 30 * time.Second}
 		})
 	})
 	mr := miniredis.RunT(t)
@@ -219,11 +220,11 @@ func TestRedisStorePre70(t *testing.T) {
 			t.Cleanup(func() { client.Close() })
 			hook := &pre70{}
 			client.AddHook(hook)
-			s := middleware.NewRedisStore(client)
+			s := redisstore.New(client)
 			ctx := context.Background()
 			key := storetest.Key(t)
-			req := middleware.ClaimRequest{Fingerprint: "v1:x", Owner: "o", Kind: "k", Lease: time.Minute, Token: newToken()}
-			for i, want := range []middleware.ClaimStatus{middleware.Claimed, middleware.Claimed, middleware.Running} {
+			req := idemgate.ClaimRequest{Fingerprint: "v1:x", Owner: "o", Kind: "k", Lease: time.Minute, Token: newToken()}
+			for i, want := range []idemgate.ClaimStatus{idemgate.Claimed, idemgate.Claimed, idemgate.Running} {
 				if i == 2 {
 					req.Token = newToken()
 				}
@@ -239,8 +240,8 @@ func TestRedisStorePre70(t *testing.T) {
 	}
 }
 
-func newToken() middleware.Token {
-	var t middleware.Token
+func newToken() idemgate.Token {
+	var t idemgate.Token
 	_, _ = rand.Read(t[:])
 	return t
 }

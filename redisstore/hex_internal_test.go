@@ -1,4 +1,4 @@
-package middleware
+package redisstore
 
 import (
 	"bytes"

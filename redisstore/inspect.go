@@ -1,4 +1,4 @@
-package middleware
+package redisstore
 
 import (
 	"context"
@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate"
 )
 
-var _ Inspector = (*RedisStore)(nil)
+var _ idemgate.Inspector = (*Store)(nil)
 
 // inspectScript reads a record and the time left on it in one step, so
 // that the two belong together.
@@ -21,24 +23,24 @@ return {v, redis.call('PTTL', KEYS[1])}
 `)
 
 // Inspect implements Inspector.
-func (s *RedisStore) Inspect(ctx context.Context, key string) (RecordInfo, error) {
+func (s *Store) Inspect(ctx context.Context, key string) (idemgate.RecordInfo, error) {
 	k, _ := storeKey(key, "", "")
 	vals, err := inspectScript.Run(ctx, s.client, []string{k}).Slice()
 	switch {
 	case errors.Is(err, redis.Nil):
-		return RecordInfo{}, ErrNoRecord
+		return idemgate.RecordInfo{}, idemgate.ErrNoRecord
 	case err != nil:
-		return RecordInfo{}, fmt.Errorf("idemgate: redis inspect: %w", err)
+		return idemgate.RecordInfo{}, fmt.Errorf("redisstore: inspect: %w", err)
 	case len(vals) != 2:
-		return RecordInfo{}, fmt.Errorf("idemgate: redis inspect: %d values, want 2", len(vals))
+		return idemgate.RecordInfo{}, fmt.Errorf("redisstore: inspect: %d values, want 2", len(vals))
 	}
 	v, _ := vals[0].(string)
 	ms, _ := vals[1].(int64)
 	r, err := parseRecord(v)
 	if err != nil {
-		return RecordInfo{}, fmt.Errorf("idemgate: redis inspect: %w", err)
+		return idemgate.RecordInfo{}, fmt.Errorf("redisstore: inspect: %w", err)
 	}
-	info := RecordInfo{Finished: r.finished, Fingerprint: r.fp, Owner: r.owner, Kind: r.kind,
+	info := idemgate.RecordInfo{Finished: r.finished, Fingerprint: r.fp, Owner: r.owner, Kind: r.kind,
 		Fields: len(r.sums) / storedSum, Size: len(v)}
 	copy(info.Token[:], r.token)
 	info.ClaimedAt, info.Lease, _ = info.Token.ClaimTimes()
@@ -51,7 +53,7 @@ func (s *RedisStore) Inspect(ctx context.Context, key string) (RecordInfo, error
 	if r.finished {
 		resp, err := decodeResponse(r.resp)
 		if err != nil {
-			return RecordInfo{}, fmt.Errorf("idemgate: redis inspect: %w", err)
+			return idemgate.RecordInfo{}, fmt.Errorf("redisstore: inspect: %w", err)
 		}
 		info.Status, info.Header, info.BodySize = resp.Status, resp.Header, len(resp.Body)
 	}
@@ -60,7 +62,7 @@ func (s *RedisStore) Inspect(ctx context.Context, key string) (RecordInfo, error
 
 // Forget implements Inspector: Release's compare-and-delete, on a
 // finished record's head ('F') when finished.
-func (s *RedisStore) Forget(ctx context.Context, key string, token Token, finished bool) error {
+func (s *Store) Forget(ctx context.Context, key string, token idemgate.Token, finished bool) error {
 	k, _ := storeKey(key, "", "")
 	arg := getArg()
 	defer putArg(arg)
@@ -72,10 +74,10 @@ func (s *RedisStore) Forget(ctx context.Context, key string, token Token, finish
 	arg.b = append(arg.b, token[:]...)
 	n, err := releaseScript.Run(ctx, s.client, []string{k}, arg).Int64()
 	if err != nil {
-		return fmt.Errorf("idemgate: redis forget: %w", err)
+		return fmt.Errorf("redisstore: forget: %w", err)
 	}
 	if n != 1 {
-		return ErrNoRecord
+		return idemgate.ErrNoRecord
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package middleware_test
+package redisstore_test
 
 import (
 	"testing"
@@ -8,7 +8,7 @@ import (
 
 	"github.com/idemgate/idemgate/internal/inspecttest"
 	"github.com/idemgate/idemgate/internal/testenv"
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 func TestRedisStoreInspector(t *testing.T) {
@@ -22,7 +22,7 @@ func TestRedisStoreInspector(t *testing.T) {
 			inspecttest.Run(t, func(t *testing.T) inspecttest.Store {
 				c := redis.NewClient(opts(t))
 				t.Cleanup(func() { _ = c.Close() })
-				return middleware.NewRedisStore(c)
+				return redisstore.New(c)
 			})
 		})
 	}
@@ -33,6 +33,6 @@ func TestRedisStoreInspectorOnCluster(t *testing.T) {
 	inspecttest.Run(t, func(t *testing.T) inspecttest.Store {
 		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisCluster(t)})
 		t.Cleanup(func() { _ = c.Close() })
-		return middleware.NewRedisStore(c)
+		return redisstore.New(c)
 	})
 }

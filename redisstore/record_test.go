@@ -1,13 +1,15 @@
-package middleware
+package redisstore
 
 import (
 	"bytes"
+	"crypto/rand"
 	"encoding/binary"
 	"net/http"
 	"reflect"
 	"strings"
 	"testing"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/keyspace"
 )
@@ -16,7 +18,7 @@ import (
 // version 2 (commit db86706), to write the records that a store upgraded
 // from it finds.
 
-func v1Claim(tok Token, req ClaimRequest) []byte {
+func v1Claim(tok idemgate.Token, req idemgate.ClaimRequest) []byte {
 	b := []byte{'C'}
 	b = append(b, tok[:]...)
 	b = v1String(b, string(req.Fingerprint))
@@ -24,13 +26,13 @@ func v1Claim(tok Token, req ClaimRequest) []byte {
 	return v1String(b, req.Kind)
 }
 
-func v1Finished(tok Token, req ClaimRequest, r Response) []byte {
+func v1Finished(tok idemgate.Token, req idemgate.ClaimRequest, r idemgate.Response) []byte {
 	b := v1Claim(tok, req)
 	b[0] = 'F'
 	return v1Response(b, r)
 }
 
-func v1Response(b []byte, r Response) []byte {
+func v1Response(b []byte, r idemgate.Response) []byte {
 	b = append(b, 1)
 	b = binary.AppendUvarint(b, uint64(r.Status))
 	b = binary.AppendUvarint(b, uint64(len(r.Header)))
@@ -49,7 +51,7 @@ func v1String(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-func sameResponse(t *testing.T, got, want Response) {
+func sameResponse(t *testing.T, got, want idemgate.Response) {
 	t.Helper()
 	if got.Status != want.Status || !bytes.Equal(got.Body, want.Body) || len(got.Header) != len(want.Header) {
 		t.Fatalf("response = %d %v %q, want %d %v %q", got.Status, got.Header, got.Body, want.Status, want.Header, want.Body)
@@ -68,16 +70,16 @@ func TestResponseEncoding(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name  string
-		given Response
+		given idemgate.Response
 	}{
-		{"empty", Response{Status: 204}},
-		{"headers and binary body", Response{Status: 201,
+		{"empty", idemgate.Response{Status: 204}},
+		{"headers and binary body", idemgate.Response{Status: 201,
 			Header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "", "b"}, "X-Empty": {}},
 			Body:   []byte("{}\x00\xff")}},
-		{"table names with other values", Response{Status: 200,
+		{"table names with other values", idemgate.Response{Status: 200,
 			Header: http.Header{"Location": {"/v1/tasks/1"}, "Retry-After": {"1", "0"}, "content-type": {"application/json"}}}},
-		{"large status code range", Response{Status: 599, Body: bytes.Repeat([]byte{0x80}, 300)}},
-		{"lowest status", Response{Status: 100}},
+		{"large status code range", idemgate.Response{Status: 599, Body: bytes.Repeat([]byte{0x80}, 300)}},
+		{"lowest status", idemgate.Response{Status: 100}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -103,7 +105,7 @@ func TestResponseEncoding(t *testing.T) {
 		})
 	}
 	for _, status := range []int{0, 99, 1000} {
-		if _, err := appendResponse(nil, Response{Status: status}); err == nil {
+		if _, err := appendResponse(nil, idemgate.Response{Status: status}); err == nil {
 			t.Errorf("status %d encoded", status)
 		}
 	}
@@ -112,7 +114,7 @@ func TestResponseEncoding(t *testing.T) {
 // TestResponseCompact: table names and values take one byte each.
 func TestResponseCompact(t *testing.T) {
 	t.Parallel()
-	r := Response{Status: 202, Header: http.Header{"Content-Type": {"application/json"}, "Retry-After": {"1"}}, Body: []byte("{}")}
+	r := idemgate.Response{Status: 202, Header: http.Header{"Content-Type": {"application/json"}, "Retry-After": {"1"}}, Body: []byte("{}")}
 	enc, _ := appendResponse(nil, r)
 	if want := 2 + 1 + 2*3 + 2; len(enc) != want {
 		t.Errorf("encoded in %d bytes, want %d", len(enc), want)
@@ -164,16 +166,16 @@ func TestRecordRoundTrip(t *testing.T) {
 	t.Parallel()
 	fp := fingerprint.Fingerprint("v1:" + strings.Repeat("ab", 32))
 	sums := []fingerprint.FieldSum{{1, 2, 3, 4}, {5, 6, 7, 8}}
-	tok := Token{9: 9}
+	tok := idemgate.Token{9: 9}
 	for _, tc := range []struct {
 		name    string
-		req     ClaimRequest
+		req     idemgate.ClaimRequest
 		implied bool
 		sums    []fingerprint.FieldSum
 	}{
-		{"raw, implied, sums", ClaimRequest{Fingerprint: fp, Owner: "o", Kind: "k"}, true, sums},
-		{"other fingerprint", ClaimRequest{Fingerprint: "v1:x", Owner: "o", Kind: "k"}, false, nil},
-		{"upper-case hex", ClaimRequest{Fingerprint: fingerprint.Fingerprint(strings.ToUpper(string(fp))), Owner: "", Kind: "k"}, false, sums[:1]},
+		{"raw, implied, sums", idemgate.ClaimRequest{Fingerprint: fp, Owner: "o", Kind: "k"}, true, sums},
+		{"other fingerprint", idemgate.ClaimRequest{Fingerprint: "v1:x", Owner: "o", Kind: "k"}, false, nil},
+		{"upper-case hex", idemgate.ClaimRequest{Fingerprint: fingerprint.Fingerprint(strings.ToUpper(string(fp))), Owner: "", Kind: "k"}, false, sums[:1]},
 	} {
 		id := newIdent(tc.req, tc.implied)
 		b := appendClaim(nil, tok, &id, tc.sums)
@@ -185,7 +187,7 @@ func TestRecordRoundTrip(t *testing.T) {
 			len(r.sums) != storedSum*len(tc.sums) || r.changed(tc.sums) != nil {
 			t.Errorf("%s: parsed %+v", tc.name, r)
 		}
-		resp, _ := appendResponse(nil, Response{Status: 200, Body: []byte("x")})
+		resp, _ := appendResponse(nil, idemgate.Response{Status: 200, Body: []byte("x")})
 		fin := append([]byte{recordV2, 'F'}, append(b[2:], resp...)...)
 		if r, err = parseRecord(string(fin)); err != nil || !r.finished || r.resp != string(resp) {
 			t.Errorf("%s: finished record parsed %+v, %v", tc.name, r, err)
@@ -200,9 +202,9 @@ func TestRecordRoundTrip(t *testing.T) {
 // fingerprint, owner, kind and response.
 func TestRecordV1(t *testing.T) {
 	t.Parallel()
-	req := ClaimRequest{Fingerprint: "v1:" + fingerprint.Fingerprint(strings.Repeat("0", 64)), Owner: "owner-a", Kind: "image"}
-	want := Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":1}`)}
-	tok := Token{1}
+	req := idemgate.ClaimRequest{Fingerprint: "v1:" + fingerprint.Fingerprint(strings.Repeat("0", 64)), Owner: "owner-a", Kind: "image"}
+	want := idemgate.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":1}`)}
+	tok := idemgate.Token{1}
 	r, err := parseRecord(string(v1Finished(tok, req, want)))
 	if err != nil {
 		t.Fatal(err)
@@ -224,9 +226,9 @@ func TestRecordV1(t *testing.T) {
 // decoded response encodes back to the same response (map order is not
 // kept, so compare by decoding again).
 func FuzzDecodeResponse(f *testing.F) {
-	enc, _ := appendResponse(nil, Response{Status: 201, Header: http.Header{"A": {"b", "c"}, "Content-Type": {"application/json"}}, Body: []byte("x")})
+	enc, _ := appendResponse(nil, idemgate.Response{Status: 201, Header: http.Header{"A": {"b", "c"}, "Content-Type": {"application/json"}}, Body: []byte("x")})
 	f.Add(string(enc))
-	f.Add(string(v1Response(nil, Response{Status: 201, Header: http.Header{"A": {"b", "c"}}, Body: []byte("x")})))
+	f.Add(string(v1Response(nil, idemgate.Response{Status: 201, Header: http.Header{"A": {"b", "c"}}, Body: []byte("x")})))
 	f.Add("\x01")
 	f.Add("\x01\xc9\x01\x05")
 	f.Add("\xc9\x01\x01\x01\x01\x01")
@@ -255,13 +257,13 @@ func FuzzDecodeResponse(f *testing.F) {
 // FuzzParseRecord: any stored value parses or is an error, never a panic;
 // a parsed record's parts lie within the value.
 func FuzzParseRecord(f *testing.F) {
-	id := newIdent(ClaimRequest{Fingerprint: "v1:" + fingerprint.Fingerprint(strings.Repeat("ab", 32))}, true)
-	claim := appendClaim(nil, Token{1}, &id, []fingerprint.FieldSum{{1, 2, 3, 4}})
+	id := newIdent(idemgate.ClaimRequest{Fingerprint: "v1:" + fingerprint.Fingerprint(strings.Repeat("ab", 32))}, true)
+	claim := appendClaim(nil, idemgate.Token{1}, &id, []fingerprint.FieldSum{{1, 2, 3, 4}})
 	f.Add(string(claim))
-	resp, _ := appendResponse(nil, Response{Status: 200, Body: []byte("ok")})
+	resp, _ := appendResponse(nil, idemgate.Response{Status: 200, Body: []byte("ok")})
 	f.Add(string(append(append([]byte{recordV2, 'F'}, claim[2:]...), resp...)))
-	f.Add(string(v1Finished(Token{2}, ClaimRequest{Fingerprint: "v1:x", Owner: "o", Kind: "k"}, Response{Status: 200})))
-	f.Add(string(v1Claim(Token{2}, ClaimRequest{Fingerprint: "v1:x", Owner: "o", Kind: "k"})))
+	f.Add(string(v1Finished(idemgate.Token{2}, idemgate.ClaimRequest{Fingerprint: "v1:x", Owner: "o", Kind: "k"}, idemgate.Response{Status: 200})))
+	f.Add(string(v1Claim(idemgate.Token{2}, idemgate.ClaimRequest{Fingerprint: "v1:x", Owner: "o", Kind: "k"})))
 	f.Fuzz(func(t *testing.T, v string) {
 		r, err := parseRecord(v)
 		if err != nil {
@@ -290,4 +292,10 @@ func TestDecodeResponseRefusesStatusBelow100(t *testing.T) {
 			t.Errorf("decodeResponse(%q) = status %d, nil; want an error", s, r.Status)
 		}
 	}
+}
+
+func newToken() idemgate.Token {
+	var t idemgate.Token
+	_, _ = rand.Read(t[:])
+	return t
 }

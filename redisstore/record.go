@@ -1,8 +1,9 @@
-package middleware
+package redisstore
 
 import (
 	"encoding/binary"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/wire"
 )
@@ -69,7 +70,7 @@ type ident struct {
 
 // newIdent returns the ident of req; implied reports that the key names
 // req's owner and kind.
-func newIdent(req ClaimRequest, implied bool) ident {
+func newIdent(req idemgate.ClaimRequest, implied bool) ident {
 	id := ident{implied: implied}
 	if f := string(req.Fingerprint); len(f) == 3+64 && f[:3] == "v1:" {
 		if _, ok := appendLowerHex(id.raw[:0], f[3:]); ok {
@@ -126,7 +127,7 @@ var lowerHex = func() (t [256]byte) {
 }()
 
 // appendClaim appends a version 2 claimed record.
-func appendClaim(b []byte, tok Token, id *ident, sums []fingerprint.FieldSum) []byte {
+func appendClaim(b []byte, tok idemgate.Token, id *ident, sums []fingerprint.FieldSum) []byte {
 	b = append(b, recordV2, 'C')
 	b = append(b, tok[:]...)
 	var flags byte
@@ -233,7 +234,7 @@ func parseRecordV1(v string) (record, error) {
 }
 
 // sameOwnerKind reports whether r was claimed for id's owner and kind.
-func (r *record) sameOwnerKind(id *ident, req *ClaimRequest, v1 bool) bool {
+func (r *record) sameOwnerKind(id *ident, req *idemgate.ClaimRequest, v1 bool) bool {
 	if v1 {
 		return r.owner == req.Owner && r.kind == req.Kind
 	}
@@ -244,7 +245,7 @@ func (r *record) sameOwnerKind(id *ident, req *ClaimRequest, v1 bool) bool {
 }
 
 // sameFingerprint reports whether r holds id's (or, v1, req's) fingerprint.
-func (r *record) sameFingerprint(id *ident, req *ClaimRequest, v1 bool) bool {
+func (r *record) sameFingerprint(id *ident, req *idemgate.ClaimRequest, v1 bool) bool {
 	switch {
 	case v1:
 		return r.fp == string(req.Fingerprint)
@@ -279,25 +280,21 @@ func (r *record) changed(fields []fingerprint.FieldSum) []int {
 }
 
 // appendResponse appends the version 2 encoding of resp.
-func appendResponse(b []byte, resp Response) ([]byte, error) {
+func appendResponse(b []byte, resp idemgate.Response) ([]byte, error) {
 	return wire.AppendResponse(b, resp.Status, resp.Header, resp.Body)
 }
 
 // decodeResponse decodes an encoded response of either version.
-func decodeResponse(s string) (Response, error) {
+func decodeResponse(s string) (idemgate.Response, error) {
 	status, header, body, err := wire.Decode(s)
-	return Response{Status: status, Header: header, Body: body}, err
+	return idemgate.Response{Status: status, Header: header, Body: body}, err
 }
 
-// storedResponse is a finished response the Redis store checked but did
-// not decode.
-type storedResponse = wire.Stored
-
 // checkResponse checks the encoded response s of either version.
-func checkResponse(s string) (storedResponse, error) { return wire.Check(s) }
+func checkResponse(s string) (wire.Stored, error) { return wire.Check(s) }
 
 // response decodes a stored response.
-func response(sr *storedResponse) Response {
+func response(sr *wire.Stored) idemgate.Response {
 	status, header, body := sr.Decode()
-	return Response{Status: status, Header: header, Body: body}
+	return idemgate.Response{Status: status, Header: header, Body: body}
 }

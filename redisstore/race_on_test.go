@@ -1,6 +1,6 @@
 //go:build race
 
-package middleware
+package redisstore
 
 // raceEnabled: the test binary runs under the race detector.
 const raceEnabled = true

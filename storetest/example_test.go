@@ -7,8 +7,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemgate/idemgate/middleware"
-	"github.com/idemgate/idemgate/middleware/storetest"
+	"github.com/idemgate/idemgate/redisstore"
+	"github.com/idemgate/idemgate/storetest"
 )
 
 // newHarness returns the Redis store on a miniredis of its own, whose
@@ -24,8 +24,8 @@ func newHarness(t *testing.T) storetest.Harness {
 	two := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { one.Close(); two.Close() })
 	return storetest.Harness{
-		Store:   middleware.NewRedisStore(one),
-		Other:   middleware.NewRedisStore(two),
+		Store:   redisstore.New(one),
+		Other:   redisstore.New(two),
 		Advance: mr.FastForward,
 		Lease:   30 * time.Second,
 		Restart: func(t *testing.T) {
