@@ -105,6 +105,8 @@ var imports = map[string]string{
 	"pgxpool":     "github.com/jackc/pgx/v5/pgxpool",
 	"metric":      "go.opentelemetry.io/otel/metric",
 	"trace":       "go.opentelemetry.io/otel/trace",
+	"idemgate":    "github.com/idemgate/idemgate",
+	"redisstore":  "github.com/idemgate/idemgate/redisstore",
 	"idem":        "github.com/idemgate/idemgate/middleware",
 	"storetest":   "github.com/idemgate/idemgate/middleware/storetest",
 	"fingerprint": "github.com/idemgate/idemgate/fingerprint",
@@ -149,6 +151,12 @@ var prelude = map[string]string{
 	"upstream":    "var upstream interface { Generate(ctx context.Context, params json.RawMessage, idempotencyKey string) ([]json.RawMessage, error) }",
 	"params":      "var params json.RawMessage",
 	"isTransient": "func isTransient(err error) bool { return false }",
+	// A queue consumer's message and its acknowledgements (docs/consumers.md).
+	"msg":        "var msg struct{ ID string; Body []byte }",
+	"chargeCard": "func chargeCard(ctx context.Context, body []byte) ([]byte, error) { return nil, nil }",
+	"ack":        "func ack() {}",
+	"nack":       "func nack() {}",
+	"nackAfter":  "func nackAfter(time.Duration) {}",
 }
 
 // Generate returns the Go file that compiles s as package pkg, or an error
