@@ -621,3 +621,88 @@ func TestDoAfterTheWorkerWasKilled(t *testing.T) {
 		})
 	}
 }
+
+// TestDoReleasesTheClaimOfACallerThatLeft: ctx ends while Do claims (a
+// consumer shutting down): fn does not run, the fresh claim is given
+// back, and the redelivery runs at once rather than a lease later.
+func TestDoReleasesTheClaimOfACallerThatLeft(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, s idemgate.Store) {
+		r := idemgate.Runner{Store: s, Kind: "charge", Lease: time.Hour}
+		ctx, cancel := context.WithCancel(testCtx(t))
+		cancel()
+		_, err := r.Do(ctx, scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+			t.Error("fn ran for a caller that left")
+			return nil, nil
+		})
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("err = %v, want context.Canceled", err)
+		}
+		res, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+			return []byte("ok"), nil
+		})
+		if err != nil || res.Replayed {
+			t.Errorf("redelivery = %+v, %v; want fn to run at once", res, err)
+		}
+	})
+}
+
+func TestDoFingerprintsParamsThatAreNotJSONAsTheirBytes(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, s idemgate.Store) {
+		r := idemgate.Runner{Store: s, Kind: "charge"}
+		fn := func(context.Context) ([]byte, error) { return []byte("ok"), nil }
+		proto := []byte{0x08, 0x96, 0x01, 0x12, 0x03, 'E', 'U', 'R'} // a protobuf message
+		if _, err := r.Do(testCtx(t), scope("msg-1"), proto, fn); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := r.Do(testCtx(t), scope("msg-1"), proto, fn); err != nil || !res.Replayed {
+			t.Errorf("the same bytes: %+v, %v; want a replay", res, err)
+		}
+		other := append([]byte(nil), proto...)
+		other[2] = 0x02
+		if _, err := r.Do(testCtx(t), scope("msg-1"), other, fn); !errors.Is(err, idemgate.ErrKeyReused) {
+			t.Errorf("other bytes: %v, want ErrKeyReused", err)
+		}
+		r.Fingerprint.Fields = []string{"/amount"}
+		if _, err := r.Do(testCtx(t), scope("msg-2"), proto, fn); err == nil {
+			t.Error("Fields over params that are not JSON: no error")
+		}
+	})
+}
+
+// TestDoAtomicRollsBackWhenTheLeaseWasLost: the claim is lost while fn
+// runs (an operator released it; or the lease ran out and another
+// delivery took the key): fn's context ends with ErrLeaseLost, and the
+// commit, fenced by the claim's token, rolls fn's write back.
+func TestDoAtomicRollsBackWhenTheLeaseWasLost(t *testing.T) {
+	t.Parallel()
+	pool, s := pgStore(t)
+	r := idemgate.Runner{Store: s, Kind: "charge", Atomic: true, Lease: 600 * time.Millisecond}
+	_, err := r.Do(testCtx(t), scope("msg-lost"), []byte(charge), func(ctx context.Context) ([]byte, error) {
+		tx, _ := pgrecords.TxFromContext(ctx)
+		if _, err := tx.Exec(ctx, `INSERT INTO ledger VALUES ('msg-lost', 100)`); err != nil {
+			return nil, err
+		}
+		req, _ := idemgate.RequestFromContext(ctx)
+		info, err := s.Inspect(ctx, req.Key.String())
+		if err != nil {
+			return nil, err
+		}
+		if err := s.Forget(ctx, req.Key.String(), info.Token, false); err != nil {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Minute):
+			return nil, errors.New("fn's context did not end when the lease was lost")
+		}
+		return []byte("booked"), nil
+	})
+	if !errors.Is(err, idemgate.ErrLeaseLost) {
+		t.Errorf("err = %v, want ErrLeaseLost", err)
+	}
+	if got := ledgerRows(t, pool, "msg-lost"); got != 0 {
+		t.Errorf("ledger rows = %d, want 0: the write rolled back with the lost claim", got)
+	}
+}
