@@ -706,3 +706,23 @@ func TestDoAtomicRollsBackWhenTheLeaseWasLost(t *testing.T) {
 		t.Errorf("ledger rows = %d, want 0: the write rolled back with the lost claim", got)
 	}
 }
+
+// TestDoStoresAnEmptyOutput: work whose result is its effect alone (fn
+// returns nil, nil) is finished all the same: a redelivery replays it.
+func TestDoStoresAnEmptyOutput(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, s idemgate.Store) {
+		r := idemgate.Runner{Store: s, Kind: "notify"}
+		runs := 0
+		fn := func(context.Context) ([]byte, error) { runs++; return nil, nil }
+		for i := range 2 {
+			res, err := r.Do(testCtx(t), scope("msg-1"), nil, fn)
+			if err != nil || len(res.Output) != 0 || res.Replayed != (i > 0) {
+				t.Errorf("delivery %d = %+v, %v", i, res, err)
+			}
+		}
+		if runs != 1 {
+			t.Errorf("fn ran %d times, want 1", runs)
+		}
+	})
+}
