@@ -78,11 +78,11 @@ type Runner struct {
 
 // Result is what Runner.Do returns.
 type Result struct {
-	// Output is what fn returned, or, when Replayed, what the run that
+	// Value is what fn returned, or, when Replayed, what the run that
 	// finished the key returned.
-	Output []byte
+	Value []byte
 	// Replayed reports that fn did not run: the key was finished before
-	// (or while Do waited, WaitInFlight) and Output is the stored result.
+	// (or while Do waited, WaitInFlight) and Value is the stored result.
 	Replayed bool
 }
 
@@ -226,7 +226,7 @@ func (r Runner) Do(ctx context.Context, scope keyspace.Scope, params []byte, fn 
 		return st.do(ctx, fn)
 	case Finished:
 		st.emit(Event{Type: EventReplayed, Status: res.Response.Status})
-		return Result{Output: res.Response.Body, Replayed: true}, nil
+		return Result{Value: res.Response.Body, Replayed: true}, nil
 	case Running:
 		st.emit(Event{Type: EventInProgress})
 		left := res.RetryAfter
@@ -326,9 +326,9 @@ func (st *call) do(ctx context.Context, fn func(ctx context.Context) ([]byte, er
 	resp := Response{Status: doStatus, Body: out}
 	if err := st.m.cfg.Store.Complete(st.storeCtx(), st.key, st.token, resp, st.m.cfg.Retention); err != nil {
 		st.storeFailed(&st.ctx, "complete", err)
-		return Result{Output: out}, fmt.Errorf("idemgate: do: complete: %w", err)
+		return Result{Value: out}, fmt.Errorf("idemgate: do: complete: %w", err)
 	}
-	return Result{Output: out}, nil
+	return Result{Value: out}, nil
 }
 
 // doAtomic runs fn under the claim inside a transaction of the store's,
@@ -379,7 +379,7 @@ func (st *call) doAtomic(ctx context.Context, fn func(ctx context.Context) ([]by
 	err = tx.Commit(st.storeCtx(), done)
 	switch {
 	case err == nil:
-		return Result{Output: out}, nil
+		return Result{Value: out}, nil
 	case errors.Is(err, ErrTxAborted):
 		st.rollback(tx)
 		st.warn("idemgate: fn broke its transaction", "commit", err)
@@ -399,5 +399,5 @@ func (st *call) doAtomic(ctx context.Context, fn func(ctx context.Context) ([]by
 		// release (fenced) changes nothing.
 		st.releaseUnconfirmed()
 	}
-	return Result{Output: out}, fmt.Errorf("idemgate: do: commit: %w", err)
+	return Result{Value: out}, fmt.Errorf("idemgate: do: commit: %w", err)
 }

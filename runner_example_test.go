@@ -45,7 +45,7 @@ func ExampleRunner_Do() {
 		case err != nil:
 			fmt.Println("failed, redeliver:", err)
 		default:
-			fmt.Printf("done %s replayed=%v\n", res.Output, res.Replayed)
+			fmt.Printf("done %s replayed=%v\n", res.Value, res.Replayed)
 		}
 	}
 	ctx := context.Background()
@@ -94,7 +94,7 @@ func ExampleRunner_Do_atomic() {
 			}
 			return []byte("booked"), nil
 		})
-		fmt.Printf("%s: %s replayed=%v err=%v\n", id, res.Output, res.Replayed, err)
+		fmt.Printf("%s: %s replayed=%v err=%v\n", id, res.Value, res.Replayed, err)
 	}
 	book("msg-1", 100)
 	book("msg-1", 100) // redelivered

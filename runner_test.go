@@ -139,8 +139,8 @@ func TestDoRunsTheWorkOncePerKeyUnderConcurrentDeliveries(t *testing.T) {
 				t.Errorf("delivery %d: %v", i, errs[i])
 				continue
 			}
-			if string(results[i].Output) != "charged 100" {
-				t.Errorf("delivery %d: output %q, want %q", i, results[i].Output, "charged 100")
+			if string(results[i].Value) != "charged 100" {
+				t.Errorf("delivery %d: output %q, want %q", i, results[i].Value, "charged 100")
 			}
 			if results[i].Replayed {
 				replayed++
@@ -172,12 +172,12 @@ func TestDoReplaysTheStoredOutputWithoutRunningAgain(t *testing.T) {
 			return []byte(`{"charge":"ch_1"}`), nil
 		}
 		first, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), fn)
-		if err != nil || first.Replayed || string(first.Output) != `{"charge":"ch_1"}` {
+		if err != nil || first.Replayed || string(first.Value) != `{"charge":"ch_1"}` {
 			t.Fatalf("first Do = %+v, %v; want fn's output, not replayed", first, err)
 		}
 		// The same parameters in another JSON spelling are the same work.
 		again, err := r.Do(testCtx(t), scope("msg-1"), []byte(`{ "note":"first", "currency":"EUR", "amount":1e2 }`), fn)
-		if err != nil || !again.Replayed || string(again.Output) != `{"charge":"ch_1"}` {
+		if err != nil || !again.Replayed || string(again.Value) != `{"charge":"ch_1"}` {
 			t.Errorf("second Do = %+v, %v; want the stored output replayed", again, err)
 		}
 		if runs != 1 {
@@ -270,7 +270,7 @@ func TestDoAnswersInProgressWithTheWaitWhileTheWorkRuns(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
-		if res := <-waited; !res.Replayed || string(res.Output) != "ok" {
+		if res := <-waited; !res.Replayed || string(res.Value) != "ok" {
 			t.Errorf("waited = %+v, want the holder's output replayed", res)
 		}
 	})
@@ -306,7 +306,7 @@ func TestDoReleasesTheKeyWhenFnFailsOrPanics(t *testing.T) {
 		res, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
 			return []byte("ok"), nil
 		})
-		if err != nil || res.Replayed || string(res.Output) != "ok" {
+		if err != nil || res.Replayed || string(res.Value) != "ok" {
 			t.Errorf("redelivery = %+v, %v; want fn to run", res, err)
 		}
 		if fmt.Sprint(released) != "[handler_error panic]" {
@@ -338,7 +338,7 @@ func TestDoRenewsTheLeaseWhileFnRuns(t *testing.T) {
 				}
 				return []byte("ok"), ctx.Err()
 			})
-			if err != nil || string(res.Output) != "ok" {
+			if err != nil || string(res.Value) != "ok" {
 				t.Fatalf("Do = %+v, %v", res, err)
 			}
 			if ran.Load() != 0 || probes.Load() < 4 {
@@ -381,7 +381,7 @@ func TestDoCancelsFnAndReportsALostLease(t *testing.T) {
 		if cause != idemgate.ErrLeaseLost {
 			t.Errorf("fn's context cause = %v, want ErrLeaseLost", cause)
 		}
-		if !errors.Is(err, idemgate.ErrLeaseLost) || string(res.Output) != "late" {
+		if !errors.Is(err, idemgate.ErrLeaseLost) || string(res.Value) != "late" {
 			t.Errorf("Do = %+v, %v; want fn's output and ErrLeaseLost", res, err)
 		}
 		if lost.Load() == 0 {
@@ -408,7 +408,7 @@ func TestDoAtomicCommitsFnsWritesWithTheRecord(t *testing.T) {
 	}
 	for i := range 3 {
 		res, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), fn)
-		if err != nil || string(res.Output) != "booked" || res.Replayed != (i > 0) {
+		if err != nil || string(res.Value) != "booked" || res.Replayed != (i > 0) {
 			t.Fatalf("delivery %d = %+v, %v", i, res, err)
 		}
 	}
@@ -604,7 +604,7 @@ func TestDoAfterTheWorkerWasKilled(t *testing.T) {
 				res, err = r.Do(testCtx(t), scope("msg-killed"), []byte(charge), fn)
 				return !errors.Is(err, idemgate.ErrInProgress)
 			})
-			if err != nil || res.Replayed || string(res.Output) != "booked" {
+			if err != nil || res.Replayed || string(res.Value) != "booked" {
 				t.Fatalf("redelivery = %+v, %v; want fn to run", res, err)
 			}
 			if res, err := r.Do(testCtx(t), scope("msg-killed"), []byte(charge), fn); err != nil || !res.Replayed {
@@ -717,7 +717,7 @@ func TestDoStoresAnEmptyOutput(t *testing.T) {
 		fn := func(context.Context) ([]byte, error) { runs++; return nil, nil }
 		for i := range 2 {
 			res, err := r.Do(testCtx(t), scope("msg-1"), nil, fn)
-			if err != nil || len(res.Output) != 0 || res.Replayed != (i > 0) {
+			if err != nil || len(res.Value) != 0 || res.Replayed != (i > 0) {
 				t.Errorf("delivery %d = %+v, %v", i, res, err)
 			}
 		}
