@@ -42,7 +42,7 @@ func TestRunnerDoEventsAreRecordedWithoutHTTPAttributes(t *testing.T) {
 	for _, set := range oteltest.Points(rm, "idemgate.requests") {
 		for _, key := range []attribute.Key{"http.request.method", "http.route"} {
 			if v, ok := set.Value(key); ok {
-				t.Errorf("a Do point carries %s=%q", key, v.Emit())
+				t.Errorf("a Do point carries %s=%q", key, v.String())
 			}
 		}
 	}
