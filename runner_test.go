@@ -726,3 +726,29 @@ func TestDoStoresAnEmptyOutput(t *testing.T) {
 		}
 	})
 }
+
+// TestDoFailsClosedWhenTheStoreIsDown: with its store unreachable, Do
+// runs nothing and says why (a store_error event at the claim).
+func TestDoFailsClosedWhenTheStoreIsDown(t *testing.T) {
+	t.Parallel()
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	var storeErrors []string
+	r := idemgate.Runner{Store: redisstore.New(c), Kind: "charge", OnEvent: func(_ context.Context, ev idemgate.Event) {
+		if ev.Type == idemgate.EventStoreError {
+			storeErrors = append(storeErrors, ev.Reason)
+		}
+	}}
+	mr.Close()
+	_, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+		t.Error("fn ran without a claim")
+		return nil, nil
+	})
+	if err == nil || !strings.HasPrefix(err.Error(), "idemgate: do: claim: ") {
+		t.Errorf("err = %v, want the claim's failure", err)
+	}
+	if fmt.Sprint(storeErrors) != "[claim]" {
+		t.Errorf("store_error events = %q, want [claim]", storeErrors)
+	}
+}
