@@ -355,7 +355,7 @@ func TestDoCancelsFnAndReportsALostLease(t *testing.T) {
 	t.Parallel()
 	forEachStore(t, func(t *testing.T, s idemgate.Store) {
 		var lost atomic.Int32
-		r := idemgate.Runner{Store: s, Kind: "charge", Lease: 300 * time.Millisecond, OnEvent: func(_ context.Context, ev idemgate.Event) {
+		r := idemgate.Runner{Store: s, Kind: "charge", Lease: 3 * time.Second, OnEvent: func(_ context.Context, ev idemgate.Event) {
 			if ev.Type == idemgate.EventLeaseLost {
 				lost.Add(1)
 			}
@@ -678,7 +678,7 @@ func TestDoFingerprintsParamsThatAreNotJSONAsTheirBytes(t *testing.T) {
 func TestDoAtomicRollsBackWhenTheLeaseWasLost(t *testing.T) {
 	t.Parallel()
 	pool, s := pgStore(t)
-	r := idemgate.Runner{Store: s, Kind: "charge", Atomic: true, Lease: 600 * time.Millisecond}
+	r := idemgate.Runner{Store: s, Kind: "charge", Atomic: true, Lease: 3 * time.Second}
 	_, err := r.Do(testCtx(t), scope("msg-lost"), []byte(charge), func(ctx context.Context) ([]byte, error) {
 		tx, _ := pgrecords.TxFromContext(ctx)
 		if _, err := tx.Exec(ctx, `INSERT INTO ledger VALUES ('msg-lost', 100)`); err != nil {
