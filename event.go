@@ -46,7 +46,8 @@ func (t EventType) String() string {
 // carries a raw idempotency key, user or body.
 type Event struct {
 	Type EventType
-	// Route is the method and route template, e.g. "POST /v1/images".
+	// Route is the method and route template, e.g. "POST /v1/images";
+	// empty for Runner.Do, whose events Kind names.
 	Route string
 	// Kind is the business action kind of the route.
 	Kind string

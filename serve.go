@@ -147,6 +147,7 @@ type call struct {
 	renewer   *time.Timer
 	renewDone bool
 	leaseLost atomic.Bool
+	lost      context.CancelCauseFunc // Runner.Do's: cancels fn's context
 }
 
 // requestContext is the handler's context: the request's, whose Value
@@ -473,6 +474,9 @@ func (st *call) release(reason string, status int) {
 // ctx: the request's, or the lease renewal's own.
 func (st *call) storeFailed(ctx context.Context, op string, err error) {
 	if errors.Is(err, ErrLeaseLost) {
+		if st.lost != nil {
+			st.lost(ErrLeaseLost)
+		}
 		if st.leaseLost.Swap(true) && op == "extend" {
 			return
 		}

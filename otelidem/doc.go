@@ -32,6 +32,9 @@
 //	idemgate.store.duration     idemgate_store_duration_seconds    s: each store call (and an Atomic route's begin, commit, rollback), by idemgate.operation and idemgate.result
 //	idemgate.wait.duration      idemgate_wait_duration_seconds     s: waits for an in-flight duplicate, by idemgate.wait.result
 //
+// A Runner.Do event has no route: its points carry no http.request.method
+// and no http.route.
+//
 // Spans: the server span "METHOD /route" (Server), and idemgate.claim,
 // idemgate.extend, idemgate.complete and idemgate.release (Store), with
 // idemgate.begin, idemgate.commit and idemgate.rollback when the store is

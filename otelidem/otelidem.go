@@ -110,7 +110,9 @@ func New(cfg Config) (*Recorder, error) {
 }
 
 // OnEvent records a middleware event. Set it as middleware.Config.OnEvent
-// (or call it from yours). It records with ctx, the request's context, so
+// or idemgate.Runner.OnEvent (or call it from yours). A Runner.Do event,
+// whose Route is empty, is recorded without http.request.method and
+// http.route. It records with ctx, the request's context, so
 // that an SDK with exemplars links a measurement to the request's trace.
 func (r *Recorder) OnEvent(ctx context.Context, ev idemgate.Event) {
 	set := r.eventSet(ev)
@@ -145,11 +147,16 @@ func (r *Recorder) eventSet(ev idemgate.Event) metric.MeasurementOption {
 	if o, ok := r.eventSets.Load(k); ok {
 		return o.(metric.MeasurementOption)
 	}
-	method, route, ok := strings.Cut(k.route, " ")
-	if !ok {
-		method, route = "_OTHER", k.route
+	attrs := make([]attribute.KeyValue, 0, 6)
+	// An event with no route is Runner.Do's: no HTTP attributes.
+	if k.route != "" {
+		method, route, ok := strings.Cut(k.route, " ")
+		if !ok {
+			method, route = "_OTHER", k.route
+		}
+		attrs = append(attrs, keyMethod.String(method), keyRoute.String(route))
 	}
-	attrs := []attribute.KeyValue{keyMethod.String(method), keyRoute.String(route), keyKind.String(k.kind)}
+	attrs = append(attrs, keyKind.String(k.kind))
 	if k.tenant != "" {
 		attrs = append(attrs, keyTenant.String(k.tenant))
 	}

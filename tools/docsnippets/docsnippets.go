@@ -151,6 +151,12 @@ var prelude = map[string]string{
 	"upstream":    "var upstream interface { Generate(ctx context.Context, params json.RawMessage, idempotencyKey string) ([]json.RawMessage, error) }",
 	"params":      "var params json.RawMessage",
 	"isTransient": "func isTransient(err error) bool { return false }",
+	// A queue consumer's message and its acknowledgements (docs/consumers.md).
+	"msg":        "var msg struct{ ID string; Body []byte }",
+	"chargeCard": "func chargeCard(ctx context.Context, body []byte) ([]byte, error) { return nil, nil }",
+	"ack":        "func ack() {}",
+	"nack":       "func nack() {}",
+	"nackAfter":  "func nackAfter(time.Duration) {}",
 }
 
 // Generate returns the Go file that compiles s as package pkg, or an error

@@ -1,0 +1,754 @@
+package idemgate_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate"
+	"github.com/idemgate/idemgate/internal/proctest"
+	"github.com/idemgate/idemgate/internal/testenv"
+	"github.com/idemgate/idemgate/internal/wait"
+	"github.com/idemgate/idemgate/keyspace"
+	"github.com/idemgate/idemgate/pgrecords"
+	"github.com/idemgate/idemgate/redisstore"
+)
+
+func testCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// runnerStore is a Store Runner.Do's tests run on. Its lease is the
+// shortest the store lets a test sleep through on a loaded machine
+// (miniredis' TTLs never run out by themselves: its lease is long).
+type runnerStore struct {
+	name  string
+	store func(t *testing.T) idemgate.Store
+}
+
+var runnerStores = []runnerStore{
+	{"miniredis", func(t *testing.T) idemgate.Store {
+		mr := miniredis.RunT(t)
+		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		t.Cleanup(func() { c.Close() })
+		return redisstore.New(c)
+	}},
+	{"redis-server", func(t *testing.T) idemgate.Store {
+		c := redis.NewClient(testenv.Redis(t))
+		t.Cleanup(func() { c.Close() })
+		return redisstore.New(c)
+	}},
+	{"postgres", func(t *testing.T) idemgate.Store {
+		_, s := pgStore(t)
+		return s
+	}},
+}
+
+// pgStore returns a pool on a fresh database with the records table and a
+// ledger table that fn writes to, and a pgrecords store on it.
+func pgStore(t *testing.T) (*pgxpool.Pool, *pgrecords.Store) {
+	t.Helper()
+	pool, err := pgxpool.New(testCtx(t), testenv.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s, err := pgrecords.New(testCtx(t), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(testCtx(t), `CREATE TABLE ledger (message text NOT NULL, amount int NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return pool, s
+}
+
+func ledgerRows(t *testing.T, pool *pgxpool.Pool, message string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(testCtx(t), `SELECT count(*) FROM ledger WHERE message = $1`, message).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func scope(id string) keyspace.Scope {
+	return keyspace.Scope{Tenant: "acme", User: "billing-worker", Request: id}
+}
+
+const charge = `{"amount":100,"currency":"EUR","note":"first"}`
+
+// forEachStore runs test on each store as a subtest.
+func forEachStore(t *testing.T, test func(t *testing.T, s idemgate.Store)) {
+	for _, rs := range runnerStores {
+		t.Run(rs.name, func(t *testing.T) {
+			t.Parallel()
+			test(t, rs.store(t))
+		})
+	}
+}
+
+func TestDoRunsTheWorkOncePerKeyUnderConcurrentDeliveries(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, s idemgate.Store) {
+		r := idemgate.Runner{Store: s, Kind: "charge", WaitInFlight: time.Minute}
+		var runs atomic.Int32
+		const n = 16
+		var wg sync.WaitGroup
+		results := make([]idemgate.Result, n)
+		errs := make([]error, n)
+		start := make(chan struct{})
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				results[i], errs[i] = r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(ctx context.Context) ([]byte, error) {
+					runs.Add(1)
+					time.Sleep(50 * time.Millisecond) // the others find it running
+					return []byte("charged 100"), nil
+				})
+			})
+		}
+		close(start)
+		wg.Wait()
+		if got := runs.Load(); got != 1 {
+			t.Errorf("fn ran %d times, want 1", got)
+		}
+		replayed := 0
+		for i := range n {
+			if errs[i] != nil {
+				t.Errorf("delivery %d: %v", i, errs[i])
+				continue
+			}
+			if string(results[i].Value) != "charged 100" {
+				t.Errorf("delivery %d: output %q, want %q", i, results[i].Value, "charged 100")
+			}
+			if results[i].Replayed {
+				replayed++
+			}
+		}
+		if replayed != n-1 {
+			t.Errorf("%d deliveries replayed, want %d", replayed, n-1)
+		}
+	})
+}
+
+func TestDoReplaysTheStoredOutputWithoutRunningAgain(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, s idemgate.Store) {
+		var events []string
+		var mu sync.Mutex
+		r := idemgate.Runner{Store: s, Kind: "charge", OnEvent: func(_ context.Context, ev idemgate.Event) {
+			mu.Lock()
+			defer mu.Unlock()
+			events = append(events, ev.Type.String()+" route="+strconv.Quote(ev.Route)+" kind="+ev.Kind)
+		}}
+		runs := 0
+		fn := func(ctx context.Context) ([]byte, error) {
+			runs++
+			req, ok := idemgate.RequestFromContext(ctx)
+			if !ok || req.Key.Kind() != "charge" {
+				return nil, fmt.Errorf("RequestFromContext = %v, %v", req, ok)
+			}
+			return []byte(`{"charge":"ch_1"}`), nil
+		}
+		first, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), fn)
+		if err != nil || first.Replayed || string(first.Value) != `{"charge":"ch_1"}` {
+			t.Fatalf("first Do = %+v, %v; want fn's output, not replayed", first, err)
+		}
+		// The same parameters in another JSON spelling are the same work.
+		again, err := r.Do(testCtx(t), scope("msg-1"), []byte(`{ "note":"first", "currency":"EUR", "amount":1e2 }`), fn)
+		if err != nil || !again.Replayed || string(again.Value) != `{"charge":"ch_1"}` {
+			t.Errorf("second Do = %+v, %v; want the stored output replayed", again, err)
+		}
+		if runs != 1 {
+			t.Errorf("fn ran %d times, want 1", runs)
+		}
+		other, err := r.Do(testCtx(t), scope("msg-2"), []byte(charge), fn)
+		if err != nil || other.Replayed || runs != 2 {
+			t.Errorf("another key: %+v, %v, runs %d; want fn to run", other, err, runs)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		want := []string{`claimed route="" kind=charge`, `replayed route="" kind=charge`, `claimed route="" kind=charge`}
+		if fmt.Sprint(events) != fmt.Sprint(want) {
+			t.Errorf("events = %q, want %q", events, want)
+		}
+	})
+}
+
+func TestDoAnswersDriftedParamsWithKeyReusedNamingTheFields(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, s idemgate.Store) {
+		r := idemgate.Runner{Store: s, Kind: "charge"}
+		r.Fingerprint.Fields = []string{"/amount", "/currency"}
+		runs := 0
+		fn := func(context.Context) ([]byte, error) { runs++; return []byte("ok"), nil }
+		if _, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), fn); err != nil {
+			t.Fatal(err)
+		}
+		// A note is not a selected field: the same work.
+		if res, err := r.Do(testCtx(t), scope("msg-1"), []byte(`{"amount":100,"currency":"EUR","note":"again"}`), fn); err != nil || !res.Replayed {
+			t.Errorf("other note: %+v, %v; want a replay", res, err)
+		}
+		_, err := r.Do(testCtx(t), scope("msg-1"), []byte(`{"amount":250,"currency":"EUR"}`), fn)
+		var reused *idemgate.KeyReusedError
+		if !errors.Is(err, idemgate.ErrKeyReused) || !errors.As(err, &reused) {
+			t.Fatalf("drifted amount: err = %v, want ErrKeyReused", err)
+		}
+		if fmt.Sprint(reused.Changed) != "[/amount]" {
+			t.Errorf("Changed = %q, want [/amount]", reused.Changed)
+		}
+		if want := "idemgate: idempotency key reused with other parameters (changed: /amount)"; err.Error() != want {
+			t.Errorf("error = %q, want %q", err, want)
+		}
+		if runs != 1 {
+			t.Errorf("fn ran %d times, want 1", runs)
+		}
+	})
+}
+
+func TestDoAnswersInProgressWithTheWaitWhileTheWorkRuns(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, s idemgate.Store) {
+		lease := 30 * time.Second
+		r := idemgate.Runner{Store: s, Kind: "charge", Lease: lease}
+		running, finish := make(chan struct{}), make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			_, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+				close(running)
+				<-finish
+				return []byte("ok"), nil
+			})
+			done <- err
+		}()
+		<-running
+		_, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+			t.Error("fn ran while another run held the key")
+			return nil, nil
+		})
+		var inProgress *idemgate.InProgressError
+		if !errors.Is(err, idemgate.ErrInProgress) || !errors.As(err, &inProgress) {
+			t.Fatalf("err = %v, want ErrInProgress", err)
+		}
+		if inProgress.RetryAfter <= 0 || inProgress.RetryAfter > lease/3 {
+			t.Errorf("RetryAfter = %v, want in (0, %v]", inProgress.RetryAfter, lease/3)
+		}
+		// WaitInFlight waits for the holder and replays its output.
+		r.WaitInFlight = time.Minute
+		waited := make(chan idemgate.Result, 1)
+		go func() {
+			res, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+				return nil, errors.New("fn ran while another run held the key")
+			})
+			if err != nil {
+				t.Error(err)
+			}
+			waited <- res
+		}()
+		close(finish)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if res := <-waited; !res.Replayed || string(res.Value) != "ok" {
+			t.Errorf("waited = %+v, want the holder's output replayed", res)
+		}
+	})
+}
+
+func TestDoReleasesTheKeyWhenFnFailsOrPanics(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, s idemgate.Store) {
+		var released []string
+		r := idemgate.Runner{Store: s, Kind: "charge", OnEvent: func(_ context.Context, ev idemgate.Event) {
+			if ev.Type == idemgate.EventReleased {
+				released = append(released, ev.Reason)
+			}
+		}}
+		errDown := errors.New("payment provider down")
+		_, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+			return nil, errDown
+		})
+		if err != errDown {
+			t.Fatalf("err = %v, want fn's error as it is", err)
+		}
+		func() {
+			defer func() {
+				if p := recover(); p != "boom" {
+					t.Errorf("recovered %v, want fn's panic to go on", p)
+				}
+			}()
+			r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+				panic("boom")
+			})
+			t.Error("Do returned after fn panicked")
+		}()
+		res, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+			return []byte("ok"), nil
+		})
+		if err != nil || res.Replayed || string(res.Value) != "ok" {
+			t.Errorf("redelivery = %+v, %v; want fn to run", res, err)
+		}
+		if fmt.Sprint(released) != "[handler_error panic]" {
+			t.Errorf("released = %q, want [handler_error panic]", released)
+		}
+	})
+}
+
+// TestDoRenewsTheLeaseWhileFnRuns: fn runs three leases long; the key is
+// never free for another delivery meanwhile, and its output is stored.
+func TestDoRenewsTheLeaseWhileFnRuns(t *testing.T) {
+	t.Parallel()
+	for _, rs := range runnerStores[1:] { // miniredis' TTLs never run out by themselves
+		t.Run(rs.name, func(t *testing.T) {
+			t.Parallel()
+			lease := time.Second
+			r := idemgate.Runner{Store: rs.store(t), Kind: "charge", Lease: lease}
+			var probes, ran atomic.Int32
+			res, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(ctx context.Context) ([]byte, error) {
+				for end := time.Now().Add(3 * lease); time.Now().Before(end); time.Sleep(lease / 4) {
+					_, err := r.Do(ctx, scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+						ran.Add(1)
+						return nil, nil
+					})
+					if !errors.Is(err, idemgate.ErrInProgress) {
+						return nil, fmt.Errorf("a delivery during the run: %v, want ErrInProgress", err)
+					}
+					probes.Add(1)
+				}
+				return []byte("ok"), ctx.Err()
+			})
+			if err != nil || string(res.Value) != "ok" {
+				t.Fatalf("Do = %+v, %v", res, err)
+			}
+			if ran.Load() != 0 || probes.Load() < 4 {
+				t.Errorf("fn ran again %d times during %d probes; want 0 during at least 4", ran.Load(), probes.Load())
+			}
+		})
+	}
+}
+
+// TestDoCancelsFnAndReportsALostLease: an operator frees the key while fn
+// runs (idemgate records release); the next renewal finds the claim lost,
+// cancels fn's context with ErrLeaseLost, and Do reports it.
+func TestDoCancelsFnAndReportsALostLease(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, s idemgate.Store) {
+		var lost atomic.Int32
+		r := idemgate.Runner{Store: s, Kind: "charge", Lease: 3 * time.Second, OnEvent: func(_ context.Context, ev idemgate.Event) {
+			if ev.Type == idemgate.EventLeaseLost {
+				lost.Add(1)
+			}
+		}}
+		in := s.(idemgate.Inspector)
+		var cause error
+		res, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(ctx context.Context) ([]byte, error) {
+			req, _ := idemgate.RequestFromContext(ctx)
+			info, err := in.Inspect(ctx, req.Key.String())
+			if err != nil {
+				return nil, err
+			}
+			if err := in.Forget(ctx, req.Key.String(), info.Token, false); err != nil {
+				return nil, err
+			}
+			select {
+			case <-ctx.Done():
+				cause = context.Cause(ctx)
+			case <-time.After(time.Minute):
+			}
+			return []byte("late"), nil
+		})
+		if cause != idemgate.ErrLeaseLost {
+			t.Errorf("fn's context cause = %v, want ErrLeaseLost", cause)
+		}
+		if !errors.Is(err, idemgate.ErrLeaseLost) || string(res.Value) != "late" {
+			t.Errorf("Do = %+v, %v; want fn's output and ErrLeaseLost", res, err)
+		}
+		if lost.Load() == 0 {
+			t.Error("no lease_lost event")
+		}
+	})
+}
+
+func TestDoAtomicCommitsFnsWritesWithTheRecord(t *testing.T) {
+	t.Parallel()
+	pool, s := pgStore(t)
+	r := idemgate.Runner{Store: s, Kind: "charge", Atomic: true}
+	runs := 0
+	fn := func(ctx context.Context) ([]byte, error) {
+		runs++
+		tx := pgrecords.TxFromContext(ctx)
+		if tx == nil {
+			return nil, errors.New("no transaction in fn's context")
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO ledger VALUES ('msg-1', 100)`); err != nil {
+			return nil, err
+		}
+		return []byte("booked"), nil
+	}
+	for i := range 3 {
+		res, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), fn)
+		if err != nil || string(res.Value) != "booked" || res.Replayed != (i > 0) {
+			t.Fatalf("delivery %d = %+v, %v", i, res, err)
+		}
+	}
+	if got := ledgerRows(t, pool, "msg-1"); got != 1 || runs != 1 {
+		t.Errorf("ledger rows = %d, fn runs = %d; want 1 and 1", got, runs)
+	}
+}
+
+func TestDoAtomicRollsFnsWritesBackWithTheRelease(t *testing.T) {
+	t.Parallel()
+	pool, s := pgStore(t)
+	r := idemgate.Runner{Store: s, Kind: "charge", Atomic: true}
+	write := func(ctx context.Context, message string) error {
+		tx := pgrecords.TxFromContext(ctx)
+		_, err := tx.Exec(ctx, `INSERT INTO ledger VALUES ($1, 100)`, message)
+		return err
+	}
+	tests := []struct {
+		name string
+		fn   func(ctx context.Context) ([]byte, error)
+	}{
+		{"error", func(ctx context.Context) ([]byte, error) {
+			if err := write(ctx, "error"); err != nil {
+				return nil, err
+			}
+			return nil, errors.New("provider down")
+		}},
+		{"panic", func(ctx context.Context) ([]byte, error) {
+			if err := write(ctx, "panic"); err != nil {
+				return nil, err
+			}
+			panic("boom")
+		}},
+		{"fn's failed statement", func(ctx context.Context) ([]byte, error) {
+			if err := write(ctx, "fn's failed statement"); err != nil {
+				return nil, err
+			}
+			tx := pgrecords.TxFromContext(ctx)
+			_, err := tx.Exec(ctx, `INSERT INTO ledger VALUES ('x', 'not a number')`)
+			return nil, err
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			func() {
+				defer func() { recover() }()
+				if _, err := r.Do(testCtx(t), scope(tt.name), []byte(charge), tt.fn); err == nil {
+					t.Error("Do returned no error")
+				}
+			}()
+			if got := ledgerRows(t, pool, tt.name); got != 0 {
+				t.Errorf("ledger rows = %d after the rollback, want 0", got)
+			}
+			res, err := r.Do(testCtx(t), scope(tt.name), []byte(charge), func(ctx context.Context) ([]byte, error) {
+				return []byte("booked"), write(ctx, tt.name)
+			})
+			if err != nil || res.Replayed {
+				t.Errorf("redelivery = %+v, %v; want fn to run", res, err)
+			}
+			if got := ledgerRows(t, pool, tt.name); got != 1 {
+				t.Errorf("ledger rows = %d after the redelivery, want 1", got)
+			}
+		})
+	}
+}
+
+func TestRunnerRefusesAtomicOnAStoreWithoutTransactions(t *testing.T) {
+	t.Parallel()
+	r := idemgate.Runner{Store: runnerStores[0].store(t), Kind: "charge", Atomic: true}
+	_, err := r.Do(testCtx(t), scope("msg-1"), nil, func(context.Context) ([]byte, error) {
+		t.Error("fn ran")
+		return nil, nil
+	})
+	if err == nil || !regexp.MustCompile(`Atomic needs a Store that implements TxStore`).MatchString(err.Error()) {
+		t.Errorf("err = %v, want Atomic refused", err)
+	}
+	r = idemgate.Runner{Store: r.Store}
+	if _, err := r.Do(testCtx(t), scope("msg-1"), nil, nil); err == nil || err.Error() != "idemgate: Runner.Kind is required" {
+		t.Errorf("no Kind: err = %v", err)
+	}
+}
+
+// childEnv names what the worker process of the kill tests runs on (this
+// test binary again, running TestDoWorkerProcess): "redis <url>" or
+// "postgres <dsn>".
+const childEnv = "IDEMGATE_DO_WORKER"
+
+// childLease is the worker's lease: the parent waits it out.
+const childLease = 2 * time.Second
+
+// TestDoWorkerProcess is the worker of TestDoAfterTheWorkerWasKilled, not a
+// test: it runs Do on msg-killed, and fn (Atomic on postgres) writes its
+// ledger row, prints "WROTE", and waits to be killed.
+func TestDoWorkerProcess(t *testing.T) {
+	spec := os.Getenv(childEnv)
+	if spec == "" {
+		t.Skip("the worker process of TestDoAfterTheWorkerWasKilled")
+	}
+	var r idemgate.Runner
+	var pool *pgxpool.Pool
+	switch kind, addr, _ := strings.Cut(spec, " "); kind {
+	case "redis":
+		opts, err := redis.ParseURL(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r = idemgate.Runner{Store: redisstore.New(redis.NewClient(opts))}
+	default:
+		var err error
+		if pool, err = pgxpool.New(testCtx(t), addr); err != nil {
+			t.Fatal(err)
+		}
+		s, err := pgrecords.New(testCtx(t), pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r = idemgate.Runner{Store: s, Atomic: true}
+	}
+	r.Kind, r.Lease = "charge", childLease
+	_, err := r.Do(context.Background(), scope("msg-killed"), []byte(charge), func(ctx context.Context) ([]byte, error) {
+		if tx := pgrecords.TxFromContext(ctx); tx != nil {
+			if _, err := tx.Exec(ctx, `INSERT INTO ledger VALUES ('msg-killed', 100)`); err != nil {
+				return nil, err
+			}
+		}
+		fmt.Println("WROTE")
+		select {}
+	})
+	t.Fatal(err)
+}
+
+// TestDoAfterTheWorkerWasKilled: a worker killed (SIGKILL) inside fn
+// blocks the key until its lease runs out (a redelivery meanwhile gets
+// ErrInProgress); then the redelivery runs fn, once, and the effect
+// counts once. With Atomic, the killed worker's write never committed.
+func TestDoAfterTheWorkerWasKilled(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("starts a process")
+	}
+	tests := []struct {
+		name  string
+		given func(t *testing.T) (spec string, r idemgate.Runner, effects func() int)
+	}{
+		{"redis-server", func(t *testing.T) (string, idemgate.Runner, func() int) {
+			opts := testenv.Redis(t)
+			u := url.URL{Scheme: "redis", Host: opts.Addr, Path: "/" + strconv.Itoa(opts.DB)}
+			if opts.Password != "" {
+				u.User = url.UserPassword(opts.Username, opts.Password)
+			}
+			c := redis.NewClient(opts)
+			t.Cleanup(func() { c.Close() })
+			return "redis " + u.String(), idemgate.Runner{Store: redisstore.New(c)}, nil
+		}},
+		{"postgres atomic", func(t *testing.T) (string, idemgate.Runner, func() int) {
+			pool, s := pgStore(t)
+			return "postgres " + pool.Config().ConnString(), idemgate.Runner{Store: s, Atomic: true},
+				func() int { return ledgerRows(t, pool, "msg-killed") }
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			spec, r, rows := tt.given(t)
+			r.Kind, r.Lease = "charge", childLease
+			cmd := exec.Command(os.Args[0], "-test.run=^TestDoWorkerProcess$", "-test.count=1")
+			cmd.Env = append(os.Environ(), childEnv+"="+spec)
+			worker, err := proctest.Start(t, cmd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := worker.WaitOutput(regexp.MustCompile(`^WROTE$`), time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if err := worker.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			var runs atomic.Int32
+			fn := func(ctx context.Context) ([]byte, error) {
+				runs.Add(1)
+				if tx := pgrecords.TxFromContext(ctx); tx != nil {
+					if _, err := tx.Exec(ctx, `INSERT INTO ledger VALUES ('msg-killed', 100)`); err != nil {
+						return nil, err
+					}
+				}
+				return []byte("booked"), nil
+			}
+			if _, err := r.Do(testCtx(t), scope("msg-killed"), []byte(charge), fn); !errors.Is(err, idemgate.ErrInProgress) {
+				t.Errorf("redelivery at once: %v, want ErrInProgress (the killed worker's lease is live)", err)
+			}
+			var res idemgate.Result
+			wait.For(t, time.Minute, "the redelivery runs once the killed worker's lease ran out", func() bool {
+				res, err = r.Do(testCtx(t), scope("msg-killed"), []byte(charge), fn)
+				return !errors.Is(err, idemgate.ErrInProgress)
+			})
+			if err != nil || res.Replayed || string(res.Value) != "booked" {
+				t.Fatalf("redelivery = %+v, %v; want fn to run", res, err)
+			}
+			if res, err := r.Do(testCtx(t), scope("msg-killed"), []byte(charge), fn); err != nil || !res.Replayed {
+				t.Errorf("a later delivery = %+v, %v; want a replay", res, err)
+			}
+			if n := runs.Load(); n != 1 {
+				t.Errorf("fn ran %d times after the kill, want 1", n)
+			}
+			if rows != nil {
+				if n := rows(); n != 1 {
+					t.Errorf("ledger rows = %d, want 1: the redelivery's (the killed worker's write never committed)", n)
+				}
+			}
+		})
+	}
+}
+
+// TestDoReleasesTheClaimOfACallerThatLeft: ctx ends while Do claims (a
+// consumer shutting down): fn does not run, the fresh claim is given
+// back, and the redelivery runs at once rather than a lease later.
+func TestDoReleasesTheClaimOfACallerThatLeft(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, s idemgate.Store) {
+		r := idemgate.Runner{Store: s, Kind: "charge", Lease: time.Hour}
+		ctx, cancel := context.WithCancel(testCtx(t))
+		cancel()
+		_, err := r.Do(ctx, scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+			t.Error("fn ran for a caller that left")
+			return nil, nil
+		})
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("err = %v, want context.Canceled", err)
+		}
+		res, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+			return []byte("ok"), nil
+		})
+		if err != nil || res.Replayed {
+			t.Errorf("redelivery = %+v, %v; want fn to run at once", res, err)
+		}
+	})
+}
+
+func TestDoFingerprintsParamsThatAreNotJSONAsTheirBytes(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, s idemgate.Store) {
+		r := idemgate.Runner{Store: s, Kind: "charge"}
+		fn := func(context.Context) ([]byte, error) { return []byte("ok"), nil }
+		proto := []byte{0x08, 0x96, 0x01, 0x12, 0x03, 'E', 'U', 'R'} // a protobuf message
+		if _, err := r.Do(testCtx(t), scope("msg-1"), proto, fn); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := r.Do(testCtx(t), scope("msg-1"), proto, fn); err != nil || !res.Replayed {
+			t.Errorf("the same bytes: %+v, %v; want a replay", res, err)
+		}
+		other := append([]byte(nil), proto...)
+		other[2] = 0x02
+		if _, err := r.Do(testCtx(t), scope("msg-1"), other, fn); !errors.Is(err, idemgate.ErrKeyReused) {
+			t.Errorf("other bytes: %v, want ErrKeyReused", err)
+		}
+		r.Fingerprint.Fields = []string{"/amount"}
+		if _, err := r.Do(testCtx(t), scope("msg-2"), proto, fn); err == nil {
+			t.Error("Fields over params that are not JSON: no error")
+		}
+	})
+}
+
+// TestDoAtomicRollsBackWhenTheLeaseWasLost: the claim is lost while fn
+// runs (an operator released it; or the lease ran out and another
+// delivery took the key): fn's context ends with ErrLeaseLost, and the
+// commit, fenced by the claim's token, rolls fn's write back.
+func TestDoAtomicRollsBackWhenTheLeaseWasLost(t *testing.T) {
+	t.Parallel()
+	pool, s := pgStore(t)
+	r := idemgate.Runner{Store: s, Kind: "charge", Atomic: true, Lease: 3 * time.Second}
+	_, err := r.Do(testCtx(t), scope("msg-lost"), []byte(charge), func(ctx context.Context) ([]byte, error) {
+		tx := pgrecords.TxFromContext(ctx)
+		if _, err := tx.Exec(ctx, `INSERT INTO ledger VALUES ('msg-lost', 100)`); err != nil {
+			return nil, err
+		}
+		req, _ := idemgate.RequestFromContext(ctx)
+		info, err := s.Inspect(ctx, req.Key.String())
+		if err != nil {
+			return nil, err
+		}
+		if err := s.Forget(ctx, req.Key.String(), info.Token, false); err != nil {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Minute):
+			return nil, errors.New("fn's context did not end when the lease was lost")
+		}
+		return []byte("booked"), nil
+	})
+	if !errors.Is(err, idemgate.ErrLeaseLost) {
+		t.Errorf("err = %v, want ErrLeaseLost", err)
+	}
+	if got := ledgerRows(t, pool, "msg-lost"); got != 0 {
+		t.Errorf("ledger rows = %d, want 0: the write rolled back with the lost claim", got)
+	}
+}
+
+// TestDoStoresAnEmptyOutput: work whose result is its effect alone (fn
+// returns nil, nil) is finished all the same: a redelivery replays it.
+func TestDoStoresAnEmptyOutput(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, s idemgate.Store) {
+		r := idemgate.Runner{Store: s, Kind: "notify"}
+		runs := 0
+		fn := func(context.Context) ([]byte, error) { runs++; return nil, nil }
+		for i := range 2 {
+			res, err := r.Do(testCtx(t), scope("msg-1"), nil, fn)
+			if err != nil || len(res.Value) != 0 || res.Replayed != (i > 0) {
+				t.Errorf("delivery %d = %+v, %v", i, res, err)
+			}
+		}
+		if runs != 1 {
+			t.Errorf("fn ran %d times, want 1", runs)
+		}
+	})
+}
+
+// TestDoFailsClosedWhenTheStoreIsDown: with its store unreachable, Do
+// runs nothing and says why (a store_error event at the claim).
+func TestDoFailsClosedWhenTheStoreIsDown(t *testing.T) {
+	t.Parallel()
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	var storeErrors []string
+	r := idemgate.Runner{Store: redisstore.New(c), Kind: "charge", OnEvent: func(_ context.Context, ev idemgate.Event) {
+		if ev.Type == idemgate.EventStoreError {
+			storeErrors = append(storeErrors, ev.Reason)
+		}
+	}}
+	mr.Close()
+	_, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+		t.Error("fn ran without a claim")
+		return nil, nil
+	})
+	if err == nil || !strings.HasPrefix(err.Error(), "idemgate: do: claim: ") {
+		t.Errorf("err = %v, want the claim's failure", err)
+	}
+	if fmt.Sprint(storeErrors) != "[claim]" {
+		t.Errorf("store_error events = %q, want [claim]", storeErrors)
+	}
+}
