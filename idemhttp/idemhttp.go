@@ -54,16 +54,24 @@ type Config struct {
 	// Required.
 	Scope func(r *http.Request) (tenant, user string, err error)
 
-	// Route returns the route template the router chose for r and the
-	// names and values of its path parameters, all of which take part in
-	// the fingerprint (with the method and the raw query). An empty
-	// template means the router has not chosen one: the path itself is
-	// then the target. It must be the route's template, never the
-	// request's path: the engine keeps what it derives (the kind, the
-	// route's fingerprint frame) once per method and template.
+	// Route returns the route template the router chose for r, e.g.
+	// "/v1/orders/{id}/refund". The template names the kind (when Kind is
+	// empty) and takes part in the fingerprint with the method, the raw
+	// query and the values of its wildcards ({name}, {name...},
+	// {name:regexp}), read with PathValue. An empty template means the
+	// router has not chosen one: the path itself is then the target. It
+	// must be the route's template, never the request's path: the engine
+	// keeps what it derives (the kind, the route's fingerprint frame) once
+	// per method and template.
 	// Optional. Default: Go's ServeMux: the path part of r.Pattern (its
-	// method and host left out) and r.PathValue of each of its wildcards.
-	Route func(r *http.Request) (template string, names, values []string)
+	// method and host left out).
+	Route func(r *http.Request) string
+
+	// PathValue returns the value of the path parameter name of r, for
+	// routers that keep them elsewhere than r.PathValue (gorilla/mux:
+	// mux.Vars(r)[name]).
+	// Optional. Default: r.PathValue(name), which ServeMux and chi set.
+	PathValue func(r *http.Request, name string) string
 
 	// Kind names the business action, e.g. "image". It matches
 	// [a-z0-9][a-z0-9_-]{0,63}; keys of different kinds never collide.
@@ -257,8 +265,7 @@ func (e scopeError) Unwrap() error { return e.err }
 func (h *handler) Route(r *http.Request, _ any) string {
 	switch {
 	case h.cfg.Route != nil:
-		template, _, _ := h.cfg.Route(r)
-		return template
+		return h.cfg.Route(r)
 	case h.mux != nil && r.Pattern == "":
 		// Before the mux routes: the pattern it will choose.
 		_, pattern := h.mux.Handler(r)
@@ -268,22 +275,26 @@ func (h *handler) Route(r *http.Request, _ any) string {
 }
 
 func (h *handler) Params(r *http.Request, _ any) (names, values []string) {
+	template := r.Pattern
 	switch {
 	case h.cfg.Route != nil:
-		_, names, values = h.cfg.Route(r)
-		return names, values
+		template = h.cfg.Route(r)
 	case h.mux != nil && r.Pattern == "":
 		// The path values are not parsed before the mux routes: the
 		// path stands for them, as the engine's own target does.
 		return []string{""}, []string{r.URL.EscapedPath()}
 	}
-	names = h.wildcards(r.Pattern)
+	names = h.wildcards(template)
 	if len(names) == 0 {
 		return nil, nil
 	}
 	values = make([]string, len(names))
 	for i, name := range names {
-		values[i] = r.PathValue(name)
+		if h.cfg.PathValue != nil {
+			values[i] = h.cfg.PathValue(r, name)
+		} else {
+			values[i] = r.PathValue(name)
+		}
 	}
 	return names, values
 }
@@ -355,8 +366,9 @@ func patternPath(pattern string) string {
 	return pattern
 }
 
-// wildcards returns the names of the wildcards of a ServeMux pattern, in
-// order ("{id}", "{rest...}"; "{$}" is none), parsed once per pattern.
+// wildcards returns the names of the wildcards of a route template or a
+// ServeMux pattern, in order ("{id}", "{rest...}", chi's and gorilla's
+// "{id:[0-9]{3}}"; "{$}" is none), parsed once per template.
 func (s *shared) wildcards(pattern string) []string {
 	s.mu.RLock()
 	names, ok := s.names[pattern]
@@ -364,23 +376,55 @@ func (s *shared) wildcards(pattern string) []string {
 	if ok {
 		return names
 	}
-	for rest := patternPath(pattern); ; {
-		i := strings.IndexByte(rest, '{')
-		if i < 0 {
+	names = parseWildcards(patternPath(pattern))
+	s.mu.Lock()
+	s.names[pattern] = names // templates are bounded by the router's routes
+	s.mu.Unlock()
+	return names
+}
+
+// parseWildcards returns the names of the {…} wildcards of path: the text
+// before a ':' (a regexp follows, whose own braces nest) or a "...".
+func parseWildcards(path string) []string {
+	var names []string
+	for i := 0; i < len(path); i++ {
+		if path[i] != '{' {
+			continue
+		}
+		depth, end := 1, -1
+		for j := i + 1; j < len(path); j++ {
+			switch path[j] {
+			case '{':
+				depth++
+			case '}':
+				depth--
+			}
+			if depth == 0 {
+				end = j
+				break
+			}
+		}
+		if end < 0 {
 			break
 		}
-		j := strings.IndexByte(rest[i:], '}')
-		if j < 0 {
-			break
+		name := path[i+1 : end]
+		if k := strings.IndexByte(name, ':'); k >= 0 {
+			name = name[:k]
 		}
-		name := strings.TrimSuffix(rest[i+1:i+j], "...")
+		name = strings.TrimSuffix(strings.TrimSpace(name), "...")
 		if name != "$" && name != "" {
 			names = append(names, name)
 		}
-		rest = rest[i+j+1:]
+		i = end
 	}
-	s.mu.Lock()
-	s.names[pattern] = names // patterns are bounded by the mux's routes
-	s.mu.Unlock()
 	return names
+}
+
+// FromRequest returns the idemgate.Request (key and fingerprint) of a
+// protected request, for handlers that hand them on to their own store.
+// It reports false when the middleware let the request pass through (no
+// key, skipped, another method). It is idemgate.RequestFromContext of
+// r's context.
+func FromRequest(r *http.Request) (idemgate.Request, bool) {
+	return idemgate.RequestFromContext(r.Context())
 }

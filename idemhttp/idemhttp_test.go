@@ -270,7 +270,7 @@ func TestHandlerReadsItsRequest(t *testing.T) {
 	mw := idemhttp.New(idemhttp.Config{Store: newStore(t), Scope: scopeFromHeader,
 		Skipper: func(r *http.Request) bool { return r.Header.Get("X-Skip") != "" }})
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		req, ok := idemgate.RequestFromContext(r.Context())
+		req, ok := idemhttp.FromRequest(r)
 		b, _ := io.ReadAll(r.Body)
 		got <- seen{req, ok, string(b)}
 	}))
