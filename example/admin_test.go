@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/pgstore"
 )
 
@@ -35,8 +35,8 @@ func TestAdminMetrics(t *testing.T) {
 	if a == nil {
 		t.Fatalf("no admin listener: %s", stderr.String())
 	}
-	ev := middleware.Event{Route: "POST /v1/images", Kind: "images", Tenant: "acme", Latency: time.Millisecond}
-	for _, typ := range []middleware.EventType{middleware.EventClaimed, middleware.EventReplayed, middleware.EventReplayed} {
+	ev := idemgate.Event{Route: "POST /v1/images", Kind: "images", Tenant: "acme", Latency: time.Millisecond}
+	for _, typ := range []idemgate.EventType{idemgate.EventClaimed, idemgate.EventReplayed, idemgate.EventReplayed} {
 		ev.Type = typ
 		o.onEvent(ctx, ev)
 	}

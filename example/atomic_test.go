@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/opsbench"
 	"github.com/idemgate/idemgate/internal/testenv"
-	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
 )
 
@@ -22,11 +22,11 @@ import (
 // node that dies, or loses Postgres, at its commit fails them: the
 // transaction rolls back and the client gets no 2xx.
 type dyingCommit struct {
-	middleware.TxStore
+	idemgate.TxStore
 	fail atomic.Bool
 }
 
-func (s *dyingCommit) Begin(ctx context.Context) (middleware.Tx, error) {
+func (s *dyingCommit) Begin(ctx context.Context) (idemgate.Tx, error) {
 	tx, err := s.TxStore.Begin(ctx)
 	if err != nil {
 		return nil, err
@@ -35,11 +35,11 @@ func (s *dyingCommit) Begin(ctx context.Context) (middleware.Tx, error) {
 }
 
 type dyingTx struct {
-	middleware.Tx
+	idemgate.Tx
 	s *dyingCommit
 }
 
-func (t *dyingTx) Commit(ctx context.Context, c *middleware.Completion) error {
+func (t *dyingTx) Commit(ctx context.Context, c *idemgate.Completion) error {
 	if t.s.fail.Load() {
 		_ = t.Tx.Rollback(ctx)
 		return errors.New("connection lost at commit")

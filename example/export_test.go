@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/wait"
-	"github.com/idemgate/idemgate/middleware"
 )
 
 // succeededTask submits a prompt as alice and waits until it succeeded.
@@ -208,7 +208,7 @@ func TestExportClientLeaves(t *testing.T) {
 		if a, err = exportOver(ctx, t, srv.Client(), srv.URL, string(n.secret), id, "export:leave"); err != nil {
 			t.Fatal(err)
 		}
-		if a.status == http.StatusConflict && a.code == string(middleware.CodeRequestInProgress) {
+		if a.status == http.StatusConflict && a.code == string(idemgate.CodeRequestInProgress) {
 			time.Sleep(50 * time.Millisecond)
 			return false
 		}
@@ -258,7 +258,7 @@ func TestExportConcurrent(t *testing.T) {
 				case err != nil:
 					t.Error(err)
 					return
-				case a.status == http.StatusConflict && a.code == string(middleware.CodeRequestInProgress):
+				case a.status == http.StatusConflict && a.code == string(idemgate.CodeRequestInProgress):
 					time.Sleep(50 * time.Millisecond)
 					continue
 				case a.status != http.StatusOK:

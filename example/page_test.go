@@ -16,8 +16,8 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/testenv"
-	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgstore"
 )
 
@@ -161,7 +161,7 @@ func TestPage(t *testing.T) {
 	title := text(t, ctx, `document.querySelector("#problem .title").innerText`)
 	detail := text(t, ctx, `document.querySelector("#problem .detail").innerText`)
 	code := text(t, ctx, `(document.querySelector("#problem .code") || {innerText: ""}).innerText`)
-	if !strings.Contains(title, "409") || detail == "" || code != "code: "+string(middleware.CodeKeyReused) {
+	if !strings.Contains(title, "409") || detail == "" || code != "code: "+string(idemgate.CodeKeyReused) {
 		t.Errorf("conflict shown as title %q detail %q %q; want the problem's title (409), detail and code key_reused", title, detail, code)
 	}
 	// The server names the changed fields (problem member "changed": the

@@ -19,9 +19,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/example/imageclient"
 	"github.com/idemgate/idemgate/internal/proctest"
-	"github.com/idemgate/idemgate/middleware"
 )
 
 // TestService runs the seed's scenario end to end on two serve nodes and
@@ -77,7 +77,7 @@ func TestService(t *testing.T) {
 			t.Fatal(err)
 		}
 		drift := submit(t, d.a, "flush:1", reworded)
-		if drift.status != http.StatusConflict || drift.json(t)["code"] != string(middleware.CodeKeyReused) {
+		if drift.status != http.StatusConflict || drift.json(t)["code"] != string(idemgate.CodeKeyReused) {
 			t.Errorf("drift after flush: %d %s, want 409 key_reused", drift.status, drift.body)
 		}
 		if n, _ := rowsForKey(t, d.dsn, "acme", "alice", "flush:1", kindImages); n != 1 {
@@ -112,7 +112,7 @@ func TestService(t *testing.T) {
 			first := submit(t, d.a, "drift:1", body)
 			id, _ := first.json(t)["task_id"].(string)
 			drift := submit(t, d.b, "drift:1", reworded)
-			if drift.status != http.StatusConflict || drift.json(t)["code"] != string(middleware.CodeKeyReused) {
+			if drift.status != http.StatusConflict || drift.json(t)["code"] != string(idemgate.CodeKeyReused) {
 				t.Fatalf("drift: %d %s, want 409 key_reused", drift.status, drift.body)
 			}
 			if ct := drift.header.Get("Content-Type"); ct != "application/problem+json" {
@@ -150,7 +150,7 @@ func TestService(t *testing.T) {
 				switch {
 				case c.status == http.StatusAccepted:
 					ids[c.json(t)["task_id"]]++
-				case c.status == http.StatusConflict && c.json(t)["code"] == string(middleware.CodeRequestInProgress):
+				case c.status == http.StatusConflict && c.json(t)["code"] == string(idemgate.CodeRequestInProgress):
 					// allowed: the duplicate outwaited WaitInFlight
 				default:
 					t.Errorf("call %d: %d %s", i, c.status, c.body)
@@ -243,7 +243,7 @@ func TestService(t *testing.T) {
 				{name: "no token", givenKey: "k:1", whenBody: body, wantStatus: 401, wantCode: "unauthorized"},
 				{name: "forged token", givenTok: forged, givenKey: "k:1", whenBody: body, wantStatus: 401, wantCode: "unauthorized"},
 				{name: "expired token", givenTok: expired, givenKey: "k:1", whenBody: body, wantStatus: 401, wantCode: "unauthorized"},
-				{name: "no key", givenTok: alice, whenBody: body, wantStatus: 400, wantCode: string(middleware.CodeKeyMissing)},
+				{name: "no key", givenTok: alice, whenBody: body, wantStatus: 400, wantCode: string(idemgate.CodeKeyMissing)},
 				{name: "n out of range", givenTok: alice, givenKey: "bad:n", whenBody: `{"prompt":"x","n":9}`, wantStatus: 400, wantCode: "invalid_request"},
 				{name: "no prompt", givenTok: alice, givenKey: "bad:prompt", whenBody: `{"n":1}`, wantStatus: 400, wantCode: "invalid_request"},
 				{name: "unknown field", givenTok: alice, givenKey: "bad:field", whenBody: `{"prompt":"x","size":"xl"}`, wantStatus: 400, wantCode: "invalid_request"},
@@ -343,7 +343,7 @@ func TestService(t *testing.T) {
 			if err != nil {
 				t.Fatalf("demo: %v\n%s", err, story)
 			}
-			for _, want := range []string{"202 Accepted", "the SAME task; Idempotent-Replayed: true", "409 Conflict, code " + string(middleware.CodeKeyReused),
+			for _, want := range []string{"202 Accepted", "the SAME task; Idempotent-Replayed: true", "409 Conflict, code " + string(idemgate.CodeKeyReused),
 				"a new task", "→ succeeded"} {
 				if !bytes.Contains(story, []byte(want)) {
 					t.Errorf("demo output lacks %q:\n%s", want, story)

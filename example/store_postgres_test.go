@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/testenv"
-	"github.com/idemgate/idemgate/middleware"
 )
 
 // TestStorePostgres runs the binary with STORE=postgres and a REDIS_URL
@@ -46,7 +46,7 @@ func TestStorePostgres(t *testing.T) {
 	}
 	drift := do(t, "POST", p.url+"/v1/images", tok, "pg:1", strings.Replace(body, "lighthouse", "harbour", 1))
 	m := drift.json(t)
-	if drift.status != 409 || m["code"] != string(middleware.CodeKeyReused) || !reflect.DeepEqual(m["changed"], []any{"/prompt"}) {
+	if drift.status != 409 || m["code"] != string(idemgate.CodeKeyReused) || !reflect.DeepEqual(m["changed"], []any{"/prompt"}) {
 		t.Fatalf("drift: %d %s, want 409 key_reused changing /prompt", drift.status, drift.body)
 	}
 	if h := do(t, "GET", p.url+"/healthz", "", "", ""); h.status != 200 {

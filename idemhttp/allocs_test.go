@@ -13,7 +13,7 @@ import (
 
 	"github.com/idemgate/idemgate/idemhttp"
 	"github.com/idemgate/idemgate/internal/testenv"
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 const benchBody = `{"prompt":"a red fox in the snow, watercolor","aspect_ratio":"16:9","n":1,"client_note":"retry 2"}`
@@ -52,7 +52,7 @@ func pathCases(tb testing.TB) (serve func(key string, status int), paths []pathC
 	_, _ = rand.Read(id[:])
 	prefix := hex.EncodeToString(id[:]) + "-"
 	mw := idemhttp.New(idemhttp.Config{
-		Store: middleware.NewRedisStore(client),
+		Store: redisstore.New(client),
 		Scope: func(*http.Request) (string, string, error) { return "acme", "alice", nil },
 		Kind:  "image",
 	})

@@ -12,7 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/idemhttp"
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // Protect a ServeMux route: wrap the route's handler, so that the
@@ -25,7 +25,7 @@ func Example() {
 	defer rdb.Close()
 
 	mw := idemhttp.New(idemhttp.Config{
-		Store: middleware.NewRedisStore(rdb),
+		Store: redisstore.New(rdb),
 		// Read the identity your auth middleware put in the context;
 		// a header stands in for it here.
 		Scope: func(r *http.Request) (tenant, user string, err error) {

@@ -16,7 +16,7 @@ import (
 
 	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/idemhttp"
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // newStore returns a Redis store on a miniredis of the test's own.
@@ -25,7 +25,7 @@ func newStore(t *testing.T) idemgate.Store {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { rdb.Close() })
-	return middleware.NewRedisStore(rdb)
+	return redisstore.New(rdb)
 }
 
 type ctxKey string

@@ -15,14 +15,16 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // txStore is a TxStore on miniredis for the middleware's own tests: its
 // transactions are counters, and a commit with a completion calls
 // Complete (pgrecords does it in the database's transaction).
 type txStore struct {
-	middleware.Store
+	idemgate.Store
 	begun, committed, rolledBack atomic.Int64
 	loseNext                     atomic.Bool // the next completion finds its claim gone
 
@@ -34,7 +36,7 @@ type txCtxKey struct{}
 
 type fakeTx struct{ s *txStore }
 
-func (s *txStore) Begin(context.Context) (middleware.Tx, error) {
+func (s *txStore) Begin(context.Context) (idemgate.Tx, error) {
 	if s.beginErr != nil {
 		return nil, s.beginErr
 	}
@@ -46,7 +48,7 @@ func (t fakeTx) Context(ctx context.Context) context.Context {
 	return context.WithValue(ctx, txCtxKey{}, t)
 }
 
-func (t fakeTx) Commit(ctx context.Context, c *middleware.Completion) error {
+func (t fakeTx) Commit(ctx context.Context, c *idemgate.Completion) error {
 	if t.s.commitErr != nil {
 		t.s.rolledBack.Add(1)
 		return t.s.commitErr
@@ -54,7 +56,7 @@ func (t fakeTx) Commit(ctx context.Context, c *middleware.Completion) error {
 	if c != nil {
 		if t.s.loseNext.Swap(false) {
 			t.s.rolledBack.Add(1)
-			return middleware.ErrLeaseLost
+			return idemgate.ErrLeaseLost
 		}
 		if err := t.s.Complete(ctx, c.Key, c.Token, c.Response, c.Retention); err != nil {
 			t.s.rolledBack.Add(1)
@@ -75,7 +77,7 @@ func atomicEnv(t *testing.T, h handlerFunc) (*env, *txStore) {
 	mr := miniredis.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { client.Close() })
-	s := &txStore{Store: middleware.NewRedisStore(client)}
+	s := &txStore{Store: redisstore.New(client)}
 	v := newEnvOn(t, mr, client, s, func(c *middleware.Config) {
 		c.Atomic = true
 		c.MaxResponseBytes = 1024
@@ -181,7 +183,7 @@ func TestAtomicRace(t *testing.T) {
 	mr := miniredis.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { client.Close() })
-	s := &txStore{Store: middleware.NewRedisStore(client)}
+	s := &txStore{Store: redisstore.New(client)}
 	v := newEnvOn(t, mr, client, s, func(c *middleware.Config) {
 		c.Atomic = true
 		c.WaitInFlight = 30 * time.Second

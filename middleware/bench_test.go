@@ -15,9 +15,11 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // Benchmarks against a real redis-server (testenv). Each path runs three
@@ -101,7 +103,7 @@ func newBench(b testing.TB) *bench {
 
 func (bn *bench) middleware(b testing.TB) echo.MiddlewareFunc {
 	return middleware.New(middleware.Config{
-		Store: middleware.NewRedisStore(bn.client),
+		Store: redisstore.New(bn.client),
 		Scope: func(echo.Context) (string, string, error) { return "acme", "alice", nil },
 		Kind:  "image",
 	})
@@ -175,8 +177,8 @@ func uniqueKeys(n int, prefix string) []string {
 var claimValue = "C" + strings.Repeat("t", 16) + "v1:" + strings.Repeat("0", 64) + strings.Repeat("1", 64) + "image"
 
 // floorClaim is what the floor claims: the fields the middleware sends.
-func floorClaim(token middleware.Token) middleware.ClaimRequest {
-	return middleware.ClaimRequest{
+func floorClaim(token idemgate.Token) idemgate.ClaimRequest {
+	return idemgate.ClaimRequest{
 		Fingerprint: "v1:" + fingerprint.Fingerprint(strings.Repeat("0", 64)),
 		Owner:       strings.Repeat("1", 64),
 		Kind:        "image",
@@ -202,21 +204,21 @@ var missSetups = []struct {
 }{
 	{"floor", func(b testing.TB, n int) *benchCase {
 		bn := newBench(b)
-		store := middleware.NewRedisStore(bn.client)
+		store := redisstore.New(bn.client)
 		bn.e.POST("/v1/images", func(c echo.Context) error {
 			ctx, key := c.Request().Context(), floorKey(c)
-			token := middleware.Token{1}
+			token := idemgate.Token{1}
 			res, err := store.Claim(ctx, key, floorClaim(token))
 			if err != nil {
 				return err
 			}
-			if res.Status != middleware.Claimed {
+			if res.Status != idemgate.Claimed {
 				return echo.ErrConflict
 			}
 			if err := c.JSONBlob(http.StatusCreated, benchResponse); err != nil {
 				return err
 			}
-			return store.Complete(ctx, key, token, middleware.Response{Status: http.StatusCreated, Header: benchHeader, Body: benchResponse}, 24*time.Hour)
+			return store.Complete(ctx, key, token, idemgate.Response{Status: http.StatusCreated, Header: benchHeader, Body: benchResponse}, 24*time.Hour)
 		})
 		return &benchCase{bench: bn, warm: "warm", keys: uniqueKeys(n, "miss-"), body: benchBody, want: http.StatusCreated}
 	}},
@@ -252,16 +254,16 @@ var replaySetups = []struct {
 }{
 	{"floor", func(b testing.TB, n int) *benchCase {
 		bn := newBench(b)
-		store := middleware.NewRedisStore(bn.client)
+		store := redisstore.New(bn.client)
 		ctx := context.Background()
-		store.Claim(ctx, "floor:"+bn.id+"replay", floorClaim(middleware.Token{1}))
-		store.Complete(ctx, "floor:"+bn.id+"replay", middleware.Token{1}, middleware.Response{Status: http.StatusCreated, Header: benchHeader, Body: benchResponse}, time.Hour)
+		store.Claim(ctx, "floor:"+bn.id+"replay", floorClaim(idemgate.Token{1}))
+		store.Complete(ctx, "floor:"+bn.id+"replay", idemgate.Token{1}, idemgate.Response{Status: http.StatusCreated, Header: benchHeader, Body: benchResponse}, time.Hour)
 		bn.e.POST("/v1/images", func(c echo.Context) error {
-			res, err := store.Claim(c.Request().Context(), floorKey(c), floorClaim(middleware.Token{2}))
+			res, err := store.Claim(c.Request().Context(), floorKey(c), floorClaim(idemgate.Token{2}))
 			if err != nil {
 				return err
 			}
-			if res.Status != middleware.Finished {
+			if res.Status != idemgate.Finished {
 				return echo.ErrConflict
 			}
 			h := c.Response().Header()
@@ -304,14 +306,14 @@ var inProgressSetups = []struct {
 }{
 	{"floor", func(b testing.TB, n int) *benchCase {
 		bn := newBench(b)
-		store := middleware.NewRedisStore(bn.client)
-		store.Claim(context.Background(), "floor:"+bn.id+"in-progress", floorClaim(middleware.Token{1}))
+		store := redisstore.New(bn.client)
+		store.Claim(context.Background(), "floor:"+bn.id+"in-progress", floorClaim(idemgate.Token{1}))
 		bn.e.POST("/v1/images", func(c echo.Context) error {
-			res, err := store.Claim(c.Request().Context(), floorKey(c), floorClaim(middleware.Token{2}))
+			res, err := store.Claim(c.Request().Context(), floorKey(c), floorClaim(idemgate.Token{2}))
 			if err != nil {
 				return err
 			}
-			if res.Status != middleware.Running {
+			if res.Status != idemgate.Running {
 				return echo.ErrInternalServerError
 			}
 			c.Response().Header().Set("Retry-After", strconv.Itoa(int(res.RetryAfter/time.Second)))
@@ -362,18 +364,18 @@ var reusedSetups = []struct {
 }{
 	{"floor", func(b testing.TB, n int) *benchCase {
 		bn := newBench(b)
-		store := middleware.NewRedisStore(bn.client)
+		store := redisstore.New(bn.client)
 		ctx := context.Background()
-		other := floorClaim(middleware.Token{1})
+		other := floorClaim(idemgate.Token{1})
 		other.Fingerprint = "v1:" + fingerprint.Fingerprint(strings.Repeat("2", 64))
 		store.Claim(ctx, "floor:"+bn.id+"reused", other)
-		store.Complete(ctx, "floor:"+bn.id+"reused", middleware.Token{1}, middleware.Response{Status: http.StatusCreated, Header: benchHeader, Body: benchResponse}, time.Hour)
+		store.Complete(ctx, "floor:"+bn.id+"reused", idemgate.Token{1}, idemgate.Response{Status: http.StatusCreated, Header: benchHeader, Body: benchResponse}, time.Hour)
 		bn.e.POST("/v1/images", func(c echo.Context) error {
-			res, err := store.Claim(c.Request().Context(), floorKey(c), floorClaim(middleware.Token{2}))
+			res, err := store.Claim(c.Request().Context(), floorKey(c), floorClaim(idemgate.Token{2}))
 			if err != nil {
 				return err
 			}
-			if res.Status != middleware.Mismatch {
+			if res.Status != idemgate.Mismatch {
 				return echo.ErrInternalServerError
 			}
 			return c.Blob(http.StatusConflict, "application/problem+json", problemReused)

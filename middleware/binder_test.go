@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // Tests through echo's DefaultBinder: what the handler binds is what the
@@ -36,7 +37,7 @@ func binderEnv(t *testing.T, spec fingerprint.Spec) *env {
 	mr := miniredis.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { client.Close() })
-	v := &env{e: echo.New(), mr: mr, client: client, store: middleware.NewRedisStore(client), events: &recorder{}}
+	v := &env{e: echo.New(), mr: mr, client: client, store: redisstore.New(client), events: &recorder{}}
 	mw := middleware.New(middleware.Config{Store: v.store, Scope: testScope, Fingerprint: spec, OnEvent: v.events.add})
 	v.e.POST("/v1/tasks", func(c echo.Context) error {
 		v.calls.Add(1)
@@ -230,7 +231,7 @@ func boundEnv[T any](t *testing.T, spec fingerprint.Spec) *env {
 	mr := miniredis.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { client.Close() })
-	v := &env{e: echo.New(), mr: mr, client: client, store: middleware.NewRedisStore(client), events: &recorder{}}
+	v := &env{e: echo.New(), mr: mr, client: client, store: redisstore.New(client), events: &recorder{}}
 	mw := middleware.New(middleware.Config{Store: v.store, Scope: testScope, Fingerprint: spec, OnEvent: v.events.add})
 	h := func(c echo.Context) error {
 		v.calls.Add(1)

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 func gzipped(t *testing.T, s string) []byte {
@@ -145,7 +146,7 @@ func TestEncodedFormCollision(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { client.Close() })
 	e := echo.New()
-	idem := middleware.New(middleware.Config{Store: middleware.NewRedisStore(client), Scope: testScope})
+	idem := middleware.New(middleware.Config{Store: redisstore.New(client), Scope: testScope})
 	e.POST("/v1/tasks", func(c echo.Context) error {
 		var got struct {
 			Prompt string `form:"prompt"`

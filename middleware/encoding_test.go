@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // encodingEnv is an echo with the middleware outermost and echo's Gzip
@@ -29,7 +30,7 @@ func encodingEnv(t *testing.T, body []byte, encoding string, configure func(*mid
 	mr := miniredis.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { client.Close() })
-	v := &env{e: echo.New(), mr: mr, client: client, store: middleware.NewRedisStore(client), events: &recorder{}}
+	v := &env{e: echo.New(), mr: mr, client: client, store: redisstore.New(client), events: &recorder{}}
 	cfg := middleware.Config{Store: v.store, Scope: testScope, OnEvent: v.events.add}
 	if configure != nil {
 		configure(&cfg)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/middleware"
 )
 
@@ -19,11 +20,11 @@ import (
 func TestErrorsNameThePackage(t *testing.T) {
 	t.Parallel()
 	errs := map[string]error{
-		"ErrKeyReused":  middleware.ErrKeyReused,
-		"ErrLeaseLost":  middleware.ErrLeaseLost,
-		"ErrTxAborted":  middleware.ErrTxAborted,
-		"ErrTxRefused":  middleware.ErrTxRefused,
-		"ErrTxConflict": middleware.ErrTxConflict,
+		"ErrKeyReused":  idemgate.ErrKeyReused,
+		"ErrLeaseLost":  idemgate.ErrLeaseLost,
+		"ErrTxAborted":  idemgate.ErrTxAborted,
+		"ErrTxRefused":  idemgate.ErrTxRefused,
+		"ErrTxConflict": idemgate.ErrTxConflict,
 	}
 	_, err := middleware.Config{}.ToMiddleware()
 	errs["ToMiddleware of an empty Config"] = err
@@ -57,17 +58,17 @@ func TestErrorsNameThePackage(t *testing.T) {
 // client that leaves would, and claims nothing.
 type cancelingStore struct{ cancel context.CancelFunc }
 
-func (s cancelingStore) Claim(context.Context, string, middleware.ClaimRequest) (middleware.ClaimResult, error) {
+func (s cancelingStore) Claim(context.Context, string, idemgate.ClaimRequest) (idemgate.ClaimResult, error) {
 	s.cancel()
-	return middleware.ClaimResult{Status: middleware.Running}, nil
+	return idemgate.ClaimResult{Status: idemgate.Running}, nil
 }
 
-func (cancelingStore) Extend(context.Context, string, middleware.Token, time.Duration) error {
+func (cancelingStore) Extend(context.Context, string, idemgate.Token, time.Duration) error {
 	return nil
 }
 
-func (cancelingStore) Complete(context.Context, string, middleware.Token, middleware.Response, time.Duration) error {
+func (cancelingStore) Complete(context.Context, string, idemgate.Token, idemgate.Response, time.Duration) error {
 	return nil
 }
 
-func (cancelingStore) Release(context.Context, string, middleware.Token) error { return nil }
+func (cancelingStore) Release(context.Context, string, idemgate.Token) error { return nil }

@@ -7,6 +7,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // TestFromContextFailOpen: a handler run unprotected because the store is
@@ -16,7 +17,7 @@ func TestFromContextFailOpen(t *testing.T) {
 	client := closedRedis(t)
 	var got middleware.Request
 	var ok bool
-	v := newEnvOn(t, nil, client, middleware.NewRedisStore(client), func(c *middleware.Config) { c.FailOpen = true },
+	v := newEnvOn(t, nil, client, redisstore.New(client), func(c *middleware.Config) { c.FailOpen = true },
 		func(c echo.Context, n int64) error {
 			got, ok = middleware.FromContext(c)
 			return c.NoContent(http.StatusAccepted)

@@ -20,9 +20,11 @@ import (
 	echomw "github.com/labstack/echo/v4/middleware"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/wait"
 	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // testScope is a stand-in for an auth layer: tenant and user come from
@@ -38,10 +40,10 @@ func testScope(c echo.Context) (string, string, error) {
 // recorder collects events.
 type recorder struct {
 	mu     sync.Mutex
-	events []middleware.Event
+	events []idemgate.Event
 }
 
-func (r *recorder) add(_ context.Context, e middleware.Event) {
+func (r *recorder) add(_ context.Context, e idemgate.Event) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.events = append(r.events, e)
@@ -66,7 +68,7 @@ type env struct {
 	e      *echo.Echo
 	mr     *miniredis.Miniredis
 	client *redis.Client
-	store  middleware.Store
+	store  idemgate.Store
 	events *recorder
 	calls  atomic.Int64 // handler runs
 }
@@ -80,10 +82,10 @@ func newEnv(t *testing.T, configure func(*middleware.Config), h handlerFunc) *en
 	mr := miniredis.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { client.Close() })
-	return newEnvOn(t, mr, client, middleware.NewRedisStore(client), configure, h)
+	return newEnvOn(t, mr, client, redisstore.New(client), configure, h)
 }
 
-func newEnvOn(t *testing.T, mr *miniredis.Miniredis, client *redis.Client, store middleware.Store, configure func(*middleware.Config), h handlerFunc) *env {
+func newEnvOn(t *testing.T, mr *miniredis.Miniredis, client *redis.Client, store idemgate.Store, configure func(*middleware.Config), h handlerFunc) *env {
 	t.Helper()
 	v := &env{e: echo.New(), mr: mr, client: client, store: store, events: &recorder{}}
 	cfg := middleware.Config{Store: store, Scope: testScope, OnEvent: v.events.add}
@@ -177,12 +179,12 @@ func problemCode(t *testing.T, rec *httptest.ResponseRecorder) string {
 		t.Fatalf("problem without code: %s", body)
 	}
 	rest := body[i+len(`"code":"`):]
-	code := middleware.Code(rest[:strings.IndexByte(rest, '"')])
+	code := idemgate.Code(rest[:strings.IndexByte(rest, '"')])
 	// Every problem says whether a retry can succeed, and a retryable one
 	// says when (response_too_large with the handler's own status follows
 	// that status: see TestEveryAnswerHintAgrees).
 	retry := rec.Header().Get("X-Should-Retry")
-	if want := strconv.FormatBool(code.Retryable()); retry != want && code != middleware.CodeResponseTooLarge {
+	if want := strconv.FormatBool(code.Retryable()); retry != want && code != idemgate.CodeResponseTooLarge {
 		t.Errorf("%s answered with x-should-retry %q, want %q", code, retry, want)
 	}
 	if (retry == "true") != (rec.Header().Get("Retry-After") != "") {
@@ -329,7 +331,7 @@ func TestRequestPath(t *testing.T) {
 		{name: "handler ErrKeyReused is key_reused",
 			h: func(c echo.Context, n int64) error {
 				if n == 1 {
-					return middleware.ErrKeyReused
+					return idemgate.ErrKeyReused
 				}
 				return defaultHandler(c, n)
 			},
@@ -649,7 +651,7 @@ func TestInFlight(t *testing.T) {
 			mr := miniredis.RunT(t)
 			client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 			t.Cleanup(func() { client.Close() })
-			store := &countingStore{Store: middleware.NewRedisStore(client)}
+			store := &countingStore{Store: redisstore.New(client)}
 			v := newEnvOn(t, mr, client, store, func(c *middleware.Config) { c.WaitInFlight = tt.given }, func(c echo.Context, n int64) error {
 				close(entered)
 				<-release
@@ -686,24 +688,24 @@ func TestInFlight(t *testing.T) {
 
 // countingStore counts the calls to a Store.
 type countingStore struct {
-	middleware.Store
+	idemgate.Store
 	claims, extends atomic.Int64 // extends: the successful ones
 	lost            atomic.Int64 // extends that found the lease lost
 }
 
-func (s *countingStore) Claim(ctx context.Context, key string, r middleware.ClaimRequest) (middleware.ClaimResult, error) {
+func (s *countingStore) Claim(ctx context.Context, key string, r idemgate.ClaimRequest) (idemgate.ClaimResult, error) {
 	s.claims.Add(1)
 	return s.Store.Claim(ctx, key, r)
 }
 
 // Extend counts the extends that succeeded (once they have) and those that
 // found the lease lost.
-func (s *countingStore) Extend(ctx context.Context, key string, token middleware.Token, lease time.Duration) error {
+func (s *countingStore) Extend(ctx context.Context, key string, token idemgate.Token, lease time.Duration) error {
 	err := s.Store.Extend(ctx, key, token, lease)
 	switch {
 	case err == nil:
 		s.extends.Add(1)
-	case errors.Is(err, middleware.ErrLeaseLost):
+	case errors.Is(err, idemgate.ErrLeaseLost):
 		s.lost.Add(1)
 	}
 	return err
@@ -717,7 +719,7 @@ func TestLeaseRenewal(t *testing.T) {
 	mr := miniredis.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { client.Close() })
-	store := &countingStore{Store: middleware.NewRedisStore(client)}
+	store := &countingStore{Store: redisstore.New(client)}
 	const lease = 300 * time.Millisecond
 	v := newEnvOn(t, mr, client, store, func(c *middleware.Config) { c.Lease = lease }, func(c echo.Context, n int64) error {
 		if n > 1 {
@@ -763,16 +765,16 @@ func TestCrashedHolder(t *testing.T) {
 	v := newEnv(t, func(c *middleware.Config) { c.Lease = 10 * time.Second }, nil)
 	// The "crashed" node: a request that claimed the key through the same
 	// store and then vanished (no renewal, no completion).
-	stale := middleware.ClaimRequest{Lease: 10 * time.Second}
+	stale := idemgate.ClaimRequest{Lease: 10 * time.Second}
 	var fp middleware.Request
 	probe := newEnv(t, nil, func(c echo.Context, n int64) error {
 		fp, _ = middleware.FromContext(c)
 		return c.NoContent(204)
 	})
 	probe.do(req{key: "k", body: imageBody})
-	stale.Fingerprint, stale.Owner, stale.Kind, stale.Token = fp.Fingerprint, fp.Key.Owner(), fp.Key.Kind(), middleware.Token{1}
+	stale.Fingerprint, stale.Owner, stale.Kind, stale.Token = fp.Fingerprint, fp.Key.Owner(), fp.Key.Kind(), idemgate.Token{1}
 	ctx := context.Background()
-	if res, err := v.store.Claim(ctx, fp.Key.String(), stale); err != nil || res.Status != middleware.Claimed {
+	if res, err := v.store.Claim(ctx, fp.Key.String(), stale); err != nil || res.Status != idemgate.Claimed {
 		t.Fatalf("stale claim = %v, %v", res.Status, err)
 	}
 	if rec := v.do(req{key: "k", body: imageBody}); rec.Code != 409 || problemCode(t, rec) != "request_in_progress" {
@@ -788,10 +790,10 @@ func TestCrashedHolder(t *testing.T) {
 	if got := v.calls.Load(); got != 1 {
 		t.Errorf("after the lease the handler ran %d times, want 1", got)
 	}
-	if err := v.store.Complete(ctx, fp.Key.String(), stale.Token, middleware.Response{Status: 500}, time.Hour); !errors.Is(err, middleware.ErrLeaseLost) {
+	if err := v.store.Complete(ctx, fp.Key.String(), stale.Token, idemgate.Response{Status: 500}, time.Hour); !errors.Is(err, idemgate.ErrLeaseLost) {
 		t.Errorf("stale Complete = %v, want ErrLeaseLost", err)
 	}
-	if err := v.store.Release(ctx, fp.Key.String(), stale.Token); !errors.Is(err, middleware.ErrLeaseLost) {
+	if err := v.store.Release(ctx, fp.Key.String(), stale.Token); !errors.Is(err, idemgate.ErrLeaseLost) {
 		t.Errorf("stale Release = %v, want ErrLeaseLost", err)
 	}
 	if rec := v.do(req{key: "k", body: imageBody}); rec.Header().Get("Idempotent-Replayed") != "true" || rec.Code != 201 {
@@ -856,7 +858,7 @@ func TestClientGoneBeforeClaim(t *testing.T) {
 				v = newEnv(t, func(c *middleware.Config) { c.FailOpen = true }, nil)
 			} else {
 				client := tt.client(t)
-				v = newEnvOn(t, nil, client, middleware.NewRedisStore(client), func(c *middleware.Config) { c.FailOpen = true }, nil)
+				v = newEnvOn(t, nil, client, redisstore.New(client), func(c *middleware.Config) { c.FailOpen = true }, nil)
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel()
@@ -940,7 +942,7 @@ func TestFlushOnly(t *testing.T) {
 		replay bool  // whether a retry replays
 	}{
 		{name: "stored as 200", replay: true},
-		{name: "ErrKeyReused after a flush", given: middleware.ErrKeyReused},
+		{name: "ErrKeyReused after a flush", given: idemgate.ErrKeyReused},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -990,9 +992,9 @@ func TestFlushAndHijackPassThrough(t *testing.T) {
 	released := make(chan struct{}, 2)
 	hv := newEnv(t, func(c *middleware.Config) {
 		record := c.OnEvent
-		c.OnEvent = func(ctx context.Context, e middleware.Event) {
+		c.OnEvent = func(ctx context.Context, e idemgate.Event) {
 			record(ctx, e)
-			if e.Type == middleware.EventReleased {
+			if e.Type == idemgate.EventReleased {
 				released <- struct{}{}
 			}
 		}
@@ -1052,7 +1054,7 @@ func TestStoreDown(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			client := tt.client(t)
-			v := newEnvOn(t, nil, client, middleware.NewRedisStore(client), func(c *middleware.Config) { c.FailOpen = tt.failOpen }, nil)
+			v := newEnvOn(t, nil, client, redisstore.New(client), func(c *middleware.Config) { c.FailOpen = tt.failOpen }, nil)
 			rec := v.do(req{key: "k", body: imageBody})
 			tt.want.check(t, v, rec)
 			if rec.Code == 503 && rec.Header().Get("Retry-After") == "" {
@@ -1095,7 +1097,7 @@ func slowRedis(t *testing.T) *redis.Client {
 
 func TestConfigErrors(t *testing.T) {
 	t.Parallel()
-	store := middleware.NewRedisStore(redis.NewClient(&redis.Options{}))
+	store := redisstore.New(redis.NewClient(&redis.Options{}))
 	valid := func() middleware.Config { return middleware.Config{Store: store, Scope: testScope} }
 	tests := []struct {
 		name  string
@@ -1187,7 +1189,7 @@ type stallingStore struct {
 	calls atomic.Int64
 }
 
-func (s *stallingStore) Extend(ctx context.Context, key string, token middleware.Token, lease time.Duration) error {
+func (s *stallingStore) Extend(ctx context.Context, key string, token idemgate.Token, lease time.Duration) error {
 	if s.calls.Add(1) == 1 {
 		<-ctx.Done()
 		return ctx.Err()
@@ -1207,7 +1209,7 @@ func TestLeaseRenewalAfterAStalledOneComesBeforeTheLeaseEnds(t *testing.T) {
 	mr.ClockTTL(true)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { client.Close() })
-	store := &stallingStore{countingStore: countingStore{Store: middleware.NewRedisStore(client)}}
+	store := &stallingStore{countingStore: countingStore{Store: redisstore.New(client)}}
 	// The retry comes a quarter of the lease before it ends: 2.25 s for a
 	// loaded machine's late timers.
 	const lease = 9 * time.Second
@@ -1230,11 +1232,11 @@ func TestLeaseRenewalAfterAStalledOneComesBeforeTheLeaseEnds(t *testing.T) {
 // failingExtend is a Store whose extends fail at once, as against a store
 // that refuses connections.
 type failingExtend struct {
-	middleware.Store
+	idemgate.Store
 	calls atomic.Int64
 }
 
-func (s *failingExtend) Extend(context.Context, string, middleware.Token, time.Duration) error {
+func (s *failingExtend) Extend(context.Context, string, idemgate.Token, time.Duration) error {
 	s.calls.Add(1)
 	return errors.New("connection refused")
 }
@@ -1248,7 +1250,7 @@ func TestRenewalsThatFailFastComeNoMoreOftenThanEveryThirdOfALease(t *testing.T)
 	mr := miniredis.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { client.Close() })
-	store := &failingExtend{Store: middleware.NewRedisStore(client)}
+	store := &failingExtend{Store: redisstore.New(client)}
 	const lease = 600 * time.Millisecond
 	v := newEnvOn(t, mr, client, store, func(c *middleware.Config) { c.Lease = lease }, func(c echo.Context, n int64) error {
 		time.Sleep(2 * lease) // a late timer only makes fewer renewals

@@ -11,99 +11,126 @@ import (
 )
 
 // The engine's types and errors moved to the root package idemgate in
-// v0.2.0, for every door to share (net/http, gin, Runner.Do). These names
-// stay for one release so that code written against v0.1 compiles; new
-// code names idemgate's.
+// v0.2.0, for every door to share (net/http, gin, Runner.Do), and the
+// Redis store to redisstore. These names stay, deprecated, for one
+// release so that code written against v0.1 compiles; new code names
+// idemgate's and redisstore's.
 
 type (
-	// Store is idemgate.Store, kept here for one release.
+	// Deprecated: use idemgate.Store, where Store moved in v0.2.0.
 	Store = idemgate.Store
-	// Token is idemgate.Token, kept here for one release.
+	// Deprecated: use idemgate.Token, where Token moved in v0.2.0.
 	Token = idemgate.Token
-	// ClaimRequest is idemgate.ClaimRequest, kept here for one release.
+	// Deprecated: use idemgate.ClaimRequest, where ClaimRequest moved in v0.2.0.
 	ClaimRequest = idemgate.ClaimRequest
-	// ClaimStatus is idemgate.ClaimStatus, kept here for one release.
+	// Deprecated: use idemgate.ClaimStatus, where ClaimStatus moved in v0.2.0.
 	ClaimStatus = idemgate.ClaimStatus
-	// ClaimResult is idemgate.ClaimResult, kept here for one release.
+	// Deprecated: use idemgate.ClaimResult, where ClaimResult moved in v0.2.0.
 	ClaimResult = idemgate.ClaimResult
-	// Response is idemgate.Response, kept here for one release.
+	// Deprecated: use idemgate.Response, where Response moved in v0.2.0.
 	Response = idemgate.Response
-	// TxStore is idemgate.TxStore, kept here for one release.
+	// Deprecated: use idemgate.TxStore, where TxStore moved in v0.2.0.
 	TxStore = idemgate.TxStore
-	// Tx is idemgate.Tx, kept here for one release.
+	// Deprecated: use idemgate.Tx, where Tx moved in v0.2.0.
 	Tx = idemgate.Tx
-	// Completion is idemgate.Completion, kept here for one release.
+	// Deprecated: use idemgate.Completion, where Completion moved in v0.2.0.
 	Completion = idemgate.Completion
-	// Inspector is idemgate.Inspector, kept here for one release.
+	// Deprecated: use idemgate.Inspector, where Inspector moved in v0.2.0.
 	Inspector = idemgate.Inspector
-	// RecordInfo is idemgate.RecordInfo, kept here for one release.
+	// Deprecated: use idemgate.RecordInfo, where RecordInfo moved in v0.2.0.
 	RecordInfo = idemgate.RecordInfo
-	// EventType is idemgate.EventType, kept here for one release.
+	// Deprecated: use idemgate.EventType, where EventType moved in v0.2.0.
 	EventType = idemgate.EventType
-	// Event is idemgate.Event, kept here for one release.
+	// Deprecated: use idemgate.Event, where Event moved in v0.2.0.
 	Event = idemgate.Event
-	// Code is idemgate.Code, kept here for one release.
+	// Deprecated: use idemgate.Code, where Code moved in v0.2.0.
 	Code = idemgate.Code
-	// Problem is idemgate.Problem, kept here for one release.
+	// Deprecated: use idemgate.Problem, where Problem moved in v0.2.0.
 	Problem = idemgate.Problem
-	// RedisStore is redisstore.Store, kept here for one release.
+	// Deprecated: use redisstore.Store, where RedisStore moved in v0.2.0.
 	RedisStore = redisstore.Store
 )
 
 var (
-	// ErrLeaseLost is idemgate.ErrLeaseLost, kept here for one release.
+	// Deprecated: use idemgate.ErrLeaseLost, where ErrLeaseLost moved in v0.2.0.
 	ErrLeaseLost = idemgate.ErrLeaseLost
-	// ErrTxAborted is idemgate.ErrTxAborted, kept here for one release.
+	// Deprecated: use idemgate.ErrTxAborted, where ErrTxAborted moved in v0.2.0.
 	ErrTxAborted = idemgate.ErrTxAborted
-	// ErrTxRefused is idemgate.ErrTxRefused, kept here for one release.
+	// Deprecated: use idemgate.ErrTxRefused, where ErrTxRefused moved in v0.2.0.
 	ErrTxRefused = idemgate.ErrTxRefused
-	// ErrTxConflict is idemgate.ErrTxConflict, kept here for one release.
+	// Deprecated: use idemgate.ErrTxConflict, where ErrTxConflict moved in v0.2.0.
 	ErrTxConflict = idemgate.ErrTxConflict
-	// ErrNoRecord is idemgate.ErrNoRecord, kept here for one release.
+	// Deprecated: use idemgate.ErrNoRecord, where ErrNoRecord moved in v0.2.0.
 	ErrNoRecord = idemgate.ErrNoRecord
-	// ErrKeyReused is idemgate.ErrKeyReused, kept here for one release.
+	// Deprecated: use idemgate.ErrKeyReused, where ErrKeyReused moved in v0.2.0.
 	ErrKeyReused = idemgate.ErrKeyReused
 )
 
-// These are idemgate's constants of the same names, kept here for one
-// release.
+// idemgate's constants of the same names, kept for one release.
 const (
-	Claimed                   = idemgate.Claimed
-	Running                   = idemgate.Running
-	Finished                  = idemgate.Finished
-	Mismatch                  = idemgate.Mismatch
-	CodeKeyMissing            = idemgate.CodeKeyMissing
-	CodeKeyInvalid            = idemgate.CodeKeyInvalid
-	CodeKeyReused             = idemgate.CodeKeyReused
-	CodeRequestInProgress     = idemgate.CodeRequestInProgress
-	CodeBodyTooLarge          = idemgate.CodeBodyTooLarge
-	CodeBodyInvalid           = idemgate.CodeBodyInvalid
-	CodeStoreUnavailable      = idemgate.CodeStoreUnavailable
-	CodeScopeInvalid          = idemgate.CodeScopeInvalid
+	// Deprecated: use idemgate.Claimed.
+	Claimed = idemgate.Claimed
+	// Deprecated: use idemgate.Running.
+	Running = idemgate.Running
+	// Deprecated: use idemgate.Finished.
+	Finished = idemgate.Finished
+	// Deprecated: use idemgate.Mismatch.
+	Mismatch = idemgate.Mismatch
+	// Deprecated: use idemgate.CodeKeyMissing.
+	CodeKeyMissing = idemgate.CodeKeyMissing
+	// Deprecated: use idemgate.CodeKeyInvalid.
+	CodeKeyInvalid = idemgate.CodeKeyInvalid
+	// Deprecated: use idemgate.CodeKeyReused.
+	CodeKeyReused = idemgate.CodeKeyReused
+	// Deprecated: use idemgate.CodeRequestInProgress.
+	CodeRequestInProgress = idemgate.CodeRequestInProgress
+	// Deprecated: use idemgate.CodeBodyTooLarge.
+	CodeBodyTooLarge = idemgate.CodeBodyTooLarge
+	// Deprecated: use idemgate.CodeBodyInvalid.
+	CodeBodyInvalid = idemgate.CodeBodyInvalid
+	// Deprecated: use idemgate.CodeStoreUnavailable.
+	CodeStoreUnavailable = idemgate.CodeStoreUnavailable
+	// Deprecated: use idemgate.CodeScopeInvalid.
+	CodeScopeInvalid = idemgate.CodeScopeInvalid
+	// Deprecated: use idemgate.CodeEncodingNotAcceptable.
 	CodeEncodingNotAcceptable = idemgate.CodeEncodingNotAcceptable
-	CodeLeaseLost             = idemgate.CodeLeaseLost
-	CodeResponseTooLarge      = idemgate.CodeResponseTooLarge
-	CodeBodyTimeout           = idemgate.CodeBodyTimeout
-	CodeTxConflict            = idemgate.CodeTxConflict
-	CodeTxAborted             = idemgate.CodeTxAborted
-	EventClaimed              = idemgate.EventClaimed
-	EventReplayed             = idemgate.EventReplayed
-	EventReused               = idemgate.EventReused
-	EventInProgress           = idemgate.EventInProgress
-	EventWaited               = idemgate.EventWaited
-	EventReleased             = idemgate.EventReleased
-	EventLeaseLost            = idemgate.EventLeaseLost
-	EventStoreError           = idemgate.EventStoreError
-	EventFailOpen             = idemgate.EventFailOpen
+	// Deprecated: use idemgate.CodeLeaseLost.
+	CodeLeaseLost = idemgate.CodeLeaseLost
+	// Deprecated: use idemgate.CodeResponseTooLarge.
+	CodeResponseTooLarge = idemgate.CodeResponseTooLarge
+	// Deprecated: use idemgate.CodeBodyTimeout.
+	CodeBodyTimeout = idemgate.CodeBodyTimeout
+	// Deprecated: use idemgate.CodeTxConflict.
+	CodeTxConflict = idemgate.CodeTxConflict
+	// Deprecated: use idemgate.CodeTxAborted.
+	CodeTxAborted = idemgate.CodeTxAborted
+	// Deprecated: use idemgate.EventClaimed.
+	EventClaimed = idemgate.EventClaimed
+	// Deprecated: use idemgate.EventReplayed.
+	EventReplayed = idemgate.EventReplayed
+	// Deprecated: use idemgate.EventReused.
+	EventReused = idemgate.EventReused
+	// Deprecated: use idemgate.EventInProgress.
+	EventInProgress = idemgate.EventInProgress
+	// Deprecated: use idemgate.EventWaited.
+	EventWaited = idemgate.EventWaited
+	// Deprecated: use idemgate.EventReleased.
+	EventReleased = idemgate.EventReleased
+	// Deprecated: use idemgate.EventLeaseLost.
+	EventLeaseLost = idemgate.EventLeaseLost
+	// Deprecated: use idemgate.EventStoreError.
+	EventStoreError = idemgate.EventStoreError
+	// Deprecated: use idemgate.EventFailOpen.
+	EventFailOpen = idemgate.EventFailOpen
 )
 
 // TxLease returns the Lease of the route whose transaction TxStore.Begin
 // opens.
 //
-// It is idemgate.TxLease, kept here for one release.
+// Deprecated: use idemgate.TxLease, where It moved in v0.2.0.
 func TxLease(ctx context.Context) (time.Duration, bool) { return idemgate.TxLease(ctx) }
 
 // NewRedisStore returns a Store on client.
 //
-// It is redisstore.New, kept here for one release.
+// Deprecated: use redisstore.New, where It moved in v0.2.0.
 func NewRedisStore(client redis.UniversalClient) *RedisStore { return redisstore.New(client) }

@@ -15,7 +15,9 @@ import (
 	echomw "github.com/labstack/echo/v4/middleware"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // TestOnEventPanicDoesNotLockTheKey: a metrics hook that panics must not
@@ -31,9 +33,9 @@ func TestOnEventPanicDoesNotLockTheKey(t *testing.T) {
 	e := echo.New()
 	e.Use(echomw.Recover())
 	e.Use(middleware.New(middleware.Config{
-		Store: middleware.NewRedisStore(client),
+		Store: redisstore.New(client),
 		Scope: testScope,
-		OnEvent: func(context.Context, middleware.Event) {
+		OnEvent: func(context.Context, idemgate.Event) {
 			panic("hook bug")
 		},
 	}))
@@ -74,7 +76,7 @@ func TestOnEventContext(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { client.Close() })
 	type seen struct {
-		typ      middleware.EventType
+		typ      idemgate.EventType
 		value    any
 		canceled bool
 	}
@@ -82,7 +84,7 @@ func TestOnEventContext(t *testing.T) {
 		mu     sync.Mutex
 		events []seen
 	)
-	store := &lostExtend{Store: middleware.NewRedisStore(client), extended: make(chan struct{})}
+	store := &lostExtend{Store: redisstore.New(client), extended: make(chan struct{})}
 	e := echo.New()
 	e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
@@ -97,10 +99,10 @@ func TestOnEventContext(t *testing.T) {
 		Store: store,
 		Scope: testScope,
 		Lease: 30 * time.Millisecond, // renewed every 10ms
-		OnEvent: func(ctx context.Context, ev middleware.Event) {
+		OnEvent: func(ctx context.Context, ev idemgate.Event) {
 			mu.Lock()
 			defer mu.Unlock()
-			if ev.Type == middleware.EventLeaseLost && ctx.Value(eventValueKey{}) == "fast" {
+			if ev.Type == idemgate.EventLeaseLost && ctx.Value(eventValueKey{}) == "fast" {
 				// A loaded machine may run the fast handler past a
 				// renewal (10 ms); only the slow one must see one.
 				return
@@ -127,8 +129,8 @@ func TestOnEventContext(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	want := []seen{
-		{middleware.EventClaimed, "fast", false}, {middleware.EventReleased, "fast", false},
-		{middleware.EventClaimed, "slow", false}, {middleware.EventLeaseLost, "slow", false},
+		{idemgate.EventClaimed, "fast", false}, {idemgate.EventReleased, "fast", false},
+		{idemgate.EventClaimed, "slow", false}, {idemgate.EventLeaseLost, "slow", false},
 	}
 	if len(events) < len(want) {
 		t.Fatalf("events %+v, want %+v then the release", events, want)
@@ -144,14 +146,14 @@ func TestOnEventContext(t *testing.T) {
 // once on extended for a request whose context holds eventValueKey
 // "slow" (the renewal's context has the request's values).
 type lostExtend struct {
-	middleware.Store
+	idemgate.Store
 	extended chan struct{}
 	once     sync.Once
 }
 
-func (s *lostExtend) Extend(ctx context.Context, _ string, _ middleware.Token, _ time.Duration) error {
+func (s *lostExtend) Extend(ctx context.Context, _ string, _ idemgate.Token, _ time.Duration) error {
 	if ctx.Value(eventValueKey{}) == "slow" {
 		defer s.once.Do(func() { close(s.extended) })
 	}
-	return middleware.ErrLeaseLost
+	return idemgate.ErrLeaseLost
 }

@@ -22,8 +22,10 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // TestCodeRetryable: the retry hint of every code, as the wire contract
@@ -33,24 +35,24 @@ import (
 func TestCodeRetryable(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		given middleware.Code
+		given idemgate.Code
 		want  bool
 	}{
-		{middleware.CodeKeyReused, false},
-		{middleware.CodeKeyMissing, false},
-		{middleware.CodeKeyInvalid, false},
-		{middleware.CodeScopeInvalid, false},
-		{middleware.CodeBodyInvalid, false},
-		{middleware.CodeBodyTooLarge, false},
-		{middleware.CodeEncodingNotAcceptable, false},
-		{middleware.CodeResponseTooLarge, false},
-		{middleware.CodeRequestInProgress, true},
-		{middleware.CodeStoreUnavailable, true},
-		{middleware.CodeLeaseLost, true},
-		{middleware.CodeBodyTimeout, true},
-		{middleware.CodeTxConflict, true},
-		{middleware.CodeTxAborted, false},
-		{middleware.Code("made_up"), false},
+		{idemgate.CodeKeyReused, false},
+		{idemgate.CodeKeyMissing, false},
+		{idemgate.CodeKeyInvalid, false},
+		{idemgate.CodeScopeInvalid, false},
+		{idemgate.CodeBodyInvalid, false},
+		{idemgate.CodeBodyTooLarge, false},
+		{idemgate.CodeEncodingNotAcceptable, false},
+		{idemgate.CodeResponseTooLarge, false},
+		{idemgate.CodeRequestInProgress, true},
+		{idemgate.CodeStoreUnavailable, true},
+		{idemgate.CodeLeaseLost, true},
+		{idemgate.CodeBodyTimeout, true},
+		{idemgate.CodeTxConflict, true},
+		{idemgate.CodeTxAborted, false},
+		{idemgate.Code("made_up"), false},
 	}
 	for _, tt := range tests {
 		if got := tt.given.Retryable(); got != tt.want {
@@ -64,12 +66,12 @@ func TestCodeRetryable(t *testing.T) {
 // retry headers are set before it runs.
 func TestErrorHandlerGetsTheProblem(t *testing.T) {
 	t.Parallel()
-	var got []middleware.Problem
+	var got []idemgate.Problem
 	entered, release := make(chan struct{}), make(chan struct{})
 	v := newEnv(t, func(c *middleware.Config) {
 		c.Fingerprint = fingerprint.Spec{Fields: []string{"/prompt", "/n"}}
 		c.MismatchStatus = http.StatusUnprocessableEntity
-		c.ErrorHandler = func(c echo.Context, p middleware.Problem) error {
+		c.ErrorHandler = func(c echo.Context, p idemgate.Problem) error {
 			got = append(got, p)
 			return c.JSON(p.Status, map[string]any{"error": string(p.Code), "retry": c.Response().Header().Get("X-Should-Retry")})
 		}
@@ -95,14 +97,14 @@ func TestErrorHandlerGetsTheProblem(t *testing.T) {
 	if rec.Code != 409 || rec.Header().Get("X-Should-Retry") != "true" || rec.Header().Get("Retry-After") == "" {
 		t.Errorf("request_in_progress through the handler = %d %v", rec.Code, rec.Header())
 	}
-	want := []middleware.Problem{
-		{Status: 422, Code: middleware.CodeKeyReused, Title: "Idempotency key reused",
+	want := []idemgate.Problem{
+		{Status: 422, Code: idemgate.CodeKeyReused, Title: "Idempotency key reused",
 			Detail:  "This idempotency key was already used with other request parameters. Send a new key for new parameters.",
 			Changed: []string{"/prompt"}},
-		{Status: 409, Code: middleware.CodeRequestInProgress, Title: "Request in progress",
+		{Status: 409, Code: idemgate.CodeRequestInProgress, Title: "Request in progress",
 			Detail: "A request with this idempotency key is still running; retry later.", RetryAfter: 10 * time.Second},
 	}
-	if !slices.EqualFunc(got, want, func(a, b middleware.Problem) bool {
+	if !slices.EqualFunc(got, want, func(a, b idemgate.Problem) bool {
 		return a.Status == b.Status && a.Code == b.Code && a.Title == b.Title && a.Detail == b.Detail &&
 			a.RetryAfter == b.RetryAfter && slices.Equal(a.Changed, b.Changed)
 	}) {
@@ -117,29 +119,29 @@ func TestCarelessErrorHandler(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name       string
-		given      func(c echo.Context, p middleware.Problem) error
+		given      func(c echo.Context, p idemgate.Problem) error
 		wantStatus int
 		wantBody   string // prefix
 	}{
 		{name: "returns nil without writing: the default problem",
-			given:      func(echo.Context, middleware.Problem) error { return nil },
+			given:      func(echo.Context, idemgate.Problem) error { return nil },
 			wantStatus: 409, wantBody: `{"type":"https://github.com/idemgate/idemgate#key_reused"`},
 		{name: "writes twice: the first answer only",
-			given: func(c echo.Context, p middleware.Problem) error {
+			given: func(c echo.Context, p idemgate.Problem) error {
 				_ = c.String(p.Status, "first")
 				return c.String(http.StatusOK, "second")
 			},
 			wantStatus: 409, wantBody: "firstsecond"}, // echo keeps the status; the body is the handler's own doing
 		{name: "returns an error: echo's error handler answers it",
-			given: func(echo.Context, middleware.Problem) error {
+			given: func(echo.Context, idemgate.Problem) error {
 				return echo.NewHTTPError(http.StatusTeapot, "envelope broke")
 			},
 			wantStatus: http.StatusTeapot, wantBody: `{"message":"envelope broke"}`},
 		{name: "returns a plain error: 500",
-			given:      func(echo.Context, middleware.Problem) error { return errors.New("boom") },
+			given:      func(echo.Context, idemgate.Problem) error { return errors.New("boom") },
 			wantStatus: 500, wantBody: `{"message":"Internal Server Error"}`},
 		{name: "panics: echo's Recover answers 500",
-			given:      func(echo.Context, middleware.Problem) error { panic("envelope bug") },
+			given:      func(echo.Context, idemgate.Problem) error { panic("envelope bug") },
 			wantStatus: 500},
 	}
 	for _, tt := range tests {
@@ -147,7 +149,7 @@ func TestCarelessErrorHandler(t *testing.T) {
 			t.Parallel()
 			v := newEnv(t, func(c *middleware.Config) { c.ErrorHandler = tt.given }, func(c echo.Context, n int64) error {
 				if strings.Contains(c.Request().Header.Get("X-Mode"), "reused") {
-					return middleware.ErrKeyReused // the handler's own store found the key taken
+					return idemgate.ErrKeyReused // the handler's own store found the key taken
 				}
 				return defaultHandler(c, n)
 			})
@@ -215,7 +217,7 @@ func TestEveryAnswerHintAgrees(t *testing.T) {
 		first     *req // sent (and answered) before the request under test
 		when      func(*env) *httptest.ResponseRecorder
 		status    int
-		code      middleware.Code // "" for an answer that is not a problem
+		code      idemgate.Code // "" for an answer that is not a problem
 		retry     bool
 		retryWait string // Retry-After when retry, "" for any
 	}{
@@ -259,7 +261,7 @@ func TestEveryAnswerHintAgrees(t *testing.T) {
 			}, status: 409, code: "request_in_progress", retry: true},
 		{name: "key reused", first: &req{key: "k", body: `{"a":1}`},
 			when: func(v *env) *httptest.ResponseRecorder { return v.do(req{key: "k", body: `{"a":2}`}) }, status: 409, code: "key_reused"},
-		{name: "handler's store found the key reused", handler: func(echo.Context, int64) error { return middleware.ErrKeyReused },
+		{name: "handler's store found the key reused", handler: func(echo.Context, int64) error { return idemgate.ErrKeyReused },
 			when: func(v *env) *httptest.ResponseRecorder { return v.do(req{key: "k", body: imageBody}) }, status: 409, code: "key_reused"},
 		{name: "stored encoding not acceptable",
 			handler: func(c echo.Context, n int64) error {
@@ -277,7 +279,7 @@ func TestEveryAnswerHintAgrees(t *testing.T) {
 				return rec
 			}, status: 406, code: "encoding_not_acceptable"},
 		{name: "store unavailable",
-			store: func(s *txStore) { s.Store = middleware.NewRedisStore(closedRedis(t)) },
+			store: func(s *txStore) { s.Store = redisstore.New(closedRedis(t)) },
 			when:  func(v *env) *httptest.ResponseRecorder { return v.do(req{key: "k", body: imageBody}) }, status: 503, code: "store_unavailable", retry: true, retryWait: "1"},
 		{name: "atomic: begin fails", atomic: true, store: func(s *txStore) { s.beginErr = errors.New("no connection") },
 			when: func(v *env) *httptest.ResponseRecorder { return v.do(req{key: "k", body: imageBody}) }, status: 503, code: "store_unavailable", retry: true, retryWait: "1"},
@@ -286,23 +288,23 @@ func TestEveryAnswerHintAgrees(t *testing.T) {
 		{name: "atomic: lease lost", atomic: true, store: func(s *txStore) { s.loseNext.Store(true) },
 			when: func(v *env) *httptest.ResponseRecorder { return v.do(req{key: "k", body: imageBody}) }, status: 503, code: "lease_lost", retry: true, retryWait: "1"},
 		{name: "atomic: commit conflict", atomic: true,
-			store: func(s *txStore) { s.commitErr = fmt.Errorf("pgrecords: commit: %w: 40001", middleware.ErrTxConflict) },
+			store: func(s *txStore) { s.commitErr = fmt.Errorf("pgrecords: commit: %w: 40001", idemgate.ErrTxConflict) },
 			when:  func(v *env) *httptest.ResponseRecorder { return v.do(req{key: "k", body: imageBody}) }, status: 503, code: "transaction_conflict", retry: true, retryWait: "1"},
 		{name: "atomic: commit conflict without a key", atomic: true,
-			store: func(s *txStore) { s.commitErr = fmt.Errorf("pgrecords: commit: %w: 40001", middleware.ErrTxConflict) },
+			store: func(s *txStore) { s.commitErr = fmt.Errorf("pgrecords: commit: %w: 40001", idemgate.ErrTxConflict) },
 			when:  func(v *env) *httptest.ResponseRecorder { return v.do(req{body: imageBody}) }, status: 503, code: "transaction_conflict", retry: true, retryWait: "1"},
 		{name: "atomic: handler broke its transaction, seen at commit", atomic: true,
-			store: func(s *txStore) { s.commitErr = fmt.Errorf("pgrecords: commit: %w", middleware.ErrTxAborted) },
+			store: func(s *txStore) { s.commitErr = fmt.Errorf("pgrecords: commit: %w", idemgate.ErrTxAborted) },
 			when:  func(v *env) *httptest.ResponseRecorder { return v.do(req{key: "k", body: imageBody}) }, status: 500, code: "transaction_aborted"},
 		{name: "atomic: handler broke its transaction, seen at rollback", atomic: true,
-			store:   func(s *txStore) { s.rollbackErr = fmt.Errorf("pgrecords: rollback: %w", middleware.ErrTxAborted) },
+			store:   func(s *txStore) { s.rollbackErr = fmt.Errorf("pgrecords: rollback: %w", idemgate.ErrTxAborted) },
 			handler: func(echo.Context, int64) error { return errors.New("the handler failed") },
 			when:    func(v *env) *httptest.ResponseRecorder { return v.do(req{key: "k", body: imageBody}) }, status: 500, code: "transaction_aborted"},
 		{name: "atomic: handler broke its transaction, no key", atomic: true,
-			store: func(s *txStore) { s.commitErr = fmt.Errorf("pgrecords: commit: %w", middleware.ErrTxAborted) },
+			store: func(s *txStore) { s.commitErr = fmt.Errorf("pgrecords: commit: %w", idemgate.ErrTxAborted) },
 			when:  func(v *env) *httptest.ResponseRecorder { return v.do(req{body: imageBody}) }, status: 500, code: "transaction_aborted"},
 		{name: "atomic: database refused the commit", atomic: true,
-			store: func(s *txStore) { s.commitErr = fmt.Errorf("pgrecords: commit: %w: 23503", middleware.ErrTxRefused) },
+			store: func(s *txStore) { s.commitErr = fmt.Errorf("pgrecords: commit: %w: 23503", idemgate.ErrTxRefused) },
 			when:  func(v *env) *httptest.ResponseRecorder { return v.do(req{key: "k", body: imageBody}) }, status: 500},
 		{name: "atomic: answer too large to store", atomic: true,
 			handler: func(c echo.Context, n int64) error { return c.String(http.StatusCreated, big) },
@@ -326,7 +328,7 @@ func TestEveryAnswerHintAgrees(t *testing.T) {
 			},
 			when: func(v *env) *httptest.ResponseRecorder { return v.do(req{key: "k", body: imageBody}) }, status: 503, code: "response_too_large", retry: true, retryWait: "1"},
 	}
-	seen := map[middleware.Code]bool{}
+	seen := map[idemgate.Code]bool{}
 	for _, tt := range tests {
 		seen[tt.code] = true
 		t.Run(tt.name, func(t *testing.T) {
@@ -336,7 +338,7 @@ func TestEveryAnswerHintAgrees(t *testing.T) {
 				mr := miniredis.RunT(t)
 				client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 				t.Cleanup(func() { client.Close() })
-				s := &txStore{Store: middleware.NewRedisStore(client)}
+				s := &txStore{Store: redisstore.New(client)}
 				if tt.store != nil {
 					tt.store(s)
 				}
@@ -375,7 +377,7 @@ func TestEveryAnswerHintAgrees(t *testing.T) {
 			case doc.Code != string(tt.code) || doc.Status != rec.Code || !strings.HasSuffix(doc.Type, "#"+string(tt.code)):
 				t.Errorf("problem document %s, want code %s and status %d", rec.Body, tt.code, rec.Code)
 			}
-			if tt.code != "" && tt.code != middleware.CodeResponseTooLarge && tt.code.Retryable() != tt.retry {
+			if tt.code != "" && tt.code != idemgate.CodeResponseTooLarge && tt.code.Retryable() != tt.retry {
 				t.Errorf("%s.Retryable() = %v, but the answer says x-should-retry %v", tt.code, tt.code.Retryable(), tt.retry)
 			}
 		})
@@ -413,13 +415,13 @@ func checkHint(t *testing.T, rec *httptest.ResponseRecorder, retry bool, want st
 // declaredCodes returns every constant of type Code declared in the
 // root package's problem.go: a code added without a path in the walk above
 // fails it.
-func declaredCodes(t *testing.T) []middleware.Code {
+func declaredCodes(t *testing.T) []idemgate.Code {
 	t.Helper()
 	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join("..", "problem.go"), nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var codes []middleware.Code
+	var codes []idemgate.Code
 	for _, d := range f.Decls {
 		g, ok := d.(*ast.GenDecl)
 		if !ok || g.Tok != token.CONST {
@@ -439,7 +441,7 @@ func declaredCodes(t *testing.T) []middleware.Code {
 				if err != nil {
 					t.Fatal(err)
 				}
-				codes = append(codes, middleware.Code(s))
+				codes = append(codes, idemgate.Code(s))
 			}
 		}
 	}

@@ -12,31 +12,33 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // callCounter counts every call to a Store, and a TxStore's Begin.
 type callCounter struct {
-	middleware.Store
+	idemgate.Store
 	calls atomic.Int64
 }
 
-func (s *callCounter) Claim(ctx context.Context, key string, r middleware.ClaimRequest) (middleware.ClaimResult, error) {
+func (s *callCounter) Claim(ctx context.Context, key string, r idemgate.ClaimRequest) (idemgate.ClaimResult, error) {
 	s.calls.Add(1)
 	return s.Store.Claim(ctx, key, r)
 }
 
-func (s *callCounter) Extend(ctx context.Context, key string, token middleware.Token, lease time.Duration) error {
+func (s *callCounter) Extend(ctx context.Context, key string, token idemgate.Token, lease time.Duration) error {
 	s.calls.Add(1)
 	return s.Store.Extend(ctx, key, token, lease)
 }
 
-func (s *callCounter) Complete(ctx context.Context, key string, token middleware.Token, resp middleware.Response, retention time.Duration) error {
+func (s *callCounter) Complete(ctx context.Context, key string, token idemgate.Token, resp idemgate.Response, retention time.Duration) error {
 	s.calls.Add(1)
 	return s.Store.Complete(ctx, key, token, resp, retention)
 }
 
-func (s *callCounter) Release(ctx context.Context, key string, token middleware.Token) error {
+func (s *callCounter) Release(ctx context.Context, key string, token idemgate.Token) error {
 	s.calls.Add(1)
 	return s.Store.Release(ctx, key, token)
 }
@@ -127,7 +129,7 @@ func TestUnroutedRequestCostsNothing(t *testing.T) {
 			mr := miniredis.RunT(t)
 			client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 			t.Cleanup(func() { client.Close() })
-			store := &callCounter{Store: middleware.NewRedisStore(client)}
+			store := &callCounter{Store: redisstore.New(client)}
 			e := echo.New()
 			tt.given(e, middleware.New(middleware.Config{Store: store, Scope: testScope, Required: true, Methods: tt.methods}))
 			rec := httptest.NewRecorder()
@@ -147,7 +149,7 @@ func TestRouteAddedAfterA404IsProtected(t *testing.T) {
 	mr := miniredis.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { client.Close() })
-	store := &callCounter{Store: middleware.NewRedisStore(client)}
+	store := &callCounter{Store: redisstore.New(client)}
 	e := echo.New()
 	e.Use(middleware.New(middleware.Config{Store: store, Scope: testScope}))
 	send := func() int {
@@ -177,7 +179,7 @@ func TestUnroutedAtomicRequestOpensNoTransaction(t *testing.T) {
 	mr := miniredis.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { client.Close() })
-	s := &txStore{Store: middleware.NewRedisStore(client)}
+	s := &txStore{Store: redisstore.New(client)}
 	e := echo.New()
 	e.Use(middleware.New(middleware.Config{Store: s, Scope: testScope, Atomic: true}))
 	e.GET("/v1/images", func(c echo.Context) error { return c.String(http.StatusOK, "list") })

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // TestDecompressOutside: echo's Decompress outside the middleware
@@ -27,7 +28,7 @@ func TestDecompressOutside(t *testing.T) {
 	t.Cleanup(func() { client.Close() })
 	e := echo.New()
 	e.Use(echomw.Decompress())
-	e.Use(middleware.New(middleware.Config{Store: middleware.NewRedisStore(client), Scope: testScope, Fingerprint: fingerprint.Spec{Fields: []string{"/prompt"}}}))
+	e.Use(middleware.New(middleware.Config{Store: redisstore.New(client), Scope: testScope, Fingerprint: fingerprint.Spec{Fields: []string{"/prompt"}}}))
 	e.POST("/v1/tasks", func(c echo.Context) error {
 		var got struct {
 			Prompt string `json:"prompt"`
@@ -67,7 +68,7 @@ func TestPreRouting(t *testing.T) {
 	mr := miniredis.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { client.Close() })
-	v := &env{e: echo.New(), mr: mr, client: client, store: middleware.NewRedisStore(client), events: &recorder{}}
+	v := &env{e: echo.New(), mr: mr, client: client, store: redisstore.New(client), events: &recorder{}}
 	v.e.Pre(middleware.New(middleware.Config{Store: v.store, Scope: testScope}))
 	v.e.POST("/v1/orders/:id/refund", func(c echo.Context) error {
 		var got refund

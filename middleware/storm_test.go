@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // TestStorm: 200 concurrent identical requests with one key against a real
@@ -56,7 +57,7 @@ func TestStorm(t *testing.T) {
 				t.Cleanup(func() { client.Close() })
 				e := echo.New()
 				e.POST("/v1/images", handler, middleware.New(middleware.Config{
-					Store:        middleware.NewRedisStore(client),
+					Store:        redisstore.New(client),
 					Scope:        testScope,
 					WaitInFlight: tt.given.wait,
 				}))

@@ -13,10 +13,12 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/proxy"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/internal/wait"
 	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // TestLostClaimReplyReal: Redis runs the claim but its reply arrives after
@@ -39,7 +41,7 @@ func TestLostClaimReplyReal(t *testing.T) {
 	o.MaxRetries = -1 // one lost reply is the case; go-redis's resends are TestResentClaim's
 	client := redis.NewClient(&o)
 	t.Cleanup(func() { client.Close() })
-	v := newEnvOn(t, nil, client, middleware.NewRedisStore(client), nil, nil)
+	v := newEnvOn(t, nil, client, redisstore.New(client), nil, nil)
 
 	// Warm up: the scripts are loaded and a connection is pooled, so the
 	// next reply on the wire is the claim's.
@@ -63,17 +65,17 @@ func TestLostClaimReplyReal(t *testing.T) {
 // lostReply is a Store whose next Claim runs but whose answer is lost
 // (lose), or fails without running (fail).
 type lostReply struct {
-	middleware.Store
+	idemgate.Store
 	lose, fail atomic.Bool
 }
 
-func (s *lostReply) Claim(ctx context.Context, key string, r middleware.ClaimRequest) (middleware.ClaimResult, error) {
+func (s *lostReply) Claim(ctx context.Context, key string, r idemgate.ClaimRequest) (idemgate.ClaimResult, error) {
 	if s.fail.Swap(false) {
-		return middleware.ClaimResult{}, errors.New("connection refused")
+		return idemgate.ClaimResult{}, errors.New("connection refused")
 	}
 	res, err := s.Store.Claim(ctx, key, r)
 	if err == nil && s.lose.Swap(false) {
-		return middleware.ClaimResult{}, errors.New("i/o timeout")
+		return idemgate.ClaimResult{}, errors.New("i/o timeout")
 	}
 	return res, err
 }
@@ -100,7 +102,7 @@ func TestLostClaimReply(t *testing.T) {
 			mr := miniredis.RunT(t)
 			client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 			t.Cleanup(func() { client.Close() })
-			store := &lostReply{Store: middleware.NewRedisStore(client)}
+			store := &lostReply{Store: redisstore.New(client)}
 			v := newEnvOn(t, mr, client, store, func(c *middleware.Config) { c.FailOpen = tt.failOpen }, nil)
 			store.lose.Store(true)
 			tt.want.check(t, v, v.do(req{key: "k", body: imageBody}))
@@ -119,7 +121,7 @@ func TestLostClaimReply(t *testing.T) {
 		mr := miniredis.RunT(t)
 		client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 		t.Cleanup(func() { client.Close() })
-		store := &lostReply{Store: middleware.NewRedisStore(client)}
+		store := &lostReply{Store: redisstore.New(client)}
 		v := newEnvOn(t, mr, client, store, nil, func(c echo.Context, n int64) error {
 			if n == 1 {
 				close(entered)

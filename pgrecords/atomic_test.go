@@ -19,10 +19,12 @@ import (
 	echomw "github.com/labstack/echo/v4/middleware"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/internal/wait"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // ledgerDDL is the handler's own table in the Atomic tests: one row per
@@ -39,7 +41,7 @@ type atomicNode struct {
 	entry chan struct{} // X-Mode "wait" and "late": a send when the handler blocks
 }
 
-func newAtomicNode(t *testing.T, name string, store middleware.Store, configure func(*middleware.Config)) *atomicNode {
+func newAtomicNode(t *testing.T, name string, store idemgate.Store, configure func(*middleware.Config)) *atomicNode {
 	t.Helper()
 	n := &atomicNode{e: echo.New(), gate: make(chan struct{}), entry: make(chan struct{}, 16)}
 	cfg := middleware.Config{
@@ -188,7 +190,7 @@ func TestAtomicRollsBack(t *testing.T) {
 		{mode: "panic", wantStatus: 500},
 		{mode: "500", wantStatus: 500},
 		{mode: "409", wantStatus: 409},
-		{mode: "big", wantStatus: 500, wantCode: string(middleware.CodeResponseTooLarge)},
+		{mode: "big", wantStatus: 500, wantCode: string(idemgate.CodeResponseTooLarge)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.mode, func(t *testing.T) {
@@ -266,7 +268,7 @@ func TestAtomicConfig(t *testing.T) {
 	scope := func(echo.Context) (string, string, error) { return "t", "u", nil }
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	t.Cleanup(func() { rdb.Close() })
-	_, err := middleware.Config{Store: middleware.NewRedisStore(rdb), Scope: scope, Atomic: true}.ToMiddleware()
+	_, err := middleware.Config{Store: redisstore.New(rdb), Scope: scope, Atomic: true}.ToMiddleware()
 	if err == nil || !strings.Contains(err.Error(), "TxStore") {
 		t.Errorf("Atomic on Redis: err = %v, want one naming TxStore", err)
 	}
@@ -296,7 +298,7 @@ func TestAtomicConfig(t *testing.T) {
 // the handler runs, as a node's do when it cannot reach the database.
 type stalled struct{ *pgrecords.Store }
 
-func (stalled) Extend(context.Context, string, middleware.Token, time.Duration) error { return nil }
+func (stalled) Extend(context.Context, string, idemgate.Token, time.Duration) error { return nil }
 
 // TestAtomicLostClaimCannotCommit: a node whose claim ran out while its
 // handler ran, and whose key another node took over and finished, cannot

@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/testenv"
-	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
 )
 
@@ -56,7 +56,7 @@ func BenchmarkReplay(b *testing.B) {
 		b.ReportAllocs()
 		for i := 0; b.Loop(); i++ {
 			res, err := s.Claim(ctx, keys[i%n], req)
-			if err != nil || res.Status != middleware.Finished {
+			if err != nil || res.Status != idemgate.Finished {
 				b.Fatal(res.Status, err)
 			}
 		}
@@ -93,7 +93,7 @@ func TestAllocsPerClaim(t *testing.T) {
 	s := newStore(t, newPool(t, testenv.PostgresDSN(t)))
 	finished := key()
 	req := request(time.Hour)
-	mustClaim(t, s, finished, req, middleware.Claimed)
+	mustClaim(t, s, finished, req, idemgate.Claimed)
 	if err := s.Complete(ctx, finished, req.Token, sample(), time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func TestAllocsPerClaim(t *testing.T) {
 		"miss": testing.AllocsPerRun(200, func() {
 			i++
 			k := finished + "-miss-" + strconv.Itoa(i)
-			if res, err := s.Claim(ctx, k, req); err != nil || res.Status != middleware.Claimed {
+			if res, err := s.Claim(ctx, k, req); err != nil || res.Status != idemgate.Claimed {
 				t.Fatal(res.Status, err)
 			}
 			if err := s.Complete(ctx, k, req.Token, sample(), time.Hour); err != nil {
@@ -112,17 +112,17 @@ func TestAllocsPerClaim(t *testing.T) {
 			}
 		}),
 		"replay": testing.AllocsPerRun(200, func() {
-			if res, err := s.Claim(ctx, finished, req); err != nil || res.Status != middleware.Finished {
+			if res, err := s.Claim(ctx, finished, req); err != nil || res.Status != idemgate.Finished {
 				t.Fatal(res.Status, err)
 			}
 		}),
 		"replay, context.Background()": testing.AllocsPerRun(200, func() {
-			if res, err := s.Claim(context.Background(), finished, req); err != nil || res.Status != middleware.Finished {
+			if res, err := s.Claim(context.Background(), finished, req); err != nil || res.Status != idemgate.Finished {
 				t.Fatal(res.Status, err)
 			}
 		}),
 		"conflict": testing.AllocsPerRun(200, func() {
-			if res, err := s.Claim(ctx, finished, other); err != nil || res.Status != middleware.Mismatch {
+			if res, err := s.Claim(ctx, finished, other); err != nil || res.Status != idemgate.Mismatch {
 				t.Fatal(res.Status, err)
 			}
 		}),

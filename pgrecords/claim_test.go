@@ -15,9 +15,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/testenv"
-	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
 )
 
@@ -32,11 +32,11 @@ func TestMismatchResponseStaysInDatabase(t *testing.T) {
 	k := key()
 	req := request(time.Minute)
 	req.Fields = []fingerprint.FieldSum{{1, 2, 3, 4}}
-	mustClaim(t, s, k, req, middleware.Claimed)
+	mustClaim(t, s, k, req, idemgate.Claimed)
 	if err := s.Complete(testCtx(t), k, req.Token, sample(), time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	response := func(r middleware.ClaimRequest) []byte {
+	response := func(r idemgate.ClaimRequest) []byte {
 		t.Helper()
 		vals, err := pool.Query(testCtx(t), pgrecords.SQLClaim, k, [16]byte(token()), pgrecords.Ident(r), []byte(nil), int64(1000000))
 		if err != nil {
@@ -54,13 +54,13 @@ func TestMismatchResponseStaysInDatabase(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name    string
-		edit    func(*middleware.ClaimRequest)
+		edit    func(*idemgate.ClaimRequest)
 		changed bool
 	}{
-		{"fingerprint", func(r *middleware.ClaimRequest) { r.Fingerprint += "x" }, true},
-		{"owner", func(r *middleware.ClaimRequest) { r.Owner += "x" }, false},
-		{"kind", func(r *middleware.ClaimRequest) { r.Kind = "Image" }, false},
-		{"owner and kind shifted", func(r *middleware.ClaimRequest) { r.Owner, r.Kind = r.Owner+"i", r.Kind[1:] }, false},
+		{"fingerprint", func(r *idemgate.ClaimRequest) { r.Fingerprint += "x" }, true},
+		{"owner", func(r *idemgate.ClaimRequest) { r.Owner += "x" }, false},
+		{"kind", func(r *idemgate.ClaimRequest) { r.Kind = "Image" }, false},
+		{"owner and kind shifted", func(r *idemgate.ClaimRequest) { r.Owner, r.Kind = r.Owner+"i", r.Kind[1:] }, false},
 	} {
 		r := req
 		r.Token = token()
@@ -69,7 +69,7 @@ func TestMismatchResponseStaysInDatabase(t *testing.T) {
 		if b := response(r); b != nil {
 			t.Errorf("%s: the claim statement returned the stored response (%d bytes)", c.name, len(b))
 		}
-		res := mustClaim(t, s, k, r, middleware.Mismatch)
+		res := mustClaim(t, s, k, r, idemgate.Mismatch)
 		if (res.Changed != nil) != c.changed || res.Response.Status != 0 || res.Response.Body != nil {
 			t.Errorf("%s: %+v, want a bare mismatch (changed fields only for the record's owner and kind)", c.name, res)
 		}
@@ -79,7 +79,7 @@ func TestMismatchResponseStaysInDatabase(t *testing.T) {
 	}
 	r := req
 	r.Token = token()
-	if res := mustClaim(t, s, k, r, middleware.Finished); !bytes.Equal(res.Response.Body, sample().Body) {
+	if res := mustClaim(t, s, k, r, idemgate.Finished); !bytes.Equal(res.Response.Body, sample().Body) {
 		t.Errorf("matching request: body %q, want the replay", res.Response.Body)
 	}
 }
@@ -112,7 +112,7 @@ func TestTableIsBuiltForHOT(t *testing.T) {
 	for range 200 {
 		k := key()
 		req := request(time.Minute)
-		mustClaim(t, s, k, req, middleware.Claimed)
+		mustClaim(t, s, k, req, idemgate.Claimed)
 		if err := s.Extend(testCtx(t), k, req.Token, time.Minute); err != nil {
 			t.Fatal(err)
 		}
@@ -153,8 +153,8 @@ func TestClaimCopiesOutOfTheReadBuffer(t *testing.T) {
 			}
 			type record struct {
 				key  string
-				req  middleware.ClaimRequest
-				resp middleware.Response
+				req  idemgate.ClaimRequest
+				resp idemgate.Response
 			}
 			records := make([]record, 64)
 			for i := range records {
@@ -162,19 +162,19 @@ func TestClaimCopiesOutOfTheReadBuffer(t *testing.T) {
 				for j := range body {
 					body[j] = byte(rng.Uint32())
 				}
-				r := record{key: key(), req: request(time.Minute), resp: middleware.Response{Status: 200 + i, Body: body,
+				r := record{key: key(), req: request(time.Minute), resp: idemgate.Response{Status: 200 + i, Body: body,
 					Header: http.Header{"X-Key": {fmt.Sprint(i), strings.Repeat(fmt.Sprint(i%10), i)}, "X-Other": {fmt.Sprint(-i)}}}}
-				mustClaim(t, s, r.key, r.req, middleware.Claimed)
+				mustClaim(t, s, r.key, r.req, idemgate.Claimed)
 				if err := s.Complete(testCtx(t), r.key, r.req.Token, r.resp, time.Hour); err != nil {
 					t.Fatal(err)
 				}
 				records[i] = r
 			}
 			const goroutines, claims = 12, 80
-			kept := make([][]middleware.Response, goroutines) // kept[g][n] is records[(g*31+n*7)%64]'s
+			kept := make([][]idemgate.Response, goroutines) // kept[g][n] is records[(g*31+n*7)%64]'s
 			var wg sync.WaitGroup
 			for g := range goroutines {
-				kept[g] = make([]middleware.Response, claims)
+				kept[g] = make([]idemgate.Response, claims)
 				wg.Go(func() {
 					for n := range claims {
 						if g%4 == 0 && n%3 == 0 { // a new key: other bytes through the buffer
@@ -188,7 +188,7 @@ func TestClaimCopiesOutOfTheReadBuffer(t *testing.T) {
 						again := records[i].req
 						again.Token = token()
 						res, err := s.Claim(testCtx(t), records[i].key, again)
-						if err != nil || res.Status != middleware.Finished {
+						if err != nil || res.Status != idemgate.Finished {
 							t.Errorf("claim of record %d: %v, %v", i, res.Status, err)
 							return
 						}
@@ -235,7 +235,7 @@ func TestClaimExecModesAgree(t *testing.T) {
 	req.Fields = []fingerprint.FieldSum{{1, 2, 3, 4}, {5, 6, 7, 8}, {10, 11, 12, 13}}
 	running, pinned, far, nullResponse := key(), key(), key(), key()
 	for _, k := range []string{running, pinned, far, nullResponse} {
-		mustClaim(t, w, k, req, middleware.Claimed)
+		mustClaim(t, w, k, req, idemgate.Claimed)
 	}
 	if _, err := admin.Exec(testCtx(t), `UPDATE idemgate_records SET expires_at = 'infinity' WHERE key = $1`, pinned); err != nil {
 		t.Fatal(err)
@@ -260,18 +260,18 @@ func TestClaimExecModesAgree(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res := mustClaim(t, s, running, other, middleware.Running); res.RetryAfter < lease/2 || res.RetryAfter > lease {
+		if res := mustClaim(t, s, running, other, idemgate.Running); res.RetryAfter < lease/2 || res.RetryAfter > lease {
 			t.Errorf("%s: RetryAfter %v for a record with a lease of %v", mode, res.RetryAfter, lease)
 		}
-		res := mustClaim(t, s, pinned, other, middleware.Running)
+		res := mustClaim(t, s, pinned, other, idemgate.Running)
 		if res.RetryAfter < 0 {
 			t.Errorf("%s: RetryAfter %v for a record pinned to infinity", mode, res.RetryAfter)
 		}
 		pinnedRetry = append(pinnedRetry, res.RetryAfter)
-		if res := mustClaim(t, s, far, other, middleware.Running); res.RetryAfter != math.MaxInt64 {
+		if res := mustClaim(t, s, far, other, idemgate.Running); res.RetryAfter != math.MaxInt64 {
 			t.Errorf("%s: RetryAfter %v for a record pinned 300 years ahead, want math.MaxInt64", mode, res.RetryAfter)
 		}
-		if res := mustClaim(t, s, running, changed, middleware.Mismatch); !slices.Equal(res.Changed, []int{0}) {
+		if res := mustClaim(t, s, running, changed, idemgate.Mismatch); !slices.Equal(res.Changed, []int{0}) {
 			t.Errorf("%s: changed fields %v, want [0]", mode, res.Changed)
 		}
 		if res, err := s.Claim(testCtx(t), nullResponse, other); err == nil {

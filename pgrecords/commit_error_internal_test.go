@@ -4,9 +4,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/idemgate/idemgate"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/idemgate/idemgate/middleware"
 )
 
 // TestCommitErrorClassification: what a failed COMMIT that the server
@@ -25,15 +24,15 @@ func TestCommitErrorClassification(t *testing.T) {
 		given error
 		want  error // nil: the store's
 	}{
-		{name: "division by zero in a deferred trigger", given: &pgconn.PgError{Severity: "ERROR", Code: "22012"}, want: middleware.ErrTxRefused},
-		{name: "value out of range", given: &pgconn.PgError{Severity: "ERROR", Code: "22003"}, want: middleware.ErrTxRefused},
-		{name: "deferred foreign key", given: &pgconn.PgError{Severity: "ERROR", Code: "23503"}, want: middleware.ErrTxRefused},
-		{name: "trigger raised", given: &pgconn.PgError{Severity: "ERROR", Code: "P0001"}, want: middleware.ErrTxRefused},
-		{name: "trigger lacks a right", given: &pgconn.PgError{Severity: "ERROR", Code: "42501"}, want: middleware.ErrTxRefused},
-		{name: "transaction integrity constraint", given: &pgconn.PgError{Severity: "ERROR", Code: "40002"}, want: middleware.ErrTxRefused},
-		{name: "index row too large", given: &pgconn.PgError{Severity: "ERROR", Code: "54000"}, want: middleware.ErrTxRefused},
-		{name: "serialization failure", given: &pgconn.PgError{Severity: "ERROR", Code: "40001"}, want: middleware.ErrTxConflict},
-		{name: "deadlock", given: &pgconn.PgError{Severity: "ERROR", Code: "40P01"}, want: middleware.ErrTxConflict},
+		{name: "division by zero in a deferred trigger", given: &pgconn.PgError{Severity: "ERROR", Code: "22012"}, want: idemgate.ErrTxRefused},
+		{name: "value out of range", given: &pgconn.PgError{Severity: "ERROR", Code: "22003"}, want: idemgate.ErrTxRefused},
+		{name: "deferred foreign key", given: &pgconn.PgError{Severity: "ERROR", Code: "23503"}, want: idemgate.ErrTxRefused},
+		{name: "trigger raised", given: &pgconn.PgError{Severity: "ERROR", Code: "P0001"}, want: idemgate.ErrTxRefused},
+		{name: "trigger lacks a right", given: &pgconn.PgError{Severity: "ERROR", Code: "42501"}, want: idemgate.ErrTxRefused},
+		{name: "transaction integrity constraint", given: &pgconn.PgError{Severity: "ERROR", Code: "40002"}, want: idemgate.ErrTxRefused},
+		{name: "index row too large", given: &pgconn.PgError{Severity: "ERROR", Code: "54000"}, want: idemgate.ErrTxRefused},
+		{name: "serialization failure", given: &pgconn.PgError{Severity: "ERROR", Code: "40001"}, want: idemgate.ErrTxConflict},
+		{name: "deadlock", given: &pgconn.PgError{Severity: "ERROR", Code: "40P01"}, want: idemgate.ErrTxConflict},
 		{name: "statement completion unknown", given: &pgconn.PgError{Severity: "ERROR", Code: "40003"}},
 		{name: "lock not available", given: &pgconn.PgError{Severity: "ERROR", Code: "55P03"}},
 		{name: "query canceled", given: &pgconn.PgError{Severity: "ERROR", Code: "57014"}},
@@ -48,7 +47,7 @@ func TestCommitErrorClassification(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := commitError(tt.given)
-			for _, sentinel := range []error{middleware.ErrTxRefused, middleware.ErrTxConflict} {
+			for _, sentinel := range []error{idemgate.ErrTxRefused, idemgate.ErrTxConflict} {
 				if errors.Is(got, sentinel) != (sentinel == tt.want) {
 					t.Errorf("commitError(%v) = %v; errors.Is(%v) = %v", tt.given, got, sentinel, !(sentinel == tt.want))
 				}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/proxy"
 	"github.com/idemgate/idemgate/internal/wait"
 	"github.com/idemgate/idemgate/middleware"
@@ -78,7 +79,7 @@ func TestAtomicCommitFailures(t *testing.T) {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	var events []middleware.Event
+	var events []idemgate.Event
 	interfere := map[string]func(ctx context.Context, key string){
 		// Another serializable transaction reads what the handler writes
 		// and writes what it read, and commits first.
@@ -185,7 +186,7 @@ func TestAtomicCommitFailures(t *testing.T) {
 		}
 		return c.String(http.StatusCreated, "written")
 	}, func(c *middleware.Config) {
-		c.OnEvent = func(_ context.Context, ev middleware.Event) { mu.Lock(); events = append(events, ev); mu.Unlock() }
+		c.OnEvent = func(_ context.Context, ev idemgate.Event) { mu.Lock(); events = append(events, ev); mu.Unlock() }
 	})
 	for _, tt := range []struct {
 		key        string
@@ -219,9 +220,9 @@ func TestAtomicCommitFailures(t *testing.T) {
 			var reasons []string
 			for _, ev := range events {
 				switch ev.Type {
-				case middleware.EventStoreError, middleware.EventLeaseLost:
+				case idemgate.EventStoreError, idemgate.EventLeaseLost:
 					t.Errorf("%v event %s: %v", ev.Type, ev.Reason, ev.Err)
-				case middleware.EventReleased:
+				case idemgate.EventReleased:
 					reasons = append(reasons, ev.Reason)
 				}
 			}

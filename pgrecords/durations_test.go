@@ -10,9 +10,11 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // TestTinyDurations: a lease or retention of 1µs, zero or negative
@@ -24,15 +26,15 @@ func TestTinyDurations(t *testing.T) {
 	for _, d := range []time.Duration{time.Nanosecond, 0, -time.Hour, math.MinInt64} {
 		k := key()
 		req := request(d)
-		mustClaim(t, s, k, req, middleware.Claimed)
+		mustClaim(t, s, k, req, idemgate.Claimed)
 		time.Sleep(2 * time.Millisecond)
 		r := request(time.Hour)
-		mustClaim(t, s, k, r, middleware.Claimed)
+		mustClaim(t, s, k, r, idemgate.Claimed)
 		if err := s.Complete(testCtx(t), k, r.Token, sample(), d); err != nil {
 			t.Errorf("Complete with retention %v: %v", d, err)
 		}
 		time.Sleep(2 * time.Millisecond)
-		mustClaim(t, s, k, request(time.Hour), middleware.Claimed)
+		mustClaim(t, s, k, request(time.Hour), idemgate.Claimed)
 	}
 }
 
@@ -44,22 +46,22 @@ func TestHugeDurations(t *testing.T) {
 	pg := newStore(t, newPool(t, testenv.PostgresDSN(t)))
 	rc := redis.NewClient(testenv.Redis(t)) // a real server: miniredis TTLs do not count down
 	t.Cleanup(func() { rc.Close() })
-	for name, s := range map[string]middleware.Store{"postgres": pg, "redis": middleware.NewRedisStore(rc)} {
+	for name, s := range map[string]idemgate.Store{"postgres": pg, "redis": redisstore.New(rc)} {
 		for _, d := range []time.Duration{math.MaxInt64, math.MaxInt64 - 1, 200 * 365 * 24 * time.Hour} {
 			k := key()
-			mustClaim(t, s, k, request(d), middleware.Claimed)
+			mustClaim(t, s, k, request(d), idemgate.Claimed)
 			time.Sleep(5 * time.Millisecond)
-			if res, err := s.Claim(testCtx(t), k, request(time.Hour)); err != nil || res.Status != middleware.Running {
+			if res, err := s.Claim(testCtx(t), k, request(time.Hour)); err != nil || res.Status != idemgate.Running {
 				t.Errorf("%s: lease %v: a second claim = %v, %v; want running", name, d, res.Status, err)
 			}
 			k = key()
 			req := request(time.Hour)
-			mustClaim(t, s, k, req, middleware.Claimed)
+			mustClaim(t, s, k, req, idemgate.Claimed)
 			if err := s.Complete(testCtx(t), k, req.Token, sample(), d); err != nil {
 				t.Errorf("%s: Complete with retention %v: %v", name, d, err)
 			}
 			time.Sleep(5 * time.Millisecond)
-			if res, err := s.Claim(testCtx(t), k, request(time.Hour)); err != nil || res.Status != middleware.Finished {
+			if res, err := s.Claim(testCtx(t), k, request(time.Hour)); err != nil || res.Status != idemgate.Finished {
 				t.Errorf("%s: retention %v: a retry = %v, %v; want finished (a replay)", name, d, res.Status, err)
 			}
 		}

@@ -3,18 +3,17 @@ package pgrecords
 import (
 	"context"
 
+	"github.com/idemgate/idemgate"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
-
-	"github.com/idemgate/idemgate/middleware"
 )
 
 // SQLClaim is the claim statement, for tests that look at what it returns.
 const SQLClaim = sqlClaim
 
 // Ident is the ident a claim by req sends.
-func Ident(req middleware.ClaimRequest) []byte {
+func Ident(req idemgate.ClaimRequest) []byte {
 	return appendIdent(nil, req.Owner, req.Kind, string(req.Fingerprint))
 }
 

@@ -14,9 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/internal/wait"
-	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
 )
 
@@ -29,7 +29,7 @@ func TestFencingSequences(t *testing.T) {
 	s, s2 := newStore(t, newPool(t, dsn)), newStore(t, newPool(t, dsn))
 	lost := func(what string, err error) {
 		t.Helper()
-		if !errors.Is(err, middleware.ErrLeaseLost) {
+		if !errors.Is(err, idemgate.ErrLeaseLost) {
 			t.Errorf("%s = %v, want ErrLeaseLost", what, err)
 		}
 	}
@@ -38,17 +38,17 @@ func TestFencingSequences(t *testing.T) {
 	// is untouched.
 	k := key()
 	stale := request(50 * time.Millisecond)
-	mustClaim(t, s, k, stale, middleware.Claimed)
+	mustClaim(t, s, k, stale, idemgate.Claimed)
 	time.Sleep(150 * time.Millisecond)
 	lost("Extend of an expired claim", s.Extend(testCtx(t), k, stale.Token, time.Hour))
 	fresh := request(time.Hour)
-	mustClaim(t, s2, k, fresh, middleware.Claimed)
+	mustClaim(t, s2, k, fresh, idemgate.Claimed)
 	lost("stale Extend", s.Extend(testCtx(t), k, stale.Token, time.Hour))
 	lost("stale Complete", s.Complete(testCtx(t), k, stale.Token, sample(), time.Hour))
 	lost("stale Release", s.Release(testCtx(t), k, stale.Token))
 	resent := stale
 	resent.Lease = time.Hour
-	mustClaim(t, s, k, resent, middleware.Running) // the stale token's resent claim finds the new holder
+	mustClaim(t, s, k, resent, idemgate.Running) // the stale token's resent claim finds the new holder
 	if err := s2.Complete(testCtx(t), k, fresh.Token, sample(), time.Hour); err != nil {
 		t.Fatalf("fresh Complete: %v", err)
 	}
@@ -63,17 +63,17 @@ func TestFencingSequences(t *testing.T) {
 	lost("stale Complete after Complete", s.Complete(testCtx(t), k, stale.Token, other, time.Hour))
 	r := fresh
 	r.Token = token()
-	if got := mustClaim(t, s, k, r, middleware.Finished).Response; !bytes.Equal(got.Body, sample().Body) {
+	if got := mustClaim(t, s, k, r, idemgate.Finished).Response; !bytes.Equal(got.Body, sample().Body) {
 		t.Errorf("replay %q, want the first Complete's body", got.Body)
 	}
 	// The finishing token's resent claim replays too.
-	mustClaim(t, s, k, fresh, middleware.Finished)
+	mustClaim(t, s, k, fresh, idemgate.Finished)
 
 	// Release, then everything of that token is lost; its resent claim
 	// claims afresh (the record is gone).
 	k = key()
 	req := request(time.Hour)
-	mustClaim(t, s, k, req, middleware.Claimed)
+	mustClaim(t, s, k, req, idemgate.Claimed)
 	if err := s.Release(testCtx(t), k, req.Token); err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestFencingSequences(t *testing.T) {
 	// resent Complete is lost (the record is expired), and the key claims.
 	k = key()
 	req = request(time.Hour)
-	mustClaim(t, s, k, req, middleware.Claimed)
+	mustClaim(t, s, k, req, idemgate.Claimed)
 	if err := s.Complete(testCtx(t), k, req.Token, sample(), 50*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func TestFencingSequences(t *testing.T) {
 	lost("resent Complete past retention", s.Complete(testCtx(t), k, req.Token, sample(), time.Hour))
 	r = req
 	r.Token = token()
-	mustClaim(t, s, k, r, middleware.Claimed)
+	mustClaim(t, s, k, r, idemgate.Claimed)
 }
 
 // lockExpired claims k with a lease that runs out at once and has another
@@ -101,7 +101,7 @@ func TestFencingSequences(t *testing.T) {
 // reclaim does while it runs); unlock rolls that session back.
 func lockExpired(t *testing.T, pool *pgxpool.Pool, s *pgrecords.Store, k string) (unlock func()) {
 	t.Helper()
-	mustClaim(t, s, k, request(time.Microsecond), middleware.Claimed)
+	mustClaim(t, s, k, request(time.Microsecond), idemgate.Claimed)
 	time.Sleep(5 * time.Millisecond)
 	locker, err := pool.Begin(testCtx(t))
 	if err != nil {
@@ -181,7 +181,7 @@ func TestAbandonedClaimOnLock(t *testing.T) {
 		req := request(time.Hour)
 		ctx, cancel := c.ctx()
 		type answer struct {
-			res middleware.ClaimResult
+			res idemgate.ClaimResult
 			err error
 		}
 		done := make(chan answer, 1)
@@ -204,10 +204,10 @@ func TestAbandonedClaimOnLock(t *testing.T) {
 		}
 		waitClaims(t, pool, 0) // the server abandoned it
 		unlock()
-		if err := s.Release(testCtx(t), k, req.Token); !errors.Is(err, middleware.ErrLeaseLost) {
+		if err := s.Release(testCtx(t), k, req.Token); !errors.Is(err, idemgate.ErrLeaseLost) {
 			t.Errorf("%s: release of the abandoned claim = %v, want ErrLeaseLost (it never claimed)", name, err)
 		}
-		mustClaim(t, s, k, request(time.Hour), middleware.Claimed)
+		mustClaim(t, s, k, request(time.Hour), idemgate.Claimed)
 	}
 }
 
@@ -226,7 +226,7 @@ func TestConcurrentFencedCalls(t *testing.T) {
 	for round := range 30 {
 		k := key()
 		req := request(time.Hour)
-		mustClaim(t, many, k, req, middleware.Claimed)
+		mustClaim(t, many, k, req, idemgate.Claimed)
 		var (
 			wg        sync.WaitGroup
 			completed atomic.Int64
@@ -254,7 +254,7 @@ func TestConcurrentFencedCalls(t *testing.T) {
 				default:
 					err = s.Extend(testCtx(t), k, req.Token, time.Hour)
 				}
-				if err != nil && !errors.Is(err, middleware.ErrLeaseLost) {
+				if err != nil && !errors.Is(err, idemgate.ErrLeaseLost) {
 					t.Errorf("round %d: %v", round, err)
 				}
 			}()
@@ -267,8 +267,8 @@ func TestConcurrentFencedCalls(t *testing.T) {
 			t.Fatalf("round %d: %d releases succeeded", round, released.Load())
 		}
 		r := request(time.Hour)
-		res := mustClaim(t, one, k, r, map[bool]middleware.ClaimStatus{true: middleware.Finished, false: middleware.Claimed}[completed.Load() > 0])
-		if res.Status == middleware.Finished && !bytes.HasPrefix(res.Response.Body, []byte("body-")) {
+		res := mustClaim(t, one, k, r, map[bool]idemgate.ClaimStatus{true: idemgate.Finished, false: idemgate.Claimed}[completed.Load() > 0])
+		if res.Status == idemgate.Finished && !bytes.HasPrefix(res.Response.Body, []byte("body-")) {
 			t.Fatalf("round %d: replay %q", round, res.Response.Body)
 		}
 	}
@@ -282,13 +282,13 @@ func TestConcurrentReclaimOfExpired(t *testing.T) {
 	stores := []*pgrecords.Store{newStore(t, newPool(t, dsn)), newStore(t, newPool(t, dsn))}
 	k := key()
 	stale := request(100 * time.Millisecond)
-	mustClaim(t, stores[0], k, stale, middleware.Claimed)
+	mustClaim(t, stores[0], k, stale, idemgate.Claimed)
 	time.Sleep(300 * time.Millisecond)
 	const n = 32
 	var (
 		wg      sync.WaitGroup
 		mu      sync.Mutex
-		winners []middleware.Token
+		winners []idemgate.Token
 		running int
 	)
 	for i := range n {
@@ -302,9 +302,9 @@ func TestConcurrentReclaimOfExpired(t *testing.T) {
 			switch {
 			case err != nil:
 				t.Errorf("Claim: %v", err)
-			case res.Status == middleware.Claimed:
+			case res.Status == idemgate.Claimed:
 				winners = append(winners, r.Token)
-			case res.Status == middleware.Running:
+			case res.Status == idemgate.Running:
 				running++
 			default:
 				t.Errorf("Claim = %v", res.Status)
@@ -315,7 +315,7 @@ func TestConcurrentReclaimOfExpired(t *testing.T) {
 	if len(winners) != 1 || running != n-1 {
 		t.Fatalf("%d winners, %d running; want 1 and %d", len(winners), running, n-1)
 	}
-	if err := stores[1].Complete(testCtx(t), k, stale.Token, sample(), time.Hour); !errors.Is(err, middleware.ErrLeaseLost) {
+	if err := stores[1].Complete(testCtx(t), k, stale.Token, sample(), time.Hour); !errors.Is(err, idemgate.ErrLeaseLost) {
 		t.Errorf("stale Complete = %v, want ErrLeaseLost", err)
 	}
 	if err := stores[1].Complete(testCtx(t), k, winners[0], sample(), time.Hour); err != nil {

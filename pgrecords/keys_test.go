@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/testenv"
-	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
 )
 
@@ -31,7 +31,7 @@ func TestKeyNotText(t *testing.T) {
 			"Complete": s.Complete(testCtx(t), k, req.Token, sample(), time.Hour),
 			"Release":  s.Release(testCtx(t), k, req.Token),
 		} {
-			if err == nil || errors.Is(err, middleware.ErrLeaseLost) || !strings.HasPrefix(err.Error(), "pgrecords: ") {
+			if err == nil || errors.Is(err, idemgate.ErrLeaseLost) || !strings.HasPrefix(err.Error(), "pgrecords: ") {
 				t.Errorf("%s(%q) = %v, want a pgrecords error other than ErrLeaseLost", name, k, err)
 			}
 		}
@@ -39,7 +39,7 @@ func TestKeyNotText(t *testing.T) {
 	// The key that differs only after a NUL is its own key: no record of
 	// "idem:a" answers for "idem:a\x00b".
 	req := request(time.Minute)
-	mustClaim(t, s, "idem:a", req, middleware.Claimed)
+	mustClaim(t, s, "idem:a", req, idemgate.Claimed)
 	if res, err := s.Claim(testCtx(t), "idem:a\x00b", request(time.Minute)); err == nil {
 		t.Errorf("Claim of a NUL-suffixed key = %v, want an error", res.Status)
 	}
@@ -53,13 +53,13 @@ func TestLongKey(t *testing.T) {
 	// keyspace's longest: idem: + 765 (255 escaped tenant bytes) + : + 64 + : + 64 + : + 64.
 	long := "idem:" + strings.Repeat("%FF", 255) + ":" + strings.Repeat("k", 64) + ":" + strings.Repeat("a", 64) + ":" + strings.Repeat("b", 64)
 	req := request(time.Minute)
-	mustClaim(t, s, long, req, middleware.Claimed)
+	mustClaim(t, s, long, req, idemgate.Claimed)
 	if err := s.Complete(testCtx(t), long, req.Token, sample(), time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	r := req
 	r.Token = token()
-	mustClaim(t, s, long, r, middleware.Finished)
+	mustClaim(t, s, long, r, idemgate.Finished)
 	// Incompressible and too long for a btree entry.
 	var b strings.Builder
 	for i := range 4000 {
@@ -70,7 +70,7 @@ func TestLongKey(t *testing.T) {
 		if !strings.HasPrefix(err.Error(), "pgrecords: claim: ") {
 			t.Errorf("Claim of a %d-byte key: %v, want a pgrecords error", len(huge), err)
 		}
-	} else if res.Status != middleware.Claimed {
+	} else if res.Status != idemgate.Claimed {
 		t.Errorf("Claim of a %d-byte key = %v", len(huge), res.Status)
 	}
 }
@@ -101,27 +101,27 @@ func TestIdentEdges(t *testing.T) {
 		k := key()
 		first := request(time.Minute)
 		first.Owner, first.Kind, first.Fingerprint = p[0].owner, p[0].kind, fingerprint.Fingerprint(p[0].fp)
-		mustClaim(t, s, k, first, middleware.Claimed)
+		mustClaim(t, s, k, first, idemgate.Claimed)
 		second := first
 		second.Token = token()
 		second.Owner, second.Kind, second.Fingerprint = p[1].owner, p[1].kind, fingerprint.Fingerprint(p[1].fp)
 		if bytes.Equal(pgrecords.Ident(first), pgrecords.Ident(second)) {
 			t.Fatalf("pair %d: idents collide", i)
 		}
-		res := mustClaim(t, s, k, second, middleware.Mismatch)
+		res := mustClaim(t, s, k, second, idemgate.Mismatch)
 		if res.Response.Body != nil || res.Response.Status != 0 || res.RetryAfter != 0 {
 			t.Errorf("pair %d running: mismatch carries %+v", i, res)
 		}
 		if err := s.Complete(testCtx(t), k, first.Token, sample(), time.Hour); err != nil {
 			t.Fatal(err)
 		}
-		res = mustClaim(t, s, k, second, middleware.Mismatch)
+		res = mustClaim(t, s, k, second, idemgate.Mismatch)
 		if res.Response.Body != nil || res.Response.Status != 0 || res.Response.Header != nil {
 			t.Errorf("pair %d finished: mismatch carries %+v", i, res)
 		}
 		again := first
 		again.Token = token()
-		if res := mustClaim(t, s, k, again, middleware.Finished); !bytes.Equal(res.Response.Body, sample().Body) {
+		if res := mustClaim(t, s, k, again, idemgate.Finished); !bytes.Equal(res.Response.Body, sample().Body) {
 			t.Errorf("pair %d: replay body %q", i, res.Response.Body)
 		}
 	}
@@ -136,7 +136,7 @@ func TestKeysByteExact(t *testing.T) {
 	base := key()
 	for _, k := range []string{base + "k", base + "K", base + "k ", base + " k", base + "\u00e9", base + "e\u0301", base + "\u212a", base + "k\t"} {
 		req := request(time.Hour)
-		mustClaim(t, s, k, req, middleware.Claimed)
+		mustClaim(t, s, k, req, idemgate.Claimed)
 		if err := s.Complete(testCtx(t), k, req.Token, sample(), time.Hour); err != nil {
 			t.Fatal(err)
 		}

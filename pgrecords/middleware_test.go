@@ -12,13 +12,14 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/middleware"
 )
 
 // e2e is an echo app with the middleware on s, whose handler counts its
 // runs and answers with the body it was sent.
-func e2e(t *testing.T, s middleware.Store, cfg middleware.Config) (*echo.Echo, *atomic.Int64) {
+func e2e(t *testing.T, s idemgate.Store, cfg middleware.Config) (*echo.Echo, *atomic.Int64) {
 	t.Helper()
 	var runs atomic.Int64
 	cfg.Store = s

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/testenv"
-	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
 	"github.com/idemgate/idemgate/storetest"
 )
@@ -93,7 +93,7 @@ func TestReadOnlyDatabase(t *testing.T) {
 	rw := newStore(t, newPool(t, dsn))
 	k := key()
 	req := request(time.Hour)
-	mustClaim(t, rw, k, req, middleware.Claimed)
+	mustClaim(t, rw, k, req, idemgate.Claimed)
 	if err := rw.Complete(testCtx(t), k, req.Token, sample(), time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func TestReadOnlyDatabase(t *testing.T) {
 	}
 	r := req
 	r.Token = token()
-	mustClaim(t, ro, k, r, middleware.Finished)
+	mustClaim(t, ro, k, r, idemgate.Finished)
 	if err := ro.Migrate(testCtx(t)); err != nil {
 		t.Logf("Migrate on a read-only session (already migrated): %v", err)
 	}
@@ -142,7 +142,7 @@ func TestTerminatedConnections(t *testing.T) {
 	retry := func(f func() error) error {
 		var err error
 		for range int(pool.Config().MaxConns) + 1 {
-			if err = f(); err == nil || errors.Is(err, middleware.ErrLeaseLost) {
+			if err = f(); err == nil || errors.Is(err, idemgate.ErrLeaseLost) {
 				return err
 			}
 		}
@@ -151,8 +151,8 @@ func TestTerminatedConnections(t *testing.T) {
 	k := key()
 	req := request(time.Hour)
 	kill()
-	var res middleware.ClaimResult
-	if err := retry(func() (err error) { res, err = s.Claim(testCtx(t), k, req); return err }); err != nil || res.Status != middleware.Claimed {
+	var res idemgate.ClaimResult
+	if err := retry(func() (err error) { res, err = s.Claim(testCtx(t), k, req); return err }); err != nil || res.Status != idemgate.Claimed {
 		t.Fatalf("Claim after kill: %+v, %v", res, err)
 	}
 	kill()
@@ -166,7 +166,7 @@ func TestTerminatedConnections(t *testing.T) {
 	kill()
 	r := req
 	r.Token = token()
-	if err := retry(func() (err error) { res, err = s.Claim(testCtx(t), k, r); return err }); err != nil || res.Status != middleware.Finished {
+	if err := retry(func() (err error) { res, err = s.Claim(testCtx(t), k, r); return err }); err != nil || res.Status != idemgate.Finished {
 		t.Fatalf("replay after kill: %+v, %v", res, err)
 	}
 }
@@ -211,14 +211,14 @@ func TestSchemas(t *testing.T) {
 	}
 	k := key()
 	req := request(time.Hour)
-	mustClaim(t, stores[0], k, req, middleware.Claimed)
+	mustClaim(t, stores[0], k, req, idemgate.Claimed)
 	if err := stores[0].Complete(testCtx(t), k, req.Token, sample(), time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range stores[1:] {
 		r := req
 		r.Token = token()
-		mustClaim(t, s, k, r, middleware.Claimed)
+		mustClaim(t, s, k, r, idemgate.Claimed)
 	}
 }
 
@@ -264,7 +264,7 @@ func TestIsolationDefault(t *testing.T) {
 							errs++
 							return
 						}
-						if res.Status == middleware.Claimed {
+						if res.Status == idemgate.Claimed {
 							w++
 						}
 					}()

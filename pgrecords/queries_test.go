@@ -15,9 +15,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/internal/wait"
-	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
 )
 
@@ -213,12 +213,12 @@ func TestPlantedObjectsNeverRun(t *testing.T) {
 	}
 }
 
-// exerciseStore runs every statement of the store's middleware.Store and
+// exerciseStore runs every statement of the store's idemgate.Store and
 // Inspector side, failing the test on any error or wrong outcome.
 func exerciseStore(t *testing.T, ctx context.Context, s *pgrecords.Store) {
 	t.Helper()
-	req := func(lease time.Duration) middleware.ClaimRequest {
-		return middleware.ClaimRequest{Owner: "acme", Kind: "POST /", Fingerprint: "f", Token: randomToken(t), Lease: lease}
+	req := func(lease time.Duration) idemgate.ClaimRequest {
+		return idemgate.ClaimRequest{Owner: "acme", Kind: "POST /", Fingerprint: "f", Token: randomToken(t), Lease: lease}
 	}
 	check := func(what string, err error) {
 		t.Helper()
@@ -230,16 +230,16 @@ func exerciseStore(t *testing.T, ctx context.Context, s *pgrecords.Store) {
 	first := req(time.Minute)
 	res, err := s.Claim(ctx, key, first)
 	check("claim", err)
-	if res.Status != middleware.Claimed {
+	if res.Status != idemgate.Claimed {
 		t.Fatalf("claim = %v, want claimed", res.Status)
 	}
 	check("extend", s.Extend(ctx, key, first.Token, time.Minute))
-	resp := middleware.Response{Status: 201, Body: []byte("charged")}
+	resp := idemgate.Response{Status: 201, Body: []byte("charged")}
 	check("complete", s.Complete(ctx, key, first.Token, resp, time.Hour))
 	check("resent complete", s.Complete(ctx, key, first.Token, resp, time.Hour))
 	res, err = s.Claim(ctx, key, req(time.Minute))
 	check("replay", err)
-	if res.Status != middleware.Finished || string(res.Response.Body) != "charged" {
+	if res.Status != idemgate.Finished || string(res.Response.Body) != "charged" {
 		t.Fatalf("replay = %v %q, want the stored answer", res.Status, res.Response.Body)
 	}
 	info, err := s.Inspect(ctx, key)
@@ -256,7 +256,7 @@ func exerciseStore(t *testing.T, ctx context.Context, s *pgrecords.Store) {
 	time.Sleep(5 * time.Millisecond)
 	res, err = s.Claim(ctx, key+"-expired", req(time.Minute))
 	check("reclaim", err)
-	if res.Status != middleware.Claimed {
+	if res.Status != idemgate.Claimed {
 		t.Fatalf("reclaim = %v, want claimed", res.Status)
 	}
 	_, err = s.Claim(ctx, key+"-swept", req(time.Millisecond))
@@ -299,8 +299,8 @@ func exerciseAtomic(t *testing.T, s *pgrecords.Store, admin *pgxpool.Pool, name 
 	}
 }
 
-func randomToken(t *testing.T) middleware.Token {
-	var tok middleware.Token
+func randomToken(t *testing.T) idemgate.Token {
+	var tok idemgate.Token
 	if _, err := rand.Read(tok[:]); err != nil {
 		t.Fatal(err)
 	}

@@ -7,11 +7,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate"
 )
 
 func TestResponseRoundTrip(t *testing.T) {
-	for _, r := range []middleware.Response{
+	for _, r := range []idemgate.Response{
 		{Status: 200},
 		{Status: 202, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":1}`)},
 		{Status: 409, Header: http.Header{"X-Multi": {"one", "", "two, three"}, "Location": {"/v1/tasks/42"}, "X-Bin": {"\x00\xff"}}, Body: []byte{0, 1, 2}},
@@ -65,7 +65,7 @@ func TestIdentScope(t *testing.T) {
 // FuzzDecodeResponse: any bytes decode or fail without a panic, and what
 // decodes encodes back to the same bytes' response.
 func FuzzDecodeResponse(f *testing.F) {
-	f.Add(appendResponse(nil, middleware.Response{Status: 202, Header: http.Header{"Content-Type": {"application/json"}, "X": {"a", "b"}}, Body: []byte("{}")}))
+	f.Add(appendResponse(nil, idemgate.Response{Status: 202, Header: http.Header{"Content-Type": {"application/json"}, "X": {"a", "b"}}, Body: []byte("{}")}))
 	f.Add([]byte{0, 200, 0})
 	f.Add([]byte{0, 200, 1, 1, 'a', 0})
 	f.Fuzz(func(t *testing.T, b []byte) {

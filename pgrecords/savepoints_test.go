@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/pgrecords"
 )
 
@@ -75,7 +75,7 @@ func runInPgxTx(t *testing.T, pool *pgxpool.Pool, key string, scen txScenario) (
 
 // runOnAtomicRoute runs scen as the handler of an Atomic route of s that
 // answers 201, and returns the status the client got.
-func runOnAtomicRoute(t *testing.T, s middleware.Store, pool *pgxpool.Pool, key string, scen txScenario) (noted *steps, committed string, status int) {
+func runOnAtomicRoute(t *testing.T, s idemgate.Store, pool *pgxpool.Pool, key string, scen txScenario) (noted *steps, committed string, status int) {
 	t.Helper()
 	noted = &steps{}
 	e := atomicRoute(t, s, func(c echo.Context) error {

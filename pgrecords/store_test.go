@@ -12,10 +12,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/devserver"
 	"github.com/idemgate/idemgate/internal/testenv"
-	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
 	"github.com/idemgate/idemgate/storetest"
 )
@@ -132,8 +132,8 @@ func crash(t *testing.T, srv *devserver.Postgres) {
 	}
 }
 
-func token() middleware.Token {
-	var tok middleware.Token
+func token() idemgate.Token {
+	var tok idemgate.Token
 	_, _ = rand.Read(tok[:])
 	return tok
 }
@@ -144,8 +144,8 @@ func key() string {
 	return "idem:pgrecords:test:" + hex.EncodeToString(b[:])
 }
 
-func request(lease time.Duration) middleware.ClaimRequest {
-	return middleware.ClaimRequest{
+func request(lease time.Duration) idemgate.ClaimRequest {
+	return idemgate.ClaimRequest{
 		Fingerprint: "v1:" + fingerprint.Fingerprint(hex.EncodeToString(make([]byte, 32))),
 		Owner:       "owner-a",
 		Kind:        "image",
@@ -154,15 +154,15 @@ func request(lease time.Duration) middleware.ClaimRequest {
 	}
 }
 
-func sample() middleware.Response {
-	return middleware.Response{
+func sample() idemgate.Response {
+	return idemgate.Response{
 		Status: http.StatusCreated,
 		Header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"one", "", "two"}},
 		Body:   []byte("{\"id\":42}\x00\xff"),
 	}
 }
 
-func mustClaim(t *testing.T, s middleware.Store, key string, req middleware.ClaimRequest, want middleware.ClaimStatus) middleware.ClaimResult {
+func mustClaim(t *testing.T, s idemgate.Store, key string, req idemgate.ClaimRequest, want idemgate.ClaimStatus) idemgate.ClaimResult {
 	t.Helper()
 	res, err := s.Claim(testCtx(t), key, req)
 	if err != nil {

@@ -11,8 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/testenv"
-	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
 )
 
@@ -49,7 +49,7 @@ func TestCorruptRows(t *testing.T) {
 		}
 		other := req
 		other.Fingerprint += "x"
-		mustClaim(t, s, k, other, middleware.Mismatch)
+		mustClaim(t, s, k, other, idemgate.Mismatch)
 	}
 }
 
@@ -69,16 +69,16 @@ func TestLargeResponse(t *testing.T) {
 		h[name] = []string{strings.Repeat("v", i), "", "\x00\xff" + name}
 	}
 	h["X-None"] = []string{}
-	want := middleware.Response{Status: 299, Header: h, Body: body}
+	want := idemgate.Response{Status: 299, Header: h, Body: body}
 	k := key()
 	req := request(time.Minute)
-	mustClaim(t, s, k, req, middleware.Claimed)
+	mustClaim(t, s, k, req, idemgate.Claimed)
 	if err := s.Complete(testCtx(t), k, req.Token, want, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	r := req
 	r.Token = token()
-	got := mustClaim(t, s, k, r, middleware.Finished).Response
+	got := mustClaim(t, s, k, r, idemgate.Finished).Response
 	if d := sameResponse(got, want); d != "" {
 		t.Errorf("replay differs: %s", d)
 	}
@@ -88,7 +88,7 @@ func TestLargeResponse(t *testing.T) {
 // not: the status, the body byte for byte, and each header name's values
 // (a name with no values kept as one; a nil header the same as an empty
 // one).
-func sameResponse(got, want middleware.Response) string {
+func sameResponse(got, want idemgate.Response) string {
 	if got.Status != want.Status {
 		return fmt.Sprintf("status %d, want %d", got.Status, want.Status)
 	}
@@ -115,7 +115,7 @@ func sameResponse(got, want middleware.Response) string {
 // or empty values, an empty name, many values and names, bytes that are
 // not UTF-8, a large binary body, a status above 599, and lengths that
 // take more than one varint byte.
-func oddResponses() map[string]middleware.Response {
+func oddResponses() map[string]idemgate.Response {
 	many := make([]string, 2000)
 	for i := range many {
 		many[i] = fmt.Sprintf("v%d", i)
@@ -128,7 +128,7 @@ func oddResponses() map[string]middleware.Response {
 	for i := range big {
 		big[i] = byte(i * 7)
 	}
-	return map[string]middleware.Response{
+	return map[string]idemgate.Response{
 		"nil body, nil header":               {Status: 204},
 		"empty body, empty header":           {Status: 200, Header: http.Header{}, Body: []byte{}},
 		"NUL body":                           {Status: 201, Body: []byte("\x00\x00\x00")},
@@ -163,13 +163,13 @@ func TestOddResponsesReplayInEveryExecMode(t *testing.T) {
 			for name, resp := range oddResponses() {
 				k := key()
 				req := request(time.Minute)
-				mustClaim(t, s, k, req, middleware.Claimed)
+				mustClaim(t, s, k, req, idemgate.Claimed)
 				if err := s.Complete(testCtx(t), k, req.Token, resp, time.Hour); err != nil {
 					t.Fatalf("%s: Complete: %v", name, err)
 				}
 				again := req
 				again.Token = token()
-				if d := sameResponse(mustClaim(t, s, k, again, middleware.Finished).Response, resp); d != "" {
+				if d := sameResponse(mustClaim(t, s, k, again, idemgate.Finished).Response, resp); d != "" {
 					t.Errorf("%s: replay: %s", name, d)
 				}
 			}

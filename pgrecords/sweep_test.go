@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/testenv"
-	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
 )
 
@@ -26,7 +26,7 @@ func TestSweepRacesClaims(t *testing.T) {
 	var (
 		wg      sync.WaitGroup
 		mu      sync.Mutex
-		holders = map[string]middleware.Token{}
+		holders = map[string]idemgate.Token{}
 	)
 	for g := range 12 {
 		wg.Add(1)
@@ -44,7 +44,7 @@ func TestSweepRacesClaims(t *testing.T) {
 					t.Errorf("Claim: %v", err)
 					return
 				}
-				if res.Status != middleware.Claimed {
+				if res.Status != idemgate.Claimed {
 					continue
 				}
 				mu.Lock()
@@ -58,7 +58,7 @@ func TestSweepRacesClaims(t *testing.T) {
 				default:
 					err = s.Extend(ctx, k, req.Token, time.Millisecond)
 				}
-				if err != nil && !errors.Is(err, middleware.ErrLeaseLost) && ctx.Err() == nil {
+				if err != nil && !errors.Is(err, idemgate.ErrLeaseLost) && ctx.Err() == nil {
 					t.Errorf("fenced call: %v", err)
 				}
 			}
@@ -79,7 +79,7 @@ func TestSweepRacesClaims(t *testing.T) {
 	// A long-lived finished record survives sweeps.
 	k := key()
 	req := request(time.Hour)
-	mustClaim(t, stores[0], k, req, middleware.Claimed)
+	mustClaim(t, stores[0], k, req, idemgate.Claimed)
 	if err := stores[0].Complete(testCtx(t), k, req.Token, sample(), time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestSweepRacesClaims(t *testing.T) {
 	}
 	r := req
 	r.Token = token()
-	mustClaim(t, stores[1], k, r, middleware.Finished)
+	mustClaim(t, stores[1], k, r, idemgate.Finished)
 }
 
 // TestSweep: Sweep deletes expired claims and finished records past their
@@ -110,9 +110,9 @@ func TestSweep(t *testing.T) {
 	}
 	live := []string{key(), key()}
 	running := request(time.Hour)
-	mustClaim(t, s, live[0], running, middleware.Claimed)
+	mustClaim(t, s, live[0], running, idemgate.Claimed)
 	done := request(time.Hour)
-	mustClaim(t, s, live[1], done, middleware.Claimed)
+	mustClaim(t, s, live[1], done, idemgate.Claimed)
 	if err := s.Complete(testCtx(t), live[1], done.Token, sample(), time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -155,9 +155,9 @@ func TestSweep(t *testing.T) {
 	}
 	other := running
 	other.Token = token()
-	mustClaim(t, s, live[0], other, middleware.Running)
+	mustClaim(t, s, live[0], other, idemgate.Running)
 	other.Token = token()
-	mustClaim(t, s, live[1], other, middleware.Finished)
+	mustClaim(t, s, live[1], other, idemgate.Finished)
 	if n, err := s.Sweep(testCtx(t)); err != nil || n != 0 {
 		t.Errorf("Sweep of a swept table = %d, %v; want 0", n, err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
 	"github.com/idemgate/idemgate/pgstore"
@@ -33,7 +34,7 @@ func TestTxHandlerBeginsAnother(t *testing.T) {
 	t.Parallel()
 	pool, s := atomicDB(t)
 	var mu sync.Mutex
-	var events []middleware.Event
+	var events []idemgate.Event
 	e := atomicRoute(t, s, func(c echo.Context) error {
 		tx := pgrecords.Tx(c)
 		ctx := c.Request().Context()
@@ -55,7 +56,7 @@ func TestTxHandlerBeginsAnother(t *testing.T) {
 		}
 		return c.String(http.StatusCreated, "written")
 	}, func(c *middleware.Config) {
-		c.OnEvent = func(_ context.Context, ev middleware.Event) { mu.Lock(); events = append(events, ev); mu.Unlock() }
+		c.OnEvent = func(_ context.Context, ev idemgate.Event) { mu.Lock(); events = append(events, ev); mu.Unlock() }
 	})
 	for _, tt := range []struct {
 		key      string
@@ -87,9 +88,9 @@ func TestTxHandlerBeginsAnother(t *testing.T) {
 			var released bool
 			for _, ev := range events {
 				switch {
-				case ev.Type == middleware.EventStoreError:
+				case ev.Type == idemgate.EventStoreError:
 					t.Errorf("store_error event %s: %v", ev.Reason, ev.Err)
-				case ev.Type == middleware.EventReleased:
+				case ev.Type == idemgate.EventReleased:
 					released = ev.Reason == "tx_aborted"
 				}
 			}

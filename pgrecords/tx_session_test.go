@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/internal/wait"
 	"github.com/idemgate/idemgate/middleware"
@@ -146,7 +147,7 @@ func TestTxHandlerSessionState(t *testing.T) {
 				table = "public.ledger"
 			}
 			var mu sync.Mutex
-			var events []middleware.Event
+			var events []idemgate.Event
 			over := make(chan struct{})
 			e := atomicRoute(t, tt.store, func(c echo.Context) error {
 				tx := pgrecords.Tx(c)
@@ -166,7 +167,7 @@ func TestTxHandlerSessionState(t *testing.T) {
 				}
 				return c.String(http.StatusCreated, "written")
 			}, func(c *middleware.Config) {
-				c.OnEvent = func(_ context.Context, ev middleware.Event) { mu.Lock(); events = append(events, ev); mu.Unlock() }
+				c.OnEvent = func(_ context.Context, ev idemgate.Event) { mu.Lock(); events = append(events, ev); mu.Unlock() }
 			})
 			first := atomicSendMode(e, key, "")
 			close(over)
@@ -175,10 +176,10 @@ func TestTxHandlerSessionState(t *testing.T) {
 			}
 			mu.Lock()
 			for _, ev := range events {
-				if ev.Type == middleware.EventStoreError {
+				if ev.Type == idemgate.EventStoreError {
 					t.Errorf("store_error event %s: %v", ev.Reason, ev.Err)
 				}
-				if tt.want == 500 && ev.Type == middleware.EventReleased && ev.Reason != "tx_aborted" {
+				if tt.want == 500 && ev.Type == idemgate.EventReleased && ev.Reason != "tx_aborted" {
 					t.Errorf("released %s, want tx_aborted", ev.Reason)
 				}
 			}

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/pgtrace"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/middleware"
@@ -24,7 +25,7 @@ import (
 )
 
 // atomicRoute serves POST / Atomic on s with handler h.
-func atomicRoute(t *testing.T, s middleware.Store, h echo.HandlerFunc, configure func(*middleware.Config)) *echo.Echo {
+func atomicRoute(t *testing.T, s idemgate.Store, h echo.HandlerFunc, configure func(*middleware.Config)) *echo.Echo {
 	t.Helper()
 	cfg := middleware.Config{Store: s, Atomic: true,
 		Scope: func(echo.Context) (string, string, error) { return "acme", "alice", nil }}
@@ -154,12 +155,12 @@ func TestTxLateUseLeavesThePoolClean(t *testing.T) {
 		t.Errorf("Conn after the request is not nil")
 	}
 	k := key()
-	mustClaim(t, s1, k, request(time.Minute), middleware.Claimed)
+	mustClaim(t, s1, k, request(time.Minute), idemgate.Claimed)
 	res, err := other.Claim(testCtx(t), k, request(time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Status == middleware.Claimed {
+	if res.Status == idemgate.Claimed {
 		t.Errorf("a second claim of a key claimed a moment before (with a minute's lease) was Claimed too")
 	}
 }
@@ -216,7 +217,7 @@ func TestTxHandlerCommitStatement(t *testing.T) {
 	t.Parallel()
 	pool, s := atomicDB(t)
 	var mu sync.Mutex
-	var events []middleware.Event
+	var events []idemgate.Event
 	var after error
 	e := atomicRoute(t, s, func(c echo.Context) error {
 		tx := pgrecords.Tx(c)
@@ -238,7 +239,7 @@ func TestTxHandlerCommitStatement(t *testing.T) {
 		}
 		return c.String(http.StatusCreated, "ok")
 	}, func(c *middleware.Config) {
-		c.OnEvent = func(_ context.Context, ev middleware.Event) { mu.Lock(); events = append(events, ev); mu.Unlock() }
+		c.OnEvent = func(_ context.Context, ev idemgate.Event) { mu.Lock(); events = append(events, ev); mu.Unlock() }
 	})
 	for _, k := range []string{"commit-201", "commit-500", "rollback-201"} {
 		t.Run(k, func(t *testing.T) {
@@ -250,8 +251,8 @@ func TestTxHandlerCommitStatement(t *testing.T) {
 				if rec.Code != http.StatusInternalServerError || rec.Header().Get("Idempotent-Replayed") != "" {
 					t.Errorf("run %d = %d replayed=%q %s, want 500 and no replay", run, rec.Code, rec.Header().Get("Idempotent-Replayed"), rec.Body)
 				}
-				if !errors.Is(after, middleware.ErrTxAborted) {
-					t.Errorf("run %d: a statement after the handler's own %s = %v, want middleware.ErrTxAborted", run, k, after)
+				if !errors.Is(after, idemgate.ErrTxAborted) {
+					t.Errorf("run %d: a statement after the handler's own %s = %v, want idemgate.ErrTxAborted", run, k, after)
 				}
 			}
 			mu.Lock()
@@ -259,9 +260,9 @@ func TestTxHandlerCommitStatement(t *testing.T) {
 			released := 0
 			for _, ev := range events {
 				switch {
-				case ev.Type == middleware.EventStoreError:
+				case ev.Type == idemgate.EventStoreError:
 					t.Errorf("store_error event %s: %v", ev.Reason, ev.Err)
-				case ev.Type == middleware.EventReleased && ev.Reason == "tx_aborted":
+				case ev.Type == idemgate.EventReleased && ev.Reason == "tx_aborted":
 					released++
 				}
 			}
@@ -287,7 +288,7 @@ func TestTxHandlerCommitStatement(t *testing.T) {
 func TestTxAbortedIsHandlerFault(t *testing.T) {
 	t.Parallel()
 	pool, s := atomicDB(t)
-	var events []middleware.Event
+	var events []idemgate.Event
 	fail := true
 	e := atomicRoute(t, s, func(c echo.Context) error {
 		tx := pgrecords.Tx(c)
@@ -300,7 +301,7 @@ func TestTxAbortedIsHandlerFault(t *testing.T) {
 		}
 		return c.String(http.StatusCreated, "ok")
 	}, func(c *middleware.Config) {
-		c.OnEvent = func(_ context.Context, ev middleware.Event) { events = append(events, ev) }
+		c.OnEvent = func(_ context.Context, ev idemgate.Event) { events = append(events, ev) }
 	})
 	if first := atomicSend(e, "aborted"); first.Code != http.StatusInternalServerError {
 		t.Errorf("a handler whose transaction was aborted got %d %s to its client, want 500", first.Code, first.Body)
@@ -308,9 +309,9 @@ func TestTxAbortedIsHandlerFault(t *testing.T) {
 	released := false
 	for _, ev := range events {
 		switch {
-		case ev.Type == middleware.EventStoreError:
+		case ev.Type == idemgate.EventStoreError:
 			t.Errorf("store_error event %s: %v", ev.Reason, ev.Err)
-		case ev.Type == middleware.EventReleased:
+		case ev.Type == idemgate.EventReleased:
 			released = ev.Reason == "tx_aborted"
 		}
 	}
@@ -723,7 +724,7 @@ func TestTxConnectionLostThenAnswers(t *testing.T) {
 			_, s := storeInMode(t, pool.Config().ConnString(), mode)
 			for _, first := range []bool{true, false} {
 				k := strings.ReplaceAll(fmt.Sprintf("conn-lost-%s-%v", mode, first), " ", "-")
-				var events []middleware.Event
+				var events []idemgate.Event
 				var lost error
 				runs := 0
 				e := atomicRoute(t, s, func(c echo.Context) error {
@@ -742,7 +743,7 @@ func TestTxConnectionLostThenAnswers(t *testing.T) {
 					_ = ledgerInsert(ctx, tx, k, "h") // ignored
 					return c.String(http.StatusCreated, "ok")
 				}, func(c *middleware.Config) {
-					c.OnEvent = func(_ context.Context, ev middleware.Event) { events = append(events, ev) }
+					c.OnEvent = func(_ context.Context, ev idemgate.Event) { events = append(events, ev) }
 				})
 				rec := atomicSend(e, k)
 				if lost == nil {
@@ -756,7 +757,7 @@ func TestTxConnectionLostThenAnswers(t *testing.T) {
 				}
 				released := false
 				for _, ev := range events {
-					released = released || ev.Type == middleware.EventReleased && ev.Reason == "tx_aborted"
+					released = released || ev.Type == idemgate.EventReleased && ev.Reason == "tx_aborted"
 				}
 				if !released {
 					t.Errorf("first %v: events %v, want released tx_aborted", first, events)
@@ -802,7 +803,7 @@ func TestTxConnectionLostStaysLostAfterEncodeError(t *testing.T) {
 			}
 			k := "lost-then-encode-" + strings.ReplaceAll(mode.String(), " ", "-")
 			const insert = `INSERT INTO ledger (key, node) VALUES ($1, $2::text || $3::int4)`
-			var events []middleware.Event
+			var events []idemgate.Event
 			var lost, encode error
 			runs := 0
 			e := atomicRoute(t, s, func(c echo.Context) error {
@@ -825,7 +826,7 @@ func TestTxConnectionLostStaysLostAfterEncodeError(t *testing.T) {
 				_ = ledgerInsert(ctx, tx, key, "h") // ignored
 				return c.String(http.StatusCreated, "ok")
 			}, func(c *middleware.Config) {
-				c.OnEvent = func(_ context.Context, ev middleware.Event) { events = append(events, ev) }
+				c.OnEvent = func(_ context.Context, ev idemgate.Event) { events = append(events, ev) }
 			})
 			if rec := atomicSend(e, k+"-warm"); rec.Code != http.StatusCreated {
 				t.Fatalf("warm-up = %d %s", rec.Code, rec.Body)
@@ -843,7 +844,7 @@ func TestTxConnectionLostStaysLostAfterEncodeError(t *testing.T) {
 			}
 			released := false
 			for _, ev := range events {
-				released = released || ev.Type == middleware.EventReleased && ev.Reason == "tx_aborted"
+				released = released || ev.Type == idemgate.EventReleased && ev.Reason == "tx_aborted"
 			}
 			if !released {
 				t.Errorf("events %v, want released tx_aborted", events)

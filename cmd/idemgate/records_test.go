@@ -13,10 +13,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	engine "github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/keyspace"
-	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
 	"github.com/idemgate/idemgate/redisstore"
 )
@@ -24,8 +24,8 @@ import (
 // recordsBench is a store with records, and the binary pointed at it.
 type recordsBench struct {
 	store interface {
-		middleware.Store
-		middleware.Inspector
+		engine.Store
+		engine.Inspector
 	}
 	env  []string
 	args []string // -store …
@@ -52,19 +52,19 @@ func postgresBench(t *testing.T) recordsBench {
 
 // claim claims a fresh key as the middleware would for tenant acme, user
 // alice and a random request id, and returns the flags that name it.
-func (b recordsBench) claim(t *testing.T) (middleware.Token, string, []string) {
+func (b recordsBench) claim(t *testing.T) (engine.Token, string, []string) {
 	t.Helper()
 	request := "req-" + rand.Text()
 	k, err := keyspace.Derive("images", keyspace.Scope{Tenant: "Acme Corp", User: "alice@example.com", Request: request})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A stuck claim: a lease of 8 minutes (see middleware.Token.ClaimTimes), a minute left: not renewed for 7.
+	// A stuck claim: a lease of 8 minutes (see engine.Token.ClaimTimes), a minute left: not renewed for 7.
 	tok := stuckToken()
-	res, err := b.store.Claim(context.Background(), k.String(), middleware.ClaimRequest{
+	res, err := b.store.Claim(context.Background(), k.String(), engine.ClaimRequest{
 		Fingerprint: fingerprint.Fingerprint("v1:" + strings.Repeat("ab", 32)), Owner: k.Owner(), Kind: k.Kind(),
 		Lease: time.Minute, Token: tok})
-	if err != nil || res.Status != middleware.Claimed {
+	if err != nil || res.Status != engine.Claimed {
 		t.Fatalf("claim: %v %v", res.Status, err)
 	}
 	flags := append([]string{"-tenant", "Acme Corp", "-user", "alice@example.com", "-request-id", request, "-kind", "images"}, b.args...)
@@ -123,7 +123,7 @@ func TestRecords(t *testing.T) {
 			r = b.run(t, 0, "", append([]string{"records", "release", "-yes"}, flags...)...)
 			contains(t, r, "stdout", "claim released")
 			// The request that held it can neither finish nor extend it.
-			if err := b.store.Complete(ctx, key, tok, middleware.Response{Status: 200}, time.Hour); !errors.Is(err, middleware.ErrLeaseLost) {
+			if err := b.store.Complete(ctx, key, tok, engine.Response{Status: 200}, time.Hour); !errors.Is(err, engine.ErrLeaseLost) {
 				t.Fatalf("the released request's Complete = %v, want ErrLeaseLost", err)
 			}
 			r = b.run(t, 1, "", append([]string{"records", "show"}, flags...)...)
@@ -132,7 +132,7 @@ func TestRecords(t *testing.T) {
 
 			// A finished record needs -finished.
 			tok, key, flags = b.claim(t)
-			resp := middleware.Response{Status: 201, Header: http.Header{"Location": {"/v1/tasks/7"}}, Body: []byte(`{"task_id":"7"}`)}
+			resp := engine.Response{Status: 201, Header: http.Header{"Location": {"/v1/tasks/7"}}, Body: []byte(`{"task_id":"7"}`)}
 			if err := b.store.Complete(ctx, key, tok, resp, time.Hour); err != nil {
 				t.Fatal(err)
 			}
@@ -144,7 +144,7 @@ func TestRecords(t *testing.T) {
 			if !json.Valid([]byte(r.stdout)) || !strings.Contains(r.stdout, `"released": true`) {
 				t.Fatalf("release -json: %s", r)
 			}
-			if _, err := b.store.Inspect(ctx, key); !errors.Is(err, middleware.ErrNoRecord) {
+			if _, err := b.store.Inspect(ctx, key); !errors.Is(err, engine.ErrNoRecord) {
 				t.Fatalf("after release -finished: %v", err)
 			}
 		})
@@ -162,17 +162,17 @@ func TestRecordsReleaseRefusesAnotherClaim(t *testing.T) {
 	tok, key, flags := b.claim(t)
 	b.run(t, 0, "", append([]string{"records", "release", "-yes"}, flags...)...)
 	held, err := b.store.Inspect(ctx, key)
-	if !errors.Is(err, middleware.ErrNoRecord) {
+	if !errors.Is(err, engine.ErrNoRecord) {
 		t.Fatalf("after the release: %+v, %v", held, err)
 	}
 	owner, kind := keyParts(t, key)
-	retry := middleware.ClaimRequest{Fingerprint: fingerprint.Fingerprint("v1:" + strings.Repeat("ab", 32)),
+	retry := engine.ClaimRequest{Fingerprint: fingerprint.Fingerprint("v1:" + strings.Repeat("ab", 32)),
 		Owner: owner, Kind: kind, Lease: time.Minute}
 	_, _ = rand.Read(retry.Token[:])
-	if res, err := b.store.Claim(ctx, key, retry); err != nil || res.Status != middleware.Claimed {
+	if res, err := b.store.Claim(ctx, key, retry); err != nil || res.Status != engine.Claimed {
 		t.Fatalf("the retry's claim: %v %v", res.Status, err)
 	}
-	if err := b.store.Complete(ctx, key, tok, middleware.Response{Status: 200, Body: []byte("late")}, time.Hour); !errors.Is(err, middleware.ErrLeaseLost) {
+	if err := b.store.Complete(ctx, key, tok, engine.Response{Status: 200, Body: []byte("late")}, time.Hour); !errors.Is(err, engine.ErrLeaseLost) {
 		t.Fatalf("the released request's late Complete = %v, want ErrLeaseLost", err)
 	}
 	r := b.run(t, 0, "", append([]string{"records", "show"}, flags...)...)
@@ -190,9 +190,9 @@ func keyParts(t *testing.T, key string) (owner, kind string) {
 }
 
 // stuckToken returns a token laid out as the middleware makes it (see
-// middleware.Token.ClaimTimes): claimed 3 minutes ago for a 4-minute lease.
-func stuckToken() middleware.Token {
-	var t middleware.Token
+// engine.Token.ClaimTimes): claimed 3 minutes ago for a 4-minute lease.
+func stuckToken() engine.Token {
+	var t engine.Token
 	_, _ = rand.Read(t[:])
 	binary.BigEndian.PutUint64(t[:8], uint64(time.Now().Add(-3*time.Minute).UnixMilli())<<16|uint64(binary.BigEndian.Uint16(t[6:8])))
 	t[6] = 0x80 | t[6]&0x0f

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate"
 )
 
 // answer is one scripted server response; drop closes the connection
@@ -87,7 +87,7 @@ func recordSleeps(waits *[]time.Duration) func(context.Context, time.Duration) e
 
 const accepted = `{"task_id":"t1","status":"pending","poll_after_ms":700}`
 
-func problem(status int, code middleware.Code) answer {
+func problem(status int, code idemgate.Code) answer {
 	b, _ := json.Marshal(map[string]any{"type": "about:blank", "title": http.StatusText(status), "status": status, "code": code})
 	return answer{status: status, header: map[string]string{"Content-Type": "application/problem+json"}, body: string(b)}
 }
@@ -97,7 +97,7 @@ func TestSubmitImages(t *testing.T) {
 	ok := answer{status: 202, header: map[string]string{"Location": "/v1/tasks/t1", "Retry-After": "1"}, body: accepted}
 	replayed := ok
 	replayed.header = map[string]string{"Location": "/v1/tasks/t1", "Idempotent-Replayed": "true"}
-	busy := problem(409, middleware.CodeRequestInProgress)
+	busy := problem(409, idemgate.CodeRequestInProgress)
 	busy.header["Retry-After"] = "2"
 	tests := []struct {
 		name         string
@@ -110,13 +110,13 @@ func TestSubmitImages(t *testing.T) {
 		{name: "first try", given: []answer{ok}, wantAttempts: 1},
 		{name: "lost response is retried with the same id and replays", given: []answer{{drop: true}, replayed},
 			wantAttempts: 2, wantWaits: []time.Duration{100 * time.Millisecond}, wantReplayed: true},
-		{name: "key_reused is never retried", given: []answer{problem(409, middleware.CodeKeyReused)},
+		{name: "key_reused is never retried", given: []answer{problem(409, idemgate.CodeKeyReused)},
 			wantErr: ErrKeyReused, wantAttempts: 1},
 		{name: "in progress waits Retry-After then retries", given: []answer{busy, replayed},
 			wantAttempts: 2, wantWaits: []time.Duration{2 * time.Second}, wantReplayed: true},
-		{name: "5xx backs off exponentially", given: []answer{problem(503, middleware.CodeStoreUnavailable), problem(502, ""), ok},
+		{name: "5xx backs off exponentially", given: []answer{problem(503, idemgate.CodeStoreUnavailable), problem(502, ""), ok},
 			wantAttempts: 3, wantWaits: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}},
-		{name: "400 is final", given: []answer{problem(400, middleware.CodeBodyInvalid)}, wantErr: &Problem{}, wantAttempts: 1},
+		{name: "400 is final", given: []answer{problem(400, idemgate.CodeBodyInvalid)}, wantErr: &Problem{}, wantAttempts: 1},
 		{name: "gives up after MaxAttempts", given: []answer{{drop: true}, {drop: true}, {drop: true}},
 			wantErr: errAny, wantAttempts: 3, wantWaits: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}},
 	}

@@ -73,7 +73,7 @@ func (b holderBench) run(ctx context.Context, args ...string) (code int, stdout,
 }
 
 // claimToken lays a token out as the middleware makes it (see
-// middleware.Token.ClaimTimes): the claim's time and lease, random bits.
+// idemgate.Token.ClaimTimes): the claim's time and lease, random bits.
 func claimToken(at time.Time, lease time.Duration) idemgate.Token {
 	var t idemgate.Token
 	_, _ = rand.Read(t[:])

@@ -9,9 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/keyspace"
-	"github.com/idemgate/idemgate/middleware"
 )
 
 // Ctrl-C while the confirmed release is under way does not cut it short:
@@ -28,10 +28,10 @@ func TestInterruptDuringTheReleaseLetsItFinishAndSaysSo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := b.store.Claim(ctx, k.String(), middleware.ClaimRequest{
+	res, err := b.store.Claim(ctx, k.String(), idemgate.ClaimRequest{
 		Fingerprint: fingerprint.Fingerprint("v1:" + strings.Repeat("ab", 32)), Owner: k.Owner(), Kind: k.Kind(),
 		Lease: time.Minute, Token: claimToken(time.Now().Add(-3*time.Minute), 8*time.Minute)})
-	if err != nil || res.Status != middleware.Claimed {
+	if err != nil || res.Status != idemgate.Claimed {
 		t.Fatalf("claim: %v %v", res.Status, err)
 	}
 	pool, err := pgxpool.New(ctx, b.env["DATABASE_URL"])
@@ -84,7 +84,7 @@ func TestInterruptDuringTheReleaseLetsItFinishAndSaysSo(t *testing.T) {
 		r = <-done
 	}
 	_, err = b.store.Inspect(ctx, k.String())
-	released := errors.Is(err, middleware.ErrNoRecord)
+	released := errors.Is(err, idemgate.ErrNoRecord)
 	if r.code != ExitOK || !released || !strings.Contains(r.stdout, "claim released") {
 		t.Fatalf("interrupted during the release: exit %d, released %v (%v); want exit 0, the claim released and said so\nstdout: %s\nstderr: %s",
 			r.code, released, err, r.stdout, r.stderr)

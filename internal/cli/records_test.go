@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/keyspace"
-	"github.com/idemgate/idemgate/middleware"
 )
 
 // One request's record shows one fingerprint, whichever store holds it:
@@ -25,9 +25,9 @@ func TestRecordsShowOneFingerprintForOneRequestInEveryStore(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := b.store.Claim(ctx, k.String(), middleware.ClaimRequest{Fingerprint: fingerprint.Fingerprint(fp),
+		res, err := b.store.Claim(ctx, k.String(), idemgate.ClaimRequest{Fingerprint: fingerprint.Fingerprint(fp),
 			Owner: k.Owner(), Kind: k.Kind(), Lease: time.Minute, Token: claimToken(time.Now(), time.Minute)})
-		if err != nil || res.Status != middleware.Claimed {
+		if err != nil || res.Status != idemgate.Claimed {
 			t.Fatalf("%s: claim: %v %v", name, res.Status, err)
 		}
 		code, stdout, stderr := b.run(ctx, "records", "show", "-json", "-key", k.String())

@@ -54,8 +54,8 @@ import (
 	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/testenv"
-	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgrecords"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // Door builds servers protected by the adapter under test.
@@ -138,7 +138,7 @@ func Run(t *testing.T, d Door) {
 		t.Parallel()
 		client := redis.NewClient(testenv.Redis(t))
 		t.Cleanup(func() { client.Close() })
-		runCases(t, bundle{door: d, store: middleware.NewRedisStore(client)})
+		runCases(t, bundle{door: d, store: redisstore.New(client)})
 	})
 	t.Run("Postgres", func(t *testing.T) {
 		t.Parallel()

@@ -5,9 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate/redisstore"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/idemgate/idemgate/middleware"
 )
 
 // testStoreUnavailable: a store that cannot be reached is 503
@@ -27,7 +26,7 @@ func testStoreUnavailable(t *testing.T, b bundle) {
 			t.Parallel()
 			client := redis.NewClient(&redis.Options{Addr: closedAddr(t), MaxRetries: -1, DialTimeout: time.Second})
 			t.Cleanup(func() { client.Close() })
-			s := b.serve(t, func(c *Config) { c.Store = middleware.NewRedisStore(client); c.FailOpen = tt.failOpen }, nil)
+			s := b.serve(t, func(c *Config) { c.Store = redisstore.New(client); c.FailOpen = tt.failOpen }, nil)
 			tt.want.check(t, s, s.do(t, req{key: "k", body: imageBody}))
 		})
 	}

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate"
 )
 
 // limit adds a change of the images kind's limits, asked at s and set
@@ -70,7 +70,7 @@ func TestCheckMore(t *testing.T) {
 			given: func() *fixture {
 				f := healthy("uncertain")
 				f.exportOf("acme", "alice", "export:2", "T1", 0, "", 0, 7)
-				f.exportOf("acme", "alice", "export:2", "T1", 409, string(middleware.CodeKeyReused), 0, 8)
+				f.exportOf("acme", "alice", "export:2", "T1", 409, string(idemgate.CodeKeyReused), 0, 8)
 				return f
 			},
 			want: map[int]string{9: "the key's own"},
@@ -83,7 +83,7 @@ func TestCheckMore(t *testing.T) {
 				f.h.Requests[len(f.h.Requests)-1].Sent = at(2.5)
 				f.task("T2", "acme", "alice", "poster:2", cats, "succeeded", 1)
 				f.gen("T2", "worker1", 4)
-				f.exportOf("acme", "alice", "export:1", "T2", 409, string(middleware.CodeKeyReused), 0, 9)
+				f.exportOf("acme", "alice", "export:1", "T2", 409, string(idemgate.CodeKeyReused), 0, 9)
 				f.h.Requests[len(f.h.Requests)-1].Sent = at(9)
 				return f
 			},

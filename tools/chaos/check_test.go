@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/keyspace"
-	"github.com/idemgate/idemgate/middleware"
 )
 
 var t0 = time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)
@@ -47,7 +47,7 @@ func (f *fixture) submit(tenant, user, key string, p Params, status int, task st
 	q := Request{Tenant: tenant, User: user, Route: routeSubmit, Key: key, Params: &p, FP: p.FP(),
 		Sent: at(2), Done: at(2.1), Status: status, TaskID: task, Replayed: replayed}
 	if status == 409 {
-		q.Code, q.TaskID = string(middleware.CodeKeyReused), ""
+		q.Code, q.TaskID = string(idemgate.CodeKeyReused), ""
 	}
 	f.h.Requests = append(f.h.Requests, q)
 }

@@ -108,6 +108,7 @@ var imports = map[string]string{
 	"idemgate":    "github.com/idemgate/idemgate",
 	"idem":        "github.com/idemgate/idemgate/middleware",
 	"redisstore":  "github.com/idemgate/idemgate/redisstore",
+	"idemhttp":    "github.com/idemgate/idemgate/idemhttp",
 	"storetest":   "github.com/idemgate/idemgate/storetest",
 	"fingerprint": "github.com/idemgate/idemgate/fingerprint",
 	"keyspace":    "github.com/idemgate/idemgate/keyspace",
@@ -147,6 +148,9 @@ var prelude = map[string]string{
 	"reconcile":      "func reconcile(ctx context.Context, t pgstore.Task) pgstore.Outcome { return pgstore.Outcome{} }",
 	"askTheUpstream": "func askTheUpstream(ctx context.Context, t pgstore.Task) pgstore.Outcome { return pgstore.Outcome{} }",
 	"export":         "func export(c echo.Context) error { return nil }",
+	"refundHandler":  "var refundHandler http.Handler",
+	"imagesHandler":  "var imagesHandler http.Handler",
+	"auth":           "var auth struct{ FromContext func(context.Context) (struct{ Tenant, User string }, bool) }",
 	// A stand-in for a paid upstream API that takes an idempotency key.
 	"upstream":    "var upstream interface { Generate(ctx context.Context, params json.RawMessage, idempotencyKey string) ([]json.RawMessage, error) }",
 	"params":      "var params json.RawMessage",

@@ -13,9 +13,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/internal/wait"
-	"github.com/idemgate/idemgate/middleware"
 )
 
 // cluster is the shared stores of a multi-process case and the example
@@ -95,7 +95,7 @@ func TestAPINodeKilled(t *testing.T) {
 	retriedOnB := 0
 	inProgress := 0
 	for _, r := range l.since(killed) {
-		if r.status == http.StatusConflict && r.code == string(middleware.CodeRequestInProgress) {
+		if r.status == http.StatusConflict && r.code == string(idemgate.CodeRequestInProgress) {
 			inProgress++
 		}
 	}

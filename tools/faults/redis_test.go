@@ -10,11 +10,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/devserver"
 	"github.com/idemgate/idemgate/internal/proxy"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/internal/wait"
-	"github.com/idemgate/idemgate/middleware"
 )
 
 // startRedis starts a redis-server of the test's own, to kill or flush.
@@ -31,7 +31,7 @@ func startRedis(t *testing.T) *devserver.Redis {
 }
 
 func storeUnavailable(r reply) bool {
-	return r.status == http.StatusServiceUnavailable && r.code == string(middleware.CodeStoreUnavailable)
+	return r.status == http.StatusServiceUnavailable && r.code == string(idemgate.CodeStoreUnavailable)
 }
 
 // TestRedisKilled kills redis-server under load: every request is refused
@@ -115,7 +115,7 @@ func TestRedisFlushed(t *testing.T) {
 			}
 		}
 		if i%4 == 0 {
-			if r := send(ctx, hc, tg, key, drift); r.status != http.StatusConflict || r.code != string(middleware.CodeKeyReused) {
+			if r := send(ctx, hc, tg, key, drift); r.status != http.StatusConflict || r.code != string(idemgate.CodeKeyReused) {
 				t.Errorf("key %s with drifted parameters after FLUSHALL: %v, want 409 key_reused", key, r)
 			}
 		}

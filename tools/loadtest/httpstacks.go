@@ -10,8 +10,8 @@ import (
 	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/idemhttp"
-	"github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/pgstore"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // idemgateHTTPName is net/http + idemhttp on a RedisStore: a ServeMux
@@ -28,7 +28,7 @@ func newIdemgateHTTP(ctx context.Context, e *env, o options) (*stack, error) {
 	}
 	st := &stack{name: idemgateHTTPName, floor: floorName, table: tasksTable, keyCol: tasksKeyCol, rt: &roundTrips{}, execs: newExecutions()}
 	mw, err := idemhttp.Config{
-		Store:       middleware.NewRedisStore(e.newRedis(2*o.concurrency, st.rt)),
+		Store:       redisstore.New(e.newRedis(2*o.concurrency, st.rt)),
 		Scope:       httpHeaderScope,
 		Kind:        "images",
 		Fingerprint: fingerprint.Spec{Fields: []string{"/prompt", "/aspect_ratio", "/n", "/reference_image"}},

@@ -17,6 +17,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgate/idemgate"
 	idem "github.com/idemgate/idemgate/middleware"
 	"github.com/idemgate/idemgate/redisstore"
 )
@@ -122,7 +123,7 @@ func TestSDKSendsKeyReusedOnce(t *testing.T) {
 // never retries a 409.
 func TestSDKWithoutHintResendsKeyReused(t *testing.T) {
 	t.Parallel()
-	s := newServer(t, idem.Config{ErrorHandler: func(c echo.Context, p idem.Problem) error {
+	s := newServer(t, idem.Config{ErrorHandler: func(c echo.Context, p idemgate.Problem) error {
 		c.Response().Header().Del("X-Should-Retry")
 		return nil // the default problem+json
 	}})

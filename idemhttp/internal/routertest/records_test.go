@@ -19,6 +19,7 @@ import (
 	"github.com/idemgate/idemgate/internal/doortest"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate/redisstore"
 )
 
 // TestRecordsAcrossRouters: a service that moves from one router to
@@ -33,7 +34,7 @@ func TestRecordsAcrossRouters(t *testing.T) {
 	t.Parallel()
 	client := redis.NewClient(testenv.Redis(t))
 	t.Cleanup(func() { client.Close() })
-	store := middleware.NewRedisStore(client)
+	store := redisstore.New(client)
 	doors := []struct {
 		name string
 		new  func(t *testing.T, s doortest.Setup) http.Handler

@@ -8,7 +8,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/otelidem"
 )
 
@@ -24,8 +24,8 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	rec.OnEvent(context.Background(), middleware.Event{Type: middleware.EventClaimed, Route: "POST /v1/images", Kind: "images", Latency: time.Millisecond})
-	rec.OnEvent(context.Background(), middleware.Event{Type: middleware.EventReplayed, Route: "POST /v1/images", Kind: "images", Latency: time.Millisecond})
+	rec.OnEvent(context.Background(), idemgate.Event{Type: idemgate.EventClaimed, Route: "POST /v1/images", Kind: "images", Latency: time.Millisecond})
+	rec.OnEvent(context.Background(), idemgate.Event{Type: idemgate.EventReplayed, Route: "POST /v1/images", Kind: "images", Latency: time.Millisecond})
 
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {

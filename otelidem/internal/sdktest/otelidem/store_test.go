@@ -11,7 +11,7 @@ import (
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
-	"github.com/idemgate/idemgate/middleware"
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/otelidem"
 	"github.com/idemgate/idemgate/otelidem/internal/sdktest/oteltest"
 )
@@ -64,16 +64,16 @@ func TestStoreSpans(t *testing.T) {
 // hand-written store may.
 type leakyStore struct{}
 
-func (leakyStore) Claim(_ context.Context, key string, _ middleware.ClaimRequest) (middleware.ClaimResult, error) {
-	return middleware.ClaimResult{}, fmt.Errorf("leaky: claim %s: %w", key, errors.New("down"))
+func (leakyStore) Claim(_ context.Context, key string, _ idemgate.ClaimRequest) (idemgate.ClaimResult, error) {
+	return idemgate.ClaimResult{}, fmt.Errorf("leaky: claim %s: %w", key, errors.New("down"))
 }
-func (leakyStore) Extend(_ context.Context, key string, _ middleware.Token, _ time.Duration) error {
+func (leakyStore) Extend(_ context.Context, key string, _ idemgate.Token, _ time.Duration) error {
 	return fmt.Errorf("leaky: extend %s", key)
 }
-func (leakyStore) Complete(_ context.Context, key string, _ middleware.Token, _ middleware.Response, _ time.Duration) error {
+func (leakyStore) Complete(_ context.Context, key string, _ idemgate.Token, _ idemgate.Response, _ time.Duration) error {
 	return fmt.Errorf("leaky: complete %s", key)
 }
-func (leakyStore) Release(_ context.Context, key string, _ middleware.Token) error {
+func (leakyStore) Release(_ context.Context, key string, _ idemgate.Token) error {
 	return fmt.Errorf("leaky: release %s", key)
 }
 
@@ -84,10 +84,10 @@ func TestStoreErrorKeepsKeyOutOfSpan(t *testing.T) {
 	b := setup(t, otelidem.Config{})
 	s := b.rec.Store(leakyStore{})
 	const key = "tenant-acme/user-alice/SECRETKEY-123"
-	_, _ = s.Claim(context.Background(), key, middleware.ClaimRequest{})
-	_ = s.Extend(context.Background(), key, middleware.Token{}, time.Second)
-	_ = s.Complete(context.Background(), key, middleware.Token{}, middleware.Response{}, time.Second)
-	_ = s.Release(context.Background(), key, middleware.Token{})
+	_, _ = s.Claim(context.Background(), key, idemgate.ClaimRequest{})
+	_ = s.Extend(context.Background(), key, idemgate.Token{}, time.Second)
+	_ = s.Complete(context.Background(), key, idemgate.Token{}, idemgate.Response{}, time.Second)
+	_ = s.Release(context.Background(), key, idemgate.Token{})
 	spans := b.Spans.Ended()
 	if len(spans) != 4 {
 		t.Fatalf("%d spans, want 4", len(spans))
