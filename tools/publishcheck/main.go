@@ -94,16 +94,13 @@ func main() {
 
 import (
 	"context"
-	"crypto/rand"
+	"errors"
 	"log"
 	"net/http"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemgate/idemgate"
-	"github.com/idemgate/idemgate/fingerprint"
-	"github.com/idemgate/idemgate/keyspace"
+	"github.com/idemgate/idemgate/idemhttp"
 	"github.com/idemgate/idemgate/pgrecords"
 	"github.com/idemgate/idemgate/pgstore"
 )
@@ -122,42 +119,30 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/orders/{id}", func(w http.ResponseWriter, r *http.Request) {
-		k, err := keyspace.Derive("orders", keyspace.Scope{Tenant: "tenant", User: "user", Request: r.Header.Get("Idempotency-Key")})
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		var tok idemgate.Token
-		_, _ = rand.Read(tok[:])
-		res, err := records.Claim(r.Context(), k.String(), idemgate.ClaimRequest{
-			Fingerprint: fingerprint.Fingerprint("v1:" + r.PathValue("id")),
-			Owner:       k.Owner(), Kind: k.Kind(), Lease: 30 * time.Second, Token: tok,
-		})
-		switch {
-		case err != nil:
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		case res.Status == idemgate.Finished:
-			w.WriteHeader(res.Response.Status)
-			_, _ = w.Write(res.Response.Body)
-			return
-		case res.Status != idemgate.Claimed:
-			http.Error(w, res.Status.String(), http.StatusConflict)
-			return
-		}
-		task, err := tasks.Submit(r.Context(), pgstore.NewTask{Tenant: "tenant", Owner: k.Owner(), Kind: "orders", IdempotencyKey: k.Task()})
-		if err != nil {
-			_ = records.Release(r.Context(), k.String(), tok)
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		body := []byte(task.ID)
-		_ = records.Complete(r.Context(), k.String(), tok, idemgate.Response{Status: http.StatusAccepted, Body: body}, 24*time.Hour)
-		w.WriteHeader(http.StatusAccepted)
-		_, _ = w.Write(body)
+	mw := idemhttp.New(idemhttp.Config{
+		Store:  records,
+		Atomic: true, // the task and the stored answer commit together
+		Scope: func(r *http.Request) (tenant, user string, err error) {
+			tenant, user = r.Header.Get("X-Tenant"), r.Header.Get("X-User") // set by a trusted gateway
+			if tenant == "" || user == "" {
+				return "", "", errors.New("unauthenticated")
+			}
+			return tenant, user, nil
+		},
 	})
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/orders/{id}", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req, _ := idemhttp.FromRequest(r)
+		task, err := tasks.SubmitTx(r.Context(), pgrecords.TxFromContext(r.Context()), pgstore.NewTask{
+			Tenant: req.Key.Tenant(), Owner: req.Key.Owner(), Kind: "orders", IdempotencyKey: req.Key.Task(),
+		})
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusAccepted)
+		_, _ = w.Write([]byte(task.ID))
+	})))
 	log.Fatal(http.ListenAndServe(":8080", mux))
 }
 `,
@@ -169,50 +154,73 @@ func main() {
 		main: `package main
 
 import (
-	"crypto/rand"
+	"errors"
 	"log"
 	"net/http"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemgate/idemgate"
-	"github.com/idemgate/idemgate/fingerprint"
-	"github.com/idemgate/idemgate/keyspace"
+	"github.com/idemgate/idemgate/idemhttp"
 	"github.com/idemgate/idemgate/redisstore"
 )
 
 func main() {
-	store := redisstore.New(redis.NewClient(&redis.Options{Addr: "localhost:6379"}))
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/orders/{id}", func(w http.ResponseWriter, r *http.Request) {
-		k, err := keyspace.Derive("orders", keyspace.Scope{Tenant: "tenant", User: "user", Request: r.Header.Get("Idempotency-Key")})
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		var tok idemgate.Token
-		_, _ = rand.Read(tok[:])
-		res, err := store.Claim(r.Context(), k.String(), idemgate.ClaimRequest{
-			Fingerprint: fingerprint.Fingerprint("v1:" + r.PathValue("id")),
-			Owner:       k.Owner(), Kind: k.Kind(), Lease: 30 * time.Second, Token: tok,
-		})
-		switch {
-		case err != nil:
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-		case res.Status == idemgate.Finished:
-			w.WriteHeader(res.Response.Status)
-			_, _ = w.Write(res.Response.Body)
-		case res.Status != idemgate.Claimed:
-			http.Error(w, res.Status.String(), http.StatusConflict)
-		default:
-			body := []byte("created")
-			_ = store.Complete(r.Context(), k.String(), tok, idemgate.Response{Status: http.StatusCreated, Body: body}, 24*time.Hour)
-			w.WriteHeader(http.StatusCreated)
-			_, _ = w.Write(body)
-		}
+	mw := idemhttp.New(idemhttp.Config{
+		Store: redisstore.New(redis.NewClient(&redis.Options{Addr: "localhost:6379"})),
+		Scope: func(r *http.Request) (tenant, user string, err error) {
+			tenant, user = r.Header.Get("X-Tenant"), r.Header.Get("X-User") // set by a trusted gateway
+			if tenant == "" || user == "" {
+				return "", "", errors.New("unauthenticated")
+			}
+			return tenant, user, nil
+		},
 	})
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/orders/{id}", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte("created " + r.PathValue("id")))
+	})))
 	log.Fatal(http.ListenAndServe(":8080", mux))
+}
+`,
+	},
+	{
+		name:     "do-consumer",
+		get:      []string{modset.Root},
+		unlinked: []string{"github.com/labstack/", "github.com/jackc/pgx/"},
+		main: `package main
+
+import (
+	"context"
+	"fmt"
+	"log"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgate/idemgate"
+	"github.com/idemgate/idemgate/keyspace"
+	"github.com/idemgate/idemgate/redisstore"
+)
+
+// A queue consumer: each message's effect runs once per message id,
+// however often the queue delivers it.
+func main() {
+	r := idemgate.Runner{
+		Store: redisstore.New(redis.NewClient(&redis.Options{Addr: "localhost:6379"})),
+		Kind:  "charge",
+	}
+	deliver := func(ctx context.Context, id string, body []byte) error {
+		res, err := r.Do(ctx, keyspace.Scope{Tenant: "acme", User: "billing", Request: id}, body,
+			func(ctx context.Context) ([]byte, error) { return []byte("charged"), nil })
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%s: %s (replayed %v)\n", id, res.Value, res.Replayed)
+		return nil
+	}
+	if err := deliver(context.Background(), "msg-1", []byte(` + "`" + `{"amount":100}` + "`" + `)); err != nil {
+		log.Fatal(err)
+	}
 }
 `,
 	},
