@@ -149,6 +149,10 @@ var prelude = map[string]string{
 	"askTheUpstream": "func askTheUpstream(ctx context.Context, t pgstore.Task) pgstore.Outcome { return pgstore.Outcome{} }",
 	"export":         "func export(c echo.Context) error { return nil }",
 	"refundHandler":  "var refundHandler http.Handler",
+	"mux":            "var mux = http.NewServeMux()",
+	"scopeOf":        "func scopeOf(r *http.Request) (tenant, user string, err error) { return }",
+	"createOrder":    "func createOrder(c echo.Context) error { return nil }",
+	"charge":         "func charge(ctx context.Context) ([]byte, error) { return nil, nil }",
 	"imagesHandler":  "var imagesHandler http.Handler",
 	"auth":           "var auth struct{ FromContext func(context.Context) (struct{ Tenant, User string }, bool) }",
 	// A stand-in for a paid upstream API that takes an idempotency key.
