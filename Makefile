@@ -17,8 +17,10 @@ export GOTOOLCHAIN ?= local
 # packages again for vet, staticcheck and every test binary, though an
 # earlier clone of the same code compiled them already. go vet of pgstore,
 # pgrecords and middleware in a second clone: 34 CPU-seconds without,
-# 1.3 with (2026-12-08). It changes no test: only the file names that
-# panics and the race detector print (module paths, not this machine's).
+# 1.3 with (2026-12-08). The first run with it on a machine compiles
+# every dependency once more (their builds were cached without it). It
+# changes no test: only the file names that panics and the race detector
+# print (module paths, not this machine's).
 export GOFLAGS := $(strip $(GOFLAGS) -trimpath)
 PKGS = ./... ./client/... ./cmd/idemgate/... ./example/... ./otelidem/... ./otelidem/internal/sdktest/... ./idemhttp/internal/routertest/... ./tools/...
 MODULE = github.com/idemgate/idemgate
@@ -28,17 +30,24 @@ STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # -json and -exec).
 TESTFLAGS ?=
 
-.PHONY: test checks test-times vet lint publish-check unit faults run bench load plants chaos mutate river river-quick release
+.PHONY: test checks vet-lint test-times vet lint publish-check unit faults run bench load plants chaos mutate river river-quick release
 
-# The checks run side by side (each one's output kept together), then
-# the tests. Side by side they fill the cores that the publish check's go
-# commands leave idle; the tests come after, so no check's load lands on
-# a test's patience.
+# The checks, then the tests: the publish check beside gofmt and vet
+# then staticcheck (each one's output kept together), so that the cores
+# its go commands leave idle are used; vet before staticcheck, so that
+# on a cold build cache the packages both load are compiled once, not by
+# both at the same time. The tests come after, so that no check's load
+# lands on a test's patience.
 test:
-	@$(MAKE) --no-print-directory -j3 -O checks
+	@$(MAKE) --no-print-directory checks
 	@$(MAKE) --no-print-directory unit
 
-checks: vet lint publish-check
+checks:
+	@$(MAKE) --no-print-directory -j2 -O publish-check vet-lint
+
+vet-lint:
+	@$(MAKE) --no-print-directory vet
+	@$(MAKE) --no-print-directory lint
 
 # -tags faults in one run: only tools/faults has files with that tag, so
 # every other package is the same with it, and its dependencies are

@@ -35,7 +35,11 @@ func watchWakes(t *testing.T, l *listener) <-chan listenerWake {
 		if e.recheck {
 			e.release = make(chan struct{})
 		}
-		wakes <- e
+		select {
+		case wakes <- e:
+		case <-ended:
+			return
+		}
 		if e.recheck {
 			select {
 			case <-e.release:
