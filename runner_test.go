@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -750,5 +751,107 @@ func TestDoFailsClosedWhenTheStoreIsDown(t *testing.T) {
 	}
 	if fmt.Sprint(storeErrors) != "[claim]" {
 		t.Errorf("store_error events = %q, want [claim]", storeErrors)
+	}
+}
+
+// TestDoRunsEachKindOnceOnTheSameScope: the kind is part of the key, so
+// two Runners of different kinds on one scope (two consumers of the same
+// message) each run their work once; neither is refused as reused.
+func TestDoRunsEachKindOnceOnTheSameScope(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, s idemgate.Store) {
+		for _, kind := range []string{"charge", "notify", "charge", "notify"} {
+			r := idemgate.Runner{Store: s, Kind: kind}
+			res, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+				return []byte(kind), nil
+			})
+			if err != nil || string(res.Value) != kind {
+				t.Errorf("kind %s: %+v, %v; want its own output", kind, res, err)
+			}
+		}
+	})
+}
+
+// TestDoReleasesTheKeyWhenFnCallsGoexit: fn ends its goroutine
+// (runtime.Goexit, as t.FailNow does) instead of returning: the key is
+// released, with the atomic transaction rolled back, and Goexit goes on.
+func TestDoReleasesTheKeyWhenFnCallsGoexit(t *testing.T) {
+	t.Parallel()
+	pool, pg := pgStore(t)
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { c.Close() })
+	for _, r := range []idemgate.Runner{
+		{Store: redisstore.New(c), Kind: "charge", Lease: time.Hour},
+		{Store: pg, Kind: "charge", Lease: time.Hour, Atomic: true},
+	} {
+		t.Run(fmt.Sprintf("atomic=%v", r.Atomic), func(t *testing.T) {
+			returned := make(chan bool, 1)
+			go func() {
+				defer func() { returned <- false }()
+				r.Do(testCtx(t), scope("msg-goexit"), []byte(charge), func(ctx context.Context) ([]byte, error) {
+					if r.Atomic {
+						if _, err := pgrecords.TxFromContext(ctx).Exec(ctx, `INSERT INTO ledger VALUES ('msg-goexit', 1)`); err != nil {
+							return nil, err
+						}
+					}
+					runtime.Goexit()
+					return nil, nil
+				})
+				returned <- true
+			}()
+			if <-returned {
+				t.Fatal("Do returned after fn called runtime.Goexit")
+			}
+			res, err := r.Do(testCtx(t), scope("msg-goexit"), []byte(charge), func(context.Context) ([]byte, error) {
+				return []byte("ok"), nil
+			})
+			if err != nil || res.Replayed {
+				t.Errorf("redelivery = %+v, %v; want fn to run at once", res, err)
+			}
+			if got := ledgerRows(t, pool, "msg-goexit"); got != 0 {
+				t.Errorf("ledger rows = %d, want 0: the write rolled back", got)
+			}
+		})
+	}
+}
+
+// TestDoAtomicRollsBackAndReleasesWhenTheConsumerShutsDown: Do's context
+// is canceled while fn runs (the consumer shuts down) and fn returns its
+// context's error: fn's write rolls back, Do returns that error, and the
+// key is free for the redelivery at once.
+func TestDoAtomicRollsBackAndReleasesWhenTheConsumerShutsDown(t *testing.T) {
+	t.Parallel()
+	pool, s := pgStore(t)
+	var released []string
+	r := idemgate.Runner{Store: s, Kind: "charge", Atomic: true, Lease: time.Hour,
+		OnEvent: func(_ context.Context, ev idemgate.Event) {
+			if ev.Type == idemgate.EventReleased {
+				released = append(released, ev.Reason)
+			}
+		}}
+	ctx, shutdown := context.WithCancel(testCtx(t))
+	_, err := r.Do(ctx, scope("msg-shutdown"), []byte(charge), func(ctx context.Context) ([]byte, error) {
+		if _, err := pgrecords.TxFromContext(ctx).Exec(ctx, `INSERT INTO ledger VALUES ('msg-shutdown', 1)`); err != nil {
+			return nil, err
+		}
+		shutdown()
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("err = %v, want context.Canceled", err)
+	}
+	if got := ledgerRows(t, pool, "msg-shutdown"); got != 0 {
+		t.Errorf("ledger rows = %d, want 0: the write rolled back", got)
+	}
+	res, err := r.Do(testCtx(t), scope("msg-shutdown"), []byte(charge), func(context.Context) ([]byte, error) {
+		return []byte("ok"), nil
+	})
+	if err != nil || res.Replayed {
+		t.Errorf("redelivery = %+v, %v; want fn to run at once", res, err)
+	}
+	if fmt.Sprint(released) != "[handler_error]" {
+		t.Errorf("released = %q, want [handler_error]", released)
 	}
 }
