@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate"
+	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/proctest"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/internal/wait"
@@ -853,5 +854,158 @@ func TestDoAtomicRollsBackAndReleasesWhenTheConsumerShutsDown(t *testing.T) {
 	}
 	if fmt.Sprint(released) != "[handler_error]" {
 		t.Errorf("released = %q, want [handler_error]", released)
+	}
+}
+
+// TestRunnerRefusesAnInvalidConfigWithoutRunning: each mistake is Do's
+// error, and fn never runs.
+func TestRunnerRefusesAnInvalidConfigWithoutRunning(t *testing.T) {
+	t.Parallel()
+	s := runnerStores[0].store(t)
+	tests := []struct {
+		name string
+		r    idemgate.Runner
+		want string
+	}{
+		{"no store", idemgate.Runner{Kind: "charge"}, "Store is required"},
+		{"kind not a name", idemgate.Runner{Store: s, Kind: "Charge Card"}, `Kind "Charge Card"`},
+		{"negative lease", idemgate.Runner{Store: s, Kind: "charge", Lease: -time.Second}, "Lease must not be negative"},
+		{"sub-millisecond lease", idemgate.Runner{Store: s, Kind: "charge", Lease: time.Microsecond}, "Lease must be at least 1ms"},
+		{"negative wait", idemgate.Runner{Store: s, Kind: "charge", WaitInFlight: -time.Second}, "WaitInFlight must not be negative"},
+		{"negative retention", idemgate.Runner{Store: s, Kind: "charge", Retention: -time.Second}, "Retention must not be negative"},
+		{"bad field", idemgate.Runner{Store: s, Kind: "charge", Fingerprint: fingerprint.Spec{Fields: []string{"amount"}}}, "Fingerprint"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := tt.r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+				t.Error("fn ran")
+				return nil, nil
+			})
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("err = %v, want one naming %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestDoRefusesANilFnWithoutClaiming: a nil fn is Do's error before any
+// claim; it does not panic, and the key stays free.
+func TestDoRefusesANilFnWithoutClaiming(t *testing.T) {
+	t.Parallel()
+	r := idemgate.Runner{Store: runnerStores[0].store(t), Kind: "charge", Lease: time.Hour}
+	var events []string
+	r.OnEvent = func(_ context.Context, ev idemgate.Event) { events = append(events, ev.Type.String()) }
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Errorf("Do panicked: %v", p)
+			}
+		}()
+		if _, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), nil); err == nil {
+			t.Error("Do with a nil fn returned no error")
+		}
+	}()
+	if len(events) != 0 {
+		t.Errorf("events = %q, want none: nothing was claimed", events)
+	}
+}
+
+// TestDoKeepsTheKeyClaimedWhenTheResultCannotBeStored: the store fails
+// as fn's result is stored: Do returns the output with the store's error,
+// and the key stays claimed (a redelivery is in progress, not run again)
+// until the lease runs out.
+func TestDoKeepsTheKeyClaimedWhenTheResultCannotBeStored(t *testing.T) {
+	t.Parallel()
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	var storeErrors []string
+	r := idemgate.Runner{Store: redisstore.New(c), Kind: "charge", Lease: time.Hour,
+		OnEvent: func(_ context.Context, ev idemgate.Event) {
+			if ev.Type == idemgate.EventStoreError {
+				storeErrors = append(storeErrors, ev.Reason)
+			}
+		}}
+	res, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+		mr.SetError("LOADING the store is down")
+		return []byte("charged"), nil
+	})
+	if err == nil || !strings.HasPrefix(err.Error(), "idemgate: do: complete: ") || string(res.Value) != "charged" {
+		t.Errorf("Do = %+v, %v; want the output and the completion's failure", res, err)
+	}
+	if fmt.Sprint(storeErrors) != "[complete]" {
+		t.Errorf("store_error events = %q, want [complete]", storeErrors)
+	}
+	mr.SetError("")
+	_, err = r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+		t.Error("fn ran again while the first run's claim was live")
+		return nil, nil
+	})
+	if !errors.Is(err, idemgate.ErrInProgress) {
+		t.Errorf("redelivery: %v, want ErrInProgress", err)
+	}
+}
+
+// TestDoRunsTwiceWhenTheLeaseIsLostMidFn: on a plain store, a claim lost
+// while fn runs (here released by an operator's Forget; in life, a lease that ran out while the
+// worker was cut off) lets another delivery run fn too: both effects
+// happen, and the first Do returns its output with ErrLeaseLost.
+// (Atomic on pgrecords rolls the first back instead:
+// TestDoAtomicRollsBackWhenTheLeaseWasLost.)
+func TestDoRunsTwiceWhenTheLeaseIsLostMidFn(t *testing.T) {
+	t.Parallel()
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { c.Close() })
+	var mu sync.Mutex
+	var events []string
+	rs := redisstore.New(c)
+	r := idemgate.Runner{Store: rs, Kind: "charge", Lease: 300 * time.Millisecond,
+		OnEvent: func(_ context.Context, ev idemgate.Event) {
+			mu.Lock()
+			defer mu.Unlock()
+			events = append(events, ev.Type.String()+":"+ev.Reason)
+		}}
+	var runs atomic.Int32
+	res, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(ctx context.Context) ([]byte, error) {
+		runs.Add(1)
+		req, _ := idemgate.RequestFromContext(ctx)
+		info, err := rs.Inspect(ctx, req.Key.String())
+		if err != nil {
+			return nil, err
+		}
+		if err := rs.Forget(ctx, req.Key.String(), info.Token, false); err != nil {
+			return nil, err
+		}
+		if _, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+			runs.Add(1)
+			return []byte("second"), nil
+		}); err != nil {
+			return nil, err
+		}
+		<-ctx.Done()
+		if !errors.Is(context.Cause(ctx), idemgate.ErrLeaseLost) {
+			return nil, fmt.Errorf("fn's context ended with %v, want ErrLeaseLost", context.Cause(ctx))
+		}
+		return []byte("first"), nil
+	})
+	if !errors.Is(err, idemgate.ErrLeaseLost) || string(res.Value) != "first" {
+		t.Errorf("first Do = %+v, %v; want its output and ErrLeaseLost", res, err)
+	}
+	if runs.Load() != 2 {
+		t.Errorf("fn ran %d times, want 2", runs.Load())
+	}
+	res, err = r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+		return nil, errors.New("fn ran a third time")
+	})
+	if err != nil || string(res.Value) != "second" || !res.Replayed {
+		t.Errorf("third delivery = %+v, %v; want the second's output, replayed", res, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// One lease_lost per store call that found the claim gone: the
+	// renewal's, then the completion's (EventLeaseLost's contract).
+	if got := fmt.Sprint(events); got != "[claimed: claimed: lease_lost:extend lease_lost:complete replayed:]" {
+		t.Errorf("events = %s", got)
 	}
 }
