@@ -168,8 +168,11 @@ const doStatus = http.StatusOK
 // been lost (another run may hold the key), another when the store
 // failed (the key stays claimed until its lease runs out, then runs
 // again). With Atomic, nothing of fn took effect then, unless the error
-// says the commit's outcome is unknown; an error wrapping ErrTxConflict
-// may commit on a retry, ErrTxRefused and ErrTxAborted will not.
+// says the commit's outcome is unknown, or fn ended the store's
+// transaction itself (ErrTxAborted saying its writes "may have
+// committed": they did, and the key is released); an error wrapping
+// ErrTxConflict may commit on a retry, ErrTxRefused and ErrTxAborted
+// will not.
 func (r Runner) Do(ctx context.Context, scope keyspace.Scope, params []byte, fn func(ctx context.Context) ([]byte, error)) (Result, error) {
 	m, err := r.engine()
 	if err != nil {

@@ -1009,3 +1009,35 @@ func TestDoRunsTwiceWhenTheLeaseIsLostMidFn(t *testing.T) {
 		t.Errorf("events = %s", got)
 	}
 }
+
+// TestDoAtomicSaysFnsOwnCommitMayHaveTakenEffect: fn that ends the
+// store's transaction itself (COMMIT as SQL) has committed what it wrote
+// before; Do cannot undo that. It says so (ErrTxAborted, "may have
+// committed") and releases the key, so a redelivery runs fn again: the
+// effect twice, as docs/consumers.md warns.
+func TestDoAtomicSaysFnsOwnCommitMayHaveTakenEffect(t *testing.T) {
+	t.Parallel()
+	pool, s := pgStore(t)
+	r := idemgate.Runner{Store: s, Kind: "charge", Atomic: true}
+	fn := func(ctx context.Context) ([]byte, error) {
+		tx := pgrecords.TxFromContext(ctx)
+		if _, err := tx.Exec(ctx, `INSERT INTO ledger VALUES ('msg-own-commit', 1)`); err != nil {
+			return nil, err
+		}
+		_, err := tx.Exec(ctx, `COMMIT`)
+		return []byte("booked"), err
+	}
+	_, err := r.Do(testCtx(t), scope("msg-own-commit"), []byte(charge), fn)
+	if !errors.Is(err, idemgate.ErrTxAborted) || !strings.Contains(err.Error(), "may have committed") {
+		t.Errorf("err = %v, want ErrTxAborted saying fn's writes may have committed", err)
+	}
+	if got := ledgerRows(t, pool, "msg-own-commit"); got != 1 {
+		t.Errorf("ledger rows = %d, want 1: fn's own COMMIT took effect", got)
+	}
+	if _, err := r.Do(testCtx(t), scope("msg-own-commit"), []byte(charge), fn); !errors.Is(err, idemgate.ErrTxAborted) {
+		t.Errorf("redelivery: %v, want fn to run (and break its transaction) again", err)
+	}
+	if got := ledgerRows(t, pool, "msg-own-commit"); got != 2 {
+		t.Errorf("ledger rows = %d after the redelivery, want 2", got)
+	}
+}
