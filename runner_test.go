@@ -1041,3 +1041,54 @@ func TestDoAtomicSaysFnsOwnCommitMayHaveTakenEffect(t *testing.T) {
 		t.Errorf("ledger rows = %d after the redelivery, want 2", got)
 	}
 }
+
+// TestDoAtomicWritesOncePerKeyUnderManyConcurrentDeliveries: many keys,
+// each delivered several times at once to Atomic Do on PostgreSQL: each
+// key's write is in the ledger once, and every delivery that did not run
+// fn got its output, replayed, or was told the work is in progress.
+func TestDoAtomicWritesOncePerKeyUnderManyConcurrentDeliveries(t *testing.T) {
+	t.Parallel()
+	pool, s := pgStore(t)
+	r := idemgate.Runner{Store: s, Kind: "charge", Atomic: true, WaitInFlight: 100 * time.Millisecond}
+	const keys, deliveries = 8, 4
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	outcomes := map[string]int{}
+	start := make(chan struct{})
+	for k := range keys {
+		msg := fmt.Sprintf("msg-%d", k)
+		for range deliveries {
+			wg.Go(func() {
+				<-start
+				res, err := r.Do(testCtx(t), scope(msg), []byte(charge), func(ctx context.Context) ([]byte, error) {
+					_, err := pgrecords.TxFromContext(ctx).Exec(ctx, `INSERT INTO ledger VALUES ($1, 100)`, msg)
+					return []byte("booked " + msg), err
+				})
+				outcome := "ran"
+				switch {
+				case errors.Is(err, idemgate.ErrInProgress):
+					outcome = "in progress"
+				case err != nil:
+					outcome = err.Error()
+				case string(res.Value) != "booked "+msg:
+					outcome = fmt.Sprintf("output %q", res.Value)
+				case res.Replayed:
+					outcome = "replayed"
+				}
+				mu.Lock()
+				outcomes[outcome]++
+				mu.Unlock()
+			})
+		}
+	}
+	close(start)
+	wg.Wait()
+	for k := range keys {
+		if got := ledgerRows(t, pool, fmt.Sprintf("msg-%d", k)); got != 1 {
+			t.Errorf("msg-%d: ledger rows = %d, want 1", k, got)
+		}
+	}
+	if outcomes["ran"] != keys || outcomes["ran"]+outcomes["replayed"]+outcomes["in progress"] != keys*deliveries {
+		t.Errorf("outcomes = %v, want %d ran and the rest replayed or in progress", outcomes, keys)
+	}
+}
