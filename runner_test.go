@@ -1092,3 +1092,38 @@ func TestDoAtomicWritesOncePerKeyUnderManyConcurrentDeliveries(t *testing.T) {
 		t.Errorf("outcomes = %v, want %d ran and the rest replayed or in progress", outcomes, keys)
 	}
 }
+
+// TestDoReturnsFnsErrorWhenTheReleaseFails: fn fails and the store is
+// down as Do releases the key: Do still returns fn's error as it is, a
+// store_error event says the release failed, and the key stays claimed
+// (a redelivery is in progress) until its lease runs out.
+func TestDoReturnsFnsErrorWhenTheReleaseFails(t *testing.T) {
+	t.Parallel()
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	var storeErrors []string
+	r := idemgate.Runner{Store: redisstore.New(c), Kind: "charge", Lease: time.Hour,
+		OnEvent: func(_ context.Context, ev idemgate.Event) {
+			if ev.Type == idemgate.EventStoreError {
+				storeErrors = append(storeErrors, ev.Reason)
+			}
+		}}
+	errDown := errors.New("payment provider down")
+	_, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+		mr.SetError("LOADING the store is down")
+		return nil, errDown
+	})
+	if err != errDown {
+		t.Errorf("err = %v, want fn's error as it is", err)
+	}
+	if fmt.Sprint(storeErrors) != "[release]" {
+		t.Errorf("store_error events = %q, want [release]", storeErrors)
+	}
+	mr.SetError("")
+	if _, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+		return nil, errors.New("fn ran while the failed run's claim was live")
+	}); !errors.Is(err, idemgate.ErrInProgress) {
+		t.Errorf("redelivery: %v, want ErrInProgress", err)
+	}
+}
