@@ -1127,3 +1127,58 @@ func TestDoReturnsFnsErrorWhenTheReleaseFails(t *testing.T) {
 		t.Errorf("redelivery: %v, want ErrInProgress", err)
 	}
 }
+
+// TestDoStopsWaitingWhenItsCallerLeaves: a delivery waiting (WaitInFlight)
+// for the run that holds the key returns its context's error as soon as
+// its context ends, with a waited event saying so; it never runs fn, and
+// the holder's run finishes undisturbed.
+func TestDoStopsWaitingWhenItsCallerLeaves(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, s idemgate.Store) {
+		var mu sync.Mutex
+		var waited []string
+		r := idemgate.Runner{Store: s, Kind: "charge", WaitInFlight: time.Hour,
+			OnEvent: func(_ context.Context, ev idemgate.Event) {
+				if ev.Type == idemgate.EventWaited {
+					mu.Lock()
+					waited = append(waited, ev.Reason)
+					mu.Unlock()
+				}
+			}}
+		running, finish := make(chan struct{}), make(chan struct{})
+		holder := make(chan error, 1)
+		go func() {
+			_, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+				close(running)
+				<-finish
+				return []byte("charged"), nil
+			})
+			holder <- err
+		}()
+		<-running
+		ctx, leave := context.WithCancel(testCtx(t))
+		time.AfterFunc(50*time.Millisecond, leave)
+		_, err := r.Do(ctx, scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+			t.Error("the waiting delivery ran fn")
+			return nil, nil
+		})
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("waiting delivery: %v, want context.Canceled", err)
+		}
+		close(finish)
+		if err := <-holder; err != nil {
+			t.Errorf("holder: %v", err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if fmt.Sprint(waited) != "[canceled]" {
+			t.Errorf("waited events = %q, want [canceled]", waited)
+		}
+		res, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+			return nil, errors.New("fn ran again")
+		})
+		if err != nil || !res.Replayed || string(res.Value) != "charged" {
+			t.Errorf("redelivery = %+v, %v; want the holder's output, replayed", res, err)
+		}
+	})
+}
