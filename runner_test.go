@@ -818,42 +818,66 @@ func TestDoReleasesTheKeyWhenFnCallsGoexit(t *testing.T) {
 }
 
 // TestDoAtomicRollsBackAndReleasesWhenTheConsumerShutsDown: Do's context
-// is canceled while fn runs (the consumer shuts down) and fn returns its
-// context's error: fn's write rolls back, Do returns that error, and the
-// key is free for the redelivery at once.
+// is canceled while fn runs (the consumer shuts down), between fn's
+// statements or during one, and fn returns the error: fn's write rolls
+// back, Do returns that error, and the key is free for the redelivery at
+// once.
 func TestDoAtomicRollsBackAndReleasesWhenTheConsumerShutsDown(t *testing.T) {
 	t.Parallel()
 	pool, s := pgStore(t)
-	var released []string
-	r := idemgate.Runner{Store: s, Kind: "charge", Atomic: true, Lease: time.Hour,
-		OnEvent: func(_ context.Context, ev idemgate.Event) {
-			if ev.Type == idemgate.EventReleased {
-				released = append(released, ev.Reason)
+	tests := []struct {
+		name string
+		// then runs after fn's write, with shutdown.
+		then func(ctx context.Context, shutdown func()) error
+	}{
+		{"between statements", func(ctx context.Context, shutdown func()) error {
+			shutdown()
+			<-ctx.Done()
+			return ctx.Err()
+		}},
+		{"during a statement", func(ctx context.Context, shutdown func()) error {
+			time.AfterFunc(100*time.Millisecond, shutdown)
+			_, err := pgrecords.TxFromContext(ctx).Exec(ctx, `SELECT pg_sleep(60)`)
+			return err
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var released []string
+			r := idemgate.Runner{Store: s, Kind: "charge", Atomic: true, Lease: time.Hour,
+				OnEvent: func(_ context.Context, ev idemgate.Event) {
+					if ev.Type == idemgate.EventReleased {
+						mu.Lock()
+						released = append(released, ev.Reason)
+						mu.Unlock()
+					}
+				}}
+			ctx, shutdown := context.WithCancel(testCtx(t))
+			_, err := r.Do(ctx, scope(tt.name), []byte(charge), func(ctx context.Context) ([]byte, error) {
+				if _, err := pgrecords.TxFromContext(ctx).Exec(ctx, `INSERT INTO ledger VALUES ($1, 1)`, tt.name); err != nil {
+					return nil, err
+				}
+				return nil, tt.then(ctx, shutdown)
+			})
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("err = %v, want context.Canceled", err)
 			}
-		}}
-	ctx, shutdown := context.WithCancel(testCtx(t))
-	_, err := r.Do(ctx, scope("msg-shutdown"), []byte(charge), func(ctx context.Context) ([]byte, error) {
-		if _, err := pgrecords.TxFromContext(ctx).Exec(ctx, `INSERT INTO ledger VALUES ('msg-shutdown', 1)`); err != nil {
-			return nil, err
-		}
-		shutdown()
-		<-ctx.Done()
-		return nil, ctx.Err()
-	})
-	if !errors.Is(err, context.Canceled) {
-		t.Errorf("err = %v, want context.Canceled", err)
-	}
-	if got := ledgerRows(t, pool, "msg-shutdown"); got != 0 {
-		t.Errorf("ledger rows = %d, want 0: the write rolled back", got)
-	}
-	res, err := r.Do(testCtx(t), scope("msg-shutdown"), []byte(charge), func(context.Context) ([]byte, error) {
-		return []byte("ok"), nil
-	})
-	if err != nil || res.Replayed {
-		t.Errorf("redelivery = %+v, %v; want fn to run at once", res, err)
-	}
-	if fmt.Sprint(released) != "[handler_error]" {
-		t.Errorf("released = %q, want [handler_error]", released)
+			if got := ledgerRows(t, pool, tt.name); got != 0 {
+				t.Errorf("ledger rows = %d, want 0: the write rolled back", got)
+			}
+			res, err := r.Do(testCtx(t), scope(tt.name), []byte(charge), func(context.Context) ([]byte, error) {
+				return []byte("ok"), nil
+			})
+			if err != nil || res.Replayed {
+				t.Errorf("redelivery = %+v, %v; want fn to run at once", res, err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if fmt.Sprint(released) != "[handler_error]" {
+				t.Errorf("released = %q, want [handler_error]", released)
+			}
+		})
 	}
 }
 
