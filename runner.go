@@ -107,7 +107,8 @@ func (e *InProgressError) Error() string {
 func (e *InProgressError) Unwrap() error { return ErrInProgress }
 
 // KeyReusedError is Do's error when the key is held, running or finished,
-// by a run of other params (or another kind or user).
+// by a run of other params. (The kind and the scope's user are part of
+// the key: another Kind or user is another key, and runs fn.)
 type KeyReusedError struct {
 	// Changed lists the JSON Pointers of Runner.Fingerprint.Fields whose
 	// values differ, when the store could tell; names, never values.
@@ -140,8 +141,11 @@ const doStatus = http.StatusOK
 //     *KeyReusedError naming the fields that changed);
 //   - a call while a run holds the key waits up to WaitInFlight, then
 //     gets an error matching ErrInProgress (an *InProgressError);
-//   - fn's error, or its panic, releases the key, so that a redelivery
-//     runs fn again; Do returns fn's error as it is, and a panic goes on.
+//   - fn's error, its panic or its runtime.Goexit releases the key, so
+//     that a redelivery runs fn again; Do returns fn's error as it is,
+//     and a panic goes on.
+//
+// A nil fn is an error, before any claim.
 //
 // params are the work's parameters, a JSON document (or empty); with the
 // zero Fingerprint, any other bytes are taken as they are. fn's context
@@ -149,8 +153,10 @@ const doStatus = http.StatusOK
 // the key and fingerprint; it is canceled, with the cause ErrLeaseLost,
 // when a renewal finds the claim lost (the lease ran out and another run
 // may hold the key): fn should stop, as its result will not be stored.
+// Without Atomic, the other run then runs fn too: both effects happen.
 // With Atomic, it also carries the store's transaction
-// (pgrecords.TxFromContext).
+// (pgrecords.TxFromContext), which is fn's until fn returns: a goroutine
+// of fn's must not use it after that.
 //
 // The store calls run without Do's cancellation (bounded by Lease), so
 // that a claim the store made is not abandoned half-way; if ctx ends
@@ -162,12 +168,19 @@ const doStatus = http.StatusOK
 // been lost (another run may hold the key), another when the store
 // failed (the key stays claimed until its lease runs out, then runs
 // again). With Atomic, nothing of fn took effect then, unless the error
-// says the commit's outcome is unknown; an error wrapping ErrTxConflict
-// may commit on a retry, ErrTxRefused and ErrTxAborted will not.
+// says the commit's outcome is unknown, or fn ended the store's
+// transaction itself (ErrTxAborted saying its writes "may have
+// committed": they did, and the key is released); an error wrapping
+// ErrTxConflict may commit on a retry, ErrTxRefused and ErrTxAborted
+// will not.
 func (r Runner) Do(ctx context.Context, scope keyspace.Scope, params []byte, fn func(ctx context.Context) ([]byte, error)) (Result, error) {
 	m, err := r.engine()
 	if err != nil {
 		return Result{}, err
+	}
+	if fn == nil {
+		// Before the claim: a nil fn would panic under it, released.
+		return Result{}, errors.New("idemgate: do: fn is nil")
 	}
 	// The Engine lives for one call: its store deadline's timer ends
 	// with it rather than a Lease later.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgate/idemgate"
+	"github.com/idemgate/idemgate/fingerprint"
 	"github.com/idemgate/idemgate/internal/proctest"
 	"github.com/idemgate/idemgate/internal/testenv"
 	"github.com/idemgate/idemgate/internal/wait"
@@ -751,4 +753,456 @@ func TestDoFailsClosedWhenTheStoreIsDown(t *testing.T) {
 	if fmt.Sprint(storeErrors) != "[claim]" {
 		t.Errorf("store_error events = %q, want [claim]", storeErrors)
 	}
+}
+
+// TestDoRunsEachKindOnceOnTheSameScope: the kind is part of the key, so
+// two Runners of different kinds on one scope (two consumers of the same
+// message) each run their work once; neither is refused as reused.
+func TestDoRunsEachKindOnceOnTheSameScope(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, s idemgate.Store) {
+		for _, kind := range []string{"charge", "notify", "charge", "notify"} {
+			r := idemgate.Runner{Store: s, Kind: kind}
+			res, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+				return []byte(kind), nil
+			})
+			if err != nil || string(res.Value) != kind {
+				t.Errorf("kind %s: %+v, %v; want its own output", kind, res, err)
+			}
+		}
+	})
+}
+
+// TestDoReleasesTheKeyWhenFnCallsGoexit: fn ends its goroutine
+// (runtime.Goexit, as t.FailNow does) instead of returning: the key is
+// released, with the atomic transaction rolled back, and Goexit goes on.
+func TestDoReleasesTheKeyWhenFnCallsGoexit(t *testing.T) {
+	t.Parallel()
+	pool, pg := pgStore(t)
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { c.Close() })
+	for _, r := range []idemgate.Runner{
+		{Store: redisstore.New(c), Kind: "charge", Lease: time.Hour},
+		{Store: pg, Kind: "charge", Lease: time.Hour, Atomic: true},
+	} {
+		t.Run(fmt.Sprintf("atomic=%v", r.Atomic), func(t *testing.T) {
+			returned := make(chan bool, 1)
+			go func() {
+				defer func() { returned <- false }()
+				r.Do(testCtx(t), scope("msg-goexit"), []byte(charge), func(ctx context.Context) ([]byte, error) {
+					if r.Atomic {
+						if _, err := pgrecords.TxFromContext(ctx).Exec(ctx, `INSERT INTO ledger VALUES ('msg-goexit', 1)`); err != nil {
+							return nil, err
+						}
+					}
+					runtime.Goexit()
+					return nil, nil
+				})
+				returned <- true
+			}()
+			if <-returned {
+				t.Fatal("Do returned after fn called runtime.Goexit")
+			}
+			res, err := r.Do(testCtx(t), scope("msg-goexit"), []byte(charge), func(context.Context) ([]byte, error) {
+				return []byte("ok"), nil
+			})
+			if err != nil || res.Replayed {
+				t.Errorf("redelivery = %+v, %v; want fn to run at once", res, err)
+			}
+			if got := ledgerRows(t, pool, "msg-goexit"); got != 0 {
+				t.Errorf("ledger rows = %d, want 0: the write rolled back", got)
+			}
+		})
+	}
+}
+
+// TestDoAtomicRollsBackAndReleasesWhenTheConsumerShutsDown: Do's context
+// is canceled while fn runs (the consumer shuts down), between fn's
+// statements or during one, and fn returns the error: fn's write rolls
+// back, Do returns that error, and the key is free for the redelivery at
+// once.
+func TestDoAtomicRollsBackAndReleasesWhenTheConsumerShutsDown(t *testing.T) {
+	t.Parallel()
+	pool, s := pgStore(t)
+	tests := []struct {
+		name string
+		// then runs after fn's write, with shutdown.
+		then func(ctx context.Context, shutdown func()) error
+	}{
+		{"between statements", func(ctx context.Context, shutdown func()) error {
+			shutdown()
+			<-ctx.Done()
+			return ctx.Err()
+		}},
+		{"during a statement", func(ctx context.Context, shutdown func()) error {
+			time.AfterFunc(100*time.Millisecond, shutdown)
+			_, err := pgrecords.TxFromContext(ctx).Exec(ctx, `SELECT pg_sleep(60)`)
+			return err
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var released []string
+			r := idemgate.Runner{Store: s, Kind: "charge", Atomic: true, Lease: time.Hour,
+				OnEvent: func(_ context.Context, ev idemgate.Event) {
+					if ev.Type == idemgate.EventReleased {
+						mu.Lock()
+						released = append(released, ev.Reason)
+						mu.Unlock()
+					}
+				}}
+			ctx, shutdown := context.WithCancel(testCtx(t))
+			_, err := r.Do(ctx, scope(tt.name), []byte(charge), func(ctx context.Context) ([]byte, error) {
+				if _, err := pgrecords.TxFromContext(ctx).Exec(ctx, `INSERT INTO ledger VALUES ($1, 1)`, tt.name); err != nil {
+					return nil, err
+				}
+				return nil, tt.then(ctx, shutdown)
+			})
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("err = %v, want context.Canceled", err)
+			}
+			if got := ledgerRows(t, pool, tt.name); got != 0 {
+				t.Errorf("ledger rows = %d, want 0: the write rolled back", got)
+			}
+			res, err := r.Do(testCtx(t), scope(tt.name), []byte(charge), func(context.Context) ([]byte, error) {
+				return []byte("ok"), nil
+			})
+			if err != nil || res.Replayed {
+				t.Errorf("redelivery = %+v, %v; want fn to run at once", res, err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if fmt.Sprint(released) != "[handler_error]" {
+				t.Errorf("released = %q, want [handler_error]", released)
+			}
+		})
+	}
+}
+
+// TestRunnerRefusesAnInvalidConfigWithoutRunning: each mistake is Do's
+// error, and fn never runs.
+func TestRunnerRefusesAnInvalidConfigWithoutRunning(t *testing.T) {
+	t.Parallel()
+	s := runnerStores[0].store(t)
+	tests := []struct {
+		name string
+		r    idemgate.Runner
+		want string
+	}{
+		{"no store", idemgate.Runner{Kind: "charge"}, "Store is required"},
+		{"kind not a name", idemgate.Runner{Store: s, Kind: "Charge Card"}, `Kind "Charge Card"`},
+		{"negative lease", idemgate.Runner{Store: s, Kind: "charge", Lease: -time.Second}, "Lease must not be negative"},
+		{"sub-millisecond lease", idemgate.Runner{Store: s, Kind: "charge", Lease: time.Microsecond}, "Lease must be at least 1ms"},
+		{"negative wait", idemgate.Runner{Store: s, Kind: "charge", WaitInFlight: -time.Second}, "WaitInFlight must not be negative"},
+		{"negative retention", idemgate.Runner{Store: s, Kind: "charge", Retention: -time.Second}, "Retention must not be negative"},
+		{"bad field", idemgate.Runner{Store: s, Kind: "charge", Fingerprint: fingerprint.Spec{Fields: []string{"amount"}}}, "Fingerprint"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := tt.r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+				t.Error("fn ran")
+				return nil, nil
+			})
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("err = %v, want one naming %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestDoRefusesANilFnWithoutClaiming: a nil fn is Do's error before any
+// claim; it does not panic, and the key stays free.
+func TestDoRefusesANilFnWithoutClaiming(t *testing.T) {
+	t.Parallel()
+	r := idemgate.Runner{Store: runnerStores[0].store(t), Kind: "charge", Lease: time.Hour}
+	var events []string
+	r.OnEvent = func(_ context.Context, ev idemgate.Event) { events = append(events, ev.Type.String()) }
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Errorf("Do panicked: %v", p)
+			}
+		}()
+		if _, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), nil); err == nil {
+			t.Error("Do with a nil fn returned no error")
+		}
+	}()
+	if len(events) != 0 {
+		t.Errorf("events = %q, want none: nothing was claimed", events)
+	}
+}
+
+// TestDoKeepsTheKeyClaimedWhenTheResultCannotBeStored: the store fails
+// as fn's result is stored: Do returns the output with the store's error,
+// and the key stays claimed (a redelivery is in progress, not run again)
+// until the lease runs out.
+func TestDoKeepsTheKeyClaimedWhenTheResultCannotBeStored(t *testing.T) {
+	t.Parallel()
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	var storeErrors []string
+	r := idemgate.Runner{Store: redisstore.New(c), Kind: "charge", Lease: time.Hour,
+		OnEvent: func(_ context.Context, ev idemgate.Event) {
+			if ev.Type == idemgate.EventStoreError {
+				storeErrors = append(storeErrors, ev.Reason)
+			}
+		}}
+	res, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+		mr.SetError("LOADING the store is down")
+		return []byte("charged"), nil
+	})
+	if err == nil || !strings.HasPrefix(err.Error(), "idemgate: do: complete: ") || string(res.Value) != "charged" {
+		t.Errorf("Do = %+v, %v; want the output and the completion's failure", res, err)
+	}
+	if fmt.Sprint(storeErrors) != "[complete]" {
+		t.Errorf("store_error events = %q, want [complete]", storeErrors)
+	}
+	mr.SetError("")
+	_, err = r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+		t.Error("fn ran again while the first run's claim was live")
+		return nil, nil
+	})
+	if !errors.Is(err, idemgate.ErrInProgress) {
+		t.Errorf("redelivery: %v, want ErrInProgress", err)
+	}
+}
+
+// TestDoRunsTwiceWhenTheLeaseIsLostMidFn: on a plain store, a claim lost
+// while fn runs (here released by an operator's Forget; in life, a lease that ran out while the
+// worker was cut off) lets another delivery run fn too: both effects
+// happen, and the first Do returns its output with ErrLeaseLost.
+// (Atomic on pgrecords rolls the first back instead:
+// TestDoAtomicRollsBackWhenTheLeaseWasLost.)
+func TestDoRunsTwiceWhenTheLeaseIsLostMidFn(t *testing.T) {
+	t.Parallel()
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { c.Close() })
+	var mu sync.Mutex
+	var events []string
+	rs := redisstore.New(c)
+	r := idemgate.Runner{Store: rs, Kind: "charge", Lease: 300 * time.Millisecond,
+		OnEvent: func(_ context.Context, ev idemgate.Event) {
+			mu.Lock()
+			defer mu.Unlock()
+			events = append(events, ev.Type.String()+":"+ev.Reason)
+		}}
+	var runs atomic.Int32
+	res, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(ctx context.Context) ([]byte, error) {
+		runs.Add(1)
+		req, _ := idemgate.RequestFromContext(ctx)
+		info, err := rs.Inspect(ctx, req.Key.String())
+		if err != nil {
+			return nil, err
+		}
+		if err := rs.Forget(ctx, req.Key.String(), info.Token, false); err != nil {
+			return nil, err
+		}
+		if _, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+			runs.Add(1)
+			return []byte("second"), nil
+		}); err != nil {
+			return nil, err
+		}
+		<-ctx.Done()
+		if !errors.Is(context.Cause(ctx), idemgate.ErrLeaseLost) {
+			return nil, fmt.Errorf("fn's context ended with %v, want ErrLeaseLost", context.Cause(ctx))
+		}
+		return []byte("first"), nil
+	})
+	if !errors.Is(err, idemgate.ErrLeaseLost) || string(res.Value) != "first" {
+		t.Errorf("first Do = %+v, %v; want its output and ErrLeaseLost", res, err)
+	}
+	if runs.Load() != 2 {
+		t.Errorf("fn ran %d times, want 2", runs.Load())
+	}
+	res, err = r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+		return nil, errors.New("fn ran a third time")
+	})
+	if err != nil || string(res.Value) != "second" || !res.Replayed {
+		t.Errorf("third delivery = %+v, %v; want the second's output, replayed", res, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// One lease_lost per store call that found the claim gone: the
+	// renewal's, then the completion's (EventLeaseLost's contract).
+	if got := fmt.Sprint(events); got != "[claimed: claimed: lease_lost:extend lease_lost:complete replayed:]" {
+		t.Errorf("events = %s", got)
+	}
+}
+
+// TestDoAtomicSaysFnsOwnCommitMayHaveTakenEffect: fn that ends the
+// store's transaction itself (COMMIT as SQL) has committed what it wrote
+// before; Do cannot undo that. It says so (ErrTxAborted, "may have
+// committed") and releases the key, so a redelivery runs fn again: the
+// effect twice, as docs/consumers.md warns.
+func TestDoAtomicSaysFnsOwnCommitMayHaveTakenEffect(t *testing.T) {
+	t.Parallel()
+	pool, s := pgStore(t)
+	r := idemgate.Runner{Store: s, Kind: "charge", Atomic: true}
+	fn := func(ctx context.Context) ([]byte, error) {
+		tx := pgrecords.TxFromContext(ctx)
+		if _, err := tx.Exec(ctx, `INSERT INTO ledger VALUES ('msg-own-commit', 1)`); err != nil {
+			return nil, err
+		}
+		_, err := tx.Exec(ctx, `COMMIT`)
+		return []byte("booked"), err
+	}
+	_, err := r.Do(testCtx(t), scope("msg-own-commit"), []byte(charge), fn)
+	if !errors.Is(err, idemgate.ErrTxAborted) || !strings.Contains(err.Error(), "may have committed") {
+		t.Errorf("err = %v, want ErrTxAborted saying fn's writes may have committed", err)
+	}
+	if got := ledgerRows(t, pool, "msg-own-commit"); got != 1 {
+		t.Errorf("ledger rows = %d, want 1: fn's own COMMIT took effect", got)
+	}
+	if _, err := r.Do(testCtx(t), scope("msg-own-commit"), []byte(charge), fn); !errors.Is(err, idemgate.ErrTxAborted) {
+		t.Errorf("redelivery: %v, want fn to run (and break its transaction) again", err)
+	}
+	if got := ledgerRows(t, pool, "msg-own-commit"); got != 2 {
+		t.Errorf("ledger rows = %d after the redelivery, want 2", got)
+	}
+}
+
+// TestDoAtomicWritesOncePerKeyUnderManyConcurrentDeliveries: many keys,
+// each delivered several times at once to Atomic Do on PostgreSQL: each
+// key's write is in the ledger once, and every delivery that did not run
+// fn got its output, replayed, or was told the work is in progress.
+func TestDoAtomicWritesOncePerKeyUnderManyConcurrentDeliveries(t *testing.T) {
+	t.Parallel()
+	pool, s := pgStore(t)
+	r := idemgate.Runner{Store: s, Kind: "charge", Atomic: true, WaitInFlight: 100 * time.Millisecond}
+	const keys, deliveries = 8, 4
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	outcomes := map[string]int{}
+	start := make(chan struct{})
+	for k := range keys {
+		msg := fmt.Sprintf("msg-%d", k)
+		for range deliveries {
+			wg.Go(func() {
+				<-start
+				res, err := r.Do(testCtx(t), scope(msg), []byte(charge), func(ctx context.Context) ([]byte, error) {
+					_, err := pgrecords.TxFromContext(ctx).Exec(ctx, `INSERT INTO ledger VALUES ($1, 100)`, msg)
+					return []byte("booked " + msg), err
+				})
+				outcome := "ran"
+				switch {
+				case errors.Is(err, idemgate.ErrInProgress):
+					outcome = "in progress"
+				case err != nil:
+					outcome = err.Error()
+				case string(res.Value) != "booked "+msg:
+					outcome = fmt.Sprintf("output %q", res.Value)
+				case res.Replayed:
+					outcome = "replayed"
+				}
+				mu.Lock()
+				outcomes[outcome]++
+				mu.Unlock()
+			})
+		}
+	}
+	close(start)
+	wg.Wait()
+	for k := range keys {
+		if got := ledgerRows(t, pool, fmt.Sprintf("msg-%d", k)); got != 1 {
+			t.Errorf("msg-%d: ledger rows = %d, want 1", k, got)
+		}
+	}
+	if outcomes["ran"] != keys || outcomes["ran"]+outcomes["replayed"]+outcomes["in progress"] != keys*deliveries {
+		t.Errorf("outcomes = %v, want %d ran and the rest replayed or in progress", outcomes, keys)
+	}
+}
+
+// TestDoReturnsFnsErrorWhenTheReleaseFails: fn fails and the store is
+// down as Do releases the key: Do still returns fn's error as it is, a
+// store_error event says the release failed, and the key stays claimed
+// (a redelivery is in progress) until its lease runs out.
+func TestDoReturnsFnsErrorWhenTheReleaseFails(t *testing.T) {
+	t.Parallel()
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	var storeErrors []string
+	r := idemgate.Runner{Store: redisstore.New(c), Kind: "charge", Lease: time.Hour,
+		OnEvent: func(_ context.Context, ev idemgate.Event) {
+			if ev.Type == idemgate.EventStoreError {
+				storeErrors = append(storeErrors, ev.Reason)
+			}
+		}}
+	errDown := errors.New("payment provider down")
+	_, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+		mr.SetError("LOADING the store is down")
+		return nil, errDown
+	})
+	if err != errDown {
+		t.Errorf("err = %v, want fn's error as it is", err)
+	}
+	if fmt.Sprint(storeErrors) != "[release]" {
+		t.Errorf("store_error events = %q, want [release]", storeErrors)
+	}
+	mr.SetError("")
+	if _, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+		return nil, errors.New("fn ran while the failed run's claim was live")
+	}); !errors.Is(err, idemgate.ErrInProgress) {
+		t.Errorf("redelivery: %v, want ErrInProgress", err)
+	}
+}
+
+// TestDoStopsWaitingWhenItsCallerLeaves: a delivery waiting (WaitInFlight)
+// for the run that holds the key returns its context's error as soon as
+// its context ends, with a waited event saying so; it never runs fn, and
+// the holder's run finishes undisturbed.
+func TestDoStopsWaitingWhenItsCallerLeaves(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, s idemgate.Store) {
+		var mu sync.Mutex
+		var waited []string
+		r := idemgate.Runner{Store: s, Kind: "charge", WaitInFlight: time.Hour,
+			OnEvent: func(_ context.Context, ev idemgate.Event) {
+				if ev.Type == idemgate.EventWaited {
+					mu.Lock()
+					waited = append(waited, ev.Reason)
+					mu.Unlock()
+				}
+			}}
+		running, finish := make(chan struct{}), make(chan struct{})
+		holder := make(chan error, 1)
+		go func() {
+			_, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+				close(running)
+				<-finish
+				return []byte("charged"), nil
+			})
+			holder <- err
+		}()
+		<-running
+		ctx, leave := context.WithCancel(testCtx(t))
+		time.AfterFunc(50*time.Millisecond, leave)
+		_, err := r.Do(ctx, scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+			t.Error("the waiting delivery ran fn")
+			return nil, nil
+		})
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("waiting delivery: %v, want context.Canceled", err)
+		}
+		close(finish)
+		if err := <-holder; err != nil {
+			t.Errorf("holder: %v", err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if fmt.Sprint(waited) != "[canceled]" {
+			t.Errorf("waited events = %q, want [canceled]", waited)
+		}
+		res, err := r.Do(testCtx(t), scope("msg-1"), []byte(charge), func(context.Context) ([]byte, error) {
+			return nil, errors.New("fn ran again")
+		})
+		if err != nil || !res.Replayed || string(res.Value) != "charged" {
+			t.Errorf("redelivery = %+v, %v; want the holder's output, replayed", res, err)
+		}
+	})
 }
