@@ -163,11 +163,26 @@ func (w *captureWriter) Write(b []byte) (int, error) {
 		return w.clientGone(len(b), 0)
 	}
 	n, err := w.ResponseWriter.Write(b)
+	if err != nil && handlerFault(err) {
+		// The handler's own mistake (writing past its Content-Length),
+		// which net/http reports with the bytes refused: the handler
+		// hears of it, and the copy keeps only what went out.
+		if w.body != nil {
+			*w.body = (*w.body)[:len(*w.body)-(len(b)-n)]
+		}
+		return n, err
+	}
 	if err != nil {
 		w.clientErr = err
 		return w.clientGone(len(b), n)
 	}
 	return n, nil
+}
+
+// handlerFault reports whether a failed write is the handler's doing,
+// not the client's connection's.
+func handlerFault(err error) bool {
+	return errors.Is(err, http.ErrContentLength) || errors.Is(err, http.ErrBodyNotAllowed)
 }
 
 // clientGone answers a write of size bytes after the client's connection

@@ -17,8 +17,8 @@
 // the mux routes, when r.Pattern is still empty: the middleware asks the
 // mux (ServeMux.Handler) which pattern it will choose. That pattern gives
 // the kind, as on a wrapped route, and the escaped path stands for the
-// path values in the fingerprint; a request the mux answers 404 or 405
-// passes through untouched. A router that keeps its template elsewhere
+// path values in the fingerprint; a request the mux answers 404 or 405,
+// or redirects, passes through untouched. A router that keeps its template elsewhere
 // (chi, gorilla/mux) gives it through Config.Route.
 package idemhttp
 
@@ -27,6 +27,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -267,8 +268,13 @@ func (h *handler) Route(r *http.Request, _ any) string {
 	case h.cfg.Route != nil:
 		return h.cfg.Route(r)
 	case h.mux != nil && r.Pattern == "":
-		// Before the mux routes: the pattern it will choose.
-		_, pattern := h.mux.Handler(r)
+		// Before the mux routes: the pattern it will choose. A request
+		// the mux redirects (a trailing slash, a path to clean) has no
+		// route yet: the request it is sent to carries the key.
+		hd, pattern := h.mux.Handler(r)
+		if reflect.TypeOf(hd) == redirectType {
+			return ""
+		}
 		return patternPath(pattern)
 	}
 	return patternPath(r.Pattern)
@@ -299,9 +305,14 @@ func (h *handler) Params(r *http.Request, _ any) (names, values []string) {
 	return names, values
 }
 
+// redirectType is the type of the handler ServeMux.Handler answers for a
+// request it redirects.
+var redirectType = reflect.TypeOf(http.RedirectHandler("/", http.StatusTemporaryRedirect))
+
 // Matched is false only for an empty template from a whole ServeMux
 // (Route asked it): the mux has no route of the request's method for its
-// path and answers 404 or 405, so the request passes through. A route's
+// path and answers 404 or 405, or redirects it (or routes it to an
+// http.RedirectHandler), so the request passes through. A route's
 // handler runs only for a request its router matched; another router
 // before routing cannot be asked.
 func (h *handler) Matched(_ *http.Request, _ any, template string) bool {
