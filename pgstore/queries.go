@@ -23,6 +23,10 @@ const (
 	// indexKeyWide is v2's unique index on (tenant, idempotency_key,
 	// runtime, network): the arbiter of Submit.
 	indexKeyWide = "idemgate_tasks_key_v2"
+	// indexKeyDigest is v12's unique index on the full key's digest
+	// (keyDigestOfTask): the arbiter of Submit since v12, which drops
+	// indexKeyWide.
+	indexKeyDigest = "idemgate_tasks_key_v12"
 	// indexClaim serves the claim of runnable tasks by kind (v4).
 	indexClaim = "idemgate_tasks_claim"
 	// indexDone serves Prune: finished tasks by finish time (v4).
@@ -646,22 +650,11 @@ var (
 	// that may run now only (a scheduled one is found by polling).
 	// @run_after NULL or past is now() (greatest ignores NULL): a task
 	// takes its place in line when submitted, never before.
-	sqlSubmit = `WITH ins AS (
-	INSERT INTO idemgate_tasks AS t
-		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace,
-		run_after, priority, turn)
-	VALUES (@tenant, @owner, @kind, @runtime, @network, @key, @fingerprint, @params, @trace,
-		greatest(@run_after::timestamptz, now()), @priority,
-		` + newTurn("@run_after::timestamptz", "@kind::text", "@priority::smallint", "@tenant::text") + `)
-	ON CONFLICT (tenant, idempotency_key, runtime, network) DO NOTHING
-	RETURNING ` + tTaskColumns + `
-)
-SELECT *, false AS duplicate FROM ins
-WHERE NOT @notify::boolean OR ins.run_after > now() OR idemgate_tasks_notify(ins.kind)
-UNION ALL
-SELECT ` + taskColumns + `, true AS duplicate FROM idemgate_tasks
-WHERE tenant = @tenant AND idempotency_key = @key AND runtime = @runtime AND network = @network
-	AND NOT EXISTS (SELECT FROM ins)`
+	sqlSubmit = submitSQL(conflictOnDigest)
+
+	// sqlSubmitWide is sqlSubmit on a schema before v12 (or mid-v12),
+	// whose arbiter is v2's index on the key's columns.
+	sqlSubmitWide = submitSQL(conflictOnColumns)
 
 	// sqlSubmitPlain is Submit while the wide index is not (yet) valid, as
 	// during the v2 build: a conflict surfaces as a unique violation whose
@@ -699,41 +692,15 @@ WHERE NOT @notify::boolean OR ins.run_after > now() OR idemgate_tasks_notify(ins
 	// over the table, in any plan).
 	// A kind in @notify_kinds with an inserted row that may run now is
 	// announced, once.
-	sqlSubmitMany = `WITH ins AS (
-	INSERT INTO idemgate_tasks AS t
-		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace,
-		run_after, priority, turn)
-	SELECT u.tenant, u.owner, u.kind, u.runtime, u.network, u.key, u.fingerprint, u.params, u.trace,
-		greatest(u.run_after, now()), u.priority,
-		CASE WHEN u.run_after > now() THEN ` + unplaced + ` ELSE (SELECT pg_catalog.array_agg(` + turnOf("l.kind", "l.priority", "l.tenant") + ` ORDER BY l.line)
-			FROM (SELECT DISTINCT ON (line) line, kind, priority, tenant
-				FROM unnest(@lines_of::int[], @kinds::text[], @priorities::smallint[], @tenants::text[])
-					AS v(line, kind, priority, tenant)
-				ORDER BY line) l)[u.line] + u.nth END
-	FROM unnest(@tenants::text[], @owners::text[], @kinds::text[], @runtimes::text[], @networks::text[],
-		@keys::text[], @fingerprints::text[], @params::jsonb[], @traces::text[],
-		@run_afters::timestamptz[], @priorities::smallint[], @lines_of::int[], @nths::bigint[])
-		WITH ORDINALITY AS u(tenant, owner, kind, runtime, network, key, fingerprint, params, trace,
-			run_after, priority, line, nth, ord)
-	ORDER BY u.ord
-	ON CONFLICT (tenant, idempotency_key, runtime, network) DO NOTHING
-	RETURNING ` + tTaskColumns + `
-)
-SELECT *, false AS duplicate FROM ins
-WHERE (SELECT count(*) FROM (SELECT DISTINCT a.kind FROM ins a
-	WHERE a.kind = ANY(coalesce(@notify_kinds::text[], '{}')) AND a.run_after <= now()) k
-	WHERE idemgate_tasks_notify(k.kind)) >= 0
-UNION ALL
-SELECT t.*, true AS duplicate
-FROM unnest(@tenants::text[], @keys::text[], @runtimes::text[], @networks::text[]) AS x(tenant, key, runtime, network)
-CROSS JOIN LATERAL (SELECT ` + taskColumns + ` FROM idemgate_tasks h
-	WHERE h.tenant = x.tenant AND h.idempotency_key = x.key AND h.runtime = x.runtime AND h.network = x.network
-	LIMIT 1) t
-WHERE (SELECT count(*) FROM ins) < pg_catalog.cardinality(@keys::text[])`
+	sqlSubmitMany = submitManySQL(conflictOnDigest)
+
+	// sqlSubmitManyWide is sqlSubmitMany before v12 (see sqlSubmitWide).
+	sqlSubmitManyWide = submitManySQL(conflictOnColumns)
 
 	// sqlByKey reads a task back by its full key.
 	sqlByKey = `SELECT ` + taskColumns + `, true AS duplicate FROM idemgate_tasks
-WHERE tenant = @tenant AND idempotency_key = @key AND runtime = @runtime AND network = @network`
+WHERE ` + keyDigestOfTask + ` = ` + keyDigestOfArgs + `
+	AND tenant = @tenant AND idempotency_key = @key AND runtime = @runtime AND network = @network`
 
 	// sqlGet scopes the lookup to the caller: anyone else's task is
 	// absent. @operator lifts the scope (Operator.Get).
@@ -1602,3 +1569,126 @@ UPDATE idemgate_tasks t SET
 FROM expired WHERE t.id = expired.id
 RETURNING t.id::text AS id, t.kind, t.attempt, t.state`
 )
+
+// submitSQL is sqlSubmit with conflict, the ON CONFLICT clause that names
+// the arbiter.
+func submitSQL(conflict string) string {
+	return `WITH ins AS (
+	INSERT INTO idemgate_tasks AS t
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace,
+		run_after, priority, turn)
+	VALUES (@tenant, @owner, @kind, @runtime, @network, @key, @fingerprint, @params, @trace,
+		greatest(@run_after::timestamptz, now()), @priority,
+		` + newTurn("@run_after::timestamptz", "@kind::text", "@priority::smallint", "@tenant::text") + `)
+	` + conflict + `
+	RETURNING ` + tTaskColumns + `
+)
+SELECT *, false AS duplicate FROM ins
+WHERE NOT @notify::boolean OR ins.run_after > now() OR idemgate_tasks_notify(ins.kind)
+UNION ALL
+SELECT ` + taskColumns + `, true AS duplicate FROM idemgate_tasks
+WHERE ` + keyDigestOfTask + ` = ` + keyDigestOfArgs + `
+	AND tenant = @tenant AND idempotency_key = @key AND runtime = @runtime AND network = @network
+	AND NOT EXISTS (SELECT FROM ins)`
+}
+
+// submitManySQL is sqlSubmitMany with conflict, the ON CONFLICT clause
+// that names the arbiter.
+func submitManySQL(conflict string) string {
+	return `WITH ins AS (
+	INSERT INTO idemgate_tasks AS t
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace,
+		run_after, priority, turn)
+	SELECT u.tenant, u.owner, u.kind, u.runtime, u.network, u.key, u.fingerprint, u.params, u.trace,
+		greatest(u.run_after, now()), u.priority,
+		CASE WHEN u.run_after > now() THEN ` + unplaced + ` ELSE (SELECT pg_catalog.array_agg(` + turnOf("l.kind", "l.priority", "l.tenant") + ` ORDER BY l.line)
+			FROM (SELECT DISTINCT ON (line) line, kind, priority, tenant
+				FROM unnest(@lines_of::int[], @kinds::text[], @priorities::smallint[], @tenants::text[])
+					AS v(line, kind, priority, tenant)
+				ORDER BY line) l)[u.line] + u.nth END
+	FROM unnest(@tenants::text[], @owners::text[], @kinds::text[], @runtimes::text[], @networks::text[],
+		@keys::text[], @fingerprints::text[], @params::jsonb[], @traces::text[],
+		@run_afters::timestamptz[], @priorities::smallint[], @lines_of::int[], @nths::bigint[])
+		WITH ORDINALITY AS u(tenant, owner, kind, runtime, network, key, fingerprint, params, trace,
+			run_after, priority, line, nth, ord)
+	ORDER BY u.ord
+	` + conflict + `
+	RETURNING ` + tTaskColumns + `
+)
+SELECT *, false AS duplicate FROM ins
+WHERE (SELECT count(*) FROM (SELECT DISTINCT a.kind FROM ins a
+	WHERE a.kind = ANY(coalesce(@notify_kinds::text[], '{}')) AND a.run_after <= now()) k
+	WHERE idemgate_tasks_notify(k.kind)) >= 0
+UNION ALL
+SELECT t.*, true AS duplicate
+FROM unnest(@tenants::text[], @keys::text[], @runtimes::text[], @networks::text[]) AS x(tenant, key, runtime, network)
+CROSS JOIN LATERAL (SELECT ` + taskColumns + ` FROM idemgate_tasks h
+	WHERE ` + keyDigest("h.tenant", "h.idempotency_key", "h.runtime", "h.network") + `
+		= ` + keyDigest("x.tenant", "x.key", "x.runtime", "x.network") + `
+		AND h.tenant = x.tenant AND h.idempotency_key = x.key AND h.runtime = x.runtime AND h.network = x.network
+	LIMIT 1) t
+WHERE (SELECT count(*) FROM ins) < pg_catalog.cardinality(@keys::text[])`
+}
+
+// The arbiter: which unique index decides that a key is held (v12).
+//
+// Since v12 it is a B-tree of 32-byte SHA-256 digests of the full key
+// (tenant, idempotency key, runtime, network), as River's unique_key is a
+// hash: one short binary value per entry, compared byte for byte, where
+// v2's index held the four texts and compared them column by column. The
+// columns stay as they were, readable; only the index narrows. It is an
+// index on an expression of the columns, not a column of its own, so the
+// database computes the digest of every row whoever writes it (an earlier
+// release's Submit, hand-written SQL, a restore) and no row can lack it.
+// Two keys with one digest would be one key: Submit would find the
+// other key's task, see that its full key differs (the lookups compare
+// the columns too), and fail after submitTries; SHA-256 makes that a
+// theoretical case.
+var (
+	// conflictOnDigest is v12's ON CONFLICT clause.
+	conflictOnDigest = `ON CONFLICT ((` + keyDigestOfTask + `)) DO NOTHING`
+	// conflictOnColumns is v2's, for a schema before v12.
+	conflictOnColumns = `ON CONFLICT (tenant, idempotency_key, runtime, network) DO NOTHING`
+)
+
+// v12: the digest index, built concurrently (see sqlCreateWideIndex: no
+// IF NOT EXISTS).
+var sqlCreateDigestIndex = `CREATE UNIQUE INDEX CONCURRENTLY idemgate_tasks_key_v12
+	ON idemgate_tasks ((` + keyDigestOfTask + `))`
+
+// sqlV12TimeOrderedIDs gives new tasks time-ordered IDs: UUIDs of version
+// 7 (RFC 9562: 48 bits of Unix time in milliseconds, then random bits),
+// so that a new row's primary key entry goes to the right end of the
+// index, where its pages are already in memory, instead of a random leaf;
+// rows written before keep their IDs (IDs stay opaque: nothing orders by
+// them). PostgreSQL 15 has no uuidv7(): the expression overlays the time
+// on a random UUID and sets the version bits (0111). Catalog-only, under a
+// brief lock; run again, it sets the same default.
+const sqlV12TimeOrderedIDs = `ALTER TABLE idemgate_tasks ALTER COLUMN id SET DEFAULT
+	pg_catalog.encode(pg_catalog.set_bit(pg_catalog.set_bit(overlay(pg_catalog.uuid_send(pg_catalog.gen_random_uuid())
+		PLACING substring(pg_catalog.int8send(pg_catalog.floor(pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) * 1000)::bigint) FROM 3)
+		FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid`
+
+// keyDigestOfTask is the digest of a task row's full key, as v12's index
+// has it.
+var keyDigestOfTask = keyDigest("tenant", "idempotency_key", "runtime", "network")
+
+// keyDigestOfArgs is the digest of the full key in the arguments @tenant,
+// @key, @runtime and @network.
+var keyDigestOfArgs = keyDigest("@tenant::text", "@key::text", "@runtime::text", "@network::text")
+
+// keyDigest is the SQL of the SHA-256 of the full key (four text
+// expressions): their bytes joined by NUL bytes, which no text holds, so
+// that two different keys never join to the same bytes. An index may use
+// only immutable functions, and those that give a text's bytes directly
+// (convert_to, textsend) are not: decode(…, 'escape') of the text with its
+// backslashes doubled gives them. The planner matches the expression of
+// an ON CONFLICT target or a WHERE clause to the index's only when they
+// are the same expression, so every statement builds it here.
+func keyDigest(tenant, key, runtime, network string) string {
+	parts := make([]string, 0, 4)
+	for _, x := range []string{tenant, key, runtime, network} {
+		parts = append(parts, `pg_catalog.replace(`+x+`, E'\\', E'\\\\')`)
+	}
+	return `pg_catalog.sha256(pg_catalog.decode(` + strings.Join(parts, ` || E'\\000' || `) + `, 'escape'))`
+}

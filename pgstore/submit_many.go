@@ -161,14 +161,27 @@ func (k fullKey) compare(o fullKey) int {
 }
 
 // submitBatch runs sqlSubmitMany once for the tasks ts[i], i in idx
-// (each key once).
+// (each key once), naming the arbiter that last worked (see arbiter).
 func (s *Store) submitBatch(ctx context.Context, ts []NewTask, idx []int, notify []string) ([]Task, error) {
-	rows, _ := s.pool.Query(ctx, sqlSubmitMany, batchArgs(ts, idx, notify))
-	got, err := pgx.CollectRows(rows, pgx.RowToStructByName[Task])
+	args := batchArgs(ts, idx, notify)
+	onColumns := s.arbiter.columns.Load()
+	got, err := s.queryBatch(ctx, submitManyStatement(onColumns), args)
+	if sqlState(err) == codeNoConflictTarget {
+		got, err = s.queryBatch(ctx, submitManyStatement(!onColumns), args)
+		if sqlState(err) != codeNoConflictTarget {
+			s.arbiter.columns.CompareAndSwap(onColumns, !onColumns)
+		}
+	}
 	if err != nil {
 		return nil, interpretError("submit many", err)
 	}
 	return got, nil
+}
+
+// queryBatch runs a SubmitMany statement.
+func (s *Store) queryBatch(ctx context.Context, sql string, args pgx.NamedArgs) ([]Task, error) {
+	rows, _ := s.pool.Query(ctx, sql, args)
+	return pgx.CollectRows(rows, pgx.RowToStructByName[Task])
 }
 
 // line is a line of turns: a tenant's tasks of a kind and priority.
