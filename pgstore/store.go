@@ -368,7 +368,7 @@ func submit(ctx context.Context, q querier, a *arbiter, t NewTask, notify, savep
 	args := pgx.NamedArgs{"tenant": t.Tenant, "owner": t.Owner, "kind": t.Kind, "runtime": t.Runtime,
 		"network": t.Network, "key": t.IdempotencyKey, "fingerprint": t.Fingerprint, "params": params,
 		"trace": storableText(t.Trace), "run_after": runAfterArg(t.RunAfter), "priority": t.Priority,
-		"notify": notify}
+		"notify": notify, "key_digest": t.digest()}
 	var serialization error
 	for range submitTries {
 		got, found, err := submitOnce(ctx, q, a, args, savepoints)
@@ -402,17 +402,18 @@ func submit(ctx context.Context, q querier, a *arbiter, t NewTask, notify, savep
 func submitOnce(ctx context.Context, q querier, a *arbiter, args pgx.NamedArgs, savepoints bool) (Task, bool, error) {
 	onColumns := a.columns.Load()
 	got, found, err := run(ctx, q, savepoints, submitStatement(onColumns), args)
-	if sqlState(err) == codeNoConflictTarget {
-		got, found, err = run(ctx, q, savepoints, submitStatement(!onColumns), args)
-		if sqlState(err) != codeNoConflictTarget {
-			a.columns.CompareAndSwap(onColumns, !onColumns)
+	if missingArbiter(err) {
+		onColumns = !onColumns
+		got, found, err = run(ctx, q, savepoints, submitStatement(onColumns), args)
+		if !missingArbiter(err) {
+			a.columns.Store(onColumns)
 		}
 	}
 	if err == nil {
 		return got, found, nil
 	}
-	if sqlState(err) != codeNoConflictTarget {
-		return readBackOnViolation(ctx, q, args, err, savepoints)
+	if !missingArbiter(err) {
+		return readBackOnViolation(ctx, q, args, err, savepoints, onColumns)
 	}
 	// No valid unique index matches either conflict target, i.e. the
 	// schema is still v1 or v2's index is being built. Insert plainly and
@@ -421,17 +422,22 @@ func submitOnce(ctx context.Context, q querier, a *arbiter, args pgx.NamedArgs, 
 	if err == nil {
 		return got, found, nil
 	}
-	return readBackOnViolation(ctx, q, args, err, savepoints)
+	return readBackOnViolation(ctx, q, args, err, savepoints, true)
 }
 
 // readBackOnViolation turns a unique violation on one of the key indexes
-// into a read-back of the row by its full key.
-func readBackOnViolation(ctx context.Context, q querier, args pgx.NamedArgs, err error, savepoints bool) (Task, bool, error) {
+// into a read-back of the row by its full key, found by its digest or, if
+// onColumns (before v12), by its columns.
+func readBackOnViolation(ctx context.Context, q querier, args pgx.NamedArgs, err error, savepoints, onColumns bool) (Task, bool, error) {
 	if !isUniqueViolation(err, indexKeyNarrow, indexKeyWide, indexKeyDigest) {
 		return Task{}, false, interpretError("submit", err)
 	}
-	got, found, err := run(ctx, q, savepoints, sqlByKey, pgx.NamedArgs{
-		"tenant": args["tenant"], "key": args["key"], "runtime": args["runtime"], "network": args["network"]})
+	byKey := sqlByKey
+	if onColumns {
+		byKey = sqlByKeyWide
+	}
+	got, found, err := run(ctx, q, savepoints, byKey, pgx.NamedArgs{"tenant": args["tenant"], "key": args["key"],
+		"runtime": args["runtime"], "network": args["network"], "key_digest": args["key_digest"]})
 	if err != nil {
 		return Task{}, false, interpretError("submit: read back", err)
 	}

@@ -166,10 +166,10 @@ func (s *Store) submitBatch(ctx context.Context, ts []NewTask, idx []int, notify
 	args := batchArgs(ts, idx, notify)
 	onColumns := s.arbiter.columns.Load()
 	got, err := s.queryBatch(ctx, submitManyStatement(onColumns), args)
-	if sqlState(err) == codeNoConflictTarget {
+	if missingArbiter(err) {
 		got, err = s.queryBatch(ctx, submitManyStatement(!onColumns), args)
-		if sqlState(err) != codeNoConflictTarget {
-			s.arbiter.columns.CompareAndSwap(onColumns, !onColumns)
+		if !missingArbiter(err) {
+			s.arbiter.columns.Store(!onColumns)
 		}
 	}
 	if err != nil {
@@ -208,6 +208,7 @@ func batchArgs(ts []NewTask, idx []int, notify []string) pgx.NamedArgs {
 		runAfters                = make([]pgtype.Timestamptz, n)
 		priorities               = make([]int16, n)
 		sortedLines, sortedNths  = make([]int32, n), make([]int64, n)
+		digests                  = make([][]byte, n)
 	)
 	for j, i := range idx {
 		t := ts[i]
@@ -233,11 +234,12 @@ func batchArgs(ts []NewTask, idx []int, notify []string) pgx.NamedArgs {
 		runAfters[j] = runAfterArg(t.RunAfter)
 		priorities[j] = int16(t.Priority) // validated
 		sortedLines[j], sortedNths[j] = linesOf[p], nths[p]
+		digests[j] = t.digest()
 	}
 	return pgx.NamedArgs{
 		"tenants": tenants, "owners": owners, "kinds": kinds, "runtimes": runtimes, "networks": networks,
 		"keys": keys, "fingerprints": fingerprints, "params": params, "traces": traces,
 		"run_afters": runAfters, "priorities": priorities, "lines_of": sortedLines, "nths": sortedNths,
-		"notify_kinds": notify,
+		"notify_kinds": notify, "key_digests": digests,
 	}
 }

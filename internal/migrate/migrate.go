@@ -240,22 +240,14 @@ type IndexState struct {
 	Columns  []string `db:"columns"`
 }
 
-// Expression stands for a key of an index that is an expression, not a
-// column, in IndexState.Columns and RequireUsable's columns.
-const Expression = "(expression)"
-
-// indexColumn is the name of key k of index i: its column a's, or
-// Expression.
-const indexColumn = `coalesce(a.attname::pg_catalog.text, '` + Expression + `')`
-
 // sqlIndexState reads index @index of table @table in schema @schema back
 // from the catalog. No row: the index does not exist.
 const sqlIndexState = `SELECT i.indisvalid AND i.indisready AS usable, i.indisunique AS is_unique,
-	pg_catalog.array_agg(` + indexColumn + ` ORDER BY k.ord) AS columns
+	pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY k.ord) AS columns
 FROM pg_catalog.pg_index i
 JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
 CROSS JOIN LATERAL pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
-LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
 WHERE i.indrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', @schema::pg_catalog.text, @table::pg_catalog.text)) AND c.relname = @index
 	AND c.relnamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = @schema)
 GROUP BY i.indisvalid, i.indisready, i.indisunique`

@@ -198,7 +198,7 @@ BEGIN
 		RAISE EXCEPTION 'index %% is not a valid index (unique=%v) on %% after its build', %s, %s;
 	END IF;
 END $$;
-`, indexStateSQL(table, name, fmt.Sprintf("i.indisvalid AND i.indisready AND i.indisunique = %v\n\t\tAND pg_catalog.array_agg("+indexColumn+" ORDER BY k.ord) OPERATOR(pg_catalog.=) ARRAY[%s]::pg_catalog.text[]", unique, strings.Join(cols, ", "))),
+`, indexStateSQL(table, name, fmt.Sprintf("i.indisvalid AND i.indisready AND i.indisunique = %v\n\t\tAND pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY k.ord) OPERATOR(pg_catalog.=) ARRAY[%s]::pg_catalog.text[]", unique, strings.Join(cols, ", "))),
 		unique, quoteLiteral(name), quoteLiteral(strings.Join(columns, ", ")))
 }
 
@@ -208,7 +208,7 @@ func indexStateSQL(table, name, cond string) string {
 	return fmt.Sprintf(`SELECT FROM pg_catalog.pg_index i
 		JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
 		CROSS JOIN LATERAL pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
-		LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+		JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
 		WHERE i.indrelid = pg_catalog.to_regclass(pg_catalog.format('%%I.%%I', pg_catalog.current_schema()::pg_catalog.text, %s::pg_catalog.text)) AND c.relname = %s
 			AND c.relnamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = pg_catalog.current_schema())
 		GROUP BY i.indisvalid, i.indisready, i.indisunique
