@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -324,51 +322,5 @@ func TestMigrateV12KilledMidBuildWhileSubmitting(t *testing.T) {
 	}
 	if dup != 0 {
 		t.Fatalf("%d keys have more than one task", dup)
-	}
-}
-
-// New tasks get UUIDs of version 7 whose time is the database's clock
-// when they were inserted, so that IDs grow with time.
-func TestNewTasksGetTimeOrderedIDs(t *testing.T) {
-	t.Parallel()
-	s, _ := setup(t)
-	ctx := context.Background()
-	var before time.Time
-	if err := s.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&before); err != nil {
-		t.Fatal(err)
-	}
-	var tasks []Task
-	for i := range 3 {
-		tasks = append(tasks, mustSubmit(t, s, newTask(fmt.Sprintf("ordered-%d", i))))
-	}
-	res, err := s.SubmitMany(ctx, []NewTask{newTask("ordered-3"), newTask("ordered-4")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range res {
-		tasks = append(tasks, r.Task)
-	}
-	var after time.Time
-	if err := s.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&after); err != nil {
-		t.Fatal(err)
-	}
-	var last uint64
-	for i, task := range tasks {
-		b, err := hex.DecodeString(strings.ReplaceAll(task.ID, "-", ""))
-		if err != nil || len(b) != 16 {
-			t.Fatalf("task %d: ID %q is not a UUID", i, task.ID)
-		}
-		if v, variant := b[6]>>4, b[8]>>6; v != 7 || variant != 2 {
-			t.Fatalf("task %d: ID %s has version %d, variant %b; want 7, 10", i, task.ID, v, variant)
-		}
-		ms := binary.BigEndian.Uint64(append([]byte{0, 0}, b[:6]...))
-		if ms < uint64(before.UnixMilli()) || ms > uint64(after.UnixMilli()) {
-			t.Fatalf("task %d: ID %s carries %s; want within %s – %s", i, task.ID,
-				time.UnixMilli(int64(ms)).UTC(), before.UTC(), after.UTC())
-		}
-		if ms < last {
-			t.Fatalf("task %d: ID %s carries a time before the task submitted before it", i, task.ID)
-		}
-		last = ms
 	}
 }

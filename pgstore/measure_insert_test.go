@@ -48,8 +48,6 @@ func TestMeasureSubmitManyParts(t *testing.T) {
 			"; ALTER TABLE idemgate_tasks DISABLE TRIGGER idemgate_tasks_key_digest_insert",
 			plain(sqlCreateDigestIndex) + "; DROP INDEX " + indexKeyWide +
 				"; ALTER TABLE idemgate_tasks ENABLE TRIGGER idemgate_tasks_key_digest_insert"},
-		{"with random UUIDs (before v12)", "ALTER TABLE idemgate_tasks ALTER COLUMN id SET DEFAULT gen_random_uuid()",
-			sqlV12TimeOrderedIDs},
 	}
 	const rounds, batches, size, clients = 8, 500, 100, 4
 	cpu := map[string][]float64{}

@@ -93,21 +93,20 @@ var migrations = []migrate.Migration{
 	}},
 	// v12 narrows the arbiter: a unique index on key_digest, the full
 	// key's 32-byte digest (see conflictOnDigest), replaces v2's on its
-	// four texts, and new tasks get time-ordered IDs. Killed at any point,
+	// four texts. Killed at any point,
 	// it leaves v2's index or a valid digest index, or both (Submit names
 	// whichever is there: see arbiter), and a rerun goes on. A node of an
 	// earlier release, whose Submit names v2's index, gets an error for a
 	// held key once v12 dropped it (never a second task: the digest index,
 	// whose digest the trigger computes for that node's rows, refuses it):
 	// run v12 once every node runs this release.
-	{Version: 12, Name: "arbitrate on the key's digest; time-ordered task IDs", Steps: []migrate.Step{
+	{Version: 12, Name: "arbitrate on the key's digest", Steps: []migrate.Step{
 		{Name: "add the digest column and its triggers", Run: migrate.TxExec(sqlV12DigestColumn)},
 		{Name: "compute the digest of every task", Run: migrate.Exec(sqlV12Backfill)},
 		{Name: "drop an invalid leftover of the digest index", Run: migrate.DropIfUnusable(tasksTable, indexKeyDigest)},
 		{Name: "build the digest index concurrently", Run: migrate.CreateIfAbsent(tasksTable, indexKeyDigest, sqlCreateDigestIndex)},
 		// Only a valid, ready, unique index may replace the wide one.
 		{Name: "read the digest index back", Run: migrate.RequireUsable(tasksTable, indexKeyDigest, true, []string{"key_digest"})},
-		{Name: "give new tasks time-ordered IDs", Run: migrate.TxExec(sqlV12TimeOrderedIDs)},
 		{Name: "drop v2's wide index concurrently", Run: migrate.DropIndex(tasksTable, indexKeyWide)},
 	}},
 }

@@ -1738,16 +1738,3 @@ END $$`
 // sqlCreateDigestIndex builds v12's arbiter.
 const sqlCreateDigestIndex = `CREATE UNIQUE INDEX CONCURRENTLY idemgate_tasks_key_v12
 	ON idemgate_tasks (key_digest)`
-
-// sqlV12TimeOrderedIDs gives new tasks time-ordered IDs: UUIDs of version
-// 7 (RFC 9562: 48 bits of Unix time in milliseconds, then random bits),
-// so that a new row's primary key entry goes to the right end of the
-// index, where its pages are already in memory, instead of a random leaf;
-// rows written before keep their IDs (IDs stay opaque: nothing orders by
-// them). PostgreSQL 15 has no uuidv7(): the expression overlays the time
-// on a random UUID and sets the version bits (0111). Catalog-only, under a
-// brief lock; run again, it sets the same default.
-const sqlV12TimeOrderedIDs = `ALTER TABLE idemgate_tasks ALTER COLUMN id SET DEFAULT
-	pg_catalog.encode(pg_catalog.set_bit(pg_catalog.set_bit(overlay(pg_catalog.uuid_send(pg_catalog.gen_random_uuid())
-		PLACING substring(pg_catalog.int8send(pg_catalog.floor(pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) * 1000)::bigint) FROM 3)
-		FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid`
