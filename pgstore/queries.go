@@ -1653,13 +1653,12 @@ WHERE (SELECT count(*) FROM ins) < pg_catalog.cardinality(@keys::text[])`
 //
 // Since v12 it is a B-tree of key_digest, the 32-byte SHA-256 of the
 // full key (tenant, idempotency key, runtime, network; see
-// keyDigestOf), as River's unique_key is a hash: one short binary value
+// NewTask.digest), as River's unique_key is a hash: one short binary value
 // per entry, compared byte for byte, where v2's index held the four texts
 // and compared them column by column. The columns stay as they were,
 // readable; only the index narrows. The Store computes the digest (in
-// Go: a digest computed by the server, in an index expression or a
-// CHECK, cost it more CPU a row than the four texts' index, see
-// docs/performance.md), and a row trigger computes it for a writer that
+// Go: computed by the server, in an index expression, it cost more CPU a
+// row than the four texts' index did, see docs/performance.md), and a row trigger computes it for a writer that
 // leaves it out (an earlier release's Submit, hand-written SQL) and
 // again whenever an UPDATE sets a key column or the digest: so every row
 // has the digest of its key, unless an INSERT states a wrong one. Two
@@ -1675,7 +1674,7 @@ const (
 )
 
 // keyDigestSQL is the digest of the full key of row r, in SQL, as
-// keyDigestOf computes it: the UTF-8 bytes of the four texts joined by
+// NewTask.digest computes it: the UTF-8 bytes of the four texts joined by
 // NUL bytes, which no text holds, so that two different keys never join
 // to the same bytes.
 func keyDigestSQL(r string) string {
