@@ -1,8 +1,10 @@
 // Package pgstore is idemgate's Postgres task store: the truth behind the
 // Redis accelerator. Whatever Redis forgets, a task is never created twice
 // and an accepted task is never lost, because uniqueness lives in the
-// database: a unique index on (tenant, idempotency_key, runtime, network)
-// is the final arbiter of every Submit.
+// database: a unique index on the SHA-256 digest of (tenant,
+// idempotency_key, runtime, network), the column key_digest (schema v12;
+// before, an index on the four columns), is the final arbiter of every
+// Submit.
 //
 // # Tasks
 //

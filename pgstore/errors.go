@@ -13,6 +13,7 @@ import (
 const (
 	codeUniqueViolation    = "23505" // a unique index refused a row
 	codeNoConflictTarget   = "42P10" // ON CONFLICT names no valid unique index (v1, or v2 mid-build)
+	codeUndefinedColumn    = "42703" // a statement names a column the schema lacks (key_digest before v12)
 	codeUndefinedTable     = "42P01"
 	codeInvalidText        = "22P02" // Params is not JSON
 	codeUntranslatableChar = "22P05" // \u0000 in jsonb

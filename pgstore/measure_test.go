@@ -516,11 +516,11 @@ type limitedWorkFigures struct {
 
 // docLimitedWork is docs/queue.md's table "Claims beside limited work".
 var docLimitedWork = limitedWorkFigures{
-	small:     planFigures{Buffers: 195, Rows: 16},
-	uncapped:  planFigures{Buffers: 313, Rows: 16},
-	capped:    planFigures{Buffers: 72, Rows: 0},
-	paused:    planFigures{Buffers: 284, Rows: 17},
-	scheduled: planFigures{Buffers: 314, Rows: 16},
+	small:     planFigures{Buffers: 213, Rows: 16},
+	uncapped:  planFigures{Buffers: 335, Rows: 16},
+	capped:    planFigures{Buffers: 83, Rows: 0},
+	paused:    planFigures{Buffers: 300, Rows: 17},
+	scheduled: planFigures{Buffers: 330, Rows: 16},
 }
 
 // TestExplainClaimPassesLimitedWorkBy checks the plans of claims beside

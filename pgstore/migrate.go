@@ -91,6 +91,24 @@ var migrations = []migrate.Migration{
 	{Version: 11, Name: "the schema's functions: pinned search_path, operators spelled, EXECUTE granted; lines listed under any isolation", Steps: []migrate.Step{
 		{Name: "replace the functions and list the lines with waiting tasks", Run: migrate.TxExec(sqlV11Harden)},
 	}},
+	// v12 narrows the arbiter: a unique index on key_digest, the full
+	// key's 32-byte digest (see conflictOnDigest), replaces v2's on its
+	// four texts. Killed at any point,
+	// it leaves v2's index or a valid digest index, or both (Submit names
+	// whichever is there: see arbiter), and a rerun goes on. A node of an
+	// earlier release, whose Submit names v2's index, gets an error for a
+	// held key once v12 dropped it (never a second task: the digest index,
+	// whose digest the trigger computes for that node's rows, refuses it):
+	// run v12 once every node runs this release.
+	{Version: 12, Name: "arbitrate on the key's digest", Steps: []migrate.Step{
+		{Name: "add the digest column and its triggers", Run: migrate.TxExec(sqlV12DigestColumn)},
+		{Name: "compute the digest of every task", Run: migrate.Exec(sqlV12Backfill)},
+		{Name: "drop an invalid leftover of the digest index", Run: migrate.DropIfUnusable(tasksTable, indexKeyDigest)},
+		{Name: "build the digest index concurrently", Run: migrate.CreateIfAbsent(tasksTable, indexKeyDigest, sqlCreateDigestIndex)},
+		// Only a valid, ready, unique index may replace the wide one.
+		{Name: "read the digest index back", Run: migrate.RequireUsable(tasksTable, indexKeyDigest, true, []string{"key_digest"})},
+		{Name: "drop v2's wide index concurrently", Run: migrate.DropIndex(tasksTable, indexKeyWide)},
+	}},
 }
 
 // Migrate brings the schema to the newest version. It is idempotent and

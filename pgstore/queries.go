@@ -23,6 +23,9 @@ const (
 	// indexKeyWide is v2's unique index on (tenant, idempotency_key,
 	// runtime, network): the arbiter of Submit.
 	indexKeyWide = "idemgate_tasks_key_v2"
+	// indexKeyDigest is v12's unique index on key_digest, the full key's
+	// digest: the arbiter of Submit since v12, which drops indexKeyWide.
+	indexKeyDigest = "idemgate_tasks_key_v12"
 	// indexClaim serves the claim of runnable tasks by kind (v4).
 	indexClaim = "idemgate_tasks_claim"
 	// indexDone serves Prune: finished tasks by finish time (v4).
@@ -646,22 +649,11 @@ var (
 	// that may run now only (a scheduled one is found by polling).
 	// @run_after NULL or past is now() (greatest ignores NULL): a task
 	// takes its place in line when submitted, never before.
-	sqlSubmit = `WITH ins AS (
-	INSERT INTO idemgate_tasks AS t
-		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace,
-		run_after, priority, turn)
-	VALUES (@tenant, @owner, @kind, @runtime, @network, @key, @fingerprint, @params, @trace,
-		greatest(@run_after::timestamptz, now()), @priority,
-		` + newTurn("@run_after::timestamptz", "@kind::text", "@priority::smallint", "@tenant::text") + `)
-	ON CONFLICT (tenant, idempotency_key, runtime, network) DO NOTHING
-	RETURNING ` + tTaskColumns + `
-)
-SELECT *, false AS duplicate FROM ins
-WHERE NOT @notify::boolean OR ins.run_after > now() OR idemgate_tasks_notify(ins.kind)
-UNION ALL
-SELECT ` + taskColumns + `, true AS duplicate FROM idemgate_tasks
-WHERE tenant = @tenant AND idempotency_key = @key AND runtime = @runtime AND network = @network
-	AND NOT EXISTS (SELECT FROM ins)`
+	sqlSubmit = submitSQL(false)
+
+	// sqlSubmitWide is sqlSubmit on a schema before v12 (or mid-v12),
+	// whose arbiter is v2's index on the key's columns.
+	sqlSubmitWide = submitSQL(true)
 
 	// sqlSubmitPlain is Submit while the wide index is not (yet) valid, as
 	// during the v2 build: a conflict surfaces as a unique violation whose
@@ -699,41 +691,16 @@ WHERE NOT @notify::boolean OR ins.run_after > now() OR idemgate_tasks_notify(ins
 	// over the table, in any plan).
 	// A kind in @notify_kinds with an inserted row that may run now is
 	// announced, once.
-	sqlSubmitMany = `WITH ins AS (
-	INSERT INTO idemgate_tasks AS t
-		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace,
-		run_after, priority, turn)
-	SELECT u.tenant, u.owner, u.kind, u.runtime, u.network, u.key, u.fingerprint, u.params, u.trace,
-		greatest(u.run_after, now()), u.priority,
-		CASE WHEN u.run_after > now() THEN ` + unplaced + ` ELSE (SELECT pg_catalog.array_agg(` + turnOf("l.kind", "l.priority", "l.tenant") + ` ORDER BY l.line)
-			FROM (SELECT DISTINCT ON (line) line, kind, priority, tenant
-				FROM unnest(@lines_of::int[], @kinds::text[], @priorities::smallint[], @tenants::text[])
-					AS v(line, kind, priority, tenant)
-				ORDER BY line) l)[u.line] + u.nth END
-	FROM unnest(@tenants::text[], @owners::text[], @kinds::text[], @runtimes::text[], @networks::text[],
-		@keys::text[], @fingerprints::text[], @params::jsonb[], @traces::text[],
-		@run_afters::timestamptz[], @priorities::smallint[], @lines_of::int[], @nths::bigint[])
-		WITH ORDINALITY AS u(tenant, owner, kind, runtime, network, key, fingerprint, params, trace,
-			run_after, priority, line, nth, ord)
-	ORDER BY u.ord
-	ON CONFLICT (tenant, idempotency_key, runtime, network) DO NOTHING
-	RETURNING ` + tTaskColumns + `
-)
-SELECT *, false AS duplicate FROM ins
-WHERE (SELECT count(*) FROM (SELECT DISTINCT a.kind FROM ins a
-	WHERE a.kind = ANY(coalesce(@notify_kinds::text[], '{}')) AND a.run_after <= now()) k
-	WHERE idemgate_tasks_notify(k.kind)) >= 0
-UNION ALL
-SELECT t.*, true AS duplicate
-FROM unnest(@tenants::text[], @keys::text[], @runtimes::text[], @networks::text[]) AS x(tenant, key, runtime, network)
-CROSS JOIN LATERAL (SELECT ` + taskColumns + ` FROM idemgate_tasks h
-	WHERE h.tenant = x.tenant AND h.idempotency_key = x.key AND h.runtime = x.runtime AND h.network = x.network
-	LIMIT 1) t
-WHERE (SELECT count(*) FROM ins) < pg_catalog.cardinality(@keys::text[])`
+	sqlSubmitMany = submitManySQL(false)
 
-	// sqlByKey reads a task back by its full key.
-	sqlByKey = `SELECT ` + taskColumns + `, true AS duplicate FROM idemgate_tasks
-WHERE tenant = @tenant AND idempotency_key = @key AND runtime = @runtime AND network = @network`
+	// sqlSubmitManyWide is sqlSubmitMany before v12 (see sqlSubmitWide).
+	sqlSubmitManyWide = submitManySQL(true)
+
+	// sqlByKey reads a task back by its full key (@key_digest its digest).
+	sqlByKey = byKeySQL(false)
+
+	// sqlByKeyWide is sqlByKey before v12.
+	sqlByKeyWide = byKeySQL(true)
 
 	// sqlGet scopes the lookup to the caller: anyone else's task is
 	// absent. @operator lifts the scope (Operator.Get).
@@ -1602,3 +1569,171 @@ UPDATE idemgate_tasks t SET
 FROM expired WHERE t.id = expired.id
 RETURNING t.id::text AS id, t.kind, t.attempt, t.state`
 )
+
+// submitSQL is sqlSubmit on the digest's arbiter or, if onColumns, on the
+// columns' (a schema before v12, which may have no key_digest).
+func submitSQL(onColumns bool) string {
+	digestCol, digestArg, conflict, held := `, key_digest`, `, @key_digest`, conflictOnDigest, `key_digest = @key_digest AND `
+	if onColumns {
+		digestCol, digestArg, conflict, held = ``, ``, conflictOnColumns, ``
+	}
+	return `WITH ins AS (
+	INSERT INTO idemgate_tasks AS t
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace,
+		run_after, priority, turn` + digestCol + `)
+	VALUES (@tenant, @owner, @kind, @runtime, @network, @key, @fingerprint, @params, @trace,
+		greatest(@run_after::timestamptz, now()), @priority,
+		` + newTurn("@run_after::timestamptz", "@kind::text", "@priority::smallint", "@tenant::text") + digestArg + `)
+	` + conflict + `
+	RETURNING ` + tTaskColumns + `
+)
+SELECT *, false AS duplicate FROM ins
+WHERE NOT @notify::boolean OR ins.run_after > now() OR idemgate_tasks_notify(ins.kind)
+UNION ALL
+SELECT ` + taskColumns + `, true AS duplicate FROM idemgate_tasks
+WHERE ` + held + `tenant = @tenant AND idempotency_key = @key AND runtime = @runtime AND network = @network
+	AND NOT EXISTS (SELECT FROM ins)`
+}
+
+// byKeySQL is sqlByKey on the digest's index or, if onColumns, on the
+// columns'.
+func byKeySQL(onColumns bool) string {
+	held := `key_digest = @key_digest AND `
+	if onColumns {
+		held = ``
+	}
+	return `SELECT ` + taskColumns + `, true AS duplicate FROM idemgate_tasks
+WHERE ` + held + `tenant = @tenant AND idempotency_key = @key AND runtime = @runtime AND network = @network`
+}
+
+// submitManySQL is sqlSubmitMany on the digest's arbiter or, if
+// onColumns, on the columns'.
+func submitManySQL(onColumns bool) string {
+	digestCol, digestVal, digestArr, digestAs, conflict := `, key_digest`, `, u.key_digest`, `, @key_digests::bytea[]`, `, key_digest`, conflictOnDigest
+	heldArr, heldAs, held := `, @key_digests::bytea[]`, `, key_digest`, `h.key_digest = x.key_digest AND `
+	if onColumns {
+		digestCol, digestVal, digestArr, digestAs, conflict = ``, ``, ``, ``, conflictOnColumns
+		heldArr, heldAs, held = ``, ``, ``
+	}
+	return `WITH ins AS (
+	INSERT INTO idemgate_tasks AS t
+		(tenant, owner, kind, runtime, network, idempotency_key, fingerprint, params, trace,
+		run_after, priority, turn` + digestCol + `)
+	SELECT u.tenant, u.owner, u.kind, u.runtime, u.network, u.key, u.fingerprint, u.params, u.trace,
+		greatest(u.run_after, now()), u.priority,
+		CASE WHEN u.run_after > now() THEN ` + unplaced + ` ELSE (SELECT pg_catalog.array_agg(` + turnOf("l.kind", "l.priority", "l.tenant") + ` ORDER BY l.line)
+			FROM (SELECT DISTINCT ON (line) line, kind, priority, tenant
+				FROM unnest(@lines_of::int[], @kinds::text[], @priorities::smallint[], @tenants::text[])
+					AS v(line, kind, priority, tenant)
+				ORDER BY line) l)[u.line] + u.nth END` + digestVal + `
+	FROM unnest(@tenants::text[], @owners::text[], @kinds::text[], @runtimes::text[], @networks::text[],
+		@keys::text[], @fingerprints::text[], @params::jsonb[], @traces::text[],
+		@run_afters::timestamptz[], @priorities::smallint[], @lines_of::int[], @nths::bigint[]` + digestArr + `)
+		WITH ORDINALITY AS u(tenant, owner, kind, runtime, network, key, fingerprint, params, trace,
+			run_after, priority, line, nth` + digestAs + `, ord)
+	ORDER BY u.ord
+	` + conflict + `
+	RETURNING ` + tTaskColumns + `
+)
+SELECT *, false AS duplicate FROM ins
+WHERE (SELECT count(*) FROM (SELECT DISTINCT a.kind FROM ins a
+	WHERE a.kind = ANY(coalesce(@notify_kinds::text[], '{}')) AND a.run_after <= now()) k
+	WHERE idemgate_tasks_notify(k.kind)) >= 0
+UNION ALL
+SELECT t.*, true AS duplicate
+FROM unnest(@tenants::text[], @keys::text[], @runtimes::text[], @networks::text[]` + heldArr + `)
+	AS x(tenant, key, runtime, network` + heldAs + `)
+CROSS JOIN LATERAL (SELECT ` + taskColumns + ` FROM idemgate_tasks h
+	WHERE ` + held + `h.tenant = x.tenant AND h.idempotency_key = x.key AND h.runtime = x.runtime AND h.network = x.network
+	LIMIT 1) t
+WHERE (SELECT count(*) FROM ins) < pg_catalog.cardinality(@keys::text[])`
+}
+
+// The arbiter: which unique index decides that a key is held (v12).
+//
+// Since v12 it is a B-tree of key_digest, the 32-byte SHA-256 of the
+// full key (tenant, idempotency key, runtime, network; see
+// NewTask.digest), as River's unique_key is a hash: one short binary value
+// per entry, compared byte for byte, where v2's index held the four texts
+// and compared them column by column. The columns stay as they were,
+// readable; only the index narrows. The Store computes the digest (in
+// Go: computed by the server, in an index expression, it cost more CPU a
+// row than the four texts' index did, see docs/performance.md), and a row trigger computes it for a writer that
+// leaves it out (an earlier release's Submit, hand-written SQL) and
+// again whenever an UPDATE sets a key column or the digest: so every row
+// has the digest of its key, unless an INSERT states a wrong one. Two
+// keys with one digest would be one key: Submit would find the other
+// key's task, see that its full key differs (the lookups compare the
+// columns too), and fail after submitTries; SHA-256 makes that a
+// theoretical case.
+const (
+	// conflictOnDigest is v12's ON CONFLICT clause.
+	conflictOnDigest = `ON CONFLICT (key_digest) DO NOTHING`
+	// conflictOnColumns is v2's, for a schema before v12.
+	conflictOnColumns = `ON CONFLICT (tenant, idempotency_key, runtime, network) DO NOTHING`
+)
+
+// keyDigestSQL is the digest of the full key of row r, in SQL, as
+// NewTask.digest computes it: the UTF-8 bytes of the four texts joined by
+// NUL bytes, which no text holds, so that two different keys never join
+// to the same bytes.
+func keyDigestSQL(r string) string {
+	parts := make([]string, 0, 4)
+	for _, c := range []string{"tenant", "idempotency_key", "runtime", "network"} {
+		parts = append(parts, `pg_catalog.convert_to(`+r+`.`+c+`, 'UTF8'::pg_catalog.name)`)
+	}
+	return `pg_catalog.sha256(` + strings.Join(parts, ` OPERATOR(pg_catalog.||) E'\\x00'::pg_catalog.bytea OPERATOR(pg_catalog.||) `) + `)`
+}
+
+// v12: the digest column and its trigger (one transaction: the trigger
+// exists before the backfill reads a row, and every row written from then
+// on gets its digest), the backfill, a batch of rows a transaction, and
+// the unique index, built concurrently (see sqlCreateWideIndex: no IF NOT
+// EXISTS). The column has no default, so adding it is catalog-only. The
+// trigger function is hardened as v11's are (pinned search_path,
+// operators spelled, EXECUTE revoked: a trigger function needs no grant
+// to fire). The insert trigger fires for a row without a digest only (its
+// WHEN clause, evaluated without calling the function: a Store's rows
+// never call it).
+var sqlV12DigestColumn = `ALTER TABLE idemgate_tasks ADD COLUMN IF NOT EXISTS key_digest bytea;
+CREATE OR REPLACE FUNCTION idemgate_tasks_key_digest() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	NEW.key_digest := ` + keyDigestSQL("NEW") + `;
+	RETURN NEW;
+END $$;
+DO $$
+BEGIN
+	EXECUTE pg_catalog.format('ALTER FUNCTION idemgate_tasks_key_digest() SET search_path = pg_catalog, %I, pg_temp',
+		pg_catalog.current_schema());
+END $$;
+REVOKE ALL ON FUNCTION idemgate_tasks_key_digest() FROM PUBLIC;
+DROP TRIGGER IF EXISTS idemgate_tasks_key_digest_insert ON idemgate_tasks;
+CREATE TRIGGER idemgate_tasks_key_digest_insert BEFORE INSERT ON idemgate_tasks
+	FOR EACH ROW WHEN (NEW.key_digest IS NULL) EXECUTE FUNCTION idemgate_tasks_key_digest();
+DROP TRIGGER IF EXISTS idemgate_tasks_key_digest_update ON idemgate_tasks;
+CREATE TRIGGER idemgate_tasks_key_digest_update BEFORE UPDATE OF tenant, idempotency_key, runtime, network, key_digest
+	ON idemgate_tasks FOR EACH ROW EXECUTE FUNCTION idemgate_tasks_key_digest()`
+
+// sqlV12Backfill gives every row written before the trigger its digest,
+// 1,000 rows a transaction in primary key order (short row locks; a
+// rerun after a kill starts over and finds only the rows left). It sets
+// key_digest, which the update trigger computes.
+const sqlV12Backfill = `DO $$
+DECLARE
+	last uuid := '00000000-0000-0000-0000-000000000000';
+	ids uuid[];
+BEGIN
+	LOOP
+		SELECT pg_catalog.array_agg(b.id ORDER BY b.id) INTO ids FROM (SELECT t.id FROM idemgate_tasks t
+			WHERE t.id OPERATOR(pg_catalog.>) last ORDER BY t.id LIMIT 1000) b;
+		EXIT WHEN ids IS NULL;
+		UPDATE idemgate_tasks t SET key_digest = NULL
+		WHERE t.id OPERATOR(pg_catalog.=) ANY (ids) AND t.key_digest IS NULL;
+		last := ids[pg_catalog.cardinality(ids)];
+		COMMIT;
+	END LOOP;
+END $$`
+
+// sqlCreateDigestIndex builds v12's arbiter.
+const sqlCreateDigestIndex = `CREATE UNIQUE INDEX CONCURRENTLY idemgate_tasks_key_v12
+	ON idemgate_tasks (key_digest)`

@@ -136,6 +136,8 @@ type Store struct {
 	announce notifyLimiter
 	// listed remembers the lines SubmitTx listed lately (see listLine).
 	listed listedLines
+	// arbiter is the unique index Submit and SubmitMany name last worked.
+	arbiter arbiter
 
 	test *storeTestHooks // nil except in this package's tests
 }
@@ -234,7 +236,7 @@ func (l *notifyLimiter) sent(kind string, now time.Duration) {
 func (s *Store) Submit(ctx context.Context, t NewTask) (Task, error) {
 	now := s.elapsed()
 	notify := s.announce.due(t.Kind, now)
-	got, err := submit(ctx, s.pool, t, notify, false)
+	got, err := submit(ctx, s.pool, &s.arbiter, t, notify, false)
 	// A task scheduled for later was announced only if its time had come:
 	// it does not hold back the next task's announcement.
 	if err == nil && notify && !got.Duplicate && t.RunAfter.IsZero() {
@@ -271,7 +273,7 @@ func (s *Store) SubmitTx(ctx context.Context, tx pgx.Tx, t NewTask) (Task, error
 		return Task{}, err
 	}
 	s.listLine(ctx, t)
-	return submit(ctx, tx, t, true, true)
+	return submit(ctx, tx, &s.arbiter, t, true, true)
 }
 
 // SubmitTx's listing of a line waits at most listLineConnWait for a
@@ -355,7 +357,7 @@ func (l *listedLines) add(line waitingLine, at time.Duration) {
 	l.seen[line] = at
 }
 
-func submit(ctx context.Context, q querier, t NewTask, notify, savepoints bool) (Task, error) {
+func submit(ctx context.Context, q querier, a *arbiter, t NewTask, notify, savepoints bool) (Task, error) {
 	if err := t.validate(); err != nil {
 		return Task{}, err
 	}
@@ -366,10 +368,10 @@ func submit(ctx context.Context, q querier, t NewTask, notify, savepoints bool) 
 	args := pgx.NamedArgs{"tenant": t.Tenant, "owner": t.Owner, "kind": t.Kind, "runtime": t.Runtime,
 		"network": t.Network, "key": t.IdempotencyKey, "fingerprint": t.Fingerprint, "params": params,
 		"trace": storableText(t.Trace), "run_after": runAfterArg(t.RunAfter), "priority": t.Priority,
-		"notify": notify}
+		"notify": notify, "key_digest": t.digest()}
 	var serialization error
 	for range submitTries {
-		got, found, err := submitOnce(ctx, q, args, savepoints)
+		got, found, err := submitOnce(ctx, q, a, args, savepoints)
 		if err != nil && !savepoints && sqlState(err) == codeSerializationFailure {
 			// A statement of its own, under a REPEATABLE READ or
 			// SERIALIZABLE default, met a holder committed after its
@@ -397,32 +399,45 @@ func submit(ctx context.Context, q querier, t NewTask, notify, savepoints bool) 
 
 // submitOnce runs the submit statement once; found is false when the key
 // is held by a row this snapshot cannot see.
-func submitOnce(ctx context.Context, q querier, args pgx.NamedArgs, savepoints bool) (Task, bool, error) {
-	got, found, err := run(ctx, q, savepoints, sqlSubmit, args)
+func submitOnce(ctx context.Context, q querier, a *arbiter, args pgx.NamedArgs, savepoints bool) (Task, bool, error) {
+	onColumns := a.columns.Load()
+	got, found, err := run(ctx, q, savepoints, submitStatement(onColumns), args)
+	if missingArbiter(err) {
+		onColumns = !onColumns
+		got, found, err = run(ctx, q, savepoints, submitStatement(onColumns), args)
+		if !missingArbiter(err) {
+			a.columns.Store(onColumns)
+		}
+	}
 	if err == nil {
 		return got, found, nil
 	}
-	if sqlState(err) != codeNoConflictTarget {
-		return readBackOnViolation(ctx, q, args, err, savepoints)
+	if !missingArbiter(err) {
+		return readBackOnViolation(ctx, q, args, err, savepoints, onColumns)
 	}
-	// No valid unique index matches the conflict target, i.e. the schema
-	// is still v1 or v2's index is being built. Insert plainly and let a
-	// unique violation name the index that caught it.
+	// No valid unique index matches either conflict target, i.e. the
+	// schema is still v1 or v2's index is being built. Insert plainly and
+	// let a unique violation name the index that caught it.
 	got, found, err = run(ctx, q, savepoints, sqlSubmitPlain, args)
 	if err == nil {
 		return got, found, nil
 	}
-	return readBackOnViolation(ctx, q, args, err, savepoints)
+	return readBackOnViolation(ctx, q, args, err, savepoints, true)
 }
 
 // readBackOnViolation turns a unique violation on one of the key indexes
-// into a read-back of the row by its full key.
-func readBackOnViolation(ctx context.Context, q querier, args pgx.NamedArgs, err error, savepoints bool) (Task, bool, error) {
-	if !isUniqueViolation(err, indexKeyNarrow, indexKeyWide) {
+// into a read-back of the row by its full key, found by its digest or, if
+// onColumns (before v12), by its columns.
+func readBackOnViolation(ctx context.Context, q querier, args pgx.NamedArgs, err error, savepoints, onColumns bool) (Task, bool, error) {
+	if !isUniqueViolation(err, indexKeyNarrow, indexKeyWide, indexKeyDigest) {
 		return Task{}, false, interpretError("submit", err)
 	}
-	got, found, err := run(ctx, q, savepoints, sqlByKey, pgx.NamedArgs{
-		"tenant": args["tenant"], "key": args["key"], "runtime": args["runtime"], "network": args["network"]})
+	byKey := sqlByKey
+	if onColumns {
+		byKey = sqlByKeyWide
+	}
+	got, found, err := run(ctx, q, savepoints, byKey, pgx.NamedArgs{"tenant": args["tenant"], "key": args["key"],
+		"runtime": args["runtime"], "network": args["network"], "key_digest": args["key_digest"]})
 	if err != nil {
 		return Task{}, false, interpretError("submit: read back", err)
 	}

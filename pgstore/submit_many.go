@@ -161,14 +161,27 @@ func (k fullKey) compare(o fullKey) int {
 }
 
 // submitBatch runs sqlSubmitMany once for the tasks ts[i], i in idx
-// (each key once).
+// (each key once), naming the arbiter that last worked (see arbiter).
 func (s *Store) submitBatch(ctx context.Context, ts []NewTask, idx []int, notify []string) ([]Task, error) {
-	rows, _ := s.pool.Query(ctx, sqlSubmitMany, batchArgs(ts, idx, notify))
-	got, err := pgx.CollectRows(rows, pgx.RowToStructByName[Task])
+	args := batchArgs(ts, idx, notify)
+	onColumns := s.arbiter.columns.Load()
+	got, err := s.queryBatch(ctx, submitManyStatement(onColumns), args)
+	if missingArbiter(err) {
+		got, err = s.queryBatch(ctx, submitManyStatement(!onColumns), args)
+		if !missingArbiter(err) {
+			s.arbiter.columns.Store(!onColumns)
+		}
+	}
 	if err != nil {
 		return nil, interpretError("submit many", err)
 	}
 	return got, nil
+}
+
+// queryBatch runs a SubmitMany statement.
+func (s *Store) queryBatch(ctx context.Context, sql string, args pgx.NamedArgs) ([]Task, error) {
+	rows, _ := s.pool.Query(ctx, sql, args)
+	return pgx.CollectRows(rows, pgx.RowToStructByName[Task])
 }
 
 // line is a line of turns: a tenant's tasks of a kind and priority.
@@ -195,6 +208,7 @@ func batchArgs(ts []NewTask, idx []int, notify []string) pgx.NamedArgs {
 		runAfters                = make([]pgtype.Timestamptz, n)
 		priorities               = make([]int16, n)
 		sortedLines, sortedNths  = make([]int32, n), make([]int64, n)
+		digests                  = make([][]byte, n)
 	)
 	for j, i := range idx {
 		t := ts[i]
@@ -220,11 +234,12 @@ func batchArgs(ts []NewTask, idx []int, notify []string) pgx.NamedArgs {
 		runAfters[j] = runAfterArg(t.RunAfter)
 		priorities[j] = int16(t.Priority) // validated
 		sortedLines[j], sortedNths[j] = linesOf[p], nths[p]
+		digests[j] = t.digest()
 	}
 	return pgx.NamedArgs{
 		"tenants": tenants, "owners": owners, "kinds": kinds, "runtimes": runtimes, "networks": networks,
 		"keys": keys, "fingerprints": fingerprints, "params": params, "traces": traces,
 		"run_afters": runAfters, "priorities": priorities, "lines_of": sortedLines, "nths": sortedNths,
-		"notify_kinds": notify,
+		"notify_kinds": notify, "key_digests": digests,
 	}
 }

@@ -73,8 +73,9 @@ func TestPostgresRestarted(t *testing.T) {
 }
 
 // uniqueBoundary asserts that idemgate_tasks has a valid, ready, unique,
-// non-partial index on (tenant, idempotency_key) or on (tenant,
-// idempotency_key, runtime, network), and that the database really refuses
+// non-partial index on (tenant, idempotency_key), on (tenant,
+// idempotency_key, runtime, network) or on key_digest, the digest of those
+// four (schema v12), and that the database really refuses
 // a second row with the same four key columns.
 func uniqueBoundary(t *testing.T, ctx context.Context, db *pgxpool.Pool, when string) []string {
 	t.Helper()
@@ -101,7 +102,8 @@ GROUP BY c.relname, i.indisvalid, i.indisready, i.indisunique, i.indpred`)
 		}
 		key := strings.Join(cols, ",")
 		state = append(state, fmt.Sprintf("%s(%s) valid=%v", name, key, usable))
-		if usable && unique && (key == "tenant,idempotency_key" || key == "tenant,idempotency_key,runtime,network") {
+		if usable && unique && (key == "tenant,idempotency_key" || key == "tenant,idempotency_key,runtime,network" ||
+			key == "key_digest") {
 			ok = true
 		}
 	}
@@ -236,7 +238,7 @@ func TestMigrationKilled(t *testing.T) {
 		t.Fatalf("rerun after the kills: %v\n%s", err, rerun.Output())
 	}
 	state := uniqueBoundary(t, ctx, db, "after the rerun")
-	if len(state) == 0 || strings.Contains(strings.Join(state, " "), "idemgate_tasks_key_v1") {
+	if len(state) == 0 || strings.Contains(strings.Join(state, " "), "idemgate_tasks_key_v1(") {
 		t.Errorf("after the rerun the narrow index is still there: %v", state)
 	}
 	var v int

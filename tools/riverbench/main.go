@@ -5,7 +5,7 @@
 // a table of rates and latencies, pgstore's ratio to each River variant,
 // and the machine it ran on.
 //
-//	cd riverbench && go run . -quick    # about 1–2 minutes
+//	cd riverbench && go run . -quick    # about 3 minutes
 //	cd riverbench && go run .           # about 4–5 minutes
 //
 // It starts a throwaway PostgreSQL cluster (initdb and postgres from PATH or
@@ -38,7 +38,7 @@ func main() {
 		}
 		return
 	}
-	quick := flag.Bool("quick", false, "a short run (about 1–2 minutes) instead of the full one")
+	quick := flag.Bool("quick", false, "a short run (about 3 minutes: 5 rounds, 4 of work) instead of the full one")
 	rows := flag.String("rows", allRowNames, "rows to run, comma-separated")
 	stmts := flag.Bool("statements", false, "load pg_stat_statements and print each row's top statements per system (for profiling)")
 	profileDir := flag.String("profile", "", "write a CPU profile of every worker process to this directory (SYSTEM-N.pprof)")

@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -75,14 +76,15 @@ func report(w io.Writer, res *results, size sizes, m machine) {
 		tunedFetchCooldown, tunedFetchPollInterval)
 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "row\tpgstore\tRiver tuned\tRiver default\tvs tuned\tvs default\t")
+	fmt.Fprintln(tw, "row\tpgstore\tRiver tuned\tRiver default\tvs tuned\tmedian round\tvs default\t")
 	rateRow := func(label, key string) {
 		byS := res.rates[key]
 		if byS == nil {
 			return
 		}
 		p, t, d := byS[sysPgstore].perSecond(), byS[sysRiverTuned].perSecond(), byS[sysRiverDefault].perSecond()
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%s\t%s\t\n", label, p, t, d, ratio(p, t), ratio(p, d))
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%s\t%s\t%s\t\n", label, p, t, d, ratio(p, t),
+			medianRatio(res.rounds[key][sysPgstore], res.rounds[key][sysRiverTuned]), ratio(p, d))
 	}
 	rateRow(fmt.Sprintf("insert, new key (tasks/s, %d clients)", size.Clients), rowInsert)
 	rateRow(fmt.Sprintf("insert, duplicate key (tasks/s, %d clients)", size.Clients), rowDup)
@@ -97,13 +99,14 @@ func report(w io.Writer, res *results, size sizes, m machine) {
 			p50[i], p99[i] = percentiles(res.latency[sys])
 		}
 		ms := func(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
-		fmt.Fprintf(tw, "pickup latency p50 (ms, %d samples)\t%s\t%s\t%s\t%s\t%s\t\n", len(res.latency[sysPgstore]),
+		fmt.Fprintf(tw, "pickup latency p50 (ms, %d samples)\t%s\t%s\t%s\t%s\t-\t%s\t\n", len(res.latency[sysPgstore]),
 			ms(p50[0]), ms(p50[1]), ms(p50[2]), ratio(p50[1].Seconds(), p50[0].Seconds()), ratio(p50[2].Seconds(), p50[0].Seconds()))
-		fmt.Fprintf(tw, "pickup latency p99 (ms)\t%s\t%s\t%s\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "pickup latency p99 (ms)\t%s\t%s\t%s\t%s\t-\t%s\t\n",
 			ms(p99[0]), ms(p99[1]), ms(p99[2]), ratio(p99[1].Seconds(), p99[0].Seconds()), ratio(p99[2].Seconds(), p99[0].Seconds()))
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "\nvs: how many times better pgstore is (pgstore ÷ River for rates, River ÷ pgstore for latencies); ≥ 1.00 means pgstore is ahead.")
+	fmt.Fprintln(w, "median round: the median of the rounds' ratios to River tuned, each round against River tuned's round beside it (rounds alternate), which one slow round moves less.")
 	fmt.Fprintf(w, "batch insert: pgstore uses %s; River InsertMany.\n", batchMode())
 	fmt.Fprintf(w, "work: from the first submit until the database shows every task completed; %d tasks per round (%d for River at its defaults), %d rounds.\n",
 		size.WorkTasks, size.WorkTasksSlow, size.WorkRounds)
@@ -150,6 +153,26 @@ func report(w io.Writer, res *results, size sizes, m machine) {
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// medianRatio is the median of a[i]/b[i], formatted, or "-" without
+// rounds.
+func medianRatio(a, b []float64) string {
+	var rs []float64
+	for i := range min(len(a), len(b)) {
+		if b[i] > 0 {
+			rs = append(rs, a[i]/b[i])
+		}
+	}
+	if len(rs) == 0 {
+		return "-"
+	}
+	slices.Sort(rs)
+	m := rs[len(rs)/2]
+	if len(rs)%2 == 0 {
+		m = (rs[len(rs)/2-1] + m) / 2
+	}
+	return fmt.Sprintf("%.2f×", m)
 }
 
 // ratio is a/b formatted, or "-" when b is zero.

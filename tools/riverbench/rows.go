@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"slices"
@@ -42,8 +44,8 @@ type sizes struct {
 }
 
 func quickSizes() sizes {
-	return sizes{Rounds: 3, Inserts: 1500, Clients: 16, BatchSize: 100, Batches: 15, BatchClients: 4,
-		WorkRounds: 2, WorkTasks: 2000, WorkTasksSlow: 400, Slots: 16,
+	return sizes{Rounds: 5, Inserts: 1500, Clients: 16, BatchSize: 100, Batches: 15, BatchClients: 4,
+		WorkRounds: 4, WorkTasks: 2000, WorkTasksSlow: 400, Slots: 16,
 		LatencyRounds: 1, LatencySamples: 100, LatencySlot: 50 * time.Millisecond, Settle: 300 * time.Millisecond}
 }
 
@@ -265,10 +267,14 @@ func (b *bench) submitAll(ctx context.Context, q queue, keys []string, wantDup b
 	})
 }
 
+// makeKeys makes n idempotency keys shaped as the middleware's
+// (keyspace's Key.Task(): the kind, then the hex SHA-256 of the client's
+// key), the ones Submit gets in a service; River's args carry the same.
 func makeKeys(prefix string, n int) []string {
 	keys := make([]string, n)
 	for i := range keys {
-		keys[i] = fmt.Sprintf("%s-%d", prefix, i)
+		sum := sha256.Sum256(fmt.Appendf(nil, "%s-%d", prefix, i))
+		keys[i] = taskKind + ":" + hex.EncodeToString(sum[:])
 	}
 	return keys
 }
